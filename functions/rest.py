@@ -1,0 +1,169 @@
+"""The worker's admin REST API: a compatible subset of Pulsar's Functions API v3 and worker API v2.
+
+Paths, methods, the multipart form (`functionConfig` JSON part, `data` file part) and the
+field names are Pulsar's, so `pulsar-admin`-style clients and our controller work unchanged.
+Errors answer like Pulsar: a JSON body {"reason": ...} with 400 (bad request) or 404.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, Response, jsonify, request
+from prometheus_client import CollectorRegistry, generate_latest
+from werkzeug.exceptions import HTTPException
+
+from pulsar_autoscale.admin_client import EPOCH_HEADER
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+
+from .config import FunctionConfig, parse_text
+from .metrics import WorkerCollector
+from .status import function_stats, function_status, instance_metrics, instance_status
+from .worker import NotFound, StaleEpoch, Worker
+
+log = logging.getLogger(__name__)
+FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
+
+
+def create_app(worker: Worker) -> Flask:
+    app = Flask("pulsar_autoscale.functions")
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(worker))
+
+    @app.errorhandler(PulsarAutoscaleError)
+    def _known(exc):
+        code = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, StaleEpoch) else 400
+        return jsonify(reason=str(exc)), code
+
+    @app.errorhandler(HTTPException)
+    def _http(exc):
+        return jsonify(reason=exc.description), exc.code
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc):
+        log.exception("internal error on %s %s", request.method, request.path)
+        return jsonify(reason=f"internal error: {type(exc).__name__}: {exc}"), 500
+
+    def form_config() -> dict:
+        raw = request.form.get("functionConfig")
+        if raw is None and request.files.get("functionConfig"):
+            raw = request.files["functionConfig"].read().decode("utf-8", "replace")
+        if raw is None and request.is_json:
+            return request.get_json()
+        if raw is None:
+            raise ConfigError("functionConfig part is missing from the multipart form")
+        return parse_text(raw, "functionConfig")
+
+    def form_code() -> tuple[bytes | None, str | None]:
+        f = request.files.get("data")
+        if f is None:
+            return None, None
+        return f.read(), f.filename
+
+    def path_fields(tenant, namespace, name, data: dict) -> dict:
+        for key, value in (("tenant", tenant), ("namespace", namespace), ("name", name)):
+            if data.get(key) not in (None, "", value):
+                raise ConfigError(f"{key} {data[key]!r} in functionConfig does not match the URL ({value!r})")
+        return {**data, "tenant": tenant, "namespace": namespace, "name": name}
+
+    @app.post(FN)
+    def create(tenant, namespace, name):
+        data = path_fields(tenant, namespace, name, form_config())
+        code, filename = form_code()
+        worker.create(FunctionConfig.from_dict(data, worker.max_parallelism), code, filename)
+        return Response(status=204)
+
+    @app.put(FN)
+    def update(tenant, namespace, name):
+        data = path_fields(tenant, namespace, name, form_config())
+        code, filename = form_code()
+        if request.headers.get(EPOCH_HEADER):
+            try:
+                worker.fence(int(request.headers[EPOCH_HEADER]))
+            except ValueError:
+                raise ConfigError(f"{EPOCH_HEADER} must be an integer") from None
+        worker.update(f"{tenant}/{namespace}/{name}", data, code, filename)
+        return Response(status=204)
+
+    @app.get(FN)
+    def get(tenant, namespace, name):
+        return jsonify(worker.get(f"{tenant}/{namespace}/{name}").to_dict())
+
+    @app.delete(FN)
+    def delete(tenant, namespace, name):
+        worker.delete(f"{tenant}/{namespace}/{name}")
+        return Response(status=204)
+
+    @app.get("/admin/v3/functions/<tenant>/<namespace>")
+    def list_functions(tenant, namespace):
+        return jsonify(worker.list(tenant, namespace))
+
+    @app.get(FN + "/status")
+    def status(tenant, namespace, name):
+        cfg, figs, restarts = worker.instance_figures(f"{tenant}/{namespace}/{name}")
+        return jsonify(function_status(cfg, figs, restarts, worker.worker_id))
+
+    @app.get(FN + "/<int:instance_id>/status")
+    def instance_status_view(tenant, namespace, name, instance_id):
+        cfg, figs, restarts = worker.instance_figures(f"{tenant}/{namespace}/{name}")
+        check_instance(cfg, instance_id)
+        return jsonify(instance_status(instance_id, figs.get(instance_id), restarts.get(instance_id, 0),
+                                       worker.worker_id)["status"])
+
+    @app.get(FN + "/stats")
+    def stats(tenant, namespace, name):
+        fqfn = f"{tenant}/{namespace}/{name}"
+        _, figs, _ = worker.instance_figures(fqfn)
+        return jsonify(function_stats(figs, worker.counters(fqfn), worker.counters_1min_ago(fqfn),
+                                      worker.exception_totals(fqfn)))
+
+    @app.get(FN + "/<int:instance_id>/stats")
+    def instance_stats(tenant, namespace, name, instance_id):
+        cfg, figs, _ = worker.instance_figures(f"{tenant}/{namespace}/{name}")
+        check_instance(cfg, instance_id)
+        if instance_id not in figs:
+            raise NotFound(f"instance {instance_id} of {cfg.fqfn} is not running")
+        return jsonify({"instanceId": instance_id, **instance_metrics(figs[instance_id])})
+
+    def check_instance(cfg, instance_id):
+        if not 0 <= instance_id < cfg.parallelism:
+            raise NotFound(f"Function {cfg.name} has no instance {instance_id} (parallelism {cfg.parallelism})")
+
+    for action in ("start", "stop", "restart"):
+        def handler(tenant, namespace, name, instance_id=None, _action=action):
+            fqfn = f"{tenant}/{namespace}/{name}"
+            if _action == "restart":
+                worker.restart(fqfn, instance_id)
+            else:
+                worker.set_running(fqfn, _action == "start", instance_id)
+            return Response(status=204)
+        app.add_url_rule(FN + f"/{action}", f"fn_{action}", handler, methods=["POST"])
+        app.add_url_rule(FN + f"/<int:instance_id>/{action}", f"instance_{action}", handler, methods=["POST"])
+
+    def me():
+        return {"workerId": worker.worker_id, "workerHostname": worker.hostname, "port": worker.port}
+
+    @app.get("/admin/v2/worker/cluster")
+    def cluster():
+        return jsonify([me()])
+
+    @app.get("/admin/v2/worker/cluster/leader")
+    def leader():
+        return jsonify(me())
+
+    @app.get("/admin/v2/worker/assignments")
+    def assignments():
+        names = []
+        for cfg in worker.functions():
+            names.extend(f"{cfg.fqfn}:{i}" for i in range(cfg.parallelism))
+        return jsonify({worker.worker_id: names})
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(registry), mimetype="text/plain; version=0.0.4")
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify(status="ok", functions=len(worker.functions()))
+
+    return app

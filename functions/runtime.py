@@ -1,0 +1,144 @@
+"""How an instance runs: as a thread of the worker (sharing its client) or as a child process.
+
+Thread is the default: instances that wait on I/O (a model server, a database) scale with
+threads, start in milliseconds and share one connection. Process instances give a CPU-bound
+function its own interpreter (no shared GIL) at the cost of a ~1 s start. Each thread instance
+is a consumer of the function's subscription, as in Pulsar. Process instances on pulsar-lite
+cannot join that subscription from their own connection (B2), so they receive through their
+worker over a pipe (lite_quirks).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import threading
+from abc import ABC, abstractmethod
+
+import pulsar
+
+from pulsar_autoscale import lite_quirks
+
+from .config import FunctionConfig
+from .instance import Instance
+from .state import StateStore
+from .stats import InstanceFigures, InstanceStats
+
+log = logging.getLogger(__name__)
+RUNTIMES = ("thread", "process")
+STATS_INTERVAL_S = 0.25
+
+
+class InstanceHandle(ABC):
+    """What the worker holds for one running instance."""
+
+    instance_id: int
+
+    @abstractmethod
+    def figures(self) -> InstanceFigures: ...
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Begin draining; returns at once."""
+
+    @abstractmethod
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the drain to finish; True when the instance has exited."""
+
+    @abstractmethod
+    def alive(self) -> bool: ...
+
+
+class ThreadInstance(InstanceHandle):
+    def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
+                 state: StateStore, num_instances):
+        self.instance_id = instance_id
+        self._instance = Instance(config, instance_id, client, code_path, state, num_instances)
+        self._thread = threading.Thread(target=self._instance.run, name=f"{config.fqfn}:{instance_id}", daemon=True)
+        self._thread.start()
+
+    def figures(self) -> InstanceFigures:
+        return self._instance.stats.figures()
+
+    def stop(self) -> None:
+        self._instance.stop()
+
+    def join(self, timeout_s: float) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def _process_main(config: FunctionConfig, instance_id: int, service_url: str, code_path: str | None,
+                  state_path: str, num_instances, stop_event, stats_queue, input_conn, start_time_ms: int) -> None:
+    """Entry point of a process instance: run the loop in a thread, report figures until drained."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    stats = InstanceStats(instance_id, start_time_ms)
+    open_input = (lambda: lite_quirks.PipeConsumer(input_conn)) if input_conn is not None else None
+    instance = Instance(config, instance_id, client, code_path, StateStore(state_path),
+                        lambda: num_instances.value, stats, open_input=open_input)
+    runner = threading.Thread(target=instance.run, daemon=True)
+    runner.start()
+    while runner.is_alive():
+        if stop_event.wait(STATS_INTERVAL_S):
+            instance.stop()
+        stats_queue.put(stats.figures())
+    runner.join()
+    stats_queue.put(stats.figures())
+    client.close()
+
+
+class ProcessInstance(InstanceHandle):
+    _ctx = mp.get_context("spawn")  # never fork a process that holds pulsar-client threads
+
+    def __init__(self, config: FunctionConfig, instance_id: int, service_url: str, code_path: str | None,
+                 state_path: str, num_instances, shared_input: lite_quirks.SharedInput | None):
+        self.instance_id = instance_id
+        child_conn = None
+        if shared_input is not None:
+            parent_conn, child_conn = self._ctx.Pipe()
+            threading.Thread(target=lite_quirks.serve_pipe, args=(parent_conn, shared_input.lease()),
+                             name=f"{config.fqfn}:{instance_id}:input", daemon=True).start()
+        self._stop = self._ctx.Event()
+        self._queue = self._ctx.Queue()
+        self._figures = InstanceStats(instance_id).figures()
+        self._proc = self._ctx.Process(
+            target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
+            args=(config, instance_id, service_url, code_path, state_path, num_instances, self._stop, self._queue,
+                  child_conn, self._figures.start_time_ms))
+        self._proc.start()
+        self._reader = threading.Thread(target=self._read_stats, daemon=True)
+        self._reader.start()
+
+    def _read_stats(self) -> None:
+        while True:
+            try:
+                self._figures = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    return
+            except (EOFError, OSError):
+                return
+
+    def figures(self) -> InstanceFigures:
+        return self._figures
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout_s: float) -> bool:
+        self._proc.join(timeout_s)
+        if self._proc.is_alive():
+            return False
+        self._reader.join(1.0)
+        return True
+
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
+    def kill(self) -> None:
+        self._proc.kill()

@@ -1,0 +1,54 @@
+"""A worker plus its REST server in one object: what `pulsar-autoscale worker`, the demo and tests run."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+
+from werkzeug.serving import make_server
+
+from pulsar_autoscale import lite_quirks
+from pulsar_autoscale.netutil import free_port
+
+from .config import DEFAULT_MAX_PARALLELISM
+from .rest import create_app
+from .worker import Worker
+
+
+class WorkerServer:
+    def __init__(self, service_url: str, port: int = 0, host: str = "127.0.0.1", data_dir: str | None = None,
+                 metrics_url: str | None = None, runtime: str = "thread", broker_kind: str = "auto",
+                 max_parallelism: int = DEFAULT_MAX_PARALLELISM, worker_id: str | None = None):
+        self.port = port or free_port(host)
+        self.host = host
+        kind = lite_quirks.detect_broker_kind(metrics_url) if broker_kind == "auto" else broker_kind
+        self._temp_dir = None if data_dir else tempfile.mkdtemp(prefix="pa-worker-")
+        self.worker = Worker(service_url, data_dir or self._temp_dir,
+                             worker_id=worker_id or f"worker-{host}-{self.port}", default_runtime=runtime,
+                             max_parallelism=max_parallelism, broker_kind=kind, hostname=host, port=self.port)
+        self._server = make_server(host, self.port, create_app(self.worker), threaded=True)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "WorkerServer":
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="worker-rest", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self.worker.close()
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> "WorkerServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

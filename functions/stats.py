@@ -1,0 +1,124 @@
+"""Per-instance figures, kept the way Pulsar's python_instance keeps its stats: explicit counters
+updated in the one processing loop, read by the worker for REST, /metrics and the controller."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+MAX_LATEST_EXCEPTIONS = 10
+
+
+@dataclass(frozen=True)
+class ExceptionRecord:
+    exceptionString: str
+    timestampMs: int
+
+
+@dataclass(frozen=True)
+class InstanceFigures:
+    """Cumulative since the instance started. Picklable, so a process instance can send it to its worker."""
+
+    instance_id: int
+    start_time_ms: int
+    running: bool = True
+    error: str = ""
+    received: int = 0
+    processed: int = 0            # successfully
+    user_exceptions: int = 0
+    system_exceptions: int = 0
+    outputs: int = 0
+    busy_s: float = 0.0
+    busy_sq_s2: float = 0.0
+    interarrival_n: int = 0
+    interarrival_s: float = 0.0
+    interarrival_sq_s2: float = 0.0
+    first_processed_ms: int = 0
+    last_invocation_ms: int = 0
+    latest_user_exceptions: tuple[ExceptionRecord, ...] = ()
+    latest_system_exceptions: tuple[ExceptionRecord, ...] = ()
+    user_metrics: dict[str, tuple[float, int]] = field(default_factory=dict)  # name -> (sum, count)
+
+    @property
+    def avg_latency_ms(self) -> float:
+        return 1000.0 * self.busy_s / self.processed if self.processed else 0.0
+
+
+class InstanceStats:
+    """The loop's counters: plain attributes updated on the hot path, copied into InstanceFigures on read.
+
+    Each counter has one writer (the loop, or the producer callback for outputs), so the hot
+    path takes no lock; a reader may see a figure one message behind, which is fine for stats.
+    """
+
+    def __init__(self, instance_id: int, start_time_ms: int | None = None):
+        self.instance_id = instance_id
+        self.start_time_ms = start_time_ms or int(time.time() * 1000)
+        self.running, self.error = True, ""
+        self.received = self.processed = self.outputs = 0
+        self.user_exceptions = self.system_exceptions = 0
+        self.busy_s = self.busy_sq_s2 = 0.0
+        self.interarrival_n, self.interarrival_s, self.interarrival_sq_s2 = 0, 0.0, 0.0
+        self.first_processed_ms = self.last_invocation_ms = 0
+        self._last_publish_ms: int | None = None
+        self._user_exc: list[ExceptionRecord] = []
+        self._system_exc: list[ExceptionRecord] = []
+        self._metrics: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()  # only for the rarely written collections
+
+    def figures(self) -> InstanceFigures:
+        with self._lock:
+            return InstanceFigures(
+                instance_id=self.instance_id, start_time_ms=self.start_time_ms, running=self.running,
+                error=self.error, received=self.received, processed=self.processed,
+                user_exceptions=self.user_exceptions, system_exceptions=self.system_exceptions,
+                outputs=self.outputs, busy_s=self.busy_s, busy_sq_s2=self.busy_sq_s2,
+                interarrival_n=self.interarrival_n, interarrival_s=self.interarrival_s,
+                interarrival_sq_s2=self.interarrival_sq_s2, first_processed_ms=self.first_processed_ms,
+                last_invocation_ms=self.last_invocation_ms, latest_user_exceptions=tuple(self._user_exc),
+                latest_system_exceptions=tuple(self._system_exc), user_metrics=dict(self._metrics))
+
+    def on_received(self, publish_ms: int) -> None:
+        self.received += 1
+        last = self._last_publish_ms
+        if last is not None and publish_ms >= last:
+            gap = (publish_ms - last) / 1000.0
+            self.interarrival_n += 1
+            self.interarrival_s += gap
+            self.interarrival_sq_s2 += gap * gap
+        if last is None or publish_ms > last:
+            self._last_publish_ms = publish_ms
+
+    def on_processed(self, seconds: float, ok: bool) -> None:
+        now_ms = int(time.time() * 1000)
+        if ok:
+            self.processed += 1
+        self.busy_s += seconds
+        self.busy_sq_s2 += seconds * seconds
+        self.last_invocation_ms = now_ms
+        if not self.first_processed_ms:
+            self.first_processed_ms = now_ms
+
+    def on_output(self) -> None:
+        self.outputs += 1
+
+    def on_exception(self, exc: BaseException, user: bool) -> None:
+        rec = ExceptionRecord("".join(traceback.format_exception_only(type(exc), exc)).strip(), int(time.time() * 1000))
+        with self._lock:
+            if user:
+                self.user_exceptions += 1
+                self._user_exc = (self._user_exc + [rec])[-MAX_LATEST_EXCEPTIONS:]
+            else:
+                self.system_exceptions += 1
+                self._system_exc = (self._system_exc + [rec])[-MAX_LATEST_EXCEPTIONS:]
+
+    def record_metric(self, name: str, value: float) -> None:
+        with self._lock:
+            total, count = self._metrics.get(name, (0.0, 0))
+            self._metrics[name] = (total + float(value), count + 1)
+
+    def set_running(self, running: bool, error: str = "") -> None:
+        with self._lock:
+            self.running, self.error = running, error

@@ -1,0 +1,84 @@
+"""Pulsar's FunctionStatus and FunctionStats bodies, with Pulsar's field names, from our figures.
+
+Extra figures the policies need (service and inter-arrival moments, busy time, outputs, and
+the function's cumulative counters including drained instances) are under "autoscale" keys,
+which Pulsar's clients ignore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from pulsar_autoscale.snapshot import FunctionCounters
+
+from .config import FunctionConfig
+from .stats import InstanceFigures
+
+
+def _moments(n: float, total: float, total_sq: float) -> tuple[float, float]:
+    if n <= 0:
+        return 0.0, 0.0
+    mean = total / n
+    return mean, max(total_sq / n - mean * mean, 0.0)
+
+
+def instance_status(i: int, fig: InstanceFigures | None, restarts: int, worker_id: str) -> dict:
+    if fig is None:
+        return {"instanceId": i, "status": {"running": False, "error": "stopped", "numRestarts": restarts,
+                                            "workerId": worker_id}}
+    return {"instanceId": i, "status": {
+        "running": fig.running,
+        "error": fig.error,
+        "numRestarts": restarts,
+        "numReceived": fig.received,
+        "numSuccessfullyProcessed": fig.processed,
+        "numUserExceptions": fig.user_exceptions,
+        "latestUserExceptions": [asdict(e) for e in fig.latest_user_exceptions],
+        "numSystemExceptions": fig.system_exceptions,
+        "latestSystemExceptions": [asdict(e) for e in fig.latest_system_exceptions],
+        "averageLatency": fig.avg_latency_ms,
+        "lastInvocationTime": fig.last_invocation_ms,
+        "workerId": worker_id,
+        "instanceStartTimeMs": fig.start_time_ms,
+        "firstProcessedTimeMs": fig.first_processed_ms,
+    }}
+
+
+def function_status(cfg: FunctionConfig, figs: dict[int, InstanceFigures], restarts: dict[int, int],
+                    worker_id: str) -> dict:
+    instances = [instance_status(i, figs.get(i), restarts.get(i, 0), worker_id) for i in range(cfg.parallelism)]
+    return {"numInstances": cfg.parallelism,
+            "numRunning": sum(1 for s in instances if s["status"]["running"]),
+            "instances": instances}
+
+
+def _window_block(received, processed, sys_exc, user_exc, busy_s) -> dict:
+    return {"receivedTotal": received, "processedSuccessfullyTotal": processed,
+            "systemExceptionsTotal": sys_exc, "userExceptionsTotal": user_exc,
+            "avgProcessLatency": (1000.0 * busy_s / processed) if processed else None}
+
+
+def instance_metrics(fig: InstanceFigures) -> dict:
+    svc_mean, svc_var = _moments(fig.processed, fig.busy_s, fig.busy_sq_s2)
+    ia_mean, ia_var = _moments(fig.interarrival_n, fig.interarrival_s, fig.interarrival_sq_s2)
+    block = _window_block(fig.received, fig.processed, fig.system_exceptions, fig.user_exceptions, fig.busy_s)
+    return {**block, "1min": block, "lastInvocation": fig.last_invocation_ms,
+            "userMetrics": {k: s / c for k, (s, c) in fig.user_metrics.items() if c},
+            "autoscale": {"processTimeMean": svc_mean, "processTimeVariance": svc_var,
+                          "interArrivalMean": ia_mean, "interArrivalVariance": ia_var,
+                          "busyTimeSeconds": fig.busy_s, "outputTotal": fig.outputs,
+                          "startTimeMs": fig.start_time_ms}}
+
+
+def function_stats(figs: dict[int, InstanceFigures], counters: FunctionCounters,
+                   minute_ago: FunctionCounters | None, exceptions: tuple[int, int]) -> dict:
+    """Totals are cumulative since creation (drained instances included); "1min" is the last minute."""
+    sys_exc, user_exc = exceptions
+    total = _window_block(counters.received, counters.processed, sys_exc, user_exc, counters.busy_s)
+    base = minute_ago or FunctionCounters(time=counters.time, arrived=None)
+    minute = _window_block(counters.received - base.received, counters.processed - base.processed, None, None,
+                           counters.busy_s - base.busy_s)
+    return {**total, "1min": minute,
+            "lastInvocation": max((f.last_invocation_ms for f in figs.values()), default=0),
+            "instances": [{"instanceId": i, "metrics": instance_metrics(f)} for i, f in sorted(figs.items())],
+            "autoscale": {"counters": asdict(counters)}}

@@ -1,0 +1,142 @@
+"""The embedded broker: pulsar-lite run as a child process with a generated TOML config.
+
+Metrics are always bound to 127.0.0.1 on an explicit port: pulsar-lite's default
+0.0.0.0:8080 collides as soon as two brokers run on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import BrokerError
+from .netutil import free_port, wait_for_port
+
+HOST = "127.0.0.1"
+
+
+def find_binary() -> str:
+    try:
+        from pulsar_lite.binary_finder import find_pulsar_lite_binary
+    except ImportError as exc:  # pragma: no cover - dependency is pinned
+        raise BrokerError("pulsar-lite is not installed: pip install pulsar-lite") from exc
+    try:
+        return find_pulsar_lite_binary()
+    except FileNotFoundError as exc:
+        raise BrokerError(f"pulsar-lite binary not found: {exc}") from exc
+
+
+def render_config(port: int, metrics_port: int, data_dir: str, log_level: str) -> str:
+    return (
+        f'addr = "{HOST}:{port}"\n'
+        f'db_path = "{Path(data_dir, "db").as_posix()}"\n'
+        f'log_level = "{log_level}"\n'
+        "\n[metrics]\nenabled = true\n"
+        f'addr = "{HOST}:{metrics_port}"\n'
+    )
+
+
+@dataclass
+class EmbeddedBroker:
+    """A running pulsar-lite; use as a context manager or call start()/stop()."""
+
+    port: int = 0
+    metrics_port: int = 0
+    data_dir: str | None = None
+    log_level: str = "warn"
+    startup_timeout_s: float = 20.0
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _owns_dir: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{HOST}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}/metrics"
+
+    def start(self) -> "EmbeddedBroker":
+        self.port = self.port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
+        if self.data_dir is None:
+            self.data_dir = tempfile.mkdtemp(prefix="pulsar-lite-")
+            self._owns_dir = True
+        os.makedirs(self.data_dir, exist_ok=True)
+        conf = Path(self.data_dir, "pulsar-lite.toml")
+        conf.write_text(render_config(self.port, self.metrics_port, self.data_dir, self.log_level))
+        log = open(Path(self.data_dir, "broker.log"), "ab")
+        self._proc = subprocess.Popen(
+            [find_binary(), "--config", str(conf)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        ok = wait_for_port(HOST, self.port, self.startup_timeout_s, alive=lambda: self._proc.poll() is None)
+        if not ok:
+            tail = self.log_tail()
+            self.stop()
+            raise BrokerError(
+                f"pulsar-lite did not accept connections on {HOST}:{self.port} within "
+                f"{self.startup_timeout_s:.0f}s (port in use or bad data dir?). Log tail:\n{tail}"
+            )
+        wait_for_port(HOST, self.metrics_port, 5.0, alive=lambda: self._proc.poll() is None)
+        return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(Path(self.data_dir, "broker.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        if self._owns_dir and self.data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=0, help="binary protocol port (default: a free port)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on 127.0.0.1 (default: a free port)")
+    p.add_argument("--data-dir", default=None, help="storage directory (default: a temporary directory removed on exit)")
+    p.add_argument("--log-level", default="info", choices=["error", "warn", "info", "debug", "trace"])
+
+
+def run(args: argparse.Namespace) -> int:
+    broker = EmbeddedBroker(args.port, args.metrics_port, args.data_dir, args.log_level).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"broker ready: service-url {broker.service_url}  metrics {broker.metrics_url}  data {broker.data_dir}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            if not broker.alive():
+                print(f"broker exited unexpectedly. Log tail:\n{broker.log_tail()}", file=sys.stderr)
+                return 1
+    finally:
+        broker.stop()
+    print("broker stopped", flush=True)
+    return 0

@@ -1,0 +1,63 @@
+"""Reading a broker's Prometheus /metrics: per-topic message counters and per-subscription backlogs.
+
+Topic labels differ: Apache Pulsar labels the full name (persistent://t/ns/x), pulsar-lite the
+short name plus a namespace label; both are normalised to the full name here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from .errors import BrokerError
+
+
+@dataclass(frozen=True)
+class BrokerMetrics:
+    time: float
+    in_messages: dict[str, float] = field(default_factory=dict)              # topic -> cumulative messages in
+    backlog: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> entries
+    messages_per_entry: float = 1.0   # broker-wide: backlogs count entries (batches), not messages
+
+    def backlog_messages(self, topic: str, subscription: str) -> float | None:
+        entries = self.backlog.get((topic, subscription))
+        return None if entries is None else entries * self.messages_per_entry
+
+
+def _topic(labels: dict) -> str:
+    topic = labels.get("topic", "")
+    if "://" in topic:
+        return topic
+    return f"persistent://{labels.get('namespace', 'public/default')}/{topic}"
+
+
+def parse(text: str, now: float) -> BrokerMetrics:
+    in_messages: dict[str, float] = {}
+    backlog: dict[tuple[str, str], float] = {}
+    totals = {"messages": 0.0, "entries": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels = sample.name, sample.labels
+            if name == "pulsar_in_messages_total" and "topic" in labels:
+                t = _topic(labels)
+                in_messages[t] = in_messages.get(t, 0.0) + sample.value
+            elif name == "pulsar_subscription_back_log" and "subscription" in labels:
+                key = (_topic(labels), labels["subscription"])
+                backlog[key] = backlog.get(key, 0.0) + sample.value
+            elif name == "pulsar_broker_in_messages_total":
+                totals["messages"] = sample.value
+            elif name == "pulsar_entry_size_count":
+                totals["entries"] += sample.value
+    ratio = totals["messages"] / totals["entries"] if totals["entries"] > 0 and totals["messages"] > 0 else 1.0
+    return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0))
+
+
+def fetch(metrics_url: str, now: float, timeout_s: float = 5.0) -> BrokerMetrics:
+    try:
+        resp = requests.get(metrics_url, timeout=timeout_s)
+        resp.raise_for_status()
+    except requests.RequestException as exc:
+        raise BrokerError(f"cannot read broker metrics at {metrics_url}: {exc}") from exc
+    return parse(resp.text, now)

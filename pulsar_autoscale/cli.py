@@ -1,0 +1,52 @@
+"""The `pulsar-autoscale` command: one subcommand per module, each with configure_parser and run."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from .errors import PulsarAutoscaleError
+
+# subcommand -> (module, help). Each module defines configure_parser(parser) and run(args) -> int.
+COMMANDS = {
+    "broker": ("pulsar_autoscale.broker", "run the embedded pulsar-lite broker"),
+    "worker": ("pulsar_autoscale.functions.worker_cli", "run a function worker with the Functions admin REST API"),
+    "functions": ("pulsar_autoscale.functions.admin_cli", "manage functions (pulsar-admin functions compatible flags)"),
+    "controller": ("pulsar_autoscale.controller_cli", "run the autoscaling controller (MAPE loop)"),
+    "simulate": ("pulsar_autoscale.sim_cli", "simulate an app under a workload and a policy"),
+    "demo": ("pulsar_autoscale.demo", "run the end-to-end demo on the embedded broker"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pulsar-autoscale", description="Elastic Apache Pulsar Functions.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).configure_parser(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return importlib.import_module(args._module).run(args) or 0
+    except PulsarAutoscaleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

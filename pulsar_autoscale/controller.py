@@ -1,0 +1,220 @@
+"""The controller: a MAPE loop run by the elected leader on an apscheduler interval.
+
+Monitor (monitor.Monitor) -> Analyze + Plan (autoscaler.Autoscaler: the policy, then the Plan
+step's bounds, cooldown, stabilization and max step) -> Execute (executor.Executor). Every
+decision, applied or not, goes to the decision log with the leader epoch and its inputs.
+Replicas that are not leader only try, every second, to take the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from flask import Flask, Response, jsonify
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from werkzeug.serving import make_server
+
+from .admin_client import FunctionsAdmin
+from .autoscaler import Autoscaler
+from .controller_config import ControllerConfig
+from .decision_log import DecisionLog
+from .errors import ConfigError, PulsarAutoscaleError
+from .executor import Executor
+from .leader import LeaderElector
+from .monitor import Monitor
+from .netutil import free_port
+from .planner import PlanConfig, Planner, apply_caps, restart_aware
+from .policies import load_policy
+
+log = logging.getLogger(__name__)
+ELECTION_INTERVAL_S = 1.0
+
+
+class ControllerMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.decisions = Counter("pulsar_autoscale_decisions", "scaling decisions applied (or recommended in dry run)",
+                                 ["function", "direction"], registry=self.registry)
+        self.errors = Counter("pulsar_autoscale_errors", "errors by stage", ["stage"], registry=self.registry)
+        self.iteration = Histogram("pulsar_autoscale_iteration_seconds", "one MAPE iteration", registry=self.registry)
+        self.target = Gauge("pulsar_autoscale_target_parallelism", "parallelism after the last decision",
+                            ["function"], registry=self.registry)
+        self.leader = Gauge("pulsar_autoscale_leader", "1 while this replica is leader", registry=self.registry)
+        self.epoch = Gauge("pulsar_autoscale_epoch", "leader epoch held by this replica (0: none)",
+                           registry=self.registry)
+
+
+@dataclass
+class Iteration:
+    time: float
+    epoch: int | None
+    decisions: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def build_planner(config: ControllerConfig) -> Planner:
+    # stock Pulsar restarts every instance on each update: plan fewer, larger changes there
+    plan = restart_aware(config.plan, config.period_s) if config.mode == "stock" else dict(config.plan)
+    try:
+        return Planner(plan_config(plan))
+    except TypeError as exc:
+        raise ConfigError(f"plan: {exc}") from exc
+
+
+def plan_config(data: dict) -> PlanConfig:
+    from .controller_config import from_mapping
+    data = dict(data)
+    if "bounds" in data:
+        bounds = []
+        for b in data["bounds"]:
+            if not isinstance(b, dict) or "pattern" not in b:
+                raise ConfigError(f"plan.bounds entries need pattern, min and max; got {b!r}")
+            bounds.append((b["pattern"], int(b.get("min", 1)), int(b.get("max", 15))))
+        data["bounds"] = tuple(bounds)
+    return from_mapping(PlanConfig, data, "plan")
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig, admin: FunctionsAdmin | None = None):
+        self.config = config
+        self.admin = admin or config.admin()
+        self.policy = load_policy(config.policy, config.policy_params)
+        self.autoscaler = Autoscaler(self.policy, build_planner(config))
+        self.monitor = Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
+        self.executor = Executor(self.admin, retries=config.execute_retries)
+        self.elector = LeaderElector(config.service_url, config.lock_topic, config.identity)
+        self.log = DecisionLog(config.decision_log)
+        self.metrics = ControllerMetrics()
+        self.history: deque[Iteration] = deque(maxlen=20)
+        self.last_observation = None  # for live views: the graph and snapshot of the last period
+        self._iter_lock = threading.Lock()
+        self._scheduler: BackgroundScheduler | None = None
+        self._http = None
+        self.http_port = config.http_port
+
+    @property
+    def identity(self) -> str:
+        return self.elector.identity
+
+    # ---- one MAPE iteration --------------------------------------------------------------------
+    def iterate(self, now: float | None = None) -> Iteration | None:
+        """Run one period if this replica leads; None when it does not."""
+        with self._iter_lock:
+            if not self.elector.check():
+                return None
+            term = self.elector.term
+            now = time.time() if now is None else now
+            started = time.perf_counter()
+            it = Iteration(time=now, epoch=term.epoch)
+            with self.metrics.iteration.time():
+                try:
+                    obs = self.monitor.observe(now)
+                except PulsarAutoscaleError as exc:
+                    self.metrics.errors.labels("monitor").inc()
+                    it.errors.append(f"monitor: {exc}")
+                    log.error("monitor failed, nothing decided this period: %s", exc)
+                    self.history.append(it)
+                    return it
+                it.errors.extend(obs.errors)
+                self.last_observation = obs
+                step = self.autoscaler.step(obs.graph, obs.snapshot, obs.current, now)
+                if step.error:
+                    self.metrics.errors.labels("policy").inc()
+                    it.errors.append(f"policy: {step.error}")
+                    log.error("policy %s failed, nothing applied: %s", self.config.policy, step.error)
+                for d in apply_caps(step.decisions, obs.caps):
+                    it.decisions.append(self._execute(d, term.epoch, now))
+            it.seconds = time.perf_counter() - started
+            self.history.append(it)
+            return it
+
+    def _execute(self, decision, epoch: int, now: float) -> dict:
+        record = {"time": now, "epoch": epoch, "controller": self.identity, "policy": self.config.policy,
+                  "mode": self.config.mode, "function": decision.function, "old": decision.old,
+                  "proposed": decision.proposed, "new": decision.new, "reason": decision.reason,
+                  "inputs": asdict(decision.inputs) if decision.inputs else None,
+                  "dry_run": self.config.dry_run, "applied": False, "error": None}
+        if self.config.mode == "stock" and decision.changed:
+            record["restart_cost_s"] = self.admin.restart_cost_s()   # what this update costs on stock Pulsar
+        if decision.changed:
+            if self.config.dry_run:
+                log.info("[dry run] would scale %s %d -> %d: %s", decision.function, decision.old, decision.new,
+                         decision.reason)
+            else:
+                result = self.executor.apply(decision.function, decision.new, epoch)
+                record.update(applied=result.ok, error=result.error, execute_seconds=round(result.seconds, 4))
+                if result.ok:
+                    log.info("scaled %s %d -> %d (epoch %d): %s", decision.function, decision.old, decision.new,
+                             epoch, decision.reason)
+                else:
+                    self.metrics.errors.labels("execute").inc()
+                    log.error("could not scale %s to %d: %s", decision.function, decision.new, result.error)
+            direction = "out" if decision.new > decision.old else "in"
+            self.metrics.decisions.labels(decision.function, direction).inc()
+        self.metrics.target.labels(decision.function).set(decision.new)
+        if decision.changed:
+            self.log.append(record)
+        return record
+
+    # ---- leadership ------------------------------------------------------------------------------------
+    def _elect(self) -> None:
+        term = self.elector.term if self.elector.check() else self.elector.try_acquire()
+        self.metrics.leader.set(1 if term else 0)
+        self.metrics.epoch.set(term.epoch if term else 0)
+
+    # ---- running ---------------------------------------------------------------------------------------
+    def start(self) -> "Controller":
+        self._start_http()
+        self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
+        self._scheduler.add_job(self._elect, "interval", seconds=ELECTION_INTERVAL_S, id="elect",
+                                next_run_time=_now_dt())
+        self._scheduler.add_job(self._safe_iterate, "interval", seconds=self.config.period_s, id="mape")
+        self._scheduler.start()
+        return self
+
+    def _safe_iterate(self) -> None:
+        try:
+            self.iterate()
+        except Exception:  # the loop must go on; the error is counted and logged with its traceback
+            self.metrics.errors.labels("iteration").inc()
+            log.exception("MAPE iteration failed")
+
+    def stop(self) -> None:
+        if self._scheduler:
+            self._scheduler.shutdown(wait=True)
+        if self._http:
+            self._http.shutdown()
+        self.elector.release()
+
+    def status(self) -> dict:
+        term = self.elector.term
+        return {"controller": self.identity, "leader": term is not None, "epoch": term.epoch if term else None,
+                "policy": self.config.policy, "mode": self.config.mode, "dry_run": self.config.dry_run,
+                "period_s": self.config.period_s,
+                "iterations": [asdict(i) for i in list(self.history)[-5:]]}
+
+    def _start_http(self) -> None:
+        app = Flask("pulsar_autoscale.controller")
+
+        @app.get("/metrics")
+        def metrics():
+            return Response(generate_latest(self.metrics.registry), mimetype="text/plain; version=0.0.4")
+
+        @app.get("/status")
+        def status():
+            return jsonify(self.status())
+
+        self.http_port = self.config.http_port or free_port(self.config.http_host)
+        self._http = make_server(self.config.http_host, self.http_port, app, threaded=True)
+        threading.Thread(target=self._http.serve_forever, name="controller-http", daemon=True).start()
+
+
+def _now_dt():
+    from datetime import datetime
+    return datetime.now()

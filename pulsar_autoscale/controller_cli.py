@@ -1,0 +1,54 @@
+"""`pulsar-autoscale controller --config controller.yaml`: run one controller replica."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from .controller import Controller
+from .controller_config import ControllerConfig
+
+EXAMPLE = """\
+example controller.yaml:
+  service_url: pulsar://127.0.0.1:6650
+  admin_url: http://127.0.0.1:6750
+  metrics_url: http://127.0.0.1:8080/metrics
+  policy: queueing            # threshold | queueing | ds2 | ... | path/to/policy.py
+  policy_params: {level: path, r_max_s: 1.0}
+  period_s: 30
+  window_s: 30
+  plan: {min_parallelism: 1, max_parallelism: 15, cooldown_s: 60,
+         bounds: [{pattern: "public/default/recognize*", min: 2, max: 10}]}
+  dry_run: false
+  decision_log: decisions.jsonl
+"""
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EXAMPLE
+    p.add_argument("--config", required=True, help="controller YAML file (options below)")
+    p.add_argument("--dry-run", action="store_true", help="recommend only: log decisions, apply nothing")
+    p.add_argument("--identity", default=None, help="name of this replica (default: random)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = ControllerConfig.from_file(args.config)
+    overrides = {}
+    if args.dry_run:
+        overrides["dry_run"] = True
+    if args.identity:
+        overrides["identity"] = args.identity
+    if overrides:
+        config = ControllerConfig(**{**config.__dict__, **overrides})
+    controller = Controller(config).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"controller {controller.identity}: policy {config.policy}, period {config.period_s}s, "
+          f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; status on "
+          f"http://{config.http_host}:{controller.http_port}/status", flush=True)
+    stop.wait()
+    controller.stop()
+    return 0

@@ -1,0 +1,123 @@
+"""controller.yaml: every option of the controller, validated with errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+from .leader import DEFAULT_LOCK_TOPIC
+
+MODES = ("worker", "stock")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    service_url: str                            # broker, for leader election
+    admin_url: str                              # Functions admin REST API (our worker or a stock Pulsar worker)
+    metrics_url: str | None = None              # broker Prometheus /metrics (backlog, arrivals)
+    mode: str = "worker"                        # worker: restart-free; stock: every update restarts all instances
+    namespaces: tuple[str, ...] = ("public/default",)
+    policy: str = "queueing"                    # entry-point name or path to a .py file
+    policy_params: dict = field(default_factory=dict)
+    period_s: float = 30.0                      # MAPE period (paper: 30 s)
+    window_s: float = 30.0                      # metrics window W (paper: 30 s)
+    dry_run: bool = False                       # recommend only: log decisions, apply nothing
+    plan: dict = field(default_factory=dict)    # Plan step: min/max parallelism, bounds, cooldown, ... (PlanConfig)
+    decision_log: str | None = "decisions.jsonl"
+    http_host: str = "127.0.0.1"
+    http_port: int = 9091                       # /metrics and /status; 0 = a free port
+    lock_topic: str = DEFAULT_LOCK_TOPIC
+    identity: str | None = None                 # replica name in logs and the decision log
+    execute_retries: int = 3
+    auth: dict = field(default_factory=dict, repr=False)  # cluster auth (http_auth.AuthConfig): bearer, basic, tls, oauth2
+    extra_hosts: tuple[str, ...] = ()           # host:port a redirect may lead to that gets credentials too
+    broker_admin_url: str | None = None         # stock mode: a broker's admin URL for topic stats (default admin_url)
+    worker_metrics_url: str | None = None       # stock mode: the functions worker's /metrics (restart cost)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "controller config") -> "ControllerConfig":
+        return from_mapping(cls, data, source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ControllerConfig":
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read {p}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p} must be a YAML mapping of option: value")
+        return cls.from_mapping(data, str(p))
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r} is unknown: use one of {', '.join(MODES)}")
+        for name in ("period_s", "window_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        for ns in self.namespaces:
+            if ns.count("/") != 1:
+                raise ConfigError(f"namespaces: {ns!r} must be tenant/namespace")
+        if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
+            raise ConfigError(f"service_url {self.service_url!r} must start with pulsar:// or pulsar+ssl://")
+        if not self.admin_url.startswith(("http://", "https://")):
+            raise ConfigError(f"admin_url {self.admin_url!r} must start with http:// or https://")
+        from .http_auth import AuthConfig
+        AuthConfig.from_mapping(self.auth)  # a bad auth section fails at start, naming the field
+
+    def admin(self):
+        """The Functions admin client for this mode: our worker, or a stock Pulsar cluster."""
+        from .admin_client import FunctionsAdmin
+        from .http_auth import cluster_session
+        from .stock import StockPulsarAdmin
+        if self.mode == "stock":
+            return StockPulsarAdmin(self.admin_url, broker_url=self.broker_admin_url,
+                                    metrics_url=self.worker_metrics_url, auth=self.auth, extra_hosts=self.extra_hosts)
+        session = cluster_session([self.admin_url], self.auth, self.extra_hosts) if self.auth else None
+        return FunctionsAdmin(self.admin_url, session=session)
+
+
+def _accepts(tp, value) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(a, value) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        return isinstance(value, (list, tuple))
+    base = origin or tp
+    return isinstance(value, base) if isinstance(base, type) else True
+
+
+def from_mapping(cls, data: Mapping[str, Any], source: str):
+    """Build a dataclass from user data: unknown keys, missing keys and wrong types are named."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(normalised) - set(known))
+    if unknown:
+        raise ConfigError(f"{source}: unknown option(s) {', '.join(unknown)}; valid options: {', '.join(known)}")
+    missing = [n for n, f in known.items() if n not in normalised and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{source}: missing required option(s) {', '.join(missing)}")
+    for name, value in normalised.items():
+        if not _accepts(hints[name], value):
+            raise ConfigError(f"{source}: option {name} = {value!r} has the wrong type "
+                              f"(expected {getattr(hints[name], '__name__', hints[name])})")
+        if typing.get_origin(hints[name]) is tuple:
+            normalised[name] = tuple(value)
+    return cls(**normalised)

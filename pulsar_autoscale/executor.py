@@ -1,0 +1,53 @@
+"""Execute: PUT the new parallelism of each function that changes, with bounded retries.
+
+Every call carries the leader's epoch; our worker refuses an older epoch (409), which ends
+the attempt at once: retrying cannot make a deposed leader right.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from .admin_client import AdminError, FunctionsAdmin
+from .http_auth import AuthError, RedirectRefused
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Execution:
+    function: str
+    parallelism: int
+    ok: bool
+    attempts: int
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class Executor:
+    def __init__(self, admin: FunctionsAdmin, retries: int = 3, backoff_s: float = 0.5):
+        self.admin = admin
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    def apply(self, function: str, parallelism: int, epoch: int | None) -> Execution:
+        tenant, namespace, name = function.split("/")
+        start = time.monotonic()
+        error = None
+        for attempt in range(1, self.retries + 1):
+            try:
+                self.admin.set_parallelism(tenant, namespace, name, parallelism, epoch=epoch)
+                return Execution(function, parallelism, True, attempt, seconds=time.monotonic() - start)
+            except (AuthError, RedirectRefused) as exc:
+                error = str(exc)
+                break  # credentials or a foreign redirect: retrying cannot help
+            except AdminError as exc:
+                error = str(exc)
+                if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                    break  # the request itself is wrong (or the epoch stale): retrying cannot help
+                log.warning("scaling %s to %d failed (attempt %d/%d): %s", function, parallelism, attempt,
+                            self.retries, exc)
+                time.sleep(self.backoff_s * attempt)
+        return Execution(function, parallelism, False, attempt, error, time.monotonic() - start)

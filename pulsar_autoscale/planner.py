@@ -1,0 +1,193 @@
+"""The Plan step: what every policy's proposal goes through, once, before anything is executed.
+
+Policies say what they would like; the Plan step holds the operational rules, so no policy
+re-implements them (Ray Serve wraps user policies the same way). Per function, in order:
+
+1. bounds: the first glob pattern in `bounds` that matches the name, else the defaults;
+2. scale-in stabilization: scale in only to the highest recommendation of the last
+   `scale_in_stabilization_s` seconds (Kubernetes HPA's downscale stabilization);
+3. no scale-in while the backlog is above `draining_backlog` (FLINK-31318: scaling in a job
+   that is still catching up makes it fall behind again); an unknown backlog does not block;
+4. at most `max_step` instances added or removed;
+5. cooldown: no change within `cooldown_s` of the last change that was applied, i.e. that the
+   next period's `current` shows; a recommendation that was not applied (dry run, failed
+   execution) does not start a cooldown;
+6. bounds again: they are hard limits and win over steps 2-5 when `current` lies outside them.
+
+Pure: time comes in as `now` and memory goes in and out as PlanState, so the simulator runs the
+very same code and a period can be replayed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Container
+from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple
+
+from .errors import ConfigError, PulsarAutoscaleError
+from .policies.base import Proposal
+from .snapshot import FunctionSnapshot, Snapshot
+
+
+class PolicyError(PulsarAutoscaleError):
+    """A policy returned something the Plan step cannot use."""
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    min_parallelism: int = 1
+    max_parallelism: int = 15
+    bounds: tuple[tuple[str, int, int], ...] = ()   # (glob on tenant/namespace/name, min, max); first match wins
+    cooldown_s: float = 0.0                         # no change to a function this soon after its last applied one
+    scale_in_stabilization_s: float = 0.0           # scale in only to the max recommendation of this window
+    max_step: int | None = None                     # most instances added or removed in one decision
+    no_scale_in_while_draining: bool = True
+    draining_backlog: float = 100.0                 # messages: above this a backlog counts as draining
+    scale_out_headroom: float = 0.0                 # scale out to ceil(target * (1 + headroom)): fewer, larger steps
+    min_scale_in: int = 1                           # scale in only when it frees at least this many instances
+
+    def __post_init__(self):
+        for pattern, lo, hi in ((None, self.min_parallelism, self.max_parallelism), *self.bounds):
+            if not 1 <= lo <= hi:
+                where = f"bounds {pattern!r}" if pattern is not None else "min/max_parallelism"
+                raise ConfigError(f"plan {where}: need 1 <= min <= max, got {lo} and {hi}")
+        if self.max_step is not None and self.max_step < 1:
+            raise ConfigError(f"plan max_step must be >= 1 (or None), got {self.max_step}")
+        if self.scale_out_headroom < 0 or self.min_scale_in < 1:
+            raise ConfigError(f"plan scale_out_headroom must be >= 0 and min_scale_in >= 1, got "
+                              f"{self.scale_out_headroom} and {self.min_scale_in}")
+
+    def limits(self, function: str) -> tuple[int, int]:
+        for pattern, lo, hi in self.bounds:
+            if fnmatch.fnmatchcase(function, pattern):
+                return lo, hi
+        return self.min_parallelism, self.max_parallelism
+
+
+class Stamped(NamedTuple):
+    """A parallelism at a time: a recommendation, or a change that was decided."""
+
+    time: float
+    parallelism: int
+
+
+@dataclass(frozen=True)
+class PlanState:
+    """What the Plan step remembers between periods; `plan` returns a new one, never mutates."""
+
+    last_change: Mapping[str, Stamped] = field(default_factory=dict)
+    recent: Mapping[str, tuple[Stamped, ...]] = field(default_factory=dict)   # recommendations in the window
+
+
+@dataclass(frozen=True)
+class Decision:
+    function: str
+    old: int
+    proposed: int                        # what the policy asked for
+    new: int                             # what the Plan step allows
+    reason: str                          # the policy's reason, then every rule that changed the value
+    inputs: FunctionSnapshot | None = None
+    changed: bool = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "changed", self.new != self.old)
+
+
+def validate_proposal(proposal: object, graph_or_names: Container[str]) -> None:
+    """Refuse what no Plan step can repair: not a Proposal, unknown functions, parallelism that is
+    not an integer (a bool is not one) or is below 1."""
+    if not isinstance(proposal, Proposal):
+        raise PolicyError(f"decide() returned {type(proposal).__name__}, not a Proposal")
+    for fn, value in proposal.targets.items():
+        if fn not in graph_or_names:
+            raise PolicyError(f"policy proposed parallelism {value!r} for unknown function {fn!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PolicyError(f"policy proposed a non-integer parallelism {value!r} for {fn}")
+        if value < 1:
+            raise PolicyError(f"policy proposed parallelism {value} for {fn}: must be at least 1")
+
+
+class Planner:
+    def __init__(self, config: PlanConfig | None = None):
+        self.config = config or PlanConfig()
+
+    def plan(self, proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], state: PlanState,
+             now: float) -> tuple[list[Decision], PlanState]:
+        """One Decision per function in `current` (a function the proposal omits keeps its value)."""
+        c = self.config
+        last_change = {fn: s for fn, s in state.last_change.items() if fn in current}
+        recent: dict[str, tuple[Stamped, ...]] = {}
+        decisions = []
+        for fn, old in current.items():
+            proposed = proposal.targets.get(fn, old)
+            why = [proposal.reasons.get(fn, "") if fn in proposal.targets else "no proposal: keep"]
+            lo, hi = c.limits(fn)
+            new = min(max(proposed, lo), hi)
+            if new != proposed:
+                why.append(f"bounded to [{lo}, {hi}]")
+            if c.scale_in_stabilization_s > 0:
+                window = tuple(s for s in state.recent.get(fn, ()) if now - s.time < c.scale_in_stabilization_s)
+                recent[fn] = window + (Stamped(now, new),)
+                stable = min(max(s.parallelism for s in recent[fn]), old)
+                if new < stable:
+                    why.append(f"stabilization: highest recommendation in {c.scale_in_stabilization_s:g}s "
+                               f"is {stable}")
+                    new = stable
+            if new > old and c.scale_out_headroom > 0:
+                grown = math.ceil(new * (1 + c.scale_out_headroom) - 1e-9)
+                if grown > new:
+                    why.append(f"headroom {c.scale_out_headroom:g}: {grown}")
+                    new = grown
+            if new < old and old - new < c.min_scale_in:
+                why.append(f"scale-in by {old - new} < min_scale_in {c.min_scale_in}: keep")
+                new = old
+            fs = snapshot.functions.get(fn)
+            if (new < old and c.no_scale_in_while_draining and fs is not None and fs.backlog is not None
+                    and fs.backlog > c.draining_backlog):
+                why.append(f"no scale-in while backlog {fs.backlog:.0f} > {c.draining_backlog:g} drains")
+                new = old
+            if c.max_step is not None and abs(new - old) > c.max_step:
+                new = old + (c.max_step if new > old else -c.max_step)
+                why.append(f"max step {c.max_step}")
+            last = last_change.get(fn)
+            if new != old and last is not None and last.parallelism == old and now - last.time < c.cooldown_s:
+                why.append(f"cooldown: last change {now - last.time:.0f}s ago < {c.cooldown_s:g}s")
+                new = old
+            if not lo <= new <= hi:
+                new = min(max(new, lo), hi)
+                why.append(f"outside bounds [{lo}, {hi}]: {new}")
+            if new != old:
+                last_change[fn] = Stamped(now, new)
+            decisions.append(Decision(fn, old, proposed, new, "; ".join(w for w in why if w), fs))
+        return decisions, PlanState(last_change=last_change, recent=recent)
+
+
+# Where every update restarts all instances (stock Pulsar), fewer and larger changes pay off: wait
+# three periods between updates, scale in only on five periods of evidence and by two instances or
+# more, and scale out a quarter beyond the target so the next step up needs no second restart.
+RESTART_AWARE = {"cooldown_periods": 3, "stabilization_periods": 5, "scale_out_headroom": 0.25, "min_scale_in": 2}
+
+
+def restart_aware(plan: Mapping, period_s: float) -> dict:
+    """Plan settings for a runtime that restarts every instance on each update; explicit ones win."""
+    out = dict(plan)
+    out.setdefault("cooldown_s", RESTART_AWARE["cooldown_periods"] * period_s)
+    out.setdefault("scale_in_stabilization_s", RESTART_AWARE["stabilization_periods"] * period_s)
+    out.setdefault("scale_out_headroom", RESTART_AWARE["scale_out_headroom"])
+    out.setdefault("min_scale_in", RESTART_AWARE["min_scale_in"])
+    return out
+
+
+def apply_caps(decisions: list[Decision], caps: Mapping[str, int]) -> list[Decision]:
+    """Never plan more instances than can consume: under FAILOVER (retainOrdering) one instance per
+    input partition is active and the rest sit idle, so parallelism is capped at the partition count."""
+    out = []
+    for d in decisions:
+        cap = caps.get(d.function)
+        if cap is not None and d.new > cap and d.new > d.old:   # growing past the cap adds idle instances
+            d = Decision(d.function, d.old, d.proposed, max(cap, d.old),
+                         f"{d.reason}; FAILOVER: only {cap} input partition(s) can be consumed", d.inputs)
+        out.append(d)
+    return out

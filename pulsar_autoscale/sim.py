@@ -1,0 +1,388 @@
+"""Discrete-event simulator (SimPy) of an app DAG under a workload, scaled by the live controller's code.
+
+Each function is a station: a FIFO backlog (its subscription) in front of k instances that serve
+one message at a time with service times from the app's distribution. A new instance serves after
+`start_s`; a removed one finishes its message first (our restart-free runtime). With `restart_s > 0`
+every parallelism update behaves like stock Pulsar: all instances stop at once, their in-flight
+messages go back to the head of the backlog (redelivered), and the new set serves after `restart_s`.
+
+The MAPE loop reads cumulative FunctionCounters per function each period, turns two readings into
+a Snapshot with `snapshot.window_snapshot` (as the live Monitor does; window = period, as in the
+paper) and calls `Autoscaler.step`: the same policy objects and Plan step as the controller.
+
+A message carries its source publish time. A source message is complete when every copy of it
+(fan-out makes several) has left the DAG; response time = that moment - publish time, i.e. the
+slowest path, which in `paper-image` is the recognition path the paper reports. Backlog counts
+waiting plus in-flight messages, as Pulsar's msgBacklog counts unacknowledged ones.
+
+Random streams: one numpy Generator per station and one for arrivals, all from `seed`, so two
+policies run on the same seed see the same arrivals and the same per-station service draws.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from .apps import SimApp, SimFunction
+from .autoscaler import Autoscaler
+from .graph import AppGraph, FunctionNode
+from .snapshot import FunctionCounters, Snapshot, window_snapshot
+from .workloads import Workload
+
+_DRAW_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    period_s: float = 30.0          # MAPE period and metrics window (paper: 30 s)
+    start_s: float = 1.0            # a new instance's start latency (our runtime)
+    restart_s: float = 0.0          # > 0: stock Pulsar, every update stops all instances for this long
+    initial_parallelism: int = 1
+    slo_s: float = 1.0              # R_max for the SLO violation share (paper: 1 s)
+    drain_limit_s: float = 3600.0   # after the workload ends, at most this long to drain the backlogs
+    seed: int = 0
+
+
+@dataclass
+class SimSeries:
+    """Per-period figures (index = period) and per-message response times, for plots."""
+
+    time: list[float] = field(default_factory=list)
+    arrival_rate: list[float] = field(default_factory=list)             # source msg/s over the period
+    parallelism: dict[str, list[int]] = field(default_factory=dict)
+    running: dict[str, list[int]] = field(default_factory=dict)
+    backlog: dict[str, list[float]] = field(default_factory=dict)
+    rt_time: np.ndarray = field(default_factory=lambda: np.empty(0))    # completion times
+    rt: np.ndarray = field(default_factory=lambda: np.empty(0))         # response times, same order
+
+
+@dataclass
+class SimResult:
+    mean_rt_s: float
+    p95_rt_s: float
+    p99_rt_s: float
+    max_rt_s: float
+    slo_violation_share: float
+    avg_instances: float
+    instance_seconds: float
+    efficiency: float
+    scaling_actions: int
+    lost: int
+    produced: int                   # source messages
+    completed: int                  # source messages that left the DAG
+    redelivered: int                # in-flight messages handed back by restarts
+    drained: bool                   # every backlog emptied before drain_limit_s
+    sim_time_s: float               # workload plus drain
+    policy_errors: int
+    series: SimSeries = field(repr=False, default_factory=SimSeries)
+
+    SCALARS = ("mean_rt_s", "p95_rt_s", "p99_rt_s", "max_rt_s", "slo_violation_share", "avg_instances",
+               "instance_seconds", "efficiency", "scaling_actions", "lost", "produced", "completed",
+               "redelivered", "drained", "sim_time_s", "policy_errors")
+
+    def summary(self) -> dict:
+        return {k: getattr(self, k) for k in self.SCALARS}
+
+
+class _Instance:
+    __slots__ = ("proc", "msg", "wake", "stopping", "running")
+
+    def __init__(self):
+        self.proc = None
+        self.msg = None
+        self.wake = None
+        self.stopping = False
+        self.running = False
+
+
+class _Station:
+    """One function: backlog, instances, and the cumulative counters the monitor reads."""
+
+    def __init__(self, sim: "Simulation", fn: SimFunction, rng: np.random.Generator, parallelism: int):
+        self.sim, self.env, self.fn, self.rng = sim, sim.env, fn, rng
+        self.queue: deque = deque()
+        self.idle: list[_Instance] = []
+        self.instances: list[_Instance] = []   # alive (starting, running or draining), oldest first
+        self.parallelism = parallelism
+        self.downstream: list[_Station] = []
+        self.draws = np.empty(0)
+        self.draw_i = 0
+        self.arrived = self.received = self.processed = 0
+        self.busy = self.busy_sq = 0.0
+        self.ia_n = 0
+        self.ia_s = self.ia_sq = 0.0
+        self.last_arrival: float | None = None
+        self.redelivered = 0
+        self.alive_since = 0.0
+        self.instance_seconds = 0.0
+        self.prev: FunctionCounters | None = None
+        self._start(parallelism, 0.0)
+
+    # ---- instances -------------------------------------------------------------------------
+    def _account(self) -> None:
+        now = self.env.now
+        self.instance_seconds += len(self.instances) * (now - self.alive_since)
+        self.alive_since = now
+
+    def _start(self, n: int, delay: float) -> None:
+        self._account()
+        for _ in range(n):
+            inst = _Instance()
+            self.instances.append(inst)
+            inst.proc = self.env.process(self._serve(inst, delay))
+
+    def _serve(self, inst: _Instance, delay: float):
+        env = self.env
+        try:
+            if delay > 0:
+                yield env.timeout(delay)
+            inst.running = True
+            while not inst.stopping:
+                if self.queue:
+                    msg = self.queue.popleft()
+                else:
+                    inst.wake = env.event()
+                    self.idle.append(inst)
+                    msg = yield inst.wake
+                    inst.wake = None
+                    if msg is None:
+                        break
+                inst.msg = msg
+                self.received += 1
+                s = self._draw()
+                yield env.timeout(s)
+                inst.msg = None
+                self._complete(msg, s)
+        except simpy.Interrupt:
+            self._hand_back(inst)
+        self._account()
+        self.instances.remove(inst)
+
+    def _hand_back(self, inst: _Instance) -> None:
+        """A stopped instance's message (in service, or handed to it but not yet taken) is redelivered."""
+        msg = inst.msg
+        if inst.wake is not None:
+            if inst.wake.triggered:
+                msg = inst.wake.value
+            else:
+                self.idle.remove(inst)
+        if msg is not None:
+            self.queue.appendleft(msg)
+            self.redelivered += 1
+        inst.msg = inst.wake = None
+
+    def _draw(self) -> float:
+        if self.draw_i >= len(self.draws):
+            self.draws = self.fn.service.draw(self.rng, _DRAW_BLOCK)
+            self.draw_i = 0
+        self.draw_i += 1
+        return float(self.draws[self.draw_i - 1])
+
+    def scale(self, new: int, restart_s: float, start_s: float) -> None:
+        if restart_s > 0:
+            for inst in list(self.instances):
+                inst.proc.interrupt("restart")
+            self.parallelism = new
+            self.env.process(self._restart(new, restart_s))
+            return
+        active = [i for i in self.instances if not i.stopping]
+        if new > len(active):
+            self._start(new - len(active), start_s)
+        for inst in active[new:]:
+            inst.stopping = True
+            if inst.wake is not None and not inst.wake.triggered:
+                self.idle.remove(inst)
+                inst.wake.succeed(None)
+        self.parallelism = new
+
+    def _restart(self, new: int, restart_s: float):
+        yield self.env.timeout(0)  # let the interrupted instances leave first
+        self._start(new, restart_s)
+
+    # ---- messages --------------------------------------------------------------------------
+    def offer(self, job: list) -> None:
+        now = self.env.now
+        self.arrived += 1
+        if self.last_arrival is not None:
+            gap = now - self.last_arrival
+            self.ia_n += 1
+            self.ia_s += gap
+            self.ia_sq += gap * gap
+        self.last_arrival = now
+        if self.idle:
+            inst = self.idle.pop()
+            inst.wake.succeed(job)
+        else:
+            self.queue.append(job)
+
+    def _complete(self, job: list, s: float) -> None:
+        self.processed += 1
+        self.busy += s
+        self.busy_sq += s * s
+        job[1] -= 1
+        for g in self.downstream:
+            job[1] += 1
+            g.offer(job)
+        if job[1] == 0:
+            self.sim.job_done(job)
+
+    # ---- what the monitor sees -------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for i in self.instances if i.msg is not None)
+
+    @property
+    def running(self) -> int:
+        return sum(1 for i in self.instances if i.running and not i.stopping)
+
+    def counters(self, now: float) -> FunctionCounters:
+        return FunctionCounters(
+            time=now, arrived=float(self.arrived), received=float(self.received), processed=float(self.processed),
+            outputs=float(self.processed if self.fn.output else 0), busy_s=self.busy, busy_sq_s2=self.busy_sq,
+            interarrival_n=float(self.ia_n), interarrival_s=self.ia_s, interarrival_sq_s2=self.ia_sq)
+
+
+class Simulation:
+    """One run: build with the app, workload, autoscaler and config, then `run()` once."""
+
+    def __init__(self, app: SimApp, workload: Workload, autoscaler: Autoscaler, config: SimConfig = SimConfig()):
+        self.app, self.workload, self.autoscaler, self.config = app, workload, autoscaler, config
+        self.env = simpy.Environment()
+        seeds = np.random.SeedSequence(config.seed).spawn(len(app.functions) + 1)
+        self.arrival_rng = np.random.default_rng(seeds[0])
+        self.graph = AppGraph.build(FunctionNode(f.name, f.inputs, f.output) for f in app.functions)
+        self.stations = {f.name: _Station(self, f, np.random.default_rng(s), config.initial_parallelism)
+                         for f, s in zip(app.functions, seeds[1:])}
+        self.sources: list[_Station] = []
+        for st in self.stations.values():
+            st.downstream = [self.stations[g] for g in self.graph.downstream(st.fn.name)]
+            if any(t in app.sources for t in st.fn.inputs):
+                self.sources.append(st)
+        self.produced = 0
+        self.in_system = 0
+        self.source_done = False
+        self.drained = self.env.event()
+        self.rt_time: list[float] = []
+        self.rt: list[float] = []
+        self.series = SimSeries(parallelism={n: [] for n in self.stations}, running={n: [] for n in self.stations},
+                                backlog={n: [] for n in self.stations})
+        self.scaling_actions = 0
+        self.policy_errors = 0
+        self.lower_bound_instance_s = 0.0
+
+    # ---- processes -------------------------------------------------------------------------
+    def _source(self, times: np.ndarray):
+        env = self.env
+        for t in times.tolist():
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            job = [t, 0]
+            self.produced += 1
+            self.in_system += 1
+            for st in self.sources:
+                job[1] += 1
+                st.offer(job)
+            if job[1] == 0:
+                self.job_done(job)
+        self.source_done = True
+        self._check_drained()
+
+    def job_done(self, job: list) -> None:
+        now = self.env.now
+        self.rt_time.append(now)
+        self.rt.append(now - job[0])
+        self.in_system -= 1
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.source_done and self.in_system == 0 and not self.drained.triggered:
+            self.drained.succeed()
+
+    def _mape(self):
+        period = self.config.period_s
+        for st in self.stations.values():
+            st.prev = st.counters(0.0)
+        while True:
+            yield self.env.timeout(period)
+            self._period(self.env.now, period)
+
+    def _period(self, now: float, period: float) -> None:
+        functions = {}
+        source_arrivals = 0.0
+        for name, st in self.stations.items():
+            cur = st.counters(now)
+            backlog = float(len(st.queue) + st.in_flight)
+            functions[name] = window_snapshot(name, st.parallelism, st.prev, cur, backlog, st.running, age_s=0.0)
+            lam = (cur.arrived - st.prev.arrived) / period
+            mu = 1.0 / st.fn.service.expected
+            self.lower_bound_instance_s += max(1, math.ceil(lam / mu - 1e-9)) * period
+            if st in self.sources:
+                source_arrivals = lam
+            st.prev = cur
+            self.series.parallelism[name].append(st.parallelism)
+            self.series.running[name].append(st.running)
+            self.series.backlog[name].append(backlog)
+        self.series.time.append(now)
+        self.series.arrival_rate.append(source_arrivals)
+        snapshot = Snapshot(time=now, window_s=period, functions=functions)
+        current = {n: st.parallelism for n, st in self.stations.items()}
+        step = self.autoscaler.step(self.graph, snapshot, current, now)
+        if step.error:
+            self.policy_errors += 1
+        for d in step.decisions:
+            if d.changed:
+                self.scaling_actions += 1
+                self.stations[d.function].scale(d.new, self.config.restart_s, self.config.start_s)
+
+    # ---- run ---------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        times = self.workload.arrival_times(self.arrival_rng)
+        self.env.process(self._source(times))
+        self.env.process(self._mape())
+        limit = self.env.timeout(self.workload.duration_s + self.config.drain_limit_s)
+        self.env.run(until=self.env.all_of([self.drained, self.env.timeout(self.workload.duration_s)])
+                     | limit)
+        return self._result()
+
+    def _result(self) -> SimResult:
+        end = self.env.now
+        lost = 0
+        instance_s = 0.0
+        redelivered = 0
+        for st in self.stations.values():
+            st._account()
+            instance_s += st.instance_seconds
+            redelivered += st.redelivered
+            lost += st.arrived - st.processed - len(st.queue) - st.in_flight
+        rt = np.asarray(self.rt)
+        self.series.rt_time, self.series.rt = np.asarray(self.rt_time), rt
+        has = rt.size > 0
+        return SimResult(
+            mean_rt_s=float(rt.mean()) if has else 0.0,
+            p95_rt_s=float(np.percentile(rt, 95)) if has else 0.0,
+            p99_rt_s=float(np.percentile(rt, 99)) if has else 0.0,
+            max_rt_s=float(rt.max()) if has else 0.0,
+            slo_violation_share=float((rt > self.config.slo_s).mean()) if has else 0.0,
+            avg_instances=instance_s / end if end > 0 else 0.0,
+            instance_seconds=instance_s,
+            efficiency=self.lower_bound_instance_s / instance_s if instance_s > 0 else 0.0,
+            scaling_actions=self.scaling_actions,
+            lost=int(lost),
+            produced=self.produced,
+            completed=len(self.rt),
+            redelivered=redelivered,
+            drained=self.drained.triggered,
+            sim_time_s=end,
+            policy_errors=self.policy_errors,
+            series=self.series,
+        )
+
+
+def simulate(app: SimApp, workload: Workload, autoscaler: Autoscaler, config: SimConfig = SimConfig()) -> SimResult:
+    return Simulation(app, workload, autoscaler, config).run()

@@ -1,0 +1,121 @@
+"""`pulsar-autoscale simulate`: one app, one workload, one policy, through the live controller's code."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from .apps import APPS, load_app
+from .autoscaler import Autoscaler
+from .errors import ConfigError
+from .planner import PlanConfig, Planner, restart_aware
+from .policies import load_policy
+from .sim import SimConfig, SimResult, simulate
+from .workloads import PRESETS, load_workload
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--app", default="paper-image", help=f"one of {', '.join(APPS)}")
+    p.add_argument("--workload", default="paper", help=f"one of {', '.join(PRESETS)}, or trace:FILE")
+    p.add_argument("--policy", default="queueing", help="policy entry-point name or path to a .py file")
+    p.add_argument("--param", action="append", default=[], metavar="K=V",
+                   help="policy parameter (YAML value), repeatable")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--period", type=float, default=30.0, help="MAPE period and metrics window, seconds")
+    p.add_argument("--max-parallelism", type=int, default=15)
+    p.add_argument("--restart-cost", type=float, default=0.0, metavar="S",
+                   help="stock Pulsar: every update stops all instances for S seconds (0: restart-free)")
+    p.add_argument("--restart-aware", action="store_true",
+                   help="the controller's stock-mode Plan settings (longer cooldown and stabilization, "
+                        "scale-out headroom, minimum scale-in)")
+    p.add_argument("--start-latency", type=float, default=SimConfig.start_s, metavar="S",
+                   help="seconds before a new instance serves")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="DIR", help="write a PNG of the run into DIR")
+
+
+def parse_params(items: list[str]) -> dict:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--param {item!r} must be KEY=VALUE")
+        try:
+            params[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--param {item!r}: value is not valid YAML: {exc}") from exc
+    return params
+
+
+def build_autoscaler(policy: str, params: dict, max_parallelism: int, plan: dict | None = None) -> Autoscaler:
+    """The policy (its own max_parallelism, where it has one, follows the Plan bound) and the Plan step."""
+    if max_parallelism < 1:
+        raise ConfigError(f"--max-parallelism must be >= 1, got {max_parallelism}")
+    instance = load_policy(policy, params)
+    config = instance.config
+    if (dataclasses.is_dataclass(config) and "max_parallelism" not in params
+            and any(f.name == "max_parallelism" for f in dataclasses.fields(config))):
+        instance = type(instance)(dataclasses.replace(config, max_parallelism=max_parallelism))
+    return Autoscaler(instance, Planner(PlanConfig(**{**(plan or {}), "max_parallelism": max_parallelism})))
+
+
+def sim_config(args: argparse.Namespace) -> SimConfig:
+    if args.period <= 0:
+        raise ConfigError(f"--period must be > 0 seconds, got {args.period}")
+    if args.restart_cost < 0 or args.start_latency < 0:
+        raise ConfigError("--restart-cost and --start-latency must be >= 0 seconds")
+    return SimConfig(period_s=args.period, start_s=args.start_latency, restart_s=args.restart_cost, seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = load_app(args.app)
+    workload = load_workload(args.workload)
+    plan = restart_aware({}, args.period) if args.restart_aware else None
+    autoscaler = build_autoscaler(args.policy, parse_params(args.param), args.max_parallelism, plan)
+    started = time.perf_counter()
+    result = simulate(app, workload, autoscaler, sim_config(args))
+    out = {"app": args.app, "workload": args.workload, "policy": args.policy, "seed": args.seed,
+           **result.summary(), "wall_s": round(time.perf_counter() - started, 3)}
+    if args.plot:
+        out["plot"] = str(plot(result, Path(args.plot), f"{args.app} {args.workload} {args.policy} seed {args.seed}"))
+    if args.json:
+        json.dump(out, sys.stdout)
+        print()
+    else:
+        for key, value in out.items():
+            print(f"{key:>20}: {round(value, 4) if isinstance(value, float) else value}")
+    return 0
+
+
+def plot(result: SimResult, directory: Path, title: str) -> Path:
+    """Arrival rate, response times and instances per function over time, one PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result.series
+    directory.mkdir(parents=True, exist_ok=True)
+    fig, (ax_rate, ax_rt, ax_k) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    ax_rate.step(s.time, s.arrival_rate, where="post")
+    ax_rate.set_ylabel("source msg/s")
+    ax_rt.plot(s.rt_time, s.rt, ",", alpha=0.5)
+    ax_rt.axhline(1.0, color="red", lw=0.8, ls="--")
+    ax_rt.set_yscale("symlog", linthresh=1.0)
+    ax_rt.set_ylabel("response time s")
+    for name, ks in s.parallelism.items():
+        ax_k.step(s.time, ks, where="post", label=name.rsplit("/", 1)[-1])
+    ax_k.set_ylabel("parallelism")
+    ax_k.set_xlabel("time s")
+    ax_k.legend(loc="upper left", fontsize="small")
+    fig.suptitle(f"{title}: mean {result.mean_rt_s:.2f}s p99 {result.p99_rt_s:.2f}s "
+                 f"avg instances {result.avg_instances:.2f}")
+    path = directory / (title.replace(" ", "_").replace("/", "-").replace(":", "-") + ".png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,207 @@
+"""Option parsing for the `pulsar` data source, checked on the driver before any task starts.
+
+Names follow StreamNative's pulsar-spark connector so existing jobs port over. Spark hands
+options over case-insensitively, so every name is compared lower-cased. A misspelt option is
+an error, not silently ignored: a job that reads the wrong range is worse than one that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from pulsar_autoscale.errors import ConfigError
+
+from .offsets import Position, StartSpec
+
+# Options Spark itself adds to a source's or sink's map (writeStream passes checkpointLocation on).
+_SPARK_OWNED = {"path", "checkpointlocation", "queryname"}
+
+_COMMON = ("service.url", "admin.url", "operationTimeoutMs")
+SOURCE_OPTIONS = _COMMON + (
+    "topic", "topics", "topicsPattern", "startingOffsets", "endingOffsets", "maxRecordsPerTrigger",
+    "failOnDataLoss", "minPartitions", "pollTimeoutMs", "allowEmptyTopics",
+)
+SINK_OPTIONS = _COMMON + ("topic", "producer.batchingEnabled", "producer.maxPendingMessages")
+
+_TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$|^[^/:\s]+$")
+
+
+class PulsarOptionError(ConfigError):
+    """A `pulsar` source/sink option is missing or invalid; the message names the option."""
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    service_url: str
+    admin_url: str | None
+    operation_timeout_s: int
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    connection: ConnectionOptions
+    topics: tuple[str, ...]
+    topics_pattern: str | None
+    starting: StartSpec
+    ending: StartSpec
+    max_records_per_trigger: int | None
+    fail_on_data_loss: bool
+    min_partitions: int
+    poll_timeout_ms: int
+    allow_empty_topics: bool
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    connection: ConnectionOptions
+    topic: str | None
+    batching_enabled: bool
+    max_pending_messages: int
+
+
+def normalize_topic(name: str, option: str = "topic") -> str:
+    """Short names get Pulsar's defaults (persistent://public/default/...), as the client does."""
+    name = name.strip()
+    if not name or not _TOPIC_RE.match(name):
+        raise PulsarOptionError(
+            f"option '{option}': {name!r} is not a topic name "
+            "(expected 'name' or 'persistent://tenant/namespace/name')"
+        )
+    return name if "://" in name else f"persistent://public/default/{name}"
+
+
+def _lower(options: Mapping[str, str], allowed: tuple[str, ...], kind: str) -> dict[str, str]:
+    unknown = sorted(k for k in options if k.lower() not in {a.lower() for a in allowed} | _SPARK_OWNED)
+    if unknown:
+        raise PulsarOptionError(f"unknown {kind} option(s) {unknown}; the pulsar {kind} accepts {list(allowed)}")
+    return {k.lower(): v for k, v in options.items()}
+
+
+def _int(opts: dict[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise PulsarOptionError(f"option '{name}': {raw!r} is not an integer") from None
+    if value < minimum:
+        raise PulsarOptionError(f"option '{name}': must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    if raw.strip().lower() not in ("true", "false"):
+        raise PulsarOptionError(f"option '{name}': expected true or false, got {raw!r}")
+    return raw.strip().lower() == "true"
+
+
+def _connection(opts: dict[str, str]) -> ConnectionOptions:
+    url = opts.get("service.url", "").strip()
+    if not url:
+        raise PulsarOptionError("option 'service.url' is required, e.g. pulsar://localhost:6650")
+    if not url.startswith(("pulsar://", "pulsar+ssl://")):
+        raise PulsarOptionError(f"option 'service.url': {url!r} must start with pulsar:// or pulsar+ssl://")
+    admin = opts.get("admin.url")
+    if admin is not None and not admin.startswith(("http://", "https://")):
+        raise PulsarOptionError(f"option 'admin.url': {admin!r} must start with http:// or https://")
+    timeout_ms = _int(opts, "operationTimeoutMs", 30_000, 1000)
+    return ConnectionOptions(url, admin, max(1, timeout_ms // 1000))
+
+
+def _topic_value(option: str, topic: str, value) -> "Position | str":
+    if value in ("earliest", "latest"):
+        return value
+    if isinstance(value, list) and value and all(isinstance(b, int) and -128 <= b <= 255 for b in value):
+        try:
+            return Position.from_bytes(bytes(b & 0xFF for b in value))
+        except ValueError:
+            pass
+    raise PulsarOptionError(
+        f"option '{option}': topic {topic!r} maps to {value!r}; expected \"earliest\", \"latest\" "
+        "or a serialized message id as a list of bytes, e.g. [8, 0, 16, 42]"
+    )
+
+
+def parse_offsets_option(option: str, raw: str) -> StartSpec:
+    """Parse startingOffsets/endingOffsets; the error names the option and what was wrong."""
+    text = raw.strip()
+    if text in ("earliest", "latest"):
+        return StartSpec(special=text)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PulsarOptionError(
+            f"option '{option}': {raw!r} is neither 'earliest', 'latest' nor JSON ({exc.msg})"
+        ) from None
+    if not isinstance(data, dict) or not data:
+        raise PulsarOptionError(f"option '{option}': JSON must be a non-empty object of topic -> message id")
+    return StartSpec(per_topic={normalize_topic(t, option): _topic_value(option, t, v) for t, v in data.items()})
+
+
+def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+    opts = _lower(options, SOURCE_OPTIONS, "source")
+    conn = _connection(opts)
+    given = [k for k in ("topic", "topics", "topicspattern") if opts.get(k)]
+    if len(given) != 1:
+        raise PulsarOptionError(
+            "exactly one of the options 'topic', 'topics', 'topicsPattern' must be set"
+            + (f" (got {given})" if given else "")
+        )
+    topics: tuple[str, ...] = ()
+    pattern = None
+    if "topicspattern" in given:
+        pattern = opts["topicspattern"]
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise PulsarOptionError(f"option 'topicsPattern': {pattern!r} is not a regex: {exc}") from None
+        if conn.admin_url is None:
+            raise PulsarOptionError(
+                "option 'topicsPattern' needs 'admin.url' (topics are listed through Pulsar's admin "
+                "REST API; pulsar-lite has none: name the topics with 'topics' instead)"
+            )
+    else:
+        key = given[0]
+        names = opts[key].split(",") if key == "topics" else [opts[key]]
+        topics = tuple(dict.fromkeys(normalize_topic(n, key) for n in names))
+    starting = parse_offsets_option("startingOffsets", opts.get("startingoffsets", "earliest"))
+    ending = parse_offsets_option("endingOffsets", opts.get("endingoffsets", "latest"))
+    if starting.special == "latest" and "endingoffsets" in opts:
+        raise PulsarOptionError("option 'startingOffsets': 'latest' with 'endingOffsets' reads nothing")
+    if ending.special == "earliest":
+        raise PulsarOptionError("option 'endingOffsets': 'earliest' is not allowed (use 'latest' or JSON)")
+    for spec, name in ((starting, "startingOffsets"), (ending, "endingOffsets")):
+        extra = sorted(set(spec.per_topic) - set(topics)) if topics else []
+        if extra:
+            raise PulsarOptionError(f"option '{name}' names topics that are not read: {extra}")
+    return SourceOptions(
+        connection=conn,
+        topics=topics,
+        topics_pattern=pattern,
+        starting=starting,
+        ending=ending,
+        max_records_per_trigger=_int(opts, "maxRecordsPerTrigger", None, 1),
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        min_partitions=_int(opts, "minPartitions", 1, 1),
+        poll_timeout_ms=_int(opts, "pollTimeoutMs", 10_000, 100),
+        allow_empty_topics=_bool(opts, "allowEmptyTopics", False),
+    )
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    opts = _lower(options, SINK_OPTIONS, "sink")
+    topic = opts.get("topic")
+    return SinkOptions(
+        connection=_connection(opts),
+        topic=normalize_topic(topic) if topic else None,
+        batching_enabled=_bool(opts, "producer.batchingEnabled", True),
+        max_pending_messages=_int(opts, "producer.maxPendingMessages", 1000, 1),
+    )
+

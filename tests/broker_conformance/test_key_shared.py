@@ -1,0 +1,83 @@
+"""Key_Shared subscriptions: what a retainKeyOrdering function gets on this broker.
+
+Pulsar derives KEY_SHARED for retainKeyOrdering functions: every key goes to one
+instance, in publish order. Scale-in on Key_Shared additionally needs the closed
+consumer's unacked messages to move to the survivors, which lite does not do (B4).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pulsar
+import pytest
+
+from .helpers import client, drain, payloads, produce
+
+KEYS = 10
+
+
+def _subscribe_key_shared(c, topic: str, count: int):
+    return [c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.KeyShared) for _ in range(count)]
+
+
+def _keyed(c, topic: str, n: int) -> None:
+    """Message i carries key k(i % KEYS), so each key's payloads increase in publish order.
+
+    Key-based batching, as Key_Shared producers should use; unbatched sends showed a rare
+    duplicate delivery (about 1 in 3000 messages), which would make this test flaky.
+    """
+    producer = c.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=5,
+                                 batching_type=pulsar.BatchingType.KeyBased)
+    for i in range(n):
+        producer.send_async(b"%d" % i, None, partition_key=f"k{i % KEYS}")
+    producer.flush()
+    producer.close()
+
+
+def _receive_keyed(broker, topic: str, n: int, consumers: int = 3) -> list[list[pulsar.Message]]:
+    with client(broker.service_url) as c:
+        subs = _subscribe_key_shared(c, topic, consumers)
+        _keyed(c, topic, n)
+        return [drain(cons) for cons in subs]
+
+
+def test_key_shared_keeps_per_key_order_within_one_client(broker, topic):
+    """Every key on one consumer, in publish order, nothing lost (duplicates: next test)."""
+    n = 500
+    received = _receive_keyed(broker, topic, n)
+    owner: dict[str, int] = {}
+    per_key: dict[str, list[int]] = collections.defaultdict(list)
+    for idx, msgs in enumerate(received):
+        for m in msgs:
+            assert owner.setdefault(m.partition_key(), idx) == idx, f"key {m.partition_key()} went to two consumers"
+            if int(m.data()) not in per_key[m.partition_key()]:
+                per_key[m.partition_key()].append(int(m.data()))
+    assert sorted(p for seq in per_key.values() for p in seq) == list(range(n)), "lost messages"
+    for key, seq in per_key.items():
+        assert seq == sorted(seq), f"key {key} out of order: {seq[:10]}..."
+    assert len(set(owner.values())) >= 2, f"all keys went to one consumer: {owner}"
+
+
+@pytest.mark.xfail(strict=False, reason="pulsar-lite, like B1: Key_Shared sometimes delivers a message twice to the "
+                                        "same consumer (1-4 of 500 in about half the runs), too rare to xfail strictly")
+def test_key_shared_delivers_each_message_once(broker, topic):
+    n = 500
+    counts = collections.Counter(p for msgs in _receive_keyed(broker, topic, n) for p in payloads(msgs))
+    assert set(counts) == set(range(n)), f"lost {n - len(counts)} messages"
+    assert max(counts.values()) == 1, f"duplicates: {sorted(p for p, k in counts.items() if k > 1)[:10]}"
+
+
+@pytest.mark.xfail(strict=True, reason="pulsar-lite B4: Key_Shared messages left unacked by a closed consumer stay stuck")
+def test_key_shared_unacked_messages_of_a_closed_consumer_go_to_the_survivors(broker, topic):
+    n = 100
+    with client(broker.service_url) as c:
+        leaving, staying = _subscribe_key_shared(c, topic, 2)
+        _keyed(c, topic, n)
+        held = drain(leaving, ack=False)
+        first = drain(staying)
+        assert held, "the leaving consumer was given no key: the test did not test anything"
+        leaving.close()
+        moved = drain(staying, idle_ms=2000)
+    got = sorted(payloads(first) + payloads(moved))
+    assert set(got) == set(range(n)), f"{len(held)} held by the closed consumer, only {len(moved)} reached the survivor"

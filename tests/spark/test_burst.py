@@ -1,0 +1,235 @@
+"""Burst drain on real local Spark, the embedded broker and an in-process worker.
+
+Every input is counted at the output topic: lost = produced - distinct outputs must be 0,
+duplicates are counted and reported. Waits are bounded.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pulsar
+import pytest
+
+from pulsar_autoscale.admin_client import FunctionsAdmin
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.functions.config import FunctionConfig
+from pulsar_autoscale.functions.server import WorkerServer
+from pulsar_autoscale.snapshot import FunctionSnapshot
+from pulsar_autoscale.spark_bridge.burst import BurstDrain, BurstDrainError, should_burst
+from scenario import EXAMPLES, OutputCollector, wait_until
+
+SLEEPY = str(EXAMPLES / "sleepy.py")
+
+
+@pytest.fixture(scope="module")
+def worker(broker, tmp_path_factory):
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("burst-worker")),
+                      metrics_url=broker.metrics_url) as w:
+        yield w
+
+
+def _config(name: str, **extra) -> dict:
+    return {"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy",
+            "inputs": [f"persistent://public/default/{name}-in"], "output": f"persistent://public/default/{name}-out",
+            "parallelism": 1, **extra}
+
+
+def _produce(client, topic: str, n: int) -> None:
+    # Batches no larger than a consumer's receiver queue: on pulsar-lite a Shared subscription
+    # with two consumers stalls once an entry holds more messages than that (docs/spark-burst.md).
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                      batching_max_messages=100, block_if_queue_full=True)
+    for i in range(n):
+        producer.send_async(str(i).encode(), None, partition_key=f"k{i % 7}", properties={"i": str(i)},
+                            event_timestamp=1_000_000 + i)
+    producer.flush()
+    producer.close()
+
+
+# ---- should_burst: hand-computed -------------------------------------------------------------------
+
+def _snap(backlog, mu, lam=0.0):
+    return FunctionSnapshot(name="public/default/f", parallelism=2, backlog=backlog, service_rate=mu,
+                            arrival_rate=lam)
+
+
+def test_should_burst_is_the_backlog_the_instances_cannot_clear():
+    # k=2, mu=10/s, D=10 s: 200 now; kmax=4 adds 2 more for 10-4=6 s: 120; demand 1000+5*10=1050.
+    assert should_burst(_snap(1000, 10.0, 5.0), 2, 4, 4.0, 10.0) == 1050 - 320
+    # Enough capacity: nothing to burst.
+    assert should_burst(_snap(100, 10.0), 2, 4, 4.0, 10.0) == 0
+    # New instances that start after the deadline add nothing.
+    assert should_burst(_snap(1000, 10.0), 2, 8, 30.0, 10.0) == 800
+    # Unknown figures: no burst on a guess.
+    assert should_burst(_snap(None, 10.0), 2, 4, 4.0, 10.0) == 0
+    assert should_burst(_snap(1000, None), 2, 4, 4.0, 10.0) == 0
+    with pytest.raises(ConfigError, match="deadline_s"):
+        should_burst(_snap(1000, 10.0), 2, 4, 4.0, 0)
+
+
+def test_bad_function_configs_are_refused_before_anything_is_taken():
+    keyed = FunctionConfig.from_dict(_config("kb", retainKeyOrdering=True))
+    with pytest.raises(ConfigError, match="KEY_SHARED"):
+        BurstDrain(None, "pulsar://127.0.0.1:1", keyed, SLEEPY, broker_kind="apache")
+    wrong = FunctionConfig.from_dict(_config("wc", className="sleepy.Nope"))
+    with pytest.raises(ConfigError, match="no attribute 'Nope'"):
+        BurstDrain(None, "pulsar://127.0.0.1:1", wrong, SLEEPY, broker_kind="apache")
+
+
+# ---- the drain next to a running instance ---------------------------------------------------------
+
+@pytest.mark.spark
+def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, worker, pulsar_client):
+    n, slice_size = 3000, 2600
+    name = f"burst-{uuid.uuid4().hex[:6]}"
+    cfg_dict = _config(name, userConfig={"service_ms": 50, "dist": "deterministic"})
+    admin = FunctionsAdmin(worker.url)
+    admin.create(cfg_dict, SLEEPY)
+    fqfn = f"public/default/{name}"
+    collector = OutputCollector(pulsar_client, cfg_dict["output"])
+    try:
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 30, f"{name} running")
+        _produce(pulsar_client, cfg_dict["inputs"][0], n)
+        wait_until(lambda: worker.worker.counters(fqfn).received > 0, 30, "the instance to start receiving")
+        cfg = worker.worker.get(fqfn)
+        drain = BurstDrain(spark, broker.service_url, cfg, SLEEPY, metrics_url=broker.metrics_url)
+        assert drain.broker_kind == "pulsar-lite"
+        result = drain.run(max_messages=slice_size, partitions=2, threads_per_partition=16)
+        print(f"\nburst result: {result}")
+        # The slice is completed to an entry (batch) boundary, so it may exceed slice_size a little.
+        assert slice_size <= result.taken < slice_size + 200, result
+        assert result.failed == 0 and result.processed == result.taken == result.outputs, result
+
+        wait_until(lambda: collector.distinct() >= n, 60,
+                   lambda: f"all {n} outputs (got {collector.distinct()}; burst {result}; "
+                           f"instance received {worker.worker.counters(fqfn).received})")
+        time.sleep(1.0)  # late duplicates, if any, arrive now
+        received = worker.worker.counters(fqfn).received
+        lost, dups = n - collector.distinct(), collector.duplicates()
+        print(f"lost {lost} duplicates {dups} instance received {received} burst took {result.taken}")
+        assert lost == 0
+        # The instance did not process the slice again: it received only the rest.
+        assert received + result.taken <= n + dups, (received, result.taken, dups)
+        assert received < n / 2
+        assert dups <= n // 100, f"{dups} duplicates"
+        # Outputs carry the source's event time and key, as the runtime's do.
+        reader = pulsar_client.create_reader(cfg_dict["output"], pulsar.MessageId.earliest)
+        try:
+            for _ in range(200):
+                msg = reader.read_next(5000)
+                i = int(msg.data())
+                assert msg.event_timestamp() == 1_000_000 + i and msg.partition_key() == f"k{i % 7}"
+        finally:
+            reader.close()
+    finally:
+        collector.close()
+        admin.delete("public", "default", name)
+
+
+# ---- the pulsar-lite join, many times, next to a consuming instance -----------------------------------
+
+def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
+    """join_lite_subscription (the B2 throwaway-consumer workaround) five times in a row while an
+    instance consumes the same Shared subscription from another connection: every message is
+    received exactly once by one of them. Counts what the workaround lost in process scaling runs."""
+    import threading
+
+    from pulsar_autoscale.spark_bridge.burst import _ends_entry, join_lite_subscription
+
+    n, drains, per_drain = 10_000, 5, 1000
+    cfg = FunctionConfig.from_dict(_config(f"join-{uuid.uuid4().hex[:6]}"))
+    worker_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    instance = worker_client.subscribe(list(cfg.inputs), cfg.subscription_name,
+                                       consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100)
+    counts: dict[bytes, int] = {}
+    lock, stop = threading.Lock(), threading.Event()
+
+    def count(msg) -> None:
+        with lock:
+            counts[msg.data()] = counts.get(msg.data(), 0) + 1
+
+    def consume() -> None:
+        while not stop.is_set():
+            try:
+                msg = instance.receive(100)
+            except pulsar.Timeout:
+                continue
+            time.sleep(0.001)  # a slow instance, so the drains find a backlog
+            count(msg)
+            instance.acknowledge(msg)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    try:
+        _produce(pulsar_client, cfg.inputs[0], n)
+        taken = []
+        for i in range(drains):
+            client, consumer = join_lite_subscription(broker.service_url, cfg, f"drain-{i}", 100)
+            got = []
+            while len(got) < per_drain or not _ends_entry(got[-1]):
+                try:
+                    got.append(consumer.receive(1000))
+                except pulsar.Timeout:
+                    break
+            for msg in got:
+                count(msg)
+                consumer.acknowledge(msg)
+            consumer.close()
+            client.close()
+            taken.append(len(got))
+        wait_until(lambda: len(counts) >= n, 60, lambda: f"all {n} messages (got {len(counts)}; drains took {taken})")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(5)
+        instance.close()
+        worker_client.close()
+    duplicates = sum(c - 1 for c in counts.values())
+    print(f"\nlite joins: drains took {taken}, lost {n - len(counts)}, duplicates {duplicates}")
+    assert all(t >= per_drain for t in taken), taken
+    assert len(counts) == n and duplicates == 0
+
+
+# ---- failures: nothing taken is lost ----------------------------------------------------------------
+
+RAISES = "from pulsar import Function\n\nclass Boom(Function):\n    def process(self, input, context):\n" \
+         "        raise ValueError('boom')\n"
+CRASHES = "import os\nfrom pulsar import Function\n\nclass Boom(Function):\n    def process(self, input, context):\n" \
+          "        os._exit(3)  # the Python worker dies: the Spark task and job fail\n"
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("code", [RAISES, CRASHES], ids=["process-raises", "spark-job-fails"])
+def test_a_failed_slice_is_redelivered(spark, broker, pulsar_client, tmp_path, code):
+    n = 300
+    name = f"boom-{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "boom.py"
+    path.write_text(code)
+    cfg = FunctionConfig.from_dict(_config(name, className="boom.Boom"))
+    # The subscription exists before the messages, as when a function is running.
+    pulsar_client.subscribe(list(cfg.inputs), cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared).close()
+    _produce(pulsar_client, cfg.inputs[0], n)
+    drain = BurstDrain(spark, broker.service_url, cfg, str(path), metrics_url=broker.metrics_url)
+    if code is RAISES:
+        result = drain.run(max_messages=n, partitions=2, threads_per_partition=4)
+        assert (result.taken, result.processed, result.outputs, result.failed) == (n, 0, 0, n), result
+    else:
+        with pytest.raises(BurstDrainError, match="negative-acked"):
+            drain.run(max_messages=n, partitions=2)
+    # Every message is still on the subscription: a consumer gets all of them.
+    consumer = pulsar_client.subscribe(list(cfg.inputs), cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared)
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 30
+    try:
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                msg = consumer.receive(500)
+            except pulsar.Timeout:
+                continue
+            got.add(msg.data())
+            consumer.acknowledge(msg)
+    finally:
+        consumer.close()
+    assert len(got) == n, f"{n - len(got)} of {n} messages lost after a failed drain"

