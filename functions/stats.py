@@ -23,7 +23,7 @@ class InstanceFigures:
 
     instance_id: int
     start_time_ms: int
-    running: bool = True
+    running: bool = False
     error: str = ""
     received: int = 0
     processed: int = 0            # successfully
@@ -56,7 +56,9 @@ class InstanceStats:
     def __init__(self, instance_id: int, start_time_ms: int | None = None):
         self.instance_id = instance_id
         self.start_time_ms = start_time_ms or int(time.time() * 1000)
-        self.running, self.error = True, ""
+        # Not running until the loop has its input: a status that says "running" earlier
+        # invites a producer to send before the subscription exists (it starts at the latest message).
+        self.running, self.error = False, ""
         self.received = self.processed = self.outputs = 0
         self.user_exceptions = self.system_exceptions = 0
         self.busy_s = self.busy_sq_s2 = 0.0
