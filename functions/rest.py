@@ -8,6 +8,7 @@ Errors answer like Pulsar: a JSON body {"reason": ...} with 400 (bad request) or
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,6 +17,7 @@ from werkzeug.exceptions import HTTPException
 from pulsar_autoscale.admin_client import EPOCH_HEADER
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
+from .bursts import BurstBusy
 from .config import FunctionConfig, parse_text
 from .metrics import WorkerCollector
 from .status import function_stats, function_status, instance_metrics, instance_status
@@ -32,7 +34,7 @@ def create_app(worker: Worker) -> Flask:
 
     @app.errorhandler(PulsarAutoscaleError)
     def _known(exc):
-        code = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, StaleEpoch) else 400
+        code = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, (StaleEpoch, BurstBusy)) else 400
         return jsonify(reason=str(exc)), code
 
     @app.errorhandler(HTTPException)
@@ -77,13 +79,34 @@ def create_app(worker: Worker) -> Flask:
     def update(tenant, namespace, name):
         data = path_fields(tenant, namespace, name, form_config())
         code, filename = form_code()
+        fence()
+        worker.update(f"{tenant}/{namespace}/{name}", data, code, filename)
+        return Response(status=204)
+
+    def fence():
         if request.headers.get(EPOCH_HEADER):
             try:
                 worker.fence(int(request.headers[EPOCH_HEADER]))
             except ValueError:
                 raise ConfigError(f"{EPOCH_HEADER} must be an integer") from None
-        worker.update(f"{tenant}/{namespace}/{name}", data, code, filename)
-        return Response(status=204)
+
+    # Not in Pulsar's API: a burst drain (functions/bursts.py),
+    # {"messages": N, "partitions": P, "threadsPerPartition": T}.
+    @app.post(FN + "/burst")
+    def burst(tenant, namespace, name):
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or "messages" not in body:
+            raise ConfigError('burst: the body must be JSON {"messages": N, "partitions": P, "threadsPerPartition": T}')
+        fence()
+        record = worker.burst(f"{tenant}/{namespace}/{name}", body["messages"], body.get("partitions", 4),
+                              body.get("threadsPerPartition", 1))
+        return jsonify(asdict(record)), 202
+
+    @app.get(FN + "/burst")
+    def burst_report(tenant, namespace, name):
+        fqfn = f"{tenant}/{namespace}/{name}"
+        worker.get(fqfn)  # 404 for an unknown function
+        return jsonify(worker.bursts.report(fqfn))
 
     @app.get(FN)
     def get(tenant, namespace, name):

@@ -27,6 +27,7 @@ from pulsar_autoscale.snapshot import FunctionCounters
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import subscribe
 from .loader import load_callable
+from .bursts import BurstRecord, BurstRunner
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
 from .state import StateStore
 from .stats import InstanceFigures
@@ -98,6 +99,7 @@ class Worker:
         self._client = pulsar.Client(service_url, operation_timeout_seconds=30,
                                      logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
         self._functions: dict[str, HostedFunction] = {}
+        self.bursts = BurstRunner(service_url, broker_kind)
         self._max_epoch = 0
         self._lock = threading.RLock()
         self._closing = threading.Event()
@@ -196,6 +198,14 @@ class Worker:
             if epoch < self._max_epoch:
                 raise StaleEpoch(f"stale leader epoch {epoch} < {self._max_epoch}: this controller was deposed")
             self._max_epoch = epoch
+
+    def burst(self, fqfn: str, messages: int, partitions: int, threads: int = 1) -> BurstRecord:
+        """Hand up to `messages` of the function's backlog to a Spark burst drain (functions/bursts.py)."""
+        with self._lock:
+            fn = self._get(fqfn)
+            cfg, code_path = fn.config, fn.code_path
+        return self.bursts.start(cfg, code_path, str(self._fn_dir(cfg) / "state.sqlite"), messages, partitions,
+                                 threads)
 
     def delete(self, fqfn: str) -> None:
         with self._lock:

@@ -99,6 +99,17 @@ class FunctionsAdmin:
     def stats(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/stats"))
 
+    def burst(self, tenant: str, namespace: str, name: str, messages: int, partitions: int, threads: int = 1,
+              epoch: int | None = None) -> dict:
+        """Our worker only: start a Spark burst drain of up to `messages` of the function's backlog."""
+        headers = {EPOCH_HEADER: str(epoch)} if epoch is not None else None
+        return self._call("POST", self._url(tenant, namespace, name, "/burst"),
+                          json={"messages": messages, "partitions": partitions, "threadsPerPartition": threads},
+                          headers=headers)
+
+    def burst_report(self, tenant: str, namespace: str, name: str) -> dict:
+        return self._call("GET", self._url(tenant, namespace, name, "/burst"))
+
     def action(self, tenant: str, namespace: str, name: str, action: str, instance_id: int | None = None) -> None:
         suffix = (f"/{instance_id}" if instance_id is not None else "") + f"/{action}"
         self._call("POST", self._url(tenant, namespace, name, suffix))

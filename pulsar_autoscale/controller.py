@@ -21,6 +21,7 @@ from werkzeug.serving import make_server
 
 from .admin_client import FunctionsAdmin
 from .autoscaler import Autoscaler
+from .burst_plan import burst_size
 from .controller_config import ControllerConfig
 from .decision_log import DecisionLog
 from .errors import ConfigError, PulsarAutoscaleError
@@ -44,6 +45,8 @@ class ControllerMetrics:
         self.iteration = Histogram("pulsar_autoscale_iteration_seconds", "one MAPE iteration", registry=self.registry)
         self.target = Gauge("pulsar_autoscale_target_parallelism", "parallelism after the last decision",
                             ["function"], registry=self.registry)
+        self.bursts = Counter("pulsar_autoscale_bursts", "burst drains asked of the worker (or recommended in dry run)",
+                              ["function"], registry=self.registry)
         self.leader = Gauge("pulsar_autoscale_leader", "1 while this replica is leader", registry=self.registry)
         self.epoch = Gauge("pulsar_autoscale_epoch", "leader epoch held by this replica (0: none)",
                            registry=self.registry)
@@ -88,6 +91,7 @@ class Controller:
         self.autoscaler = Autoscaler(self.policy, build_planner(config))
         self.monitor = Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
         self.executor = Executor(self.admin, retries=config.execute_retries)
+        self.burst = config.burst_config()
         self.elector = LeaderElector(config.service_url, config.lock_topic, config.identity)
         self.log = DecisionLog(config.decision_log)
         self.metrics = ControllerMetrics()
@@ -128,8 +132,12 @@ class Controller:
                     self.metrics.errors.labels("policy").inc()
                     it.errors.append(f"policy: {step.error}")
                     log.error("policy %s failed, nothing applied: %s", self.config.policy, step.error)
-                for d in apply_caps(step.decisions, obs.caps):
+                decisions = apply_caps(step.decisions, obs.caps)
+                for d in decisions:
                     it.decisions.append(self._execute(d, term.epoch, now))
+                if self.burst.enabled:
+                    chosen = {**obs.current, **{d.function: d.new for d in decisions}}
+                    it.decisions.extend(self._bursts(obs.snapshot, chosen, term.epoch, now))
             it.seconds = time.perf_counter() - started
             self.history.append(it)
             return it
@@ -161,6 +169,40 @@ class Controller:
         if decision.changed:
             self.log.append(record)
         return record
+
+    def _bursts(self, snapshot, parallelism: dict[str, int], epoch: int, now: float) -> list[dict]:
+        """Ask the worker to drain, with Spark, what the instances cannot clear by the deadline even at
+        their maximum parallelism (burst_plan); a drain still running for a function is left alone."""
+        records = []
+        for fn, k in parallelism.items():
+            fs = snapshot.functions.get(fn)
+            if fs is None:
+                continue
+            k_max = self.autoscaler.planner.config.limits(fn)[1]
+            n = burst_size(fs, k, k_max, self.burst)
+            if n == 0:
+                continue
+            record = {"time": now, "epoch": epoch, "controller": self.identity, "policy": self.config.policy,
+                      "mode": self.config.mode, "function": fn, "kind": "burst", "messages": n,
+                      "partitions": self.burst.partitions, "parallelism": k, "max_parallelism": k_max,
+                      "reason": f"backlog {fs.backlog:.0f} + arrivals over {self.burst.deadline_s:g} s exceed what "
+                                f"{k_max} instances complete", "inputs": asdict(fs), "dry_run": self.config.dry_run,
+                      "applied": False, "error": None}
+            if self.config.dry_run:
+                log.info("[dry run] would burst-drain %d messages of %s", n, fn)
+                self.metrics.bursts.labels(fn).inc()
+            else:
+                result = self.executor.burst(fn, n, self.burst.partitions, self.burst.threads_per_partition, epoch)
+                record.update(applied=result.ok, error=result.error)
+                if result.ok:
+                    self.metrics.bursts.labels(fn).inc()
+                    log.info("burst drain of %d messages of %s asked (epoch %d)", n, fn, epoch)
+                elif "still running" not in (result.error or ""):  # a drain in progress is not an error
+                    self.metrics.errors.labels("burst").inc()
+                    log.error("could not start a burst drain of %s: %s", fn, result.error)
+            self.log.append(record)
+            records.append(record)
+        return records
 
     # ---- leadership ------------------------------------------------------------------------------------
     def _elect(self) -> None:

@@ -30,6 +30,7 @@ class ControllerConfig:
     window_s: float = 30.0                      # metrics window W (paper: 30 s)
     dry_run: bool = False                       # recommend only: log decisions, apply nothing
     plan: dict = field(default_factory=dict)    # Plan step: min/max parallelism, bounds, cooldown, ... (PlanConfig)
+    burst: dict = field(default_factory=dict)   # Spark burst drains asked of our worker (burst_plan.BurstConfig)
     decision_log: str | None = "decisions.jsonl"
     http_host: str = "127.0.0.1"
     http_port: int = 9091                       # /metrics and /status; 0 = a free port
@@ -73,6 +74,12 @@ class ControllerConfig:
             raise ConfigError(f"admin_url {self.admin_url!r} must start with http:// or https://")
         from .http_auth import AuthConfig
         AuthConfig.from_mapping(self.auth)  # a bad auth section fails at start, naming the field
+        if self.burst_config().enabled and self.mode == "stock":
+            raise ConfigError("burst.enabled needs mode: worker: stock Pulsar workers cannot run a burst drain")
+
+    def burst_config(self):
+        from .burst_plan import BurstConfig
+        return from_mapping(BurstConfig, self.burst, "burst")
 
     def admin(self):
         """The Functions admin client for this mode: our worker, or a stock Pulsar cluster."""

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Execution:
     function: str
-    parallelism: int
+    parallelism: int            # for a burst: the messages asked
     ok: bool
     attempts: int
     error: str | None = None
@@ -51,3 +51,14 @@ class Executor:
                             self.retries, exc)
                 time.sleep(self.backoff_s * attempt)
         return Execution(function, parallelism, False, attempt, error, time.monotonic() - start)
+
+    def burst(self, function: str, messages: int, partitions: int, threads: int, epoch: int | None) -> Execution:
+        """One attempt, never retried: a drain whose answer was lost may have started, and a second
+        one would take a slice the first was sized for."""
+        tenant, namespace, name = function.split("/")
+        start = time.monotonic()
+        try:
+            self.admin.burst(tenant, namespace, name, messages, partitions, threads, epoch=epoch)
+            return Execution(function, messages, True, 1, seconds=time.monotonic() - start)
+        except (AdminError, AuthError, RedirectRefused) as exc:
+            return Execution(function, messages, False, 1, str(exc), time.monotonic() - start)

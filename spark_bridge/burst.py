@@ -3,7 +3,8 @@
 When a function's backlog is more than its instances can clear before a deadline (even at
 their maximum parallelism, once new instances have started), the controller hands part of
 it to Spark, as Sponge hands bursts to serverless instances (papers/000, "Recovery
-deadline"): `should_burst` says how many messages, `BurstDrain.run` drains them.
+deadline"): `pulsar_autoscale.burst_plan` says how many messages (the controller asks our
+worker for a drain when `burst.enabled`), `BurstDrain.run` drains them.
 
 The slice is taken **through the function's own subscription**, so its acknowledgement is
 real and the instances never see it again:
@@ -34,7 +35,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import math
 import tempfile
 import threading
 import time
@@ -51,8 +51,6 @@ from .offsets import _batch_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
-
-    from pulsar_autoscale.snapshot import FunctionSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -86,39 +84,6 @@ class BurstResult:
     seconds: float
     partitions: int = 0
     timings: dict[str, float] = field(default_factory=dict)
-
-
-# ---- how much to hand to Spark ---------------------------------------------------------------
-
-def should_burst(snapshot: "FunctionSnapshot", parallelism: int, max_parallelism: int,
-                 start_latency_s: float, deadline_s: float) -> int:
-    """Messages to hand to a burst drain: the backlog the instances cannot clear by the deadline.
-
-    Sponge's recovery condition (paper 000, eq. 1): what the queue holds now plus what arrives
-    until the deadline must not exceed what the processors complete by then. The instances
-    complete `parallelism * mu * D`; the controller can add `max_parallelism - parallelism`
-    instances, each working `D - start_latency_s`. The rest is the burst:
-
-        burst = ceil(Q + lambda*D - mu * (k*D + (k_max - k) * max(0, D - L)))
-
-    0 when the figures needed (backlog, service rate) are unknown: a burst job is not
-    started on a guess.
-    """
-    if deadline_s <= 0:
-        raise ConfigError(f"should_burst: deadline_s must be > 0, got {deadline_s}")
-    if start_latency_s < 0:
-        raise ConfigError(f"should_burst: start_latency_s must be >= 0, got {start_latency_s}")
-    if parallelism < 0 or max_parallelism < 0:
-        raise ConfigError(f"should_burst: parallelism {parallelism} and max_parallelism {max_parallelism} must be >= 0")
-    mu = snapshot.service_rate or snapshot.true_processing_rate
-    if snapshot.backlog is None or mu is None or mu <= 0:
-        return 0
-    k = parallelism
-    extra = max(0, max_parallelism - k)
-    capacity = mu * (k * deadline_s + extra * max(0.0, deadline_s - start_latency_s))
-    demand = snapshot.backlog + (snapshot.arrival_rate or 0.0) * deadline_s
-    excess = demand - capacity
-    return int(math.ceil(excess)) if excess > 0 else 0
 
 
 # ---- joining the function's subscription ----------------------------------------------------------

@@ -11,13 +11,17 @@ import uuid
 
 import pulsar
 import pytest
+import requests
 
-from pulsar_autoscale.admin_client import FunctionsAdmin
+from pulsar_autoscale.admin_client import AdminError, FunctionsAdmin
+from pulsar_autoscale.controller import Controller
+from pulsar_autoscale.controller_config import ControllerConfig
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.functions.server import WorkerServer
 from pulsar_autoscale.snapshot import FunctionSnapshot
-from pulsar_autoscale.spark_bridge.burst import BurstDrain, BurstDrainError, should_burst
+from pulsar_autoscale.burst_plan import should_burst
+from pulsar_autoscale.spark_bridge.burst import BurstDrain, BurstDrainError
 from scenario import EXAMPLES, OutputCollector, wait_until
 
 SLEEPY = str(EXAMPLES / "sleepy.py")
@@ -233,3 +237,97 @@ def test_a_failed_slice_is_redelivered(spark, broker, pulsar_client, tmp_path, c
     finally:
         consumer.close()
     assert len(got) == n, f"{n - len(got)} of {n} messages lost after a failed drain"
+
+
+# ---- the controller asks for drains: burst.enabled --------------------------------------------------
+
+@pytest.mark.spark
+def test_the_controller_asks_the_worker_for_a_drain_when_instances_cannot_catch_up(
+        spark, broker, worker, pulsar_client, tmp_path):
+    """A backlog that one instance (the plan's maximum) cannot clear by the deadline: the controller
+    asks the worker for drains, the worker runs them on Spark, nothing is lost."""
+    n = 2000
+    name = f"auto-burst-{uuid.uuid4().hex[:6]}"
+    cfg_dict = _config(name, userConfig={"service_ms": 50, "dist": "deterministic"})   # mu = 20/s
+    admin = FunctionsAdmin(worker.url)
+    admin.create(cfg_dict, SLEEPY)
+    fqfn = f"public/default/{name}"
+    collector = OutputCollector(pulsar_client, cfg_dict["output"])
+    controller = None
+    try:
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 30, f"{name} running")
+        # Unbatched: pulsar-lite's backlog gauge counts entries, and the monitor's messages-per-entry
+        # is broker-wide, so a batched topic among unbatched ones would look smaller than it is.
+        producer = pulsar_client.create_producer(cfg_dict["inputs"][0], batching_enabled=False,
+                                                 block_if_queue_full=True)
+        for i in range(n):
+            producer.send_async(str(i).encode(), None)
+        producer.flush()
+        producer.close()
+        controller = Controller(ControllerConfig(
+            service_url=broker.service_url, admin_url=worker.url, metrics_url=broker.metrics_url,
+            policy="queueing", period_s=2.0, window_s=4.0, http_port=0,
+            lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+            decision_log=str(tmp_path / "decisions.jsonl"),
+            plan={"bounds": [{"pattern": fqfn, "min": 1, "max": 1}]},
+            burst={"enabled": True, "deadline_s": 10.0, "min_messages": 100, "max_messages": 1500,
+                   "partitions": 2, "threads_per_partition": 16})).start()
+
+        def asked():
+            return [r for r in controller.log.read() if r.get("kind") == "burst" and r["function"] == fqfn]
+        first = wait_until(lambda: [r for r in asked() if r["applied"]], 60,
+                           lambda: f"an applied burst record for {fqfn} (records: {asked()})")[0]
+        assert 100 <= first["messages"] <= 1500 and first["max_parallelism"] == 1 and first["epoch"] == 1
+        assert first["inputs"]["backlog"] > 2 * first["inputs"]["service_rate"] * 10.0
+        done = wait_until(lambda: worker.worker.bursts.report(fqfn)["finished"], 120,
+                          lambda: f"a finished drain ({worker.worker.bursts.report(fqfn)})")
+        assert done[0]["error"] is None and done[0]["processed"] > 0, done
+        wait_until(lambda: collector.distinct() >= n, 120,
+                   lambda: f"all {n} outputs (got {collector.distinct()}; drains {worker.worker.bursts.report(fqfn)})")
+        records = asked()
+        controller.stop()
+        controller = None
+        drained = sum(r["processed"] for r in worker.worker.bursts.report(fqfn)["finished"])
+        received = worker.worker.counters(fqfn).received
+        print(f"\nauto burst: {len(records)} asked ({sum(r['applied'] for r in records)} applied), "
+              f"drained {drained}, instance received {received}, "
+              f"duplicates {collector.duplicates()}")
+        assert n - collector.distinct() == 0
+        # The instance did not process the drained messages again.
+        assert drained >= first["messages"] and received + drained <= n + collector.duplicates()
+        report = requests.get(f"{worker.url}/admin/v3/functions/public/default/{name}/burst", timeout=5).json()
+        assert sum(r["processed"] for r in report["finished"]) == drained
+    finally:
+        if controller is not None:
+            controller.stop()
+        collector.close()
+        admin.delete("public", "default", name)
+
+
+def test_burst_requests_are_checked(worker):
+    admin = FunctionsAdmin(worker.url)
+    name = f"bad-burst-{uuid.uuid4().hex[:6]}"
+    admin.create(_config(name, retainKeyOrdering=True), SLEEPY)
+    try:
+        with pytest.raises(AdminError, match="Only SHARED functions can burst") as keyed:
+            admin.burst("public", "default", name, 100, 2)
+        assert keyed.value.status == 400
+        with pytest.raises(AdminError, match="messages must be an integer >= 1"):
+            admin.burst("public", "default", name, 0, 2)
+        with pytest.raises(AdminError, match="doesn't exist") as missing:
+            admin.burst("public", "default", "no-such-function", 100, 2)
+        assert missing.value.status == 404
+        resp = requests.post(f"{worker.url}/admin/v3/functions/public/default/{name}/burst", data="nope", timeout=5)
+        assert resp.status_code == 400 and "must be JSON" in resp.json()["reason"]
+    finally:
+        admin.delete("public", "default", name)
+
+
+def test_burst_config_is_checked():
+    with pytest.raises(ConfigError, match="burst.enabled needs mode: worker"):
+        ControllerConfig(service_url="pulsar://x:6650", admin_url="http://x:8080", mode="stock",
+                         burst={"enabled": True})
+    with pytest.raises(ConfigError, match="burst: unknown option"):
+        ControllerConfig(service_url="pulsar://x:6650", admin_url="http://x:8080", burst={"deadline": 5})
+    with pytest.raises(ConfigError, match="min_messages"):
+        ControllerConfig(service_url="pulsar://x:6650", admin_url="http://x:8080", burst={"min_messages": 0})

@@ -1,0 +1,107 @@
+"""Burst drains the controller asks of this worker: one Spark batch job at a time per function.
+
+The worker holds what a drain needs (the function's config and code, the broker client
+settings), so the controller only says how many messages and how many partitions
+(POST .../burst); the drain runs in a background thread on a local SparkSession created on
+the first burst (about 10 s), and its result is kept for GET .../burst. A drain never runs
+twice at once for one function: the second ask is refused (409), not queued, because the
+backlog it was sized for is being drained already.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+
+from .config import FunctionConfig
+
+log = logging.getLogger(__name__)
+KEPT_RESULTS = 10
+
+
+class BurstBusy(PulsarAutoscaleError):
+    """A drain of this function is still running."""
+
+
+@dataclass
+class BurstRecord:
+    """One drain as GET .../burst reports it: running until `finished`, then its counts or error."""
+
+    requested: int
+    partitions: int
+    threads_per_partition: int
+    started: float
+    finished: float | None = None
+    taken: int = 0
+    processed: int = 0
+    outputs: int = 0
+    failed: int = 0
+    error: str | None = None
+    timings: dict = field(default_factory=dict)
+
+
+class BurstRunner:
+    def __init__(self, service_url: str, broker_kind: str):
+        self.service_url = service_url
+        self.broker_kind = broker_kind
+        self._lock = threading.Lock()
+        self._running: dict[str, BurstRecord] = {}
+        self._done: dict[str, list[BurstRecord]] = {}
+
+    def start(self, cfg: FunctionConfig, code_path: str | None, state_path: str, messages: int,
+              partitions: int, threads: int) -> BurstRecord:
+        for label, value in (("messages", messages), ("partitions", partitions), ("threadsPerPartition", threads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"burst: {label} must be an integer >= 1, got {value!r}")
+        try:
+            from pulsar_autoscale.spark_bridge.burst import BurstDrain
+        except ImportError as exc:  # the spark extra is not installed
+            raise ConfigError(f"burst: this worker cannot run Spark ({exc}); install pulsar-autoscale[spark]") from None
+        # Checks the function (SHARED subscription, loadable code) before anything is taken.
+        drain = BurstDrain(None, self.service_url, cfg, code_path, broker_kind=self.broker_kind, state_path=state_path)
+        with self._lock:
+            if cfg.fqfn in self._running:
+                raise BurstBusy(f"a burst drain of {cfg.fqfn} is still running "
+                                f"({self._running[cfg.fqfn].requested} messages asked)")
+            record = self._running[cfg.fqfn] = BurstRecord(messages, partitions, threads, time.time())
+        threading.Thread(target=self._run, args=(cfg.fqfn, drain, record), name=f"burst:{cfg.fqfn}",
+                         daemon=True).start()
+        return record
+
+    def _run(self, fqfn: str, drain, record: BurstRecord) -> None:
+        try:
+            drain.spark = spark_session()
+            result = drain.run(record.requested, record.partitions, record.threads_per_partition)
+            record.taken, record.processed, record.outputs, record.failed = (
+                result.taken, result.processed, result.outputs, result.failed)
+            record.timings = {k: round(v, 3) for k, v in result.timings.items()}
+            log.info("burst drain of %s: %d taken, %d processed, %d failed in %.1f s", fqfn, result.taken,
+                     result.processed, result.failed, result.seconds)
+        except Exception as exc:  # reported through GET .../burst; the drain nacked what it took
+            record.error = f"{type(exc).__name__}: {exc}"
+            log.error("burst drain of %s failed: %s", fqfn, record.error)
+        finally:
+            record.finished = time.time()
+            with self._lock:
+                del self._running[fqfn]
+                kept = self._done.setdefault(fqfn, [])
+                kept.append(record)
+                del kept[:-KEPT_RESULTS]
+
+    def report(self, fqfn: str) -> dict:
+        with self._lock:
+            running = self._running.get(fqfn)
+            return {"running": asdict(running) if running else None,
+                    "finished": [asdict(r) for r in self._done.get(fqfn, [])]}
+
+
+def spark_session():
+    """The process's SparkSession: the one already there (tests, a Spark driver), or a local one."""
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master("local[*]").appName("pulsar-autoscale-burst")
+            .config("spark.ui.enabled", "false").getOrCreate())
