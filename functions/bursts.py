@@ -74,7 +74,9 @@ class BurstRunner:
 
     def _run(self, fqfn: str, drain, record: BurstRecord) -> None:
         try:
-            drain.spark = spark_session()
+            from pulsar_autoscale.spark_bridge import local_session
+
+            drain.spark = local_session("pulsar-autoscale-burst")
             result = drain.run(record.requested, record.partitions, record.threads_per_partition)
             record.taken, record.processed, record.outputs, record.failed = (
                 result.taken, result.processed, result.outputs, result.failed)
@@ -98,10 +100,3 @@ class BurstRunner:
             return {"running": asdict(running) if running else None,
                     "finished": [asdict(r) for r in self._done.get(fqfn, [])]}
 
-
-def spark_session():
-    """The process's SparkSession: the one already there (tests, a Spark driver), or a local one."""
-    from pyspark.sql import SparkSession
-
-    return (SparkSession.builder.master("local[*]").appName("pulsar-autoscale-burst")
-            .config("spark.ui.enabled", "false").getOrCreate())

@@ -20,6 +20,7 @@ from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from .bursts import BurstBusy
 from .config import FunctionConfig, parse_text
 from .metrics import WorkerCollector
+from .stages import StageNotFound
 from .status import function_stats, function_status, instance_metrics, instance_status
 from .worker import NotFound, StaleEpoch, Worker
 
@@ -34,7 +35,7 @@ def create_app(worker: Worker) -> Flask:
 
     @app.errorhandler(PulsarAutoscaleError)
     def _known(exc):
-        code = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, (StaleEpoch, BurstBusy)) else 400
+        code = 404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, (StaleEpoch, BurstBusy)) else 400
         return jsonify(reason=str(exc)), code
 
     @app.errorhandler(HTTPException)
@@ -80,8 +81,21 @@ def create_app(worker: Worker) -> Flask:
         data = path_fields(tenant, namespace, name, form_config())
         code, filename = form_code()
         fence()
-        worker.update(f"{tenant}/{namespace}/{name}", data, code, filename)
+        fqfn = f"{tenant}/{namespace}/{name}"
+        if worker.stages.has(fqfn):
+            update_stage(fqfn, data)
+        else:
+            worker.update(fqfn, data, code, filename)
         return Response(status=204)
+
+    def update_stage(fqfn: str, data: dict) -> None:
+        other = sorted(set(data) - {"tenant", "namespace", "name", "parallelism"})
+        if other or "parallelism" not in data:
+            raise ConfigError(f"{fqfn} is a stateful stage: only parallelism can be updated here "
+                              f"(got {other or 'no parallelism'}); recreate it under /admin/v3/stages to change more")
+        if not isinstance(data["parallelism"], int) or isinstance(data["parallelism"], bool):
+            raise ConfigError(f"parallelism must be an integer, got {data['parallelism']!r}")
+        worker.stages.set_parallelism(fqfn, data["parallelism"])
 
     def fence():
         if request.headers.get(EPOCH_HEADER):
@@ -110,20 +124,30 @@ def create_app(worker: Worker) -> Flask:
 
     @app.get(FN)
     def get(tenant, namespace, name):
-        return jsonify(worker.get(f"{tenant}/{namespace}/{name}").to_dict())
+        fqfn = f"{tenant}/{namespace}/{name}"
+        if worker.stages.has(fqfn):
+            return jsonify(worker.stages.function_view(fqfn))
+        return jsonify(worker.get(fqfn).to_dict())
 
     @app.delete(FN)
     def delete(tenant, namespace, name):
-        worker.delete(f"{tenant}/{namespace}/{name}")
+        fqfn = f"{tenant}/{namespace}/{name}"
+        if worker.stages.has(fqfn):
+            worker.stages.delete(fqfn)
+        else:
+            worker.delete(fqfn)
         return Response(status=204)
 
     @app.get("/admin/v3/functions/<tenant>/<namespace>")
     def list_functions(tenant, namespace):
-        return jsonify(worker.list(tenant, namespace))
+        return jsonify(sorted(worker.list(tenant, namespace) + worker.stages.names(tenant, namespace)))
 
     @app.get(FN + "/status")
     def status(tenant, namespace, name):
-        cfg, figs, restarts = worker.instance_figures(f"{tenant}/{namespace}/{name}")
+        fqfn = f"{tenant}/{namespace}/{name}"
+        if worker.stages.has(fqfn):
+            return jsonify(worker.stages.status(fqfn))
+        cfg, figs, restarts = worker.instance_figures(fqfn)
         return jsonify(function_status(cfg, figs, restarts, worker.worker_id))
 
     @app.get(FN + "/<int:instance_id>/status")
@@ -136,6 +160,8 @@ def create_app(worker: Worker) -> Flask:
     @app.get(FN + "/stats")
     def stats(tenant, namespace, name):
         fqfn = f"{tenant}/{namespace}/{name}"
+        if worker.stages.has(fqfn):
+            return jsonify(worker.stages.stats(fqfn))
         _, figs, _ = worker.instance_figures(fqfn)
         return jsonify(function_stats(figs, worker.counters(fqfn), worker.counters_1min_ago(fqfn),
                                       worker.exception_totals(fqfn)))
@@ -162,6 +188,30 @@ def create_app(worker: Worker) -> Flask:
             return Response(status=204)
         app.add_url_rule(FN + f"/{action}", f"fn_{action}", handler, methods=["POST"])
         app.add_url_rule(FN + f"/<int:instance_id>/{action}", f"instance_{action}", handler, methods=["POST"])
+
+    # Not in Pulsar's API: Spark stateful stages (functions/stages.py), a StatefulStageConfig as JSON.
+    STAGE = "/admin/v3/stages/<tenant>/<namespace>/<name>"
+
+    @app.post(STAGE)
+    def create_stage(tenant, namespace, name):
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            raise ConfigError("stateful stage: the body must be a JSON object (a StatefulStageConfig)")
+        worker.create_stage(path_fields(tenant, namespace, name, body))
+        return Response(status=204)
+
+    @app.get(STAGE)
+    def get_stage(tenant, namespace, name):
+        return jsonify(worker.stages.config(f"{tenant}/{namespace}/{name}"))
+
+    @app.delete(STAGE)
+    def delete_stage(tenant, namespace, name):
+        worker.stages.delete(f"{tenant}/{namespace}/{name}")
+        return Response(status=204)
+
+    @app.get("/admin/v3/stages/<tenant>/<namespace>")
+    def list_stages(tenant, namespace):
+        return jsonify(worker.stages.names(tenant, namespace))
 
     def me():
         return {"workerId": worker.worker_id, "workerHostname": worker.hostname, "port": worker.port}

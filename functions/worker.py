@@ -24,11 +24,12 @@ from pulsar_autoscale import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.snapshot import FunctionCounters
 
+from .bursts import BurstRecord, BurstRunner
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import subscribe
 from .loader import load_callable
-from .bursts import BurstRecord, BurstRunner
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
+from .stages import StageHost
 from .state import StateStore
 from .stats import InstanceFigures
 
@@ -100,6 +101,7 @@ class Worker:
                                      logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
         self._functions: dict[str, HostedFunction] = {}
         self.bursts = BurstRunner(service_url, broker_kind)
+        self.stages = StageHost(self.data_dir, service_url, worker_id)
         self._max_epoch = 0
         self._lock = threading.RLock()
         self._closing = threading.Event()
@@ -132,7 +134,7 @@ class Worker:
     def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
         cfg = FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism)
         with self._lock:
-            if cfg.fqfn in self._functions:
+            if cfg.fqfn in self._functions or self.stages.has(cfg.fqfn):
                 raise Conflict(f"Function {cfg.name} already exists")
             code_path = self._store_code(cfg, code, filename)
             try:
@@ -198,6 +200,14 @@ class Worker:
             if epoch < self._max_epoch:
                 raise StaleEpoch(f"stale leader epoch {epoch} < {self._max_epoch}: this controller was deposed")
             self._max_epoch = epoch
+
+    def create_stage(self, data: dict) -> None:
+        """A Spark stateful stage next to the functions (functions/stages.py)."""
+        with self._lock:
+            fqfn = f"{data.get('tenant', 'public')}/{data.get('namespace', 'default')}/{data.get('name')}"
+            if fqfn in self._functions:
+                raise Conflict(f"Function {data.get('name')} already exists")
+            self.stages.create(data)
 
     def burst(self, fqfn: str, messages: int, partitions: int, threads: int = 1) -> BurstRecord:
         """Hand up to `messages` of the function's backlog to a Spark burst drain (functions/bursts.py)."""
@@ -360,6 +370,7 @@ class Worker:
             for fn in self._functions.values():
                 self._drain(fn, sorted(fn.instances, reverse=True))
         self._supervisor.join(5)
+        self.stages.close()
         self._client.close()
 
 

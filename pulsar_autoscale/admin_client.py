@@ -99,6 +99,11 @@ class FunctionsAdmin:
     def stats(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/stats"))
 
+    def create_stage(self, config: dict) -> None:
+        """Our worker only: a Spark stateful stage (a StatefulStageConfig as a dict)."""
+        self._call("POST", f"{self.admin_url}/admin/v3/stages/{config.get('tenant', 'public')}/"
+                           f"{config.get('namespace', 'default')}/{config['name']}", json=config)
+
     def burst(self, tenant: str, namespace: str, name: str, messages: int, partitions: int, threads: int = 1,
               epoch: int | None = None) -> dict:
         """Our worker only: start a Spark burst drain of up to `messages` of the function's backlog."""

@@ -131,7 +131,11 @@ class Monitor:
             if hasattr(self.admin, "counters_and_running"):   # stock Pulsar: built from its FunctionStats
                 cur, running = self.admin.counters_and_running(tenant, namespace, fn, now)
             else:
-                cur, running = counters_from_stats(self.admin.stats(tenant, namespace, fn), now)
+                stats = self.admin.stats(tenant, namespace, fn)
+                cur, running = counters_from_stats(stats, now)
+                if stats["autoscale"].get("backlog") is not None:   # a Spark stage reads with a Reader:
+                    backlog = float(stats["autoscale"]["backlog"])  # its worker measures the backlog
+
         except (AdminError, KeyError, TypeError) as exc:
             errors.append(f"{name}: stats unreadable: {exc}")
             return FunctionSnapshot(name=name, parallelism=info.parallelism, backlog=backlog)

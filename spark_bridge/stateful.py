@@ -269,7 +269,10 @@ class StageStatus:
         )
 
 
-def _progress_field(progress: Any, name: str) -> Any:
+def progress_field(progress: Any, name: str) -> Any:
+    """A field of a streaming progress report (a dict or a StreamingQueryProgress), None when absent."""
+    if progress is None:
+        return None
     try:
         return progress[name]
     except (KeyError, TypeError):
@@ -297,16 +300,10 @@ class StatefulStage:
 
     def session(self) -> "SparkSession":
         if self._session is None:
-            from pyspark.sql import SparkSession
+            from . import local_session, register
 
-            from . import register
-
-            self._session = self._base or SparkSession.builder.appName(f"stateful-{self.config.fqfn}").getOrCreate()
-            try:
-                register(self._session)
-            except Exception as exc:  # already registered in this session: fine
-                if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
-                    raise
+            self._session = self._base or local_session(f"stateful-{self.config.fqfn}")
+            register(self._session)
         return self._session
 
     def start(self) -> "StreamingQuery":
@@ -314,6 +311,10 @@ class StatefulStage:
             raise StatefulStageError(f"stateful stage {self.config.fqfn} is already running")
         cfg = self.config
         spark = self.session()
+        # Spark looks Python data sources up in the JVM thread's active session, which a thread
+        # other than the session's creator (the worker's supervisor) does not have: set it, as
+        # PySpark's own createDataFrame does.
+        type(spark)._get_j_spark_session_class(spark._jvm).setActiveSession(spark._jsparkSession)
         # The query copies the session's confs when it starts, so the stage's own values are
         # set for start() only and the session is left as it was. Shuffle partitions count only
         # for a new checkpoint: afterwards Spark restores the stored value.
@@ -399,17 +400,17 @@ class StatefulStage:
             error = str(query.exception())
         if progress is None:
             return StageStatus(**base, error=error)
-        sources = _progress_field(progress, "sources") or []
-        end = _progress_field(sources[0], "endOffset") if sources else None
+        sources = progress_field(progress, "sources") or []
+        end = progress_field(sources[0], "endOffset") if sources else None
         end_offsets = json.loads(end) if isinstance(end, str) else end
-        operators = _progress_field(progress, "stateOperators") or []
+        operators = progress_field(progress, "stateOperators") or []
         return StageStatus(
             **base,
-            batch_id=_progress_field(progress, "batchId"),
-            input_rows_per_second=_progress_field(progress, "inputRowsPerSecond"),
-            processed_rows_per_second=_progress_field(progress, "processedRowsPerSecond"),
-            num_input_rows=_progress_field(progress, "numInputRows"),
-            state_rows=sum(_progress_field(op, "numRowsTotal") or 0 for op in operators) if operators else None,
+            batch_id=progress_field(progress, "batchId"),
+            input_rows_per_second=progress_field(progress, "inputRowsPerSecond"),
+            processed_rows_per_second=progress_field(progress, "processedRowsPerSecond"),
+            num_input_rows=progress_field(progress, "numInputRows"),
+            state_rows=sum(progress_field(op, "numRowsTotal") or 0 for op in operators) if operators else None,
             end_offsets=end_offsets,
             backlog_entries=self._backlog(end_offsets) if with_backlog and end_offsets else None,
             error=error,

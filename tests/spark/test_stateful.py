@@ -10,10 +10,17 @@ import json
 import time
 from dataclasses import dataclass, field
 
+import uuid
+from pathlib import Path
+
 import pulsar
 import pytest
 
+from pulsar_autoscale.admin_client import AdminError, FunctionsAdmin
+from pulsar_autoscale.controller import Controller
+from pulsar_autoscale.controller_config import ControllerConfig
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.functions.server import WorkerServer
 from pulsar_autoscale.spark_bridge.sink import PROP_BATCH, ReplayFilter, replay_key
 from pulsar_autoscale.spark_bridge.stateful import (
     StageStatus,
@@ -21,6 +28,7 @@ from pulsar_autoscale.spark_bridge.stateful import (
     StatefulStageConfig,
     checkpoint_confs,
 )
+from scenario import wait_until as poll
 
 KEYS = [f"k{i}" for i in range(10)]
 MINUTE_MS = 60_000
@@ -91,6 +99,11 @@ class Output:
         progress = [(p["batchId"], p["numInputRows"], p["eventTime"]) for p in stage.query.recentProgress] if stage else []
         raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; counts {self.counts()}; "
                              f"batches (id, rows, event time) {progress}")
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    """Polls the worker's REST API: each stage status asks Spark, so not too often."""
+    return poll(predicate, timeout_s, what, interval_s=0.2)
 
 
 def _id(message_id) -> tuple[int, int, int]:
@@ -188,6 +201,61 @@ def test_counts_exact_across_parallelism_change_with_windows(spark, broker, puls
     assert status.state_rows == 10 and status.backlog_entries == 0, status  # W1 evicted, W2 held
     snap = status.to_snapshot()
     assert (snap.name, snap.parallelism, snap.backlog) == ("public/default/counter", 3, 0.0)
+
+
+BACKLOG_POLICY = str(Path(__file__).resolve().parents[2] / "examples" / "policy_backlog_per_instance.py")
+
+
+@pytest.mark.spark
+def test_the_worker_hosts_a_stage_that_the_controller_scales(spark, broker, pulsar_client, topic, tmp_path, output):
+    """A stage created on the worker is a node the controller sees (backlog, parallelism) and re-scales
+    through the Functions API; counts stay exact across that restart and across a worker restart."""
+    name = f"counter-{uuid.uuid4().hex[:6]}"
+    fqfn = f"public/default/{name}"
+    stage_cfg = {"name": name, "input": topic, "output": topic + "-out", "parallelism": 1, "statePartitions": 2,
+                 "trigger": "500 milliseconds", "maxRecordsPerTrigger": 100}
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "worker"), metrics_url=broker.metrics_url) as w:
+        admin = FunctionsAdmin(w.url)
+        admin.create_stage(stage_cfg)
+        with pytest.raises(AdminError, match="already exists"):
+            admin.create_stage(stage_cfg)
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 120, f"{name}'s query running")
+        assert name in admin.list("public", "default")
+        view = admin.get("public", "default", name)
+        assert (view["runtime"], view["inputs"], view["parallelism"]) == ("SPARK", [topic], 1)
+        with pytest.raises(AdminError, match="only parallelism can be updated"):
+            admin.update({"tenant": "public", "namespace": "default", "name": name, "output": "elsewhere"})
+        send(pulsar_client, topic, 1000, batching=False)
+        controller = Controller(ControllerConfig(
+            service_url=broker.service_url, admin_url=w.url, metrics_url=broker.metrics_url,
+            policy=BACKLOG_POLICY, policy_params={"per_instance": 200}, period_s=2.0, window_s=4.0, http_port=0,
+            lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+            decision_log=str(tmp_path / "decisions.jsonl"),
+            plan={"bounds": [{"pattern": fqfn, "min": 1, "max": 3}]})).start()
+        try:
+            def scaled():
+                return [r for r in controller.log.read() if r["function"] == fqfn and r["new"] > r["old"]]
+            record = wait_until(scaled, 60, f"a scale-out of {fqfn} in the decision log")[0]
+        finally:
+            controller.stop()
+        assert record["applied"] and record["new"] == 3, record
+        assert record["inputs"]["backlog"] >= 200 and record["inputs"]["parallelism"] == 1, record
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 3, 120, "3 input partitions")
+        output.wait(lambda o: o.counts() == {(k, None): 100 for k in KEYS}, 120, "count 100 per key")
+        # The backlog is unknown (None) until the restarted run's first progress report, then 0.
+        stats = wait_until(lambda: (s := admin.stats("public", "default", name))["autoscale"]["backlog"] == 0 and s,
+                           60, "the stage to report backlog 0")
+        assert stats["receivedTotal"] == stats["processedSuccessfullyTotal"] >= 1000, stats
+        assert stats["autoscale"]["counters"]["busy_s"] > 0
+    # A restarted worker brings the stage back, as it was scaled, with its state.
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "worker"), metrics_url=broker.metrics_url) as w:
+        admin = FunctionsAdmin(w.url)
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 3, 120, "the restored stage")
+        send(pulsar_client, topic, 100, batching=False)
+        output.wait(lambda o: o.counts() == {(k, None): 110 for k in KEYS}, 120, "count 110 per key")
+        admin.delete("public", "default", name)
+        assert name not in admin.list("public", "default")
+    assert_running_counts(output.first)
 
 
 BAD_CONFIGS = [
