@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
@@ -46,6 +46,9 @@ class SimConfig:
     initial_parallelism: int = 1
     slo_s: float = 1.0              # R_max for the SLO violation share (paper: 1 s)
     drain_limit_s: float = 3600.0   # after the workload ends, at most this long to drain the backlogs
+    # > 0: the broker's figures (arrivals, backlog) are gauges refreshed this often, as pulsar-lite's
+    # are (about 5 s); the worker's counters stay exact. 0: the monitor reads exact counts.
+    gauge_refresh_s: float = 0.0
     seed: int = 0
 
 
@@ -304,10 +307,20 @@ class Simulation:
         if self.source_done and self.in_system == 0 and not self.drained.triggered:
             self.drained.succeed()
 
+    def _gauges(self):
+        """The broker's view, refreshed every gauge_refresh_s (half a refresh out of phase with the periods)."""
+        refresh = self.config.gauge_refresh_s
+        yield self.env.timeout(refresh / 2)
+        while True:
+            for st in self.stations.values():
+                st.gauge = (float(st.arrived), float(len(st.queue) + st.in_flight))
+            yield self.env.timeout(refresh)
+
     def _mape(self):
         period = self.config.period_s
         for st in self.stations.values():
-            st.prev = st.counters(0.0)
+            st.prev, st.prev_seen = st.counters(0.0), None
+            st.gauge = (0.0, 0.0)
         while True:
             yield self.env.timeout(period)
             self._period(self.env.now, period)
@@ -318,13 +331,17 @@ class Simulation:
         for name, st in self.stations.items():
             cur = st.counters(now)
             backlog = float(len(st.queue) + st.in_flight)
-            functions[name] = window_snapshot(name, st.parallelism, st.prev, cur, backlog, st.running, age_s=0.0)
             lam = (cur.arrived - st.prev.arrived) / period
+            seen, seen_backlog = cur, backlog
+            if self.config.gauge_refresh_s > 0:
+                seen, seen_backlog = replace(cur, arrived=st.gauge[0]), st.gauge[1]
+            functions[name] = window_snapshot(name, st.parallelism, st.prev_seen or st.prev, seen, seen_backlog,
+                                              st.running, age_s=0.0)
             mu = 1.0 / st.fn.service.expected
             self.lower_bound_instance_s += max(1, math.ceil(lam / mu - 1e-9)) * period
             if st in self.sources:
                 source_arrivals = lam
-            st.prev = cur
+            st.prev, st.prev_seen = cur, seen
             self.series.parallelism[name].append(st.parallelism)
             self.series.running[name].append(st.running)
             self.series.backlog[name].append(backlog)
@@ -345,6 +362,8 @@ class Simulation:
         times = self.workload.arrival_times(self.arrival_rng)
         self.env.process(self._source(times))
         self.env.process(self._mape())
+        if self.config.gauge_refresh_s > 0:
+            self.env.process(self._gauges())
         limit = self.env.timeout(self.workload.duration_s + self.config.drain_limit_s)
         self.env.run(until=self.env.all_of([self.drained, self.env.timeout(self.workload.duration_s)])
                      | limit)

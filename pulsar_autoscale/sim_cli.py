@@ -36,6 +36,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "scale-out headroom, minimum scale-in)")
     p.add_argument("--start-latency", type=float, default=SimConfig.start_s, metavar="S",
                    help="seconds before a new instance serves")
+    p.add_argument("--gauge-refresh", type=float, default=SimConfig.gauge_refresh_s, metavar="S",
+                   help="the broker's arrivals and backlog are gauges refreshed every S seconds, as "
+                        "pulsar-lite's (about 5); 0: exact counts")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="DIR", help="write a PNG of the run into DIR")
 
@@ -68,9 +71,10 @@ def build_autoscaler(policy: str, params: dict, max_parallelism: int, plan: dict
 def sim_config(args: argparse.Namespace) -> SimConfig:
     if args.period <= 0:
         raise ConfigError(f"--period must be > 0 seconds, got {args.period}")
-    if args.restart_cost < 0 or args.start_latency < 0:
-        raise ConfigError("--restart-cost and --start-latency must be >= 0 seconds")
-    return SimConfig(period_s=args.period, start_s=args.start_latency, restart_s=args.restart_cost, seed=args.seed)
+    if args.restart_cost < 0 or args.start_latency < 0 or args.gauge_refresh < 0:
+        raise ConfigError("--restart-cost, --start-latency and --gauge-refresh must be >= 0 seconds")
+    return SimConfig(period_s=args.period, start_s=args.start_latency, restart_s=args.restart_cost,
+                     gauge_refresh_s=args.gauge_refresh, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,6 +66,17 @@ def test_stock_restart_mode_redelivers_and_costs_response_time():
     assert stock.mean_rt_s > free.mean_rt_s
 
 
+def test_gauges_refreshed_every_5_s_delay_a_rate_driven_policy():
+    """pulsar-lite's gauges: the controller sees a step up late, so queueing answers it late."""
+    app, workload = load_app("demo-image"), load_workload("demo")
+    run = lambda refresh: simulate(app, workload, build_autoscaler("queueing", {}, 8),  # noqa: E731
+                                   SimConfig(period_s=5.0, start_s=0.01, gauge_refresh_s=refresh, seed=1))
+    exact, gauges = run(0.0), run(5.0)
+    assert gauges.lost == exact.lost == 0
+    assert gauges.mean_rt_s > 1.3 * exact.mean_rt_s, (gauges.mean_rt_s, exact.mean_rt_s)
+    assert gauges.avg_instances == pytest.approx(exact.avg_instances, rel=0.1)
+
+
 def test_efficiency_is_one_when_exactly_the_lower_bound_runs():
     autoscaler, config = fixed(1)
     app = station_app(ServiceTime("deterministic", mean=0.5))
