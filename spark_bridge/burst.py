@@ -26,8 +26,9 @@ is lost. Only Shared subscriptions are drained: a Failover or Key_Shared functio
 (per-key) order, which parallel partitions would break.
 
 pulsar-lite (docs/broker.md, B2): the driver's client is a second connection on the
-subscription and its consumer ids start at 0, colliding with the worker's. `join_lite_subscription`
-is the throwaway-consumer workaround (see its docstring); it is used only on pulsar-lite.
+subscription and its consumer ids start at 0, colliding with the worker's.
+`lite_quirks.join_shared_subscription` is the throwaway-consumer workaround; it is used only
+on pulsar-lite.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from pulsar_autoscale import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.lite_quirks import PipedMessage
@@ -58,8 +60,6 @@ DEFAULT_RECEIVE_TIMEOUT_MS = 1000
 # Messages a consumer prefetches beyond what it has handed out; on close they go back to the
 # subscription. Kept small so the drain takes little that it does not process.
 DEFAULT_RECEIVER_QUEUE = 100
-# pulsar-lite: consumer ids our drain consumer must exceed (those of the worker's client).
-DEFAULT_LITE_ID_FLOOR = 1024
 SEND_CHECK_TIMEOUT_S = 60.0
 
 
@@ -96,67 +96,6 @@ def _subscribe(client, cfg: FunctionConfig, consumer_name: str, receiver_queue: 
         receiver_queue_size=receiver_queue, consumer_name=consumer_name,
         negative_ack_redelivery_delay_ms=100,
     )
-
-
-def join_lite_subscription(service_url: str, cfg: FunctionConfig, consumer_name: str, receiver_queue: int,
-                           id_floor: int = DEFAULT_LITE_ID_FLOOR, operation_timeout_s: int = 5,
-                           attempts: int = 3):
-    """pulsar-lite B2 workaround (belongs in lite_quirks): join a Shared subscription from a
-    second connection. Returns (client, consumer).
-
-    pulsar-lite tracks consumer ids per subscription, not per connection, and every client
-    numbers its consumers from 0, so a second client's subscribe collides with the worker's
-    consumers ("Consumer 0 already exists") and, through B3, times out. The client's ids are
-    a counter, so opening `id_floor` throwaway consumers first makes ours `id_floor`: above
-    every id the worker's client has used unless it ever opened more consumers than that.
-    They are opened by multi-topic subscribes over up to 256 scratch topics (one round trip
-    each, in parallel; the same topic names every time), on a subscription of their own that
-    is removed at once, so concurrent drains do not collide on the scratch topics.
-    A collision still possible (a worker with more consumers) shows as a timeout after
-    `operation_timeout_s`: the floor doubles and we retry on a fresh client.
-
-    The process runtime's version of this (instance i pads to id i) lost 4.7-7% of messages
-    in scaling runs (docs/broker.md); for the drain, tests/spark/test_burst.py counts every
-    message (loss 0 in every run so far) and bench/spark_burst.py reports loss on each run.
-    """
-    import pulsar
-
-    floor = id_floor
-    last_exc: Exception | None = None
-    for _ in range(attempts):
-        client = pulsar.Client(service_url, operation_timeout_seconds=operation_timeout_s,
-                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        try:
-            _pad_consumer_ids(client, floor)
-            return client, _subscribe(client, cfg, consumer_name, receiver_queue)
-        except pulsar.Timeout as exc:  # B2 collision (B3 turns it into a timeout)
-            last_exc = exc
-            client.close()
-            log.warning("burst drain: joining %s on pulsar-lite with consumer ids >= %d timed out; retrying higher",
-                        cfg.subscription_name, floor)
-            floor *= 2
-        except Exception:
-            client.close()
-            raise
-    raise BurstDrainError(f"burst drain: could not join subscription {cfg.subscription_name!r} on pulsar-lite "
-                          f"(consumer id collisions up to id {floor // 2}): {last_exc}")
-
-
-def _pad_consumer_ids(client, count: int, chunk: int = 256) -> None:
-    """Use up `count` consumer ids of `client`: subscribe to scratch topics, then unsubscribe."""
-    import pulsar
-
-    done = 0
-    sub = f"__burst-idpad-{uuid.uuid4().hex[:12]}"
-    while done < count:
-        n = min(chunk, count - done)
-        topics = [f"persistent://public/default/__burst-idpad-{i}" for i in range(n)]
-        pad = client.subscribe(topics, sub, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
-        try:
-            pad.unsubscribe()
-        except pulsar.PulsarException:
-            pad.close()
-        done += n
 
 
 def _ends_entry(msg) -> bool:
@@ -328,7 +267,7 @@ class BurstDrain:
     def __init__(self, spark: "SparkSession", service_url: str, function_config: FunctionConfig,
                  code_path: str | None = None, *, broker_kind: str = "auto", metrics_url: str | None = None,
                  receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS, receiver_queue: int = DEFAULT_RECEIVER_QUEUE,
-                 lite_id_floor: int = DEFAULT_LITE_ID_FLOOR, state_path: str | None = None):
+                 lite_id_floor: int = lite_quirks.DEFAULT_ID_FLOOR, state_path: str | None = None):
         from pulsar_autoscale.functions.loader import load_callable
 
         cfg = function_config
@@ -362,7 +301,12 @@ class BurstDrain:
         name = f"{self.config.fqfn}:burst-{uuid.uuid4().hex[:8]}"
         queue = max(1, self.receiver_queue)
         if self.broker_kind == "pulsar-lite":
-            return join_lite_subscription(self.service_url, self.config, name, queue, self.lite_id_floor)
+            try:
+                return lite_quirks.join_shared_subscription(
+                    self.service_url, lambda client: _subscribe(client, self.config, name, queue),
+                    self.config.subscription_name, self.lite_id_floor)
+            except lite_quirks.LiteJoinError as exc:
+                raise BurstDrainError(f"burst drain: {exc}") from exc
         import pulsar
 
         client = pulsar.Client(self.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))

@@ -135,12 +135,13 @@ def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, worker,
 # ---- the pulsar-lite join, many times, next to a consuming instance -----------------------------------
 
 def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
-    """join_lite_subscription (the B2 throwaway-consumer workaround) five times in a row while an
+    """lite_quirks.join_shared_subscription (the B2 throwaway-consumer workaround) five times in a row while an
     instance consumes the same Shared subscription from another connection: every message is
     received exactly once by one of them. Counts what the workaround lost in process scaling runs."""
     import threading
 
-    from pulsar_autoscale.spark_bridge.burst import _ends_entry, join_lite_subscription
+    from pulsar_autoscale.lite_quirks import join_shared_subscription
+    from pulsar_autoscale.spark_bridge.burst import _ends_entry, _subscribe
 
     n, drains, per_drain = 10_000, 5, 1000
     cfg = FunctionConfig.from_dict(_config(f"join-{uuid.uuid4().hex[:6]}"))
@@ -170,7 +171,8 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
         _produce(pulsar_client, cfg.inputs[0], n)
         taken = []
         for i in range(drains):
-            client, consumer = join_lite_subscription(broker.service_url, cfg, f"drain-{i}", 100)
+            client, consumer = join_shared_subscription(
+                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100), cfg.subscription_name)
             got = []
             while len(got) < per_drain or not _ends_entry(got[-1]):
                 try:
