@@ -11,14 +11,16 @@ from pulsar_autoscale.errors import ConfigError
 from .config import FunctionConfig, parse_text
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:6750"
-ACTIONS = ("create", "update", "get", "list", "status", "stats", "delete", "start", "stop", "restart")
+HELP = {"list": "list functions of a namespace",
+        "burst": "our worker: drain part of the backlog with Spark (--messages), or show the drains (without)"}
+ACTIONS = ("create", "update", "get", "list", "status", "stats", "delete", "start", "stop", "restart", "burst")
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help=f"worker admin REST URL (default {DEFAULT_ADMIN_URL})")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action in ACTIONS:
-        a = sub.add_parser(action, help=f"{action} a function" if action != "list" else "list functions of a namespace")
+        a = sub.add_parser(action, help=HELP.get(action, f"{action} a function"))
         a.add_argument("--tenant", default=None, help="tenant (default public)")
         a.add_argument("--namespace", default=None, help="namespace (default default)")
         a.add_argument("--fqfn", default=None, help="tenant/namespace/name in one flag")
@@ -39,9 +41,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
             a.add_argument("--log-topic", default=None)
         if action in ("start", "stop", "restart", "status", "stats"):
             a.add_argument("--instance-id", type=int, default=None, help="one instance only")
+        if action == "burst":
+            a.add_argument("--messages", type=int, default=None, help="messages to take from the backlog")
+            a.add_argument("--partitions", type=int, default=4, help="Spark tasks (default 4)")
+            a.add_argument("--threads-per-partition", type=int, default=1,
+                           help="threads per task, for a function that mostly waits (default 1)")
 
 
-def _identity(args) -> tuple[str, str, str | None]:
+def identity(args) -> tuple[str, str, str | None]:
     tenant, namespace, name = args.tenant, args.namespace, getattr(args, "name", None)
     if args.fqfn:
         parts = args.fqfn.split("/")
@@ -66,7 +73,7 @@ def _config_from_flags(args) -> dict:
         data["inputs"] = [t.strip() for t in args.inputs.split(",") if t.strip()]
     if args.user_config:
         data["userConfig"] = parse_text(args.user_config, "--user-config")
-    tenant, namespace, name = _identity(args)
+    tenant, namespace, name = identity(args)
     data.update(tenant=data.get("tenant") or tenant, namespace=data.get("namespace") or namespace,
                 name=name or data.get("name"))
     if not data.get("name"):
@@ -82,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         getattr(admin, args.action)(data, py)
         print(f'{"Created" if args.action == "create" else "Updated"} successfully')
         return 0
-    tenant, namespace, name = _identity(args)
+    tenant, namespace, name = identity(args)
     if args.action == "list":
         result = admin.list(tenant, namespace)
     elif not name:
@@ -95,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         admin.delete(tenant, namespace, name)
         print("Deleted successfully")
         return 0
+    elif args.action == "burst":
+        result = (admin.burst(tenant, namespace, name, args.messages, args.partitions, args.threads_per_partition)
+                  if args.messages is not None else admin.burst_report(tenant, namespace, name))
     else:
         result = getattr(admin, args.action)(tenant, namespace, name)
         if getattr(args, "instance_id", None) is not None:

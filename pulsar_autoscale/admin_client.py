@@ -99,10 +99,22 @@ class FunctionsAdmin:
     def stats(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/stats"))
 
+    # ---- our worker only: Spark stateful stages (a StatefulStageConfig as a dict) -----------------
+    def _stage_url(self, tenant: str, namespace: str, name: str | None = None) -> str:
+        return f"{self.admin_url}/admin/v3/stages/{tenant}/{namespace}" + (f"/{name}" if name else "")
+
     def create_stage(self, config: dict) -> None:
-        """Our worker only: a Spark stateful stage (a StatefulStageConfig as a dict)."""
-        self._call("POST", f"{self.admin_url}/admin/v3/stages/{config.get('tenant', 'public')}/"
-                           f"{config.get('namespace', 'default')}/{config['name']}", json=config)
+        self._call("POST", self._stage_url(config.get("tenant", "public"), config.get("namespace", "default"),
+                                           config["name"]), json=config)
+
+    def get_stage(self, tenant: str, namespace: str, name: str) -> dict:
+        return self._call("GET", self._stage_url(tenant, namespace, name))
+
+    def list_stages(self, tenant: str, namespace: str) -> list[str]:
+        return self._call("GET", self._stage_url(tenant, namespace))
+
+    def delete_stage(self, tenant: str, namespace: str, name: str) -> None:
+        self._call("DELETE", self._stage_url(tenant, namespace, name))
 
     def burst(self, tenant: str, namespace: str, name: str, messages: int, partitions: int, threads: int = 1,
               epoch: int | None = None) -> dict:

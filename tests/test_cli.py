@@ -66,3 +66,17 @@ def test_cli_errors_are_one_line(worker):
     assert "doesn't exist" in proc.stderr and "Traceback" not in proc.stderr
     proc = cli("functions", "--admin-url", "http://127.0.0.1:1", "list", check=False)
     assert "cannot reach the functions admin API" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_stages_and_burst_commands_name_the_problem(worker, tmp_path):
+    url = ["--admin-url", worker.url]
+    assert json.loads(cli("stages", *url, "list").stdout) == []
+    for args, needle in ((("stages", *url, "get", "--name", "ghost"), "Stateful stage public/default/ghost doesn't exist"),
+                         (("stages", *url, "create", "--stage-config-file", str(tmp_path / "none.yaml")), "cannot read"),
+                         (("functions", *url, "burst", "--name", "ghost", "--messages", "10"), "doesn't exist")):
+        proc = cli(*args, check=False)
+        assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    bad = tmp_path / "stage.yaml"
+    bad.write_text("name: counts\ninput: in\noutput: out\nwindow: 1 fortnight\n")
+    proc = cli("stages", *url, "create", "--stage-config-file", str(bad), check=False)
+    assert proc.returncode == 2 and "window" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
