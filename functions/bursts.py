@@ -4,8 +4,8 @@ The worker holds what a drain needs (the function's config and code, the broker 
 settings), so the controller only says how many messages and how many partitions
 (POST .../burst); the drain runs in a background thread on a local SparkSession created on
 the first burst (about 10 s), and its result is kept for GET .../burst. A drain never runs
-twice at once for one function: the second ask is refused (409), not queued, because the
-backlog it was sized for is being drained already.
+twice at once for one function: a second ask starts nothing and gets the running drain back
+(not queued, because the backlog it was sized for is being drained already).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.errors import ConfigError
 
 from .config import FunctionConfig
 
@@ -23,19 +23,15 @@ log = logging.getLogger(__name__)
 KEPT_RESULTS = 10
 
 
-class BurstBusy(PulsarAutoscaleError):
-    """A drain of this function is still running."""
-
-
 @dataclass
 class BurstRecord:
-    """One drain as GET .../burst reports it: running until `finished`, then its counts or error."""
+    """One drain as GET .../burst reports it: running until `finished_at`, then its counts or error."""
 
     requested: int
     partitions: int
     threads_per_partition: int
-    started: float
-    finished: float | None = None
+    started_at: float
+    finished_at: float | None = None
     taken: int = 0
     processed: int = 0
     outputs: int = 0
@@ -53,7 +49,8 @@ class BurstRunner:
         self._done: dict[str, list[BurstRecord]] = {}
 
     def start(self, cfg: FunctionConfig, code_path: str | None, state_path: str, messages: int,
-              partitions: int, threads: int) -> BurstRecord:
+              partitions: int, threads: int) -> tuple[BurstRecord, bool]:
+        """(the drain, True) when one starts; (the one still running, False) otherwise."""
         for label, value in (("messages", messages), ("partitions", partitions), ("threadsPerPartition", threads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"burst: {label} must be an integer >= 1, got {value!r}")
@@ -65,12 +62,11 @@ class BurstRunner:
         drain = BurstDrain(None, self.service_url, cfg, code_path, broker_kind=self.broker_kind, state_path=state_path)
         with self._lock:
             if cfg.fqfn in self._running:
-                raise BurstBusy(f"a burst drain of {cfg.fqfn} is still running "
-                                f"({self._running[cfg.fqfn].requested} messages asked)")
+                return self._running[cfg.fqfn], False
             record = self._running[cfg.fqfn] = BurstRecord(messages, partitions, threads, time.time())
         threading.Thread(target=self._run, args=(cfg.fqfn, drain, record), name=f"burst:{cfg.fqfn}",
                          daemon=True).start()
-        return record
+        return record, True
 
     def _run(self, fqfn: str, drain, record: BurstRecord) -> None:
         try:
@@ -87,7 +83,7 @@ class BurstRunner:
             record.error = f"{type(exc).__name__}: {exc}"
             log.error("burst drain of %s failed: %s", fqfn, record.error)
         finally:
-            record.finished = time.time()
+            record.finished_at = time.time()
             with self._lock:
                 del self._running[fqfn]
                 kept = self._done.setdefault(fqfn, [])

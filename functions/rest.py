@@ -17,7 +17,6 @@ from werkzeug.exceptions import HTTPException
 from pulsar_autoscale.admin_client import EPOCH_HEADER
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
-from .bursts import BurstBusy
 from .config import FunctionConfig, parse_text
 from .metrics import WorkerCollector
 from .stages import StageNotFound
@@ -35,7 +34,7 @@ def create_app(worker: Worker) -> Flask:
 
     @app.errorhandler(PulsarAutoscaleError)
     def _known(exc):
-        code = 404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, (StaleEpoch, BurstBusy)) else 400
+        code = 404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, StaleEpoch) else 400
         return jsonify(reason=str(exc)), code
 
     @app.errorhandler(HTTPException)
@@ -105,16 +104,17 @@ def create_app(worker: Worker) -> Flask:
                 raise ConfigError(f"{EPOCH_HEADER} must be an integer") from None
 
     # Not in Pulsar's API: a burst drain (functions/bursts.py),
-    # {"messages": N, "partitions": P, "threadsPerPartition": T}.
+    # {"messages": N, "partitions": P, "threadsPerPartition": T}. 202 and started: true when one
+    # starts; 200 and started: false, with the running one, while one still runs.
     @app.post(FN + "/burst")
     def burst(tenant, namespace, name):
         body = request.get_json(silent=True)
         if not isinstance(body, dict) or "messages" not in body:
             raise ConfigError('burst: the body must be JSON {"messages": N, "partitions": P, "threadsPerPartition": T}')
         fence()
-        record = worker.burst(f"{tenant}/{namespace}/{name}", body["messages"], body.get("partitions", 4),
-                              body.get("threadsPerPartition", 1))
-        return jsonify(asdict(record)), 202
+        record, started = worker.burst(f"{tenant}/{namespace}/{name}", body["messages"], body.get("partitions", 4),
+                                       body.get("threadsPerPartition", 1))
+        return jsonify(started=started, **asdict(record)), 202 if started else 200
 
     @app.get(FN + "/burst")
     def burst_report(tenant, namespace, name):

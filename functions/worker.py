@@ -209,8 +209,9 @@ class Worker:
                 raise Conflict(f"Function {data.get('name')} already exists")
             self.stages.create(data)
 
-    def burst(self, fqfn: str, messages: int, partitions: int, threads: int = 1) -> BurstRecord:
-        """Hand up to `messages` of the function's backlog to a Spark burst drain (functions/bursts.py)."""
+    def burst(self, fqfn: str, messages: int, partitions: int, threads: int = 1) -> tuple[BurstRecord, bool]:
+        """Hand up to `messages` of the function's backlog to a Spark burst drain (functions/bursts.py);
+        False with the running drain when one is still running."""
         with self._lock:
             fn = self._get(fqfn)
             cfg, code_path = fn.config, fn.code_path

@@ -193,11 +193,13 @@ class Controller:
                 self.metrics.bursts.labels(fn).inc()
             else:
                 result = self.executor.burst(fn, n, self.burst.partitions, self.burst.threads_per_partition, epoch)
-                record.update(applied=result.ok, error=result.error)
-                if result.ok:
+                record.update(applied=bool(result.started), error=result.error)
+                if result.started:
                     self.metrics.bursts.labels(fn).inc()
                     log.info("burst drain of %d messages of %s asked (epoch %d)", n, fn, epoch)
-                elif "still running" not in (result.error or ""):  # a drain in progress is not an error
+                elif result.ok:   # the worker is still running the last one: not an error
+                    record["reason"] += "; a drain is still running"
+                else:
                     self.metrics.errors.labels("burst").inc()
                     log.error("could not start a burst drain of %s: %s", fn, result.error)
             self.log.append(record)

@@ -24,6 +24,7 @@ class Execution:
     attempts: int
     error: str | None = None
     seconds: float = 0.0
+    started: bool | None = None     # for a burst: False when the worker was still running one
 
 
 class Executor:
@@ -58,7 +59,8 @@ class Executor:
         tenant, namespace, name = function.split("/")
         start = time.monotonic()
         try:
-            self.admin.burst(tenant, namespace, name, messages, partitions, threads, epoch=epoch)
-            return Execution(function, messages, True, 1, seconds=time.monotonic() - start)
+            answer = self.admin.burst(tenant, namespace, name, messages, partitions, threads, epoch=epoch)
+            return Execution(function, messages, True, 1, seconds=time.monotonic() - start,
+                             started=bool(answer.get("started")))
         except (AdminError, AuthError, RedirectRefused) as exc:
             return Execution(function, messages, False, 1, str(exc), time.monotonic() - start)

@@ -135,7 +135,6 @@ class Monitor:
                 cur, running = counters_from_stats(stats, now)
                 if stats["autoscale"].get("backlog") is not None:   # a Spark stage reads with a Reader:
                     backlog = float(stats["autoscale"]["backlog"])  # its worker measures the backlog
-
         except (AdminError, KeyError, TypeError) as exc:
             errors.append(f"{name}: stats unreadable: {exc}")
             return FunctionSnapshot(name=name, parallelism=info.parallelism, backlog=backlog)
