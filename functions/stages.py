@@ -41,6 +41,7 @@ class HostedStage:
     stage: object                                   # spark_bridge.stateful.StatefulStage
     lock: threading.Lock = field(default_factory=threading.Lock)
     restarts: int = 0
+    deleted: bool = False                           # the supervisor must not start it again
     last_start: float = 0.0
     error: str = ""
     received: float = 0.0
@@ -98,6 +99,7 @@ class StageHost:
     def delete(self, fqfn: str) -> None:
         hosted = self._get(fqfn)
         with hosted.lock:
+            hosted.deleted = True
             hosted.stage.stop()
         with self._lock:
             del self._stages[fqfn]
@@ -136,6 +138,8 @@ class StageHost:
             for fqfn, hosted in stages:
                 try:
                     with hosted.lock:
+                        if hosted.deleted:
+                            continue
                         self._account(hosted)
                         query = hosted.stage.query
                         if (query is None or not query.isActive) and \
