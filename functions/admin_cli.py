@@ -21,11 +21,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action in ACTIONS:
         a = sub.add_parser(action, help=HELP.get(action, f"{action} a function"))
-        a.add_argument("--tenant", default=None, help="tenant (default public)")
-        a.add_argument("--namespace", default=None, help="namespace (default default)")
-        a.add_argument("--fqfn", default=None, help="tenant/namespace/name in one flag")
-        if action != "list":
-            a.add_argument("--name", default=None, help="function name")
+        add_identity_args(a, "function" if action != "list" else None)
         if action in ("create", "update"):
             a.add_argument("--function-config-file", default=None, help="FunctionConfig as JSON or YAML")
             a.add_argument("--py", default=None, help="the function's .py file, uploaded to the worker")
@@ -46,6 +42,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
             a.add_argument("--partitions", type=int, default=4, help="Spark tasks (default 4)")
             a.add_argument("--threads-per-partition", type=int, default=1,
                            help="threads per task, for a function that mostly waits (default 1)")
+
+
+def add_identity_args(parser: argparse.ArgumentParser, named: str | None) -> None:
+    """--tenant, --namespace, --fqfn, and --name unless `named` is None (a namespace-wide action)."""
+    parser.add_argument("--tenant", default=None, help="tenant (default public)")
+    parser.add_argument("--namespace", default=None, help="namespace (default default)")
+    parser.add_argument("--fqfn", default=None, help="tenant/namespace/name in one flag")
+    if named:
+        parser.add_argument("--name", default=None, help=f"{named} name")
 
 
 def identity(args) -> tuple[str, str, str | None]:

@@ -12,7 +12,7 @@ import json
 from pulsar_autoscale.admin_client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
 
-from .admin_cli import DEFAULT_ADMIN_URL, identity
+from .admin_cli import DEFAULT_ADMIN_URL, add_identity_args, identity
 from .config import parse_text
 
 ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "print a stage's config",
@@ -24,11 +24,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action, help_text in ACTIONS.items():
         a = sub.add_parser(action, help=help_text, description=help_text)
-        a.add_argument("--tenant", default=None, help="tenant (default public)")
-        a.add_argument("--namespace", default=None, help="namespace (default default)")
-        a.add_argument("--fqfn", default=None, help="tenant/namespace/name in one flag")
-        if action != "list":
-            a.add_argument("--name", default=None, help="stage name")
+        add_identity_args(a, "stage" if action != "list" else None)
         if action == "create":
             a.add_argument("--stage-config-file", required=True,
                            help="StatefulStageConfig as JSON or YAML (input, output, key, window, parallelism, ...)")

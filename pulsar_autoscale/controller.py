@@ -142,12 +142,16 @@ class Controller:
             self.history.append(it)
             return it
 
+    def _record(self, function: str, epoch: int, now: float, **fields) -> dict:
+        """A decision-log record: who decided what, when, under which term; applied/error follow."""
+        return {"time": now, "epoch": epoch, "controller": self.identity, "policy": self.config.policy,
+                "mode": self.config.mode, "function": function, **fields, "dry_run": self.config.dry_run,
+                "applied": False, "error": None}
+
     def _execute(self, decision, epoch: int, now: float) -> dict:
-        record = {"time": now, "epoch": epoch, "controller": self.identity, "policy": self.config.policy,
-                  "mode": self.config.mode, "function": decision.function, "old": decision.old,
-                  "proposed": decision.proposed, "new": decision.new, "reason": decision.reason,
-                  "inputs": asdict(decision.inputs) if decision.inputs else None,
-                  "dry_run": self.config.dry_run, "applied": False, "error": None}
+        record = self._record(decision.function, epoch, now, old=decision.old, proposed=decision.proposed,
+                              new=decision.new, reason=decision.reason,
+                              inputs=asdict(decision.inputs) if decision.inputs else None)
         if self.config.mode == "stock" and decision.changed:
             record["restart_cost_s"] = self.admin.restart_cost_s()   # what this update costs on stock Pulsar
         if decision.changed:
@@ -182,12 +186,10 @@ class Controller:
             n = burst_size(fs, k, k_max, self.burst)
             if n == 0:
                 continue
-            record = {"time": now, "epoch": epoch, "controller": self.identity, "policy": self.config.policy,
-                      "mode": self.config.mode, "function": fn, "kind": "burst", "messages": n,
-                      "partitions": self.burst.partitions, "parallelism": k, "max_parallelism": k_max,
-                      "reason": f"backlog {fs.backlog:.0f} + arrivals over {self.burst.deadline_s:g} s exceed what "
-                                f"{k_max} instances complete", "inputs": asdict(fs), "dry_run": self.config.dry_run,
-                      "applied": False, "error": None}
+            record = self._record(fn, epoch, now, kind="burst", messages=n, partitions=self.burst.partitions,
+                                  parallelism=k, max_parallelism=k_max, inputs=asdict(fs),
+                                  reason=f"backlog {fs.backlog:.0f} + arrivals over {self.burst.deadline_s:g} s "
+                                         f"exceed what {k_max} instances complete")
             if self.config.dry_run:
                 log.info("[dry run] would burst-drain %d messages of %s", n, fn)
                 self.metrics.bursts.labels(fn).inc()

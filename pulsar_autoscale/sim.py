@@ -319,7 +319,7 @@ class Simulation:
     def _mape(self):
         period = self.config.period_s
         for st in self.stations.values():
-            st.prev, st.prev_seen = st.counters(0.0), None
+            st.prev = st.prev_seen = st.counters(0.0)
             st.gauge = (0.0, 0.0)
         while True:
             yield self.env.timeout(period)
@@ -335,7 +335,7 @@ class Simulation:
             seen, seen_backlog = cur, backlog
             if self.config.gauge_refresh_s > 0:
                 seen, seen_backlog = replace(cur, arrived=st.gauge[0]), st.gauge[1]
-            functions[name] = window_snapshot(name, st.parallelism, st.prev_seen or st.prev, seen, seen_backlog,
+            functions[name] = window_snapshot(name, st.parallelism, st.prev_seen, seen, seen_backlog,
                                               st.running, age_s=0.0)
             mu = 1.0 / st.fn.service.expected
             self.lower_bound_instance_s += max(1, math.ceil(lam / mu - 1e-9)) * period
