@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pulsar_autoscale.apps import load_app
-from pulsar_autoscale.sim import SimConfig, simulate
-from pulsar_autoscale.sim_cli import build_autoscaler
-from pulsar_autoscale.workloads import load_workload
+from pulsar_autoscale.sim.apps import load_app
+from pulsar_autoscale.sim.engine import SimConfig, simulate
+from pulsar_autoscale.sim.cli import build_autoscaler
+from pulsar_autoscale.sim.workloads import load_workload
 
 REACT_MAX = str(Path(__file__).resolve().parent / "policies" / "react_max.py")
 POLICIES = {"queueing": ("queueing", {}), "predictive": ("predictive", {}),  # label -> (policy, params)

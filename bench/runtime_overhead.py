@@ -17,7 +17,7 @@ import uuid
 
 import pulsar
 
-from pulsar_autoscale.broker import EmbeddedBroker
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.functions.server import WorkerServer
 

@@ -18,7 +18,7 @@ import uuid
 
 import pulsar
 
-from pulsar_autoscale.broker import EmbeddedBroker
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
 
 
 def produce(client: pulsar.Client, topic: str, n: int, size: int) -> None:

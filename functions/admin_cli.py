@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pulsar_autoscale.admin_client import FunctionsAdmin
+from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
 
 from .config import FunctionConfig, parse_text

@@ -14,7 +14,7 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from pulsar_autoscale.admin_client import EPOCH_HEADER
+from pulsar_autoscale.admin.client import EPOCH_HEADER
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
 from .config import FunctionConfig, parse_text

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 
 import pulsar
 
-from pulsar_autoscale import lite_quirks
+from pulsar_autoscale.broker import lite_quirks
 
 from .config import FunctionConfig
 from .instance import Instance

@@ -9,7 +9,7 @@ import threading
 
 from werkzeug.serving import make_server
 
-from pulsar_autoscale import lite_quirks
+from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.netutil import free_port
 
 from .config import DEFAULT_MAX_PARALLELISM

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pulsar_autoscale.admin_client import FunctionsAdmin
+from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
 
 from .admin_cli import DEFAULT_ADMIN_URL, add_identity_args, identity

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pulsar
 
-from pulsar_autoscale import lite_quirks
+from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.snapshot import FunctionCounters
 

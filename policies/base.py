@@ -42,7 +42,7 @@ class Policy(ABC):
         """Build from user parameters; an unknown key or a wrong type is a ConfigError that names
         it and lists the valid keys."""
         # imported here: controller_config pulls in the Pulsar client, which a policy never needs
-        from pulsar_autoscale.controller_config import from_mapping
+        from pulsar_autoscale.configparse import from_mapping
         return cls(from_mapping(cls.Config, dict(params or {}), f"policy {cls.name} parameters"))
 
     @abstractmethod

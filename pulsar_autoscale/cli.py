@@ -7,16 +7,16 @@ import importlib
 import logging
 import sys
 
-from .errors import PulsarAutoscaleError
+from pulsar_autoscale.errors import PulsarAutoscaleError
 
 # subcommand -> (module, help). Each module defines configure_parser(parser) and run(args) -> int.
 COMMANDS = {
-    "broker": ("pulsar_autoscale.broker", "run the embedded pulsar-lite broker"),
+    "broker": ("pulsar_autoscale.broker.embedded", "run the embedded pulsar-lite broker"),
     "worker": ("pulsar_autoscale.functions.worker_cli", "run a function worker with the Functions admin REST API"),
     "functions": ("pulsar_autoscale.functions.admin_cli", "manage functions (pulsar-admin functions compatible flags)"),
     "stages": ("pulsar_autoscale.functions.stages_cli", "manage Spark stateful stages on our worker"),
-    "controller": ("pulsar_autoscale.controller_cli", "run the autoscaling controller (MAPE loop)"),
-    "simulate": ("pulsar_autoscale.sim_cli", "simulate an app under a workload and a policy"),
+    "controller": ("pulsar_autoscale.controller.cli", "run the autoscaling controller (MAPE loop)"),
+    "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),
     "demo": ("pulsar_autoscale.demo", "run the end-to-end demo on the embedded broker"),
 }
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import pulsar
 
-from .admin_client import FunctionsAdmin
-from .broker import EmbeddedBroker
-from .controller import Controller
-from .controller_config import ControllerConfig
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
+from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.controller.config import ControllerConfig
 
 NS = "public/default"
 SOURCE = f"persistent://{NS}/images"
@@ -143,7 +143,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def parse_params(items: list[str]) -> dict:
-    from .errors import ConfigError
+    from pulsar_autoscale.errors import ConfigError
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -157,8 +157,8 @@ def parse_params(items: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
-    from .functions.server import WorkerServer
+    from pulsar_autoscale.errors import ConfigError
+    from pulsar_autoscale.functions.server import WorkerServer
     try:
         rates = [float(r) for r in args.rates.split(",")]
     except ValueError:
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
 
 def wait_running(admin: FunctionsAdmin, names: list[str], timeout_s: float = 30.0) -> None:
     """A function's subscription starts at the latest message (as in Pulsar): load starts once all have one."""
-    from .errors import PulsarAutoscaleError
+    from pulsar_autoscale.errors import PulsarAutoscaleError
     deadline = time.monotonic() + timeout_s
     while not all(admin.status("public", "default", n)["numRunning"] >= 1 for n in names):
         if time.monotonic() > deadline:

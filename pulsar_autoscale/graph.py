@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable
 
-from .errors import PulsarAutoscaleError
+from pulsar_autoscale.errors import PulsarAutoscaleError
 
 
 class GraphError(PulsarAutoscaleError):

@@ -3,7 +3,7 @@
 When a function's backlog is more than its instances can clear before a deadline (even at
 their maximum parallelism, once new instances have started), the controller hands part of
 it to Spark, as Sponge hands bursts to serverless instances (papers/000, "Recovery
-deadline"): `pulsar_autoscale.burst_plan` says how many messages (the controller asks our
+deadline"): `pulsar_autoscale.controller.burst_plan` says how many messages (the controller asks our
 worker for a drain when `burst.enabled`), `BurstDrain.run` drains them.
 
 The slice is taken **through the function's own subscription**, so its acknowledgement is
@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from pulsar_autoscale import lite_quirks
+from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.config import FunctionConfig
-from pulsar_autoscale.lite_quirks import PipedMessage
+from pulsar_autoscale.broker.lite_quirks import PipedMessage
 
 from .offsets import _batch_size
 
@@ -283,7 +283,7 @@ class BurstDrain:
             raise ConfigError(f"burst drain: service_url {service_url!r} must start with pulsar://")
         load_callable(cfg.className, code_path)  # refuse code that cannot load before taking anything
         if broker_kind == "auto":
-            from pulsar_autoscale.lite_quirks import detect_broker_kind
+            from pulsar_autoscale.broker.lite_quirks import detect_broker_kind
 
             broker_kind = detect_broker_kind(metrics_url)
         self.spark = spark

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from pulsar_autoscale.broker import EmbeddedBroker
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pulsar
 
-from pulsar_autoscale.admin_client import FunctionsAdmin
+from pulsar_autoscale.admin.client import FunctionsAdmin
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar_autoscale.autoscaler import Autoscaler
+from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.graph import AppGraph, FunctionNode
-from pulsar_autoscale.planner import PlanConfig, Planner
+from pulsar_autoscale.controller.planner import PlanConfig, Planner
 from pulsar_autoscale.policies.base import Policy, Proposal
 from pulsar_autoscale.policies.threshold import ThresholdPolicy
 from pulsar_autoscale.snapshot import FunctionSnapshot, Snapshot

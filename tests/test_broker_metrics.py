@@ -1,7 +1,7 @@
 """Parsing broker /metrics: pulsar-lite's short topic labels and Apache Pulsar's full names both
 resolve to full topic names; backlogs counted in entries are scaled to messages."""
 
-from pulsar_autoscale.broker_metrics import parse
+from pulsar_autoscale.broker.metrics import parse
 
 LITE = """
 # TYPE pulsar_in_messages_total counter

@@ -17,9 +17,9 @@ import pytest
 import requests
 import yaml
 
-from pulsar_autoscale.admin_client import FunctionsAdmin
-from pulsar_autoscale.controller import Controller
-from pulsar_autoscale.controller_config import ControllerConfig
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.server import WorkerServer
 from pulsar_autoscale.netutil import free_port

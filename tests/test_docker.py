@@ -21,8 +21,8 @@ import jsonschema
 import pytest
 import yaml
 
-from pulsar_autoscale.controller import ControllerMetrics, build_planner
-from pulsar_autoscale.controller_config import ControllerConfig
+from pulsar_autoscale.controller.loop import ControllerMetrics, build_planner
+from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.policies import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from pulsar_autoscale.admin_client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.functions.server import WorkerServer
-from pulsar_autoscale.leader import LeaderElector
+from pulsar_autoscale.controller.leader import LeaderElector
 from scenario import EXAMPLES, wait_until
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from pulsar_autoscale.leader import LeaderElector
+    from pulsar_autoscale.controller.leader import LeaderElector
     e = LeaderElector(sys.argv[1], sys.argv[2], identity="holder")
     term = e.try_acquire()
     print("LEADER", term.epoch if term else 0, flush=True)

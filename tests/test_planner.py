@@ -6,7 +6,7 @@ import pytest
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.graph import AppGraph, FunctionNode
-from pulsar_autoscale.planner import Decision, PlanConfig, Planner, PlanState, PolicyError, validate_proposal
+from pulsar_autoscale.controller.planner import Decision, PlanConfig, Planner, PlanState, PolicyError, validate_proposal
 from pulsar_autoscale.policies.base import Proposal
 from pulsar_autoscale.snapshot import FunctionSnapshot, Snapshot
 
@@ -136,7 +136,7 @@ def test_decision_changed_is_a_field():
 
 
 def test_failover_functions_are_capped_at_their_partitions():
-    from pulsar_autoscale.planner import Decision, apply_caps
+    from pulsar_autoscale.controller.planner import Decision, apply_caps
     grow = Decision("t/n/ordered", 1, 6, 6, "policy")
     capped = apply_caps([grow, Decision("t/n/free", 1, 6, 6, "policy")], {"t/n/ordered": 2})
     assert [(d.function, d.new) for d in capped] == [("t/n/ordered", 2), ("t/n/free", 6)]
@@ -146,7 +146,7 @@ def test_failover_functions_are_capped_at_their_partitions():
 
 
 def test_restart_aware_plans_fewer_larger_changes():
-    from pulsar_autoscale.planner import restart_aware
+    from pulsar_autoscale.controller.planner import restart_aware
     cfg = PlanConfig(**restart_aware({}, period_s=30))
     assert (cfg.cooldown_s, cfg.scale_in_stabilization_s, cfg.min_scale_in) == (90, 150, 2)
     d, _ = plan(cfg, 4, 2)

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from pulsar_autoscale.apps import ServiceTime, SimApp, SimFunction, load_app, topic
+from pulsar_autoscale.sim.apps import ServiceTime, SimApp, SimFunction, load_app, topic
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.sim import SimConfig, simulate
-from pulsar_autoscale.sim_cli import build_autoscaler, parse_params
-from pulsar_autoscale.workloads import StepWorkload, load_workload
+from pulsar_autoscale.sim.engine import SimConfig, simulate
+from pulsar_autoscale.sim.cli import build_autoscaler, parse_params
+from pulsar_autoscale.sim.workloads import StepWorkload, load_workload
 
 
 def station_app(service: ServiceTime) -> SimApp:

@@ -14,11 +14,11 @@ import pytest
 import requests
 
 from contracts.fake_cluster import BROKER_DOC, FUNCTIONS_DOC, FakeCluster, FakeIssuer
-from pulsar_autoscale.admin_client import AdminError
+from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.http_auth import AuthConfig, AuthError, ClusterSession, RedirectRefused, Secret, cluster_session
+from pulsar_autoscale.admin.http_auth import AuthConfig, AuthError, ClusterSession, RedirectRefused, Secret, cluster_session
 from pulsar_autoscale.snapshot import window_snapshot
-from pulsar_autoscale.stock import StockPulsarAdmin, TopicStats
+from pulsar_autoscale.admin.stock import StockPulsarAdmin, TopicStats
 
 TOKEN = "tok-7f3a-SECRET"
 FQFN = "public/default/enrich"

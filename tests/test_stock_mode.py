@@ -8,10 +8,10 @@ import uuid
 import pulsar
 
 from contracts.fake_cluster import FakeCluster
-from pulsar_autoscale.admin_client import FunctionsAdmin
-from pulsar_autoscale.broker_metrics import fetch
-from pulsar_autoscale.controller import Controller
-from pulsar_autoscale.controller_config import ControllerConfig
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.metrics import fetch
+from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.functions.server import WorkerServer
 from scenario import wait_until
 

@@ -10,7 +10,7 @@ import pulsar
 import pytest
 import requests
 
-from pulsar_autoscale.admin_client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.functions.server import WorkerServer
 from scenario import EXAMPLES, OutputCollector, wait_until
 

@@ -1,7 +1,7 @@
 """Several processes on one Shared subscription (the process runtime).
 
 The process runtime runs instance i in its own process with its own client. On lite that
-needs the B2 workaround in pulsar_autoscale/lite_quirks.py: instance i's process opens i
+needs the B2 workaround in pulsar_autoscale/broker/lite_quirks.py: instance i's process opens i
 throwaway consumers first, so its consumer id differs from every other instance's.
 """
 

@@ -13,14 +13,14 @@ import pulsar
 import pytest
 import requests
 
-from pulsar_autoscale.admin_client import AdminError, FunctionsAdmin
-from pulsar_autoscale.controller import Controller
-from pulsar_autoscale.controller_config import ControllerConfig
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.functions.server import WorkerServer
 from pulsar_autoscale.snapshot import FunctionSnapshot
-from pulsar_autoscale.burst_plan import should_burst
+from pulsar_autoscale.controller.burst_plan import should_burst
 from pulsar_autoscale.spark_bridge.burst import BurstDrain, BurstDrainError
 from scenario import EXAMPLES, OutputCollector, wait_until
 
@@ -140,7 +140,7 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
     received exactly once by one of them. Counts what the workaround lost in process scaling runs."""
     import threading
 
-    from pulsar_autoscale.lite_quirks import join_shared_subscription
+    from pulsar_autoscale.broker.lite_quirks import join_shared_subscription
     from pulsar_autoscale.spark_bridge.burst import _ends_entry, _subscribe
 
     n, drains, per_drain = 10_000, 5, 1000

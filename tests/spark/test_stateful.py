@@ -17,9 +17,9 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from pulsar_autoscale.admin_client import AdminError, FunctionsAdmin
-from pulsar_autoscale.controller import Controller
-from pulsar_autoscale.controller_config import ControllerConfig
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.server import WorkerServer
 from pulsar_autoscale.spark_bridge.sink import PROP_BATCH, ReplayFilter, replay_key

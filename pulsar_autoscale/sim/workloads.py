@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import ConfigError
+from pulsar_autoscale.errors import ConfigError
 
 
 class Workload(Protocol):

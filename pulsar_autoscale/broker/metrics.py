@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from .errors import BrokerError
+from pulsar_autoscale.errors import BrokerError
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .graph import AppGraph
-from .planner import Decision, Planner, PlanState, PolicyError, validate_proposal
-from .policies.base import Policy
-from .snapshot import Snapshot
+from pulsar_autoscale.graph import AppGraph
+from pulsar_autoscale.controller.planner import Decision, Planner, PlanState, PolicyError, validate_proposal
+from pulsar_autoscale.policies.base import Policy
+from pulsar_autoscale.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

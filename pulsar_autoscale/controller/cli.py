@@ -6,8 +6,8 @@ import argparse
 import signal
 import threading
 
-from .controller import Controller
-from .controller_config import ControllerConfig
+from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.controller.config import ControllerConfig
 
 EXAMPLE = """\
 example controller.yaml:

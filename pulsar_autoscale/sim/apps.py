@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from pulsar_autoscale.errors import ConfigError
 
 NS = "public/default"
 

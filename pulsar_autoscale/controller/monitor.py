@@ -12,12 +12,12 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from .admin_client import AdminError, FunctionsAdmin
-from .broker_metrics import BrokerMetrics
-from .broker_metrics import fetch as fetch_broker_metrics
-from .errors import PulsarAutoscaleError
-from .graph import AppGraph, FunctionNode
-from .snapshot import FunctionCounters, FunctionSnapshot, Snapshot, window_snapshot
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.broker.metrics import BrokerMetrics
+from pulsar_autoscale.broker.metrics import fetch as fetch_broker_metrics
+from pulsar_autoscale.errors import PulsarAutoscaleError
+from pulsar_autoscale.graph import AppGraph, FunctionNode
+from pulsar_autoscale.snapshot import FunctionCounters, FunctionSnapshot, Snapshot, window_snapshot
 
 log = logging.getLogger(__name__)
 # pulsar-lite refreshes its gauges about every 5 s: a backlog is at most this old.
@@ -45,7 +45,7 @@ class Observation:
 
 def function_info(config: dict) -> FunctionInfo:
     """From a Pulsar FunctionConfig body (ours or a stock worker's)."""
-    from .functions.config import normalize_topic
+    from pulsar_autoscale.functions.config import normalize_topic
     tenant, namespace, name = config["tenant"], config["namespace"], config["name"]
     inputs = list(config.get("inputs") or []) + [t for t in (config.get("inputSpecs") or {})]
     inputs = tuple(dict.fromkeys(normalize_topic(t, tenant, namespace) for t in inputs))

@@ -19,18 +19,18 @@ from flask import Flask, Response, jsonify
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from werkzeug.serving import make_server
 
-from .admin_client import FunctionsAdmin
-from .autoscaler import Autoscaler
-from .burst_plan import burst_size
-from .controller_config import ControllerConfig
-from .decision_log import DecisionLog
-from .errors import ConfigError, PulsarAutoscaleError
-from .executor import Executor
-from .leader import LeaderElector
-from .monitor import Monitor
-from .netutil import free_port
-from .planner import PlanConfig, Planner, apply_caps, restart_aware
-from .policies import load_policy
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.controller.autoscaler import Autoscaler
+from pulsar_autoscale.controller.burst_plan import burst_size
+from pulsar_autoscale.controller.config import ControllerConfig
+from pulsar_autoscale.controller.decision_log import DecisionLog
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.controller.executor import Executor
+from pulsar_autoscale.controller.leader import LeaderElector
+from pulsar_autoscale.controller.monitor import Monitor
+from pulsar_autoscale.netutil import free_port
+from pulsar_autoscale.controller.planner import PlanConfig, Planner, apply_caps, restart_aware
+from pulsar_autoscale.policies import load_policy
 
 log = logging.getLogger(__name__)
 ELECTION_INTERVAL_S = 1.0
@@ -71,7 +71,7 @@ def build_planner(config: ControllerConfig) -> Planner:
 
 
 def plan_config(data: dict) -> PlanConfig:
-    from .controller_config import from_mapping
+    from pulsar_autoscale.configparse import from_mapping
     data = dict(data)
     if "bounds" in data:
         bounds = []
@@ -246,7 +246,7 @@ class Controller:
                 "iterations": [asdict(i) for i in list(self.history)[-5:]]}
 
     def _start_http(self) -> None:
-        app = Flask("pulsar_autoscale.controller")
+        app = Flask("pulsar_autoscale.controller.loop")
 
         @app.get("/metrics")
         def metrics():

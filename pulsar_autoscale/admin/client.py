@@ -13,7 +13,7 @@ from typing import Any
 
 import requests
 
-from .errors import PulsarAutoscaleError
+from pulsar_autoscale.errors import PulsarAutoscaleError
 
 
 EPOCH_HEADER = "X-Pulsar-Autoscale-Epoch"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .snapshot import FunctionSnapshot
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.snapshot import FunctionSnapshot
 
 
 @dataclass(frozen=True)

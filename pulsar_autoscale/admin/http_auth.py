@@ -28,8 +28,8 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from .admin_client import AdminError
-from .errors import ConfigError
+from pulsar_autoscale.admin.client import AdminError
+from pulsar_autoscale.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class AuthConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, source: str = "auth") -> "AuthConfig":
-        from .controller_config import from_mapping
+        from pulsar_autoscale.configparse import from_mapping
         data = dict(data or {})
         for name in cls.SECRET_FIELDS:
             if isinstance(data.get(name), str):

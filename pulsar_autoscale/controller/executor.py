@@ -10,8 +10,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from .admin_client import AdminError, FunctionsAdmin
-from .http_auth import AuthError, RedirectRefused
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.http_auth import AuthError, RedirectRefused
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import yaml
 
-from .apps import APPS, load_app
-from .autoscaler import Autoscaler
-from .errors import ConfigError
-from .planner import PlanConfig, Planner, restart_aware
-from .policies import load_policy
-from .sim import SimConfig, SimResult, simulate
-from .workloads import PRESETS, load_workload
+from pulsar_autoscale.sim.apps import APPS, load_app
+from pulsar_autoscale.controller.autoscaler import Autoscaler
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.controller.planner import PlanConfig, Planner, restart_aware
+from pulsar_autoscale.policies import load_policy
+from pulsar_autoscale.sim.engine import SimConfig, SimResult, simulate
+from pulsar_autoscale.sim.workloads import PRESETS, load_workload
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

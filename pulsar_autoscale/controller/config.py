@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from .errors import ConfigError
-from .leader import DEFAULT_LOCK_TOPIC
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.admin.http_auth import AuthConfig, cluster_session
+from pulsar_autoscale.admin.stock import StockPulsarAdmin
+from pulsar_autoscale.configparse import from_mapping
+from pulsar_autoscale.controller.burst_plan import BurstConfig
+from pulsar_autoscale.controller.leader import DEFAULT_LOCK_TOPIC
+from pulsar_autoscale.errors import ConfigError
 
 MODES = ("worker", "stock")
 
@@ -72,59 +74,17 @@ class ControllerConfig:
             raise ConfigError(f"service_url {self.service_url!r} must start with pulsar:// or pulsar+ssl://")
         if not self.admin_url.startswith(("http://", "https://")):
             raise ConfigError(f"admin_url {self.admin_url!r} must start with http:// or https://")
-        from .http_auth import AuthConfig
         AuthConfig.from_mapping(self.auth)  # a bad auth section fails at start, naming the field
         if self.burst_config().enabled and self.mode == "stock":
             raise ConfigError("burst.enabled needs mode: worker: stock Pulsar workers cannot run a burst drain")
 
     def burst_config(self):
-        from .burst_plan import BurstConfig
         return from_mapping(BurstConfig, self.burst, "burst")
 
     def admin(self):
         """The Functions admin client for this mode: our worker, or a stock Pulsar cluster."""
-        from .admin_client import FunctionsAdmin
-        from .http_auth import cluster_session
-        from .stock import StockPulsarAdmin
         if self.mode == "stock":
             return StockPulsarAdmin(self.admin_url, broker_url=self.broker_admin_url,
                                     metrics_url=self.worker_metrics_url, auth=self.auth, extra_hosts=self.extra_hosts)
         session = cluster_session([self.admin_url], self.auth, self.extra_hosts) if self.auth else None
         return FunctionsAdmin(self.admin_url, session=session)
-
-
-def _accepts(tp, value) -> bool:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return any(_accepts(a, value) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is tuple:
-        return isinstance(value, (list, tuple))
-    base = origin or tp
-    return isinstance(value, base) if isinstance(base, type) else True
-
-
-def from_mapping(cls, data: Mapping[str, Any], source: str):
-    """Build a dataclass from user data: unknown keys, missing keys and wrong types are named."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(normalised) - set(known))
-    if unknown:
-        raise ConfigError(f"{source}: unknown option(s) {', '.join(unknown)}; valid options: {', '.join(known)}")
-    missing = [n for n, f in known.items() if n not in normalised and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"{source}: missing required option(s) {', '.join(missing)}")
-    for name, value in normalised.items():
-        if not _accepts(hints[name], value):
-            raise ConfigError(f"{source}: option {name} = {value!r} has the wrong type "
-                              f"(expected {getattr(hints[name], '__name__', hints[name])})")
-        if typing.get_origin(hints[name]) is tuple:
-            normalised[name] = tuple(value)
-    return cls(**normalised)

@@ -26,9 +26,9 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
-from .errors import ConfigError, PulsarAutoscaleError
-from .policies.base import Proposal
-from .snapshot import FunctionSnapshot, Snapshot
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.policies.base import Proposal
+from pulsar_autoscale.snapshot import FunctionSnapshot, Snapshot
 
 
 class PolicyError(PulsarAutoscaleError):

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import simpy
 
-from .apps import SimApp, SimFunction
-from .autoscaler import Autoscaler
-from .graph import AppGraph, FunctionNode
-from .snapshot import FunctionCounters, Snapshot, window_snapshot
-from .workloads import Workload
+from pulsar_autoscale.sim.apps import SimApp, SimFunction
+from pulsar_autoscale.controller.autoscaler import Autoscaler
+from pulsar_autoscale.graph import AppGraph, FunctionNode
+from pulsar_autoscale.snapshot import FunctionCounters, Snapshot, window_snapshot
+from pulsar_autoscale.sim.workloads import Workload
 
 _DRAW_BLOCK = 4096
 

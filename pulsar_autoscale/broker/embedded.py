@@ -17,8 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BrokerError
-from .netutil import free_port, wait_for_port
+from pulsar_autoscale.errors import BrokerError
+from pulsar_autoscale.netutil import free_port, wait_for_port
 
 HOST = "127.0.0.1"
 

@@ -32,9 +32,9 @@ from urllib.parse import quote
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from .admin_client import AdminError, FunctionsAdmin
-from .http_auth import AuthConfig, AuthError, RedirectRefused, cluster_session
-from .snapshot import FunctionCounters
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.http_auth import AuthConfig, AuthError, RedirectRefused, cluster_session
+from pulsar_autoscale.snapshot import FunctionCounters
 
 NO_CHANGE_REASON = "Update contains no change"
 START_METRIC = "pulsar_function_worker_start_instance_process_time_ms"
@@ -331,7 +331,7 @@ class StockPulsarAdmin(FunctionsAdmin):
             return None
         if config.get("topicsPattern"):
             return None  # the matching topics can change: no fixed cap
-        from .functions.config import normalize_topic
+        from pulsar_autoscale.functions.config import normalize_topic
         tenant, namespace = config.get("tenant", "public"), config.get("namespace", "default")
         inputs = list(config.get("inputs") or []) + list(config.get("inputSpecs") or {})
         topics = dict.fromkeys(normalize_topic(t, tenant, namespace) for t in inputs)

@@ -29,7 +29,7 @@ from typing import Callable
 import pulsar
 import requests
 
-from .errors import PulsarAutoscaleError
+from pulsar_autoscale.errors import PulsarAutoscaleError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""REST clients: our worker's Functions API (client), stock Apache Pulsar (stock), and HTTP auth for both."""

@@ -1,0 +1,1 @@
+"""The controller: the MAPE loop (loop), Monitor, Autoscaler + Planner (Analyze, Plan), Executor, leader election."""
