@@ -1,0 +1,99 @@
+"""Every Pulsar client the project opens, with the cluster's authentication and TLS settings.
+
+One place so that a secured cluster needs its settings given once (worker, the controller's
+leader election, Spark source and sink, burst drains, CLI). The names are pulsar-admin's and
+pulsar-client's: `--auth-plugin`/`--auth-params`, `--tls-trust-cert-path`, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import pulsar
+
+from pulsar_autoscale.errors import ConfigError
+
+TOKEN_PLUGINS = ("token", "org.apache.pulsar.client.impl.auth.AuthenticationToken")
+TLS_PLUGINS = ("tls", "org.apache.pulsar.client.impl.auth.AuthenticationTls")
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    service_url: str
+    auth_plugin: str | None = None          # token or tls (Pulsar's class names work too)
+    auth_params: str | None = None          # token: "token:XXX", "file:/path" or the bare token; tls: "tlsCertFile:..,tlsKeyFile:.."
+    tls_trust_certs_file_path: str | None = None
+    tls_allow_insecure_connection: bool = False
+    tls_validate_hostname: bool = False
+
+    def __repr__(self) -> str:  # auth_params is a credential: never in logs or errors
+        return (f"ClientSettings(service_url={self.service_url!r}, auth_plugin={self.auth_plugin!r}, "
+                f"auth_params={'***' if self.auth_params else None})")
+
+    def authentication(self) -> pulsar.Authentication | None:
+        if not self.auth_plugin:
+            return None
+        if self.auth_plugin in TOKEN_PLUGINS:
+            return pulsar.AuthenticationToken(_token(self.auth_params))
+        if self.auth_plugin in TLS_PLUGINS:
+            parts = dict(p.split(":", 1) for p in (self.auth_params or "").split(",") if ":" in p)
+            if "tlsCertFile" not in parts or "tlsKeyFile" not in parts:
+                raise ConfigError("auth plugin tls needs auth params tlsCertFile:PATH,tlsKeyFile:PATH")
+            return pulsar.AuthenticationTLS(parts["tlsCertFile"], parts["tlsKeyFile"])
+        raise ConfigError(f"auth plugin {self.auth_plugin!r} is not supported: use token or tls "
+                          f"({TOKEN_PLUGINS[1]} or {TLS_PLUGINS[1]})")
+
+    def client_kwargs(self) -> dict:
+        kwargs: dict = {"tls_allow_insecure_connection": self.tls_allow_insecure_connection,
+                        "tls_validate_hostname": self.tls_validate_hostname}
+        auth = self.authentication()
+        if auth is not None:
+            kwargs["authentication"] = auth
+        if self.tls_trust_certs_file_path:
+            kwargs["tls_trust_certs_file_path"] = self.tls_trust_certs_file_path
+        return kwargs
+
+
+def _token(params: str | None) -> str:
+    """Pulsar's token auth params: "token:XXX", "file:///path" / "file:/path", or the bare token."""
+    if not params:
+        raise ConfigError("auth plugin token needs auth params: token:XXX, file:/path/to/token or the token itself")
+    if params.startswith("token:"):
+        return params[len("token:"):]
+    if params.startswith("file:"):
+        path = params[len("file:"):].removeprefix("//")
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file {path}: {exc.strerror}") from exc
+    return params
+
+
+def open_client(settings: ClientSettings | str, log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Error,
+                **kwargs) -> pulsar.Client:
+    """A pulsar.Client with the settings' auth and TLS; kwargs are pulsar.Client's (operation_timeout_seconds, ...)."""
+    if isinstance(settings, str):
+        settings = ClientSettings(settings)
+    return pulsar.Client(settings.service_url, logger=pulsar.ConsoleLogger(log_level),
+                         **{**settings.client_kwargs(), **kwargs})
+
+
+def add_client_arguments(p: argparse.ArgumentParser, service_url_required: bool = True) -> None:
+    """pulsar-admin's client flags, for every command that opens a Pulsar client."""
+    p.add_argument("--service-url", required=service_url_required, help="broker URL, e.g. pulsar://127.0.0.1:6650")
+    p.add_argument("--auth-plugin", default=os.environ.get("PULSAR_AUTH_PLUGIN"),
+                   help="token or tls (or Pulsar's class name); env PULSAR_AUTH_PLUGIN")
+    p.add_argument("--auth-params", default=os.environ.get("PULSAR_AUTH_PARAMS"),
+                   help="token:XXX, file:/path/to/token, or tlsCertFile:..,tlsKeyFile:..; env PULSAR_AUTH_PARAMS "
+                        "(prefer the env or a file: a flag shows in ps)")
+    p.add_argument("--tls-trust-cert-path", default=None, help="CA bundle that signed the broker's certificate")
+    p.add_argument("--tls-allow-insecure-connection", action="store_true", help="accept any broker certificate")
+
+
+def settings_from_args(args: argparse.Namespace) -> ClientSettings:
+    return ClientSettings(args.service_url, getattr(args, "auth_plugin", None), getattr(args, "auth_params", None),
+                          getattr(args, "tls_trust_cert_path", None),
+                          getattr(args, "tls_allow_insecure_connection", False))
