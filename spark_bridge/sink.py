@@ -84,7 +84,9 @@ def write_partition(options: SinkOptions, rows: Iterator, query_id: str, batch_i
     try:
         for seq, row in enumerate(rows):
             d = row.asDict()
-            topic = normalize_topic(d["topic"], "topic column") if d.get("topic") else options.topic
+            # The option wins over the column, as in Spark's Kafka sink: a job that keeps the
+            # source's `topic` column must not write back into its source.
+            topic = options.topic or (normalize_topic(d["topic"], "topic column") if d.get("topic") else None)
             if topic is None:
                 raise SinkWriteError("pulsar sink: a row has a null 'topic' and no 'topic' option is set")
             producer = producers.get(topic)

@@ -117,7 +117,9 @@ class _RangeReader:
         ranges = [TopicRange(t, start.get(t, EARLIEST), end[t]) for t in sorted(end)]
         return plan_partitions(ranges, self.options.min_partitions)
 
-    def read(self, partition: RangePartition) -> Iterator:
+    def read(self, partition: InputPartition) -> Iterator:
+        if not isinstance(partition, RangePartition):
+            return  # nothing to read: Spark asks for one partition even when partitions() has none
         conn = Connection(self.options.connection)
         try:
             yield from _to_arrow(
@@ -259,6 +261,7 @@ class PulsarDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool):
         from .sink import PulsarBatchWriter
 
+        _refuse_overwrite(overwrite)
         return PulsarBatchWriter(parse_sink_options(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool):
@@ -266,3 +269,9 @@ class PulsarDataSource(DataSource):
 
         return PulsarStreamWriter(parse_sink_options(self.options), schema)
 
+
+
+def _refuse_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise PulsarOptionError("the pulsar sink only appends (a topic cannot be overwritten): "
+                                "use .mode(\"append\")")

@@ -208,3 +208,43 @@ def test_stream_on_empty_topic_picks_up_later_messages(spark, broker, pulsar_cli
     finally:
         query.stop()
     assert len(read_topic(pulsar_client, out, 100)) == 100
+
+
+def test_sink_topic_option_wins_over_a_topic_column(spark, broker, pulsar_client, topic):
+    """As Spark's Kafka sink: a job that keeps the source's `topic` column must not write back into it."""
+    produce(pulsar_client, topic, 20)
+    out = topic + "-out"
+    (spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic).load()
+     .select("topic", "key", "value").write.format("pulsar").option("service.url", broker.service_url)
+     .option("topic", out).mode("append").save())
+    assert len(read_topic(pulsar_client, out, 20)) == 20
+    source = spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic).load()
+    assert source.count() == 20, "rows went back into the source topic"
+
+
+def test_sink_topic_column_routes_rows_without_the_option(spark, broker, pulsar_client, topic):
+    a, b = topic + "-a", topic + "-b"
+    df = spark.createDataFrame([(a, b"1"), (b, b"2"), (a, b"3")], "topic string, value binary")
+    df.write.format("pulsar").option("service.url", broker.service_url).mode("append").save()
+    assert sorted(m.data() for m in read_topic(pulsar_client, a, 2)) == [b"1", b"3"]
+    assert [m.data() for m in read_topic(pulsar_client, b, 1)] == [b"2"]
+
+
+def test_batch_write_needs_append_mode(spark, broker, pulsar_client, topic):
+    """Spark refuses its default mode (errorifexists) for Python data sources before the sink is
+    asked (docs/spark.md says so); overwrite is refused by the sink; append writes."""
+    df = spark.createDataFrame([("a", b"1")], "key string, value binary")
+    writer = df.write.format("pulsar").option("service.url", broker.service_url).option("topic", topic)
+    with pytest.raises(Exception, match="Append"):
+        writer.save()
+    with pytest.raises(Exception, match="only appends"):
+        writer.mode("overwrite").save()
+    writer.mode("append").save()
+    assert len(read_topic(pulsar_client, topic, 1)) == 1
+
+
+def test_batch_read_of_an_empty_topic_with_allow_empty_topics_is_empty(spark, broker, topic):
+    df = (spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic)
+          .option("allowEmptyTopics", "true").load())
+    assert df.collect() == []
+    assert df.count() == 0
