@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,12 +24,17 @@ from .stages import StageNotFound
 from .status import function_stats, function_status, instance_metrics, instance_status
 from .worker import NotFound, StaleEpoch, Worker
 
+if TYPE_CHECKING:
+    from .cluster.member import ClusterMember
+
 log = logging.getLogger(__name__)
 FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
 
 
-def create_app(worker: Worker) -> Flask:
+def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
+    """`cluster`: answer for the whole cluster (functions/cluster/); None: this worker is the cluster."""
     app = Flask("pulsar_autoscale.functions")
+    admin = cluster or worker  # function configs: the cluster's metadata, or this worker's
     registry = CollectorRegistry()
     registry.register(WorkerCollector(worker))
 
@@ -72,7 +78,7 @@ def create_app(worker: Worker) -> Flask:
     def create(tenant, namespace, name):
         data = path_fields(tenant, namespace, name, form_config())
         code, filename = form_code()
-        worker.create(FunctionConfig.from_dict(data, worker.max_parallelism), code, filename)
+        admin.create(FunctionConfig.from_dict(data, worker.max_parallelism), code, filename)
         return Response(status=204)
 
     @app.put(FN)
@@ -84,7 +90,7 @@ def create_app(worker: Worker) -> Flask:
         if worker.stages.has(fqfn):
             update_stage(fqfn, data)
         else:
-            worker.update(fqfn, data, code, filename)
+            admin.update(fqfn, data, code, filename)
         return Response(status=204)
 
     def update_stage(fqfn: str, data: dict) -> None:
@@ -127,7 +133,7 @@ def create_app(worker: Worker) -> Flask:
         fqfn = f"{tenant}/{namespace}/{name}"
         if worker.stages.has(fqfn):
             return jsonify(worker.stages.function_view(fqfn))
-        return jsonify(worker.get(fqfn).to_dict())
+        return jsonify(admin.get(fqfn).to_dict())
 
     @app.delete(FN)
     def delete(tenant, namespace, name):
@@ -135,23 +141,32 @@ def create_app(worker: Worker) -> Flask:
         if worker.stages.has(fqfn):
             worker.stages.delete(fqfn)
         else:
-            worker.delete(fqfn)
+            admin.delete(fqfn)
         return Response(status=204)
 
     @app.get("/admin/v3/functions/<tenant>/<namespace>")
     def list_functions(tenant, namespace):
-        return jsonify(sorted(worker.list(tenant, namespace) + worker.stages.names(tenant, namespace)))
+        return jsonify(sorted(admin.list(tenant, namespace) + worker.stages.names(tenant, namespace)))
 
     @app.get(FN + "/status")
     def status(tenant, namespace, name):
         fqfn = f"{tenant}/{namespace}/{name}"
         if worker.stages.has(fqfn):
             return jsonify(worker.stages.status(fqfn))
+        if cluster is not None:
+            local = request.args.get("scope") == "local"  # a peer reads the instances this worker runs
+            return jsonify({str(i): s for i, s in cluster.local_status(fqfn).items()} if local
+                           else cluster.status(fqfn))
         cfg, figs, restarts = worker.instance_figures(fqfn)
         return jsonify(function_status(cfg, figs, restarts, worker.worker_id))
 
     @app.get(FN + "/<int:instance_id>/status")
     def instance_status_view(tenant, namespace, name, instance_id):
+        if cluster is not None:
+            view = cluster.status(f"{tenant}/{namespace}/{name}")
+            if not 0 <= instance_id < view["numInstances"]:
+                raise NotFound(f"Function {name} has no instance {instance_id} (parallelism {view['numInstances']})")
+            return jsonify(view["instances"][instance_id]["status"])
         cfg, figs, restarts = worker.instance_figures(f"{tenant}/{namespace}/{name}")
         check_instance(cfg, instance_id)
         return jsonify(instance_status(instance_id, figs.get(instance_id), restarts.get(instance_id, 0),
@@ -162,12 +177,21 @@ def create_app(worker: Worker) -> Flask:
         fqfn = f"{tenant}/{namespace}/{name}"
         if worker.stages.has(fqfn):
             return jsonify(worker.stages.stats(fqfn))
+        if cluster is not None:
+            return jsonify(cluster.local_stats(fqfn) if request.args.get("scope") == "local"
+                           else cluster.stats(fqfn))
         _, figs, _ = worker.instance_figures(fqfn)
         return jsonify(function_stats(figs, worker.counters(fqfn), worker.counters_1min_ago(fqfn),
                                       worker.exception_totals(fqfn)))
 
     @app.get(FN + "/<int:instance_id>/stats")
     def instance_stats(tenant, namespace, name, instance_id):
+        if cluster is not None:
+            view = cluster.stats(f"{tenant}/{namespace}/{name}")
+            found = [s for s in view["instances"] if s["instanceId"] == instance_id]
+            if not found:
+                raise NotFound(f"instance {instance_id} of {tenant}/{namespace}/{name} is not running")
+            return jsonify({"instanceId": instance_id, **found[0]["metrics"]})
         cfg, figs, _ = worker.instance_figures(f"{tenant}/{namespace}/{name}")
         check_instance(cfg, instance_id)
         if instance_id not in figs:
@@ -181,6 +205,9 @@ def create_app(worker: Worker) -> Flask:
     for action in ("start", "stop", "restart"):
         def handler(tenant, namespace, name, instance_id=None, _action=action):
             fqfn = f"{tenant}/{namespace}/{name}"
+            if cluster is not None:
+                raise ConfigError(f"{_action} is not available on a worker cluster yet: update the function "
+                                  "(parallelism or config) instead")
             if _action == "restart":
                 worker.restart(fqfn, instance_id)
             else:
@@ -217,15 +244,23 @@ def create_app(worker: Worker) -> Flask:
         return {"workerId": worker.worker_id, "workerHostname": worker.hostname, "port": worker.port}
 
     @app.get("/admin/v2/worker/cluster")
-    def cluster():
-        return jsonify([me()])
+    def cluster_members():
+        return jsonify(cluster.members() if cluster is not None else [me()])
 
     @app.get("/admin/v2/worker/cluster/leader")
     def leader():
-        return jsonify(me())
+        return jsonify(cluster.leader() if cluster is not None else me())
+
+    @app.put("/admin/v2/worker/rebalance")
+    def rebalance():
+        if cluster is None:
+            return Response(status=204)  # one worker: nothing to move
+        return jsonify(request=cluster.rebalance()), 200
 
     @app.get("/admin/v2/worker/assignments")
     def assignments():
+        if cluster is not None:
+            return jsonify(cluster.assignment_view())
         names = []
         for cfg in worker.functions():
             names.extend(f"{cfg.fqfn}:{i}" for i in range(cfg.parallelism))
@@ -237,6 +272,6 @@ def create_app(worker: Worker) -> Flask:
 
     @app.get("/healthz")
     def healthz():
-        return jsonify(status="ok", functions=len(worker.functions()))
+        return jsonify(status="ok", functions=len(admin.functions()))
 
     return app

@@ -12,6 +12,7 @@ from werkzeug.serving import make_server
 from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.netutil import free_port
 
+from .cluster.member import ClusterMember, ClusterSettings
 from .config import DEFAULT_MAX_PARALLELISM
 from .rest import create_app
 from .worker import Worker
@@ -20,7 +21,8 @@ from .worker import Worker
 class WorkerServer:
     def __init__(self, service_url: str, port: int = 0, host: str = "127.0.0.1", data_dir: str | None = None,
                  metrics_url: str | None = None, runtime: str = "thread", broker_kind: str = "auto",
-                 max_parallelism: int = DEFAULT_MAX_PARALLELISM, worker_id: str | None = None):
+                 max_parallelism: int = DEFAULT_MAX_PARALLELISM, worker_id: str | None = None,
+                 cluster: ClusterSettings | None = None):
         self.port = port or free_port(host)
         self.host = host
         kind = lite_quirks.detect_broker_kind(metrics_url) if broker_kind == "auto" else broker_kind
@@ -28,7 +30,9 @@ class WorkerServer:
         self.worker = Worker(service_url, data_dir or self._temp_dir,
                              worker_id=worker_id or f"worker-{host}-{self.port}", default_runtime=runtime,
                              max_parallelism=max_parallelism, broker_kind=kind, hostname=host, port=self.port)
-        self._server = make_server(host, self.port, create_app(self.worker), threaded=True)
+        # A cluster member joins (topics, consumer-id slot) before the REST API answers.
+        self.cluster = ClusterMember(self.worker, self.url, cluster, service_url).start() if cluster else None
+        self._server = make_server(host, self.port, create_app(self.worker, self.cluster), threaded=True)
         self._thread: threading.Thread | None = None
 
     @property
@@ -42,6 +46,9 @@ class WorkerServer:
         return self
 
     def stop(self) -> None:
+        """Cluster member: hands its instances over first (make-before-break), then stops."""
+        if self.cluster is not None:
+            self.cluster.leave()
         self._server.shutdown()
         self.worker.close()
         if self._temp_dir:

@@ -161,14 +161,52 @@ class Worker:
         return str(d / name)
 
     def _host(self, cfg: FunctionConfig, code_path: str | None) -> HostedFunction:
+        fn = self._hosted(cfg, code_path)
+        self._scale(fn, cfg.parallelism)
+        return fn
+
+    def _hosted(self, cfg: FunctionConfig, code_path: str | None) -> HostedFunction:
         runtime = cfg.instanceRuntime or self.default_runtime
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else _Counter(cfg.parallelism)
         fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite"), num_instances=num)
         if self.broker_kind == "pulsar-lite":
             fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
         self._functions[cfg.fqfn] = fn
-        self._scale(fn, cfg.parallelism)
         return fn
+
+    # ---- cluster mode (functions/cluster/): the cluster's assignment says which ids run here ------
+    @property
+    def pulsar_client(self) -> pulsar.Client:
+        return self._client
+
+    def host_instances(self, cfg: FunctionConfig, code_path: str | None, ids: set[int]) -> None:
+        """Run exactly `ids` of the function here: start the missing ones, drain the others (highest
+        first); the rest keep running. A change of anything but parallelism restarts them, as update() does."""
+        with self._lock:
+            fn = self._functions.get(cfg.fqfn)
+            if fn is None:
+                fn = self._hosted(cfg, code_path)
+            elif code_path != fn.code_path or replace(cfg, parallelism=fn.config.parallelism) != fn.config:
+                self._drain(fn, sorted(fn.instances, reverse=True))
+                fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
+            fn.config, fn.code_path = cfg, code_path
+            fn.num_instances.value = cfg.parallelism
+            self._drain(fn, sorted((i for i in fn.instances if i not in ids), reverse=True))
+            for i in sorted(ids):
+                if i not in fn.instances:
+                    self._start_instance(fn, i)
+
+    def hosted_ids(self) -> dict[str, set[int]]:
+        with self._lock:
+            return {fqfn: set(fn.instances) for fqfn, fn in self._functions.items()}
+
+    def unhost(self, fqfn: str) -> None:
+        """Cluster mode: the function was deleted."""
+        with self._lock:
+            fn = self._functions.pop(fqfn, None)
+            if fn is not None:
+                self._drain(fn, sorted(fn.instances, reverse=True))
+                shutil.rmtree(self._fn_dir(fn.config), ignore_errors=True)
 
     def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
         with self._lock:

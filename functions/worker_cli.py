@@ -6,6 +6,10 @@ import argparse
 import signal
 import threading
 
+from pulsar_autoscale.errors import ConfigError
+
+from .cluster.member import ClusterSettings
+from .cluster.scheduler import POLICIES
 from .config import DEFAULT_MAX_PARALLELISM
 from .runtime import RUNTIMES
 from .server import WorkerServer
@@ -26,17 +30,36 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-parallelism", type=int, default=DEFAULT_MAX_PARALLELISM,
                    help=f"refuse parallelism above this (default {DEFAULT_MAX_PARALLELISM})")
     p.add_argument("--worker-id", default=None, help="worker id reported by the cluster API")
+    c = p.add_argument_group("cluster (docs/cluster.md)")
+    c.add_argument("--cluster", default=None, metavar="NAME",
+                   help="join the worker cluster NAME: workers coordinate through Pulsar topics and share functions "
+                        "(default: this worker alone is the cluster)")
+    c.add_argument("--capacity", type=int, default=ClusterSettings.capacity,
+                   help=f"instances this worker accepts (default {ClusterSettings.capacity})")
+    c.add_argument("--scheduler", default=ClusterSettings.scheduler, choices=POLICIES,
+                   help="placement of new instances (default round-robin, as Pulsar's)")
+    c.add_argument("--heartbeat-interval", type=float, default=ClusterSettings.heartbeat_interval_s, metavar="S",
+                   help=f"seconds between heartbeats (default {ClusterSettings.heartbeat_interval_s})")
+    c.add_argument("--heartbeat-timeout", type=float, default=ClusterSettings.heartbeat_timeout_s, metavar="S",
+                   help="a worker silent this long is dead and its instances move "
+                        f"(default {ClusterSettings.heartbeat_timeout_s})")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        cluster = ClusterSettings(args.cluster, args.capacity, args.heartbeat_interval, args.heartbeat_timeout,
+                                  args.scheduler) if args.cluster else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     server = WorkerServer(args.service_url, args.port, args.host, args.data_dir, args.metrics_url, args.runtime,
-                          args.broker_kind, args.max_parallelism, args.worker_id).start()
+                          args.broker_kind, args.max_parallelism, args.worker_id, cluster).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"worker {server.worker.worker_id} serving {server.url} (broker {args.service_url}, "
-          f"{server.worker.broker_kind}, runtime {args.runtime})", flush=True)
+          f"{server.worker.broker_kind}, runtime {args.runtime}"
+          f"{f', cluster {args.cluster}' if cluster else ''})", flush=True)
     stop.wait()
-    print("draining instances...", flush=True)
+    print("handing instances over..." if cluster else "draining instances...", flush=True)
     server.stop()
     return 0

@@ -1,0 +1,364 @@
+"""One worker's part in a cluster: joins, follows the assignment, leads when it holds the lock,
+and answers the admin API for the whole cluster.
+
+Writes go through the topics only (metadata records from any worker, assignment snapshots
+from the leader with its epoch). The only worker-to-worker traffic is read-only: the status
+and stats of an instance are read from the worker that runs it (`?scope=local`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import requests
+
+from pulsar_autoscale.broker import lite_quirks
+from pulsar_autoscale.controller.leader import LeaderElector, Term
+from pulsar_autoscale.pulsar_client import ClientSettings, open_client
+from pulsar_autoscale.snapshot import FunctionCounters
+
+from ..config import FunctionConfig
+from ..status import function_stats, instance_status
+from ..worker import NotFound, Worker
+from .assignments import AssignmentTailer, Snapshot
+from .membership import LocalReport, MembershipManager
+from .metadata import FunctionMetaDataManager
+from .scheduler import POLICIES, WorkerLoad, rebalance, schedule
+from .topics import ClusterTopics
+
+log = logging.getLogger(__name__)
+# pulsar-lite B2: worker k's client numbers its consumers from k * SLOT_SIZE (lite_quirks pads them),
+# so workers on one Shared subscription never collide; a worker may open SLOT_SIZE consumers.
+SLOT_SIZE = 2048
+PROXY_TIMEOUT_S = 2.0
+LOOP_S = 0.1
+LEADER_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    name: str
+    capacity: int = 32                     # instances this worker accepts
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 2.5       # a worker is dead after this long without a heartbeat
+    scheduler: str = "round-robin"
+    handoff_timeout_s: float = 10.0        # make-before-break: longest wait for the new owner to run
+
+    def __post_init__(self):
+        ClusterTopics(self.name)  # validates the name
+        if self.scheduler not in POLICIES:
+            raise ValueError(f"unknown scheduler {self.scheduler!r}: use one of {', '.join(POLICIES)}")
+        if self.capacity < 1:
+            raise ValueError(f"worker capacity must be at least 1 instance, got {self.capacity}")
+        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
+            raise ValueError("the heartbeat interval must be positive and shorter than the heartbeat timeout")
+
+
+class ClusterMember:
+    def __init__(self, worker: Worker, url: str, settings: ClusterSettings, client: ClientSettings | str):
+        self.worker = worker
+        self.me = worker.worker_id
+        self.url = url
+        self.settings = settings
+        self.topics = ClusterTopics(settings.name)
+        self._client = open_client(client, operation_timeout_seconds=10)
+        self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
+                                                worker.max_parallelism)
+        self.assignments = AssignmentTailer(self._client, self.topics, self.me)
+        self._report = LocalReport()
+        self.membership = MembershipManager(self._client, self.topics, self.me, url, settings.capacity,
+                                            lambda: self._report, settings.heartbeat_interval_s,
+                                            settings.heartbeat_timeout_s)
+        self.elector = LeaderElector(client.service_url if isinstance(client, ClientSettings) else client,
+                                     lock_topic=self.topics.leader_lock, identity=self.me)
+        self._leaving = threading.Event()
+        self._closing = threading.Event()
+        self._handoff_since: dict[tuple[str, int], float] = {}
+        self._applied: dict[str, tuple[int, frozenset]] = {}
+        self._http = requests.Session()
+        self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
+            (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
+
+    def start(self) -> "ClusterMember":
+        slot = self.membership.join()
+        if self.worker.broker_kind == "pulsar-lite":
+            lite_quirks._pad_consumer_ids(self.worker.pulsar_client, slot * SLOT_SIZE)
+        if not (self.metadata.wait_caught_up(15) and self.assignments.caught_up.wait(15)):
+            log.warning("%s: cluster topics not read to the end within 15 s; continuing", self.me)
+        for t in self._threads:
+            t.start()
+        return self
+
+    # ---- following the assignment -------------------------------------------------------------------
+    def _refresh_report(self) -> None:
+        while not self._closing.wait(self.settings.heartbeat_interval_s / 2):
+            running, busy = [], 0.0
+            for cfg in self.worker.functions():
+                try:
+                    _, figs, _ = self.worker.instance_figures(cfg.fqfn)
+                    busy += self.worker.counters(cfg.fqfn).busy_s
+                except NotFound:
+                    continue
+                running += [f"{cfg.fqfn}:{i}" for i, f in figs.items() if f.running]
+            term = self.elector.term
+            self._report = LocalReport(tuple(sorted(running)), busy, self._leaving.is_set(),
+                                       term.epoch if term else None)
+
+    def _follow(self) -> None:
+        while not self._closing.is_set():
+            try:
+                self._reconcile()
+            except Exception:
+                log.exception("%s: applying the assignment failed; retrying", self.me)
+            with self.assignments.changed:
+                self.assignments.changed.wait(LOOP_S)
+
+    def _reconcile(self) -> None:
+        snap = self.assignments.current()
+        records = self.metadata.functions()
+        hosted = self.worker.hosted_ids()
+        now = time.monotonic()
+        for fqfn, rec in records.items():
+            if fqfn not in snap.assignment and fqfn not in hosted:
+                continue  # not scheduled yet
+            want = {i for i, w in snap.assignment.get(fqfn, {}).items() if w == self.me}
+            keep = {i for i in hosted.get(fqfn, set()) - want
+                    if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
+            target = frozenset(want | keep)
+            if self._applied.get(fqfn) == (rec.version, target) and hosted.get(fqfn, set()) >= target:
+                continue
+            self.worker.host_instances(rec.config, self.metadata.code_path(rec), set(target))
+            self._applied[fqfn] = (rec.version, target)
+            if want - hosted.get(fqfn, set()):
+                self._beat_when_running(fqfn, want)
+        for fqfn in set(hosted) - set(records):
+            self.worker.unhost(fqfn)
+            self._applied.pop(fqfn, None)
+
+    def _handed_over(self, snap: Snapshot, fqfn: str, i: int, now: float) -> bool:
+        """Make-before-break: an instance assigned away keeps running here until its new owner runs it
+        (its heartbeat says so), the new owner is gone, or the hand-off times out."""
+        owner = snap.owner(fqfn, i)
+        since = self._handoff_since.setdefault((fqfn, i), now)
+        member = self.membership.get(owner) if owner else None
+        done = (member is None or f"{fqfn}:{i}" in member.running
+                or now - since > self.settings.handoff_timeout_s)
+        if done:
+            self._handoff_since.pop((fqfn, i), None)
+        return done
+
+    def _beat_when_running(self, fqfn: str, ids: set[int]) -> None:
+        """Tell the cluster as soon as new instances receive, so a hand-off does not wait a heartbeat."""
+        def wait_and_beat():
+            deadline = time.monotonic() + self.settings.handoff_timeout_s
+            while time.monotonic() < deadline and not self._closing.is_set():
+                try:
+                    _, figs, _ = self.worker.instance_figures(fqfn)
+                except NotFound:
+                    return
+                if all(figs.get(i) and figs[i].running for i in ids):
+                    break
+                time.sleep(0.05)
+            running = set(self._report.running) | {f"{fqfn}:{i}" for i in ids}
+            self._report = LocalReport(tuple(sorted(running)), self._report.busy_s, self._leaving.is_set(),
+                                       self._report.leader_epoch)
+            self.membership.beat_now()
+        threading.Thread(target=wait_and_beat, daemon=True).start()
+
+    # ---- leading --------------------------------------------------------------------------------------
+    def _lead(self) -> None:
+        while not self._closing.is_set():
+            term = self.elector.term
+            if term is None or not self.elector.check():
+                if not self._closing.wait(LEADER_RETRY_S):
+                    self._try_lead()
+                continue
+            try:
+                self._schedule(term)
+            except Exception:
+                log.exception("%s: scheduling failed; retrying", self.me)
+            self._closing.wait(LOOP_S)
+
+    def _try_lead(self) -> bool:
+        term = self.elector.try_acquire()
+        if term is None:
+            return False
+        self._report = LocalReport(self._report.running, self._report.busy_s, self._leaving.is_set(), term.epoch)
+        self.membership.beat_now()
+        log.info("%s leads cluster %s with epoch %d", self.me, self.settings.name, term.epoch)
+        return True
+
+    def _schedule(self, term: Term) -> None:
+        snap = self.assignments.current()
+        if snap.epoch > term.epoch:   # someone newer leads: we were deposed
+            self.elector.release()
+            return
+        eligible = [WorkerLoad(m.worker_id, m.capacity, m.busy_rate) for m in self.membership.alive() if not m.leaving]
+        parallelism = {f: r.config.parallelism for f, r in self.metadata.functions().items()}
+        nxt, unplaced = schedule(snap.assignment, parallelism, eligible, self.settings.scheduler)
+        pending = tuple(r for r in self.metadata.rebalances() if r not in snap.rebalanced)
+        if pending:
+            nxt = rebalance(nxt, eligible)
+        new = Snapshot(term.epoch, self.me, nxt, snap.rebalanced + pending, unplaced)
+        if new == snap:
+            return
+        self.assignments.publish(new)
+        if not self.assignments.wait_for(lambda s: s == new or s.epoch > term.epoch, 5.0):
+            log.warning("%s: assignment not read back within 5 s", self.me)
+
+    # ---- the cluster-wide admin answers -----------------------------------------------------------------
+    def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
+        return self.metadata.create(cfg, code, filename)
+
+    def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None
+               ) -> FunctionConfig:
+        return self.metadata.update(fqfn, changes, code, filename)
+
+    def delete(self, fqfn: str) -> None:
+        self.metadata.delete(fqfn)
+
+    def get(self, fqfn: str) -> FunctionConfig:
+        return self.metadata.get(fqfn).config
+
+    def list(self, tenant: str, namespace: str) -> list[str]:
+        return sorted(r.config.name for r in self.metadata.functions().values()
+                      if r.config.tenant == tenant and r.config.namespace == namespace)
+
+    def functions(self) -> list[FunctionConfig]:
+        return [r.config for r in self.metadata.functions().values()]
+
+    def rebalance(self) -> str:
+        return self.metadata.request_rebalance()
+
+    def members(self) -> list[dict]:
+        return [m.view() for m in self.membership.alive()]
+
+    def leader(self) -> dict:
+        m = self.membership.leader()
+        if m is None:
+            raise NotFound(f"cluster {self.settings.name} has no leader right now (an election takes about 1 s)")
+        return {**m.view(), "epoch": m.leader_epoch}
+
+    def assignment_view(self) -> dict:
+        out: dict[str, list[str]] = {m.worker_id: [] for m in self.membership.alive()}
+        for fqfn, placed in sorted(self.assignments.current().assignment.items()):
+            for i, wid in sorted(placed.items()):
+                out.setdefault(wid, []).append(f"{fqfn}:{i}")
+        return out
+
+    def local_status(self, fqfn: str) -> dict[int, dict]:
+        try:
+            _, figs, restarts = self.worker.instance_figures(fqfn)
+        except NotFound:
+            return {}
+        return {i: instance_status(i, f, restarts.get(i, 0), self.me) for i, f in figs.items()}
+
+    def local_stats(self, fqfn: str) -> dict | None:
+        try:
+            _, figs, _ = self.worker.instance_figures(fqfn)
+            return function_stats(figs, self.worker.counters(fqfn), self.worker.counters_1min_ago(fqfn),
+                                  self.worker.exception_totals(fqfn))
+        except NotFound:
+            return None
+
+    def _remote(self, url: str, path: str) -> object | None:
+        try:
+            resp = self._http.get(url + path, params={"scope": "local"}, timeout=PROXY_TIMEOUT_S)
+        except requests.RequestException:
+            return None
+        return resp.json() if resp.status_code == 200 else None
+
+    def _gather(self, fqfn: str, suffix: str, local, worker_ids: set[str]) -> dict[str, object]:
+        """What each worker says about its own instances of fqfn (ourselves directly, others over HTTP)."""
+        members = {m.worker_id: m for m in self.membership.alive()}
+        path = f"/admin/v3/functions/{fqfn}/{suffix}"
+        remote = [w for w in worker_ids if w != self.me and w in members]
+        with ThreadPoolExecutor(max_workers=max(len(remote), 1)) as pool:
+            futures = {w: pool.submit(self._remote, members[w].url, path) for w in remote}
+            out = {w: f.result() for w, f in futures.items()}
+        if self.me in worker_ids:
+            out[self.me] = local(fqfn)
+        return out
+
+    def status(self, fqfn: str) -> dict:
+        cfg = self.get(fqfn)
+        snap = self.assignments.current()
+        owners = {i: snap.owner(fqfn, i) for i in range(cfg.parallelism)}
+        views = self._gather(fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()},
+                             {w for w in owners.values() if w})
+        instances = []
+        for i, wid in owners.items():
+            st = (views.get(wid) or {}).get(str(i)) if wid else None
+            if st is None:
+                error = ("unassigned: the cluster has no capacity left" if wid is None
+                         else f"not running on {wid} yet" if wid in views and views[wid] is not None
+                         else f"worker {wid} is unreachable")
+                st = {"instanceId": i, "status": {"running": False, "error": error, "numRestarts": 0,
+                                                  "workerId": wid or ""}}
+            instances.append(st)
+        return {"numInstances": cfg.parallelism, "numRunning": sum(1 for s in instances if s["status"]["running"]),
+                "instances": instances}
+
+    def stats(self, fqfn: str) -> dict:
+        """Sums over every live worker: cumulative counters include instances drained there. A worker
+        killed with -9 takes its drained instances' counts with it."""
+        self.get(fqfn)
+        snap = self.assignments.current()
+        views = [v for v in self._gather(fqfn, "stats", self.local_stats,
+                                         {m.worker_id for m in self.membership.alive()}).values() if v]
+        owned = {i for i, w in snap.assignment.get(fqfn, {}).items()}
+        return merge_stats(views, owned)
+
+    # ---- leaving ----------------------------------------------------------------------------------------
+    def leave(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM: make-before-break. Say we are leaving, let the leader move our instances, keep them
+        running until their new owners run them, then stop."""
+        self._leaving.set()
+        self._report = LocalReport(self._report.running, self._report.busy_s, True, self._report.leader_epoch)
+        self.membership.beat_now()
+        others = [m for m in self.membership.alive() if m.worker_id != self.me and not m.leaving]
+        if others:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and any(self.worker.hosted_ids().values()):
+                time.sleep(0.05)
+        self.close()
+
+    def close(self) -> None:
+        self._closing.set()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(5)
+        self.membership.close(self._report)
+        self.elector.release()
+        self.assignments.close()
+        self.metadata.close()
+        self._client.close()
+
+
+def merge_stats(views: list[dict], owned: set[int]) -> dict:
+    """One FunctionStats body from each worker's view of its own instances."""
+    keys = ("receivedTotal", "processedSuccessfullyTotal", "systemExceptionsTotal", "userExceptionsTotal")
+
+    def block(parts: list[dict]) -> dict:
+        out = {k: sum((p.get(k) or 0) for p in parts) for k in keys}
+        done = out["processedSuccessfullyTotal"]
+        busy = sum((p.get("avgProcessLatency") or 0) * (p.get("processedSuccessfullyTotal") or 0) for p in parts)
+        out["avgProcessLatency"] = (busy / done) if done else None
+        return out
+
+    counter_names = [f.name for f in fields(FunctionCounters) if f.name not in ("time", "arrived")]
+    totals = {n: sum(v["autoscale"]["counters"][n] or 0 for v in views) for n in counter_names}
+    counters = FunctionCounters(time=max((v["autoscale"]["counters"]["time"] for v in views), default=time.time()),
+                                arrived=None, **totals)
+    instances = sorted((inst for v in views for inst in v.get("instances", []) if inst["instanceId"] in owned),
+                       key=lambda inst: inst["instanceId"])
+    seen: set[int] = set()
+    unique = [inst for inst in instances if not (inst["instanceId"] in seen or seen.add(inst["instanceId"]))]
+    return {**block(views), "1min": block([v["1min"] for v in views]),
+            "lastInvocation": max((v.get("lastInvocation") or 0 for v in views), default=0),
+            "instances": unique, "autoscale": {"counters": asdict(counters)}}

@@ -1,0 +1,197 @@
+"""Membership: who is in the cluster, and alive, from heartbeats on the membership topic.
+
+Every worker publishes a heartbeat every `heartbeat_interval_s` (its REST URL, capacity,
+consumer-id slot, leader epoch when it leads, the instances it runs and their busy time) and
+reads every other worker's. A worker is dead `heartbeat_timeout_s` after its last heartbeat, or
+at once when it says goodbye. Liveness is measured on the reader's own monotonic clock; only
+while catching up on history is the broker's publish time used, so that a heartbeat of a worker
+that died long ago does not count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import pulsar
+
+from pulsar_autoscale.errors import PulsarAutoscaleError
+
+from .tailer import TopicTailer
+from .topics import ClusterTopics
+
+log = logging.getLogger(__name__)
+BUSY_SMOOTHING = 0.5
+
+
+@dataclass(frozen=True)
+class LocalReport:
+    """What a heartbeat says about the worker that sends it, beyond its identity."""
+
+    running: tuple[str, ...] = ()          # "tenant/ns/name:i" of instances that are receiving
+    busy_s: float = 0.0                     # cumulative busy seconds of its instances
+    leaving: bool = False                   # SIGTERM: move my instances away, then I go
+    leader_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class Member:
+    worker_id: str
+    url: str
+    capacity: int
+    slot: int
+    incarnation: str
+    seen: float                              # time.monotonic() of the last heartbeat
+    leaving: bool = False
+    leader_epoch: int | None = None
+    running: frozenset = frozenset()
+    busy_s: float = 0.0
+    busy_rate: float = 0.0                   # busy seconds per second, smoothed
+
+    def view(self) -> dict:
+        """Pulsar's WorkerInfo fields, plus ours."""
+        host, _, port = self.url.removeprefix("http://").removeprefix("https://").rpartition(":")
+        return {"workerId": self.worker_id, "workerHostname": host, "port": int(port or 0), "url": self.url,
+                "capacity": self.capacity, "leaving": self.leaving, "busy": round(self.busy_rate, 3)}
+
+
+@dataclass
+class _Claim:
+    slot: int
+    seq: int
+
+
+class SlotConflict(PulsarAutoscaleError):
+    """No consumer-id slot could be claimed."""
+
+
+class MembershipManager:
+    def __init__(self, client: pulsar.Client, topics: ClusterTopics, worker_id: str, url: str, capacity: int,
+                 report: Callable[[], LocalReport], heartbeat_interval_s: float = 0.5,
+                 heartbeat_timeout_s: float = 2.0):
+        self.worker_id, self.url, self.capacity = worker_id, url, capacity
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.interval_s, self.timeout_s = heartbeat_interval_s, heartbeat_timeout_s
+        self.slot = 0
+        self._report = report
+        self._members: dict[str, Member] = {}
+        self._claims: dict[str, _Claim] = {}          # incarnation -> its first heartbeat's slot and position
+        self._seq = 0
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self._producer = client.create_producer(topics.membership, block_if_queue_full=True, batching_enabled=False)
+        self._closing = threading.Event()
+        self._tailer = TopicTailer(client, topics.membership, self._apply, f"membership-{worker_id}")
+        self._thread = threading.Thread(target=self._beat, name="membership-heartbeat", daemon=True)
+
+    # ---- joining: a consumer-id slot of our own (pulsar-lite B2) -------------------------------
+    def join(self, timeout_s: float = 15.0) -> int:
+        """Announce ourselves with the lowest consumer-id slot no live member holds; the topic's
+        order settles a race: the earlier claim of a slot wins, the later claimant picks again."""
+        if not self._tailer.caught_up.wait(timeout_s):
+            raise SlotConflict(f"membership topic not readable within {timeout_s:.0f}s")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                taken = {self._claims[m.incarnation].slot for m in self._alive_locked()
+                         if m.incarnation != self.incarnation and m.incarnation in self._claims}
+            self.slot = next(s for s in range(1, 10_000) if s not in taken)
+            self.incarnation = uuid.uuid4().hex[:12]  # a fresh claim: its position is its first heartbeat's
+            self._send(LocalReport())
+            with self.changed:
+                if not self.changed.wait_for(lambda: self.incarnation in self._claims, timeout=5.0):
+                    continue
+                mine = self._claims[self.incarnation]
+                earlier = [m.worker_id for m in self._alive_locked() if m.incarnation != self.incarnation
+                           and (c := self._claims.get(m.incarnation)) and c.slot == mine.slot and c.seq < mine.seq]
+            if not earlier:
+                self._thread.start()
+                log.info("%s joined the cluster with consumer-id slot %d", self.worker_id, self.slot)
+                return self.slot
+            log.info("%s: slot %d was claimed first by %s; picking another", self.worker_id, self.slot, earlier)
+        raise SlotConflict(f"{self.worker_id} could not claim a consumer-id slot within {timeout_s:.0f}s")
+
+    # ---- heartbeats -----------------------------------------------------------------------------
+    def _send(self, report: LocalReport, gone: bool = False) -> None:
+        body = {"workerId": self.worker_id, "url": self.url, "capacity": self.capacity, "slot": self.slot,
+                "incarnation": self.incarnation, "leaving": report.leaving, "leaderEpoch": report.leader_epoch,
+                "running": list(report.running), "busy": report.busy_s, "gone": gone}
+        self._producer.send(json.dumps(body).encode())
+
+    def _beat(self) -> None:
+        while not self._closing.wait(self.interval_s):
+            try:
+                self._send(self._report())
+            except Exception as exc:  # a broker hiccup: the next beat retries
+                log.warning("heartbeat failed: %s", exc)
+
+    def beat_now(self) -> None:
+        """An extra heartbeat, e.g. right after a change that others wait for (make-before-break)."""
+        self._send(self._report())
+
+    def _apply(self, msg: pulsar.Message) -> None:
+        body = json.loads(msg.data())
+        now = time.monotonic()
+        age_s = max(time.time() - msg.publish_timestamp() / 1000.0, 0.0)
+        with self.changed:
+            self._seq += 1
+            inc = body["incarnation"]
+            if inc not in self._claims:
+                self._claims[inc] = _Claim(body["slot"], self._seq)
+            if not self._tailer.caught_up.is_set() and age_s > self.timeout_s:
+                return  # history: that worker may be long gone
+            wid = body["workerId"]
+            if body.get("gone"):
+                if wid in self._members and self._members[wid].incarnation == inc:
+                    del self._members[wid]
+                self.changed.notify_all()
+                return
+            seen = now - (age_s if not self._tailer.caught_up.is_set() else 0.0)
+            prev = self._members.get(wid)
+            rate = 0.0
+            if prev is not None and prev.incarnation == inc and seen > prev.seen:
+                sample = max(body["busy"] - prev.busy_s, 0.0) / (seen - prev.seen)
+                rate = BUSY_SMOOTHING * sample + (1 - BUSY_SMOOTHING) * prev.busy_rate
+            self._members[wid] = Member(wid, body["url"], body["capacity"], body["slot"], inc, seen,
+                                        body.get("leaving", False), body.get("leaderEpoch"),
+                                        frozenset(body.get("running", ())), body["busy"], rate)
+            self.changed.notify_all()
+
+    # ---- the view ---------------------------------------------------------------------------------
+    def _alive_locked(self) -> list[Member]:
+        now = time.monotonic()
+        return [m for m in self._members.values() if now - m.seen <= self.timeout_s]
+
+    def alive(self) -> list[Member]:
+        with self._lock:
+            return sorted(self._alive_locked(), key=lambda m: m.worker_id)
+
+    def get(self, worker_id: str) -> Member | None:
+        with self._lock:
+            return next((m for m in self._alive_locked() if m.worker_id == worker_id), None)
+
+    def leader(self) -> Member | None:
+        """The live member with the highest leader epoch in its heartbeat."""
+        leaders = [m for m in self.alive() if m.leader_epoch is not None]
+        return max(leaders, key=lambda m: m.leader_epoch, default=None)
+
+    def close(self, report: LocalReport) -> None:
+        """Say goodbye, so the others need not wait for the heartbeat timeout."""
+        self._closing.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
+        try:
+            self._send(replace(report, leaving=True), gone=True)
+            self._producer.flush()
+        except Exception as exc:
+            log.warning("goodbye heartbeat failed: %s", exc)
+        self._tailer.close()
+        self._producer.close()
+
+
+

@@ -1,0 +1,235 @@
+"""Function metadata: configs on the metadata topic, code on the package topic.
+
+Any worker accepts a create/update/delete: it validates, publishes the code (if any) and then
+a record naming the version it read. Every worker applies the records in topic order with the
+same rule (create needs no such function, update and delete need the version the writer
+read), so all views agree and concurrent writers cannot both win: the loser's record is
+ignored everywhere and its writer answers the error (or, for an update, merges again).
+
+Code travels through the broker (a message on the package topic, keyed by its SHA-256), not
+a shared store: the cluster then needs nothing but Pulsar, and a worker on another machine
+gets the code from the same place it gets the config. Pulsar's default maxMessageSize is
+5 MB, so a package is limited to MAX_PACKAGE_BYTES (Python functions are small files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulsar
+
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+
+from ..config import FunctionConfig
+from ..loader import load_callable
+from ..worker import Conflict, NotFound
+from .tailer import TopicTailer
+from .topics import ClusterTopics
+
+log = logging.getLogger(__name__)
+MAX_PACKAGE_BYTES = 4 * 1024 * 1024
+WRITE_TIMEOUT_S = 15.0
+UPDATE_ATTEMPTS = 5
+
+
+class MetadataTimeout(PulsarAutoscaleError):
+    """A metadata record was written but not read back in time (broker trouble)."""
+
+
+@dataclass(frozen=True)
+class FunctionRecord:
+    config: FunctionConfig
+    version: int
+    package: str | None = None               # SHA-256 of the code on the package topic
+    filename: str | None = None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    ok: bool
+    kind: str = ""                            # "exists", "missing", "version"
+    reason: str = ""
+
+
+class FunctionMetaDataManager:
+    def __init__(self, client: pulsar.Client, topics: ClusterTopics, data_dir: Path, worker_id: str,
+                 max_parallelism: int):
+        self.worker_id = worker_id
+        self.max_parallelism = max_parallelism
+        self._packages_dir = data_dir / "packages"
+        self._functions: dict[str, FunctionRecord] = {}
+        self._rebalances: list[str] = []          # rebalance request ids, in topic order
+        self._outcomes: dict[str, _Outcome] = {}
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self._meta_producer = client.create_producer(topics.metadata, batching_enabled=False)
+        self._pkg_producer = client.create_producer(topics.packages, batching_enabled=False)
+        self._pkg_tailer = TopicTailer(client, topics.packages, self._store_package, f"packages-{worker_id}")
+        self._meta_tailer = TopicTailer(client, topics.metadata, self._apply, f"metadata-{worker_id}")
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        return self._meta_tailer.caught_up.wait(timeout_s) and self._pkg_tailer.caught_up.wait(timeout_s)
+
+    # ---- the view ---------------------------------------------------------------------------------
+    def functions(self) -> dict[str, FunctionRecord]:
+        with self._lock:
+            return dict(self._functions)
+
+    def get(self, fqfn: str) -> FunctionRecord:
+        with self._lock:
+            rec = self._functions.get(fqfn)
+        if rec is None:
+            raise NotFound(f"Function {fqfn} doesn't exist")
+        return rec
+
+    def rebalances(self) -> list[str]:
+        with self._lock:
+            return list(self._rebalances)
+
+    def code_path(self, rec: FunctionRecord, timeout_s: float = 10.0) -> str | None:
+        """Where this worker has the function's code; waits for the package topic to deliver it."""
+        if rec.package is None:
+            return None
+        path = self._packages_dir / rec.package / rec.filename
+        deadline = time.monotonic() + timeout_s
+        while not path.is_file():
+            if time.monotonic() > deadline:
+                raise MetadataTimeout(f"package {rec.package[:12]} of {rec.config.fqfn} not received "
+                                      f"within {timeout_s:.0f}s")
+            time.sleep(0.05)
+        return str(path)
+
+    # ---- writes (any worker) ----------------------------------------------------------------------
+    def create(self, cfg: FunctionConfig, code: bytes | None, filename: str | None) -> FunctionConfig:
+        cfg = FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism)
+        with self._lock:
+            if cfg.fqfn in self._functions:
+                raise Conflict(f"Function {cfg.name} already exists")
+        package, name = self._publish_code(cfg, code, filename)
+        self._write({"op": "create", "fqfn": cfg.fqfn, "config": cfg.to_dict(), "package": package,
+                     "filename": name})
+        return cfg
+
+    def update(self, fqfn: str, changes: dict, code: bytes | None, filename: str | None) -> FunctionConfig:
+        for _ in range(UPDATE_ATTEMPTS):
+            rec = self.get(fqfn)
+            try:
+                new = rec.config.merged(changes, self.max_parallelism)
+            except ConfigError as exc:
+                if code is None or str(exc) != "Update contains no change":
+                    raise
+                new = rec.config
+            package, name = (self._publish_code(new, code, filename) if code is not None
+                             else (rec.package, rec.filename))
+            outcome = self._write({"op": "update", "fqfn": fqfn, "config": new.to_dict(), "package": package,
+                                   "filename": name, "expect": rec.version}, raise_on=("missing",))
+            if outcome.ok:
+                return new
+            log.info("update of %s raced with another writer; merging again", fqfn)
+        raise Conflict(f"Function {fqfn} changed concurrently {UPDATE_ATTEMPTS} times; try again")
+
+    def delete(self, fqfn: str) -> None:
+        rec = self.get(fqfn)
+        self._write({"op": "delete", "fqfn": fqfn, "expect": rec.version})
+
+    def request_rebalance(self) -> str:
+        return self._write({"op": "rebalance"}).reason
+
+    def _publish_code(self, cfg: FunctionConfig, code: bytes | None, filename: str | None
+                      ) -> tuple[str | None, str | None]:
+        if code is None and cfg.py and Path(cfg.py).is_file():
+            code, filename = Path(cfg.py).read_bytes(), Path(cfg.py).name  # other machines lack this path
+        if code is None:
+            load_callable(cfg.className, None)
+            return None, None
+        name = Path(filename or cfg.py or f"{cfg.className.split('.')[0]}.py").name
+        if not name.endswith(".py"):
+            raise ConfigError(f"function package {name!r} is not a .py file (only Python files run here)")
+        if len(code) > MAX_PACKAGE_BYTES:
+            raise ConfigError(f"function package {name!r} is {len(code)} bytes; a cluster ships code through "
+                              f"the broker and accepts at most {MAX_PACKAGE_BYTES} bytes")
+        sha = hashlib.sha256(code).hexdigest()
+        path = self._write_package(sha, name, code)
+        load_callable(cfg.className, str(path))  # refuse now what could never run
+        self._pkg_producer.send(code, properties={"sha256": sha, "filename": name})
+        return sha, name
+
+    def _write_package(self, sha: str, name: str, code: bytes) -> Path:
+        d = self._packages_dir / sha
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / name
+        if not path.is_file():
+            tmp = d / f".{name}.{uuid.uuid4().hex[:6]}"
+            tmp.write_bytes(code)
+            tmp.replace(path)
+        return path
+
+    def _store_package(self, msg: pulsar.Message) -> None:
+        props = msg.properties()
+        code = msg.data()
+        if hashlib.sha256(code).hexdigest() != props.get("sha256"):
+            log.error("package %s on the package topic does not match its SHA-256; ignored", props.get("sha256"))
+            return
+        self._write_package(props["sha256"], Path(props["filename"]).name, code)
+
+    def _write(self, record: dict, raise_on: tuple[str, ...] = ("exists", "missing", "version")) -> _Outcome:
+        request = uuid.uuid4().hex
+        self._meta_producer.send(json.dumps({**record, "request": request, "writer": self.worker_id}).encode())
+        with self.changed:
+            if not self.changed.wait_for(lambda: request in self._outcomes, timeout=WRITE_TIMEOUT_S):
+                raise MetadataTimeout(f"metadata record for {record.get('fqfn', 'rebalance')} not read back "
+                                      f"within {WRITE_TIMEOUT_S:.0f}s (broker trouble?)")
+            outcome = self._outcomes.pop(request)
+        if not outcome.ok and outcome.kind in raise_on:
+            raise (NotFound if outcome.kind == "missing" else Conflict)(outcome.reason)
+        return outcome
+
+    # ---- applying records (every worker, in topic order) ------------------------------------------
+    def _apply(self, msg: pulsar.Message) -> None:
+        r = json.loads(msg.data())
+        outcome = self._decide(r)
+        with self.changed:
+            if outcome.ok:
+                self._commit(r)
+            if r.get("writer") == self.worker_id:
+                self._outcomes[r["request"]] = outcome if not outcome.ok or r["op"] != "rebalance" \
+                    else _Outcome(True, reason=r["request"])
+            self.changed.notify_all()
+
+    def _decide(self, r: dict) -> _Outcome:
+        op, fqfn = r["op"], r.get("fqfn")
+        with self._lock:
+            cur = self._functions.get(fqfn) if fqfn else None
+        if op == "create" and cur is not None:
+            return _Outcome(False, "exists", f"Function {fqfn.rsplit('/', 1)[-1]} already exists")
+        if op in ("update", "delete"):
+            if cur is None:
+                return _Outcome(False, "missing", f"Function {fqfn} doesn't exist")
+            if cur.version != r["expect"]:
+                return _Outcome(False, "version", f"Function {fqfn} changed concurrently")
+        return _Outcome(True)
+
+    def _commit(self, r: dict) -> None:
+        op = r["op"]
+        if op == "rebalance":
+            self._rebalances.append(r["request"])
+        elif op == "delete":
+            del self._functions[r["fqfn"]]
+        else:
+            cur = self._functions.get(r["fqfn"])
+            cfg = FunctionConfig.from_dict(r["config"], max(self.max_parallelism, r["config"].get("parallelism", 1)))
+            self._functions[r["fqfn"]] = FunctionRecord(cfg, (cur.version if cur else 0) + 1, r.get("package"),
+                                                        r.get("filename"))
+
+    def close(self) -> None:
+        self._meta_tailer.close()
+        self._pkg_tailer.close()
+        self._meta_producer.close()
+        self._pkg_producer.close()

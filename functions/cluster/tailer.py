@@ -1,0 +1,53 @@
+"""Read a coordination topic from its first message, forever, on a thread of its own."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import pulsar
+
+log = logging.getLogger(__name__)
+READ_TIMEOUT_MS = 100
+
+
+class TopicTailer:
+    """Calls `handle(msg)` for every message of `topic` in order; `caught_up` is set once the
+    reader has reached the end it found (its first read timeout), so a caller can wait until its
+    view covers everything written before it started. A Reader, not seek: seek fails on
+    pulsar-lite (B5), Readers work on both brokers."""
+
+    def __init__(self, client: pulsar.Client, topic: str, handle: Callable[[pulsar.Message], None], name: str):
+        self._reader = client.create_reader(topic, pulsar.MessageId.earliest, reader_name=name)
+        self._handle = handle
+        self.caught_up = threading.Event()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tail-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            try:
+                msg = self._reader.read_next(timeout_millis=READ_TIMEOUT_MS)
+            except pulsar.Timeout:
+                self.caught_up.set()
+                continue
+            except pulsar.PulsarException as exc:
+                if self._closing.is_set():
+                    return
+                log.warning("reading %s failed (%s); retrying", self._thread.name, exc)
+                self._closing.wait(0.2)
+                continue
+            try:
+                self._handle(msg)
+            except Exception:  # one bad record must not stop the cluster view
+                log.exception("cannot apply a record from %s", self._thread.name)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(2)
+        try:
+            self._reader.close()
+        except pulsar.PulsarException:
+            pass

@@ -1,0 +1,64 @@
+"""Three worker processes form one cluster through Pulsar topics (issue 10, "Show")."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from scenario import wait_until
+
+from .harness import WorkerCluster
+from .scenarios import Flow, per_worker
+
+MESSAGES = 5000
+
+
+@pytest.fixture(scope="module")
+def cluster(broker, tmp_path_factory):
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+def test_members_leader_and_assignments_are_real(cluster):
+    urls = [w.url for w in cluster.live()]
+    ids = {w.worker_id for w in cluster.live()}
+    for u in urls:
+        assert {m["workerId"] for m in requests.get(u + "/admin/v2/worker/cluster", timeout=5).json()} == ids
+    leaders = {requests.get(u + "/admin/v2/worker/cluster/leader", timeout=5).json()["workerId"] for u in urls}
+    assert len(leaders) == 1 and leaders <= ids, f"workers disagree on the leader: {leaders}"
+
+
+def test_create_anywhere_scale_anywhere_no_restarts(broker, cluster):
+    """1 -> 6 -> 2 under 5,000 messages, each REST call to a different worker."""
+    flow = Flow(broker.service_url, [w.url for w in cluster.live()], rate=500.0, service_ms=5.0)
+    try:
+        flow.create(via=0)
+        first = flow.wait_running(1, via=1)["instances"][0]["status"]
+        flow.start_producing(MESSAGES)
+        time.sleep(2.0)  # the load schedule, not synchronisation
+        flow.scale(6, via=1)
+        six = flow.wait_running(6, via=2)
+        spread = per_worker(six)
+        start_of = {s["instanceId"]: s["status"]["instanceStartTimeMs"] for s in six["instances"]}
+        time.sleep(2.0)
+        flow.scale(2, via=2)
+        two = flow.wait_running(2, via=0)
+        lost, dups = flow.finish(MESSAGES)
+        final = flow.status(via=1)
+        print(f"\nlost {lost}, duplicates {dups}, spread at 6: {spread}, final: "
+              f"{[(s['instanceId'], s['status']['workerId'], s['status']['numRestarts']) for s in final['instances']]}")
+        assert lost == 0, f"{lost} of {MESSAGES} inputs produced no output"
+        assert len(spread) == 3, f"6 instances not spread over the 3 workers: {spread}"
+        assert [s["status"]["numRestarts"] for s in final["instances"]] == [0, 0]
+        assert final["instances"][0]["status"]["instanceStartTimeMs"] == first["instanceStartTimeMs"]
+        assert all(s["status"]["instanceStartTimeMs"] == start_of[s["instanceId"]] for s in two["instances"])
+        listed = {tuple(sorted(requests.get(w.url + "/admin/v3/functions/public/default", timeout=5).json()))
+                  for w in cluster.live()}
+        assert all(flow.name in names for names in listed)
+    finally:
+        flow.close()
+    wait_until(lambda: all(flow.name not in requests.get(w.url + "/admin/v3/functions/public/default",
+                                                         timeout=5).json() for w in cluster.live()),
+               15, "the delete to reach every worker")
