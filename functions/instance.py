@@ -42,6 +42,12 @@ def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str) ->
     )
 
 
+def is_connected(consumer) -> bool:
+    """Whether the input's connection to the broker is up (inputs without the notion count as connected)."""
+    check = getattr(consumer, "is_connected", None)
+    return bool(check()) if check is not None else True
+
+
 class TopicLogHandler(logging.Handler):
     """Pulsar's logTopic: what the function logs through context.get_logger() is published there."""
 
@@ -79,6 +85,7 @@ class Instance:
         # a lease on the function's one shared consumer (lite_quirks) with the same methods.
         self._open_input = open_input or self._subscribe
         self._stop = threading.Event()
+        self._input = None  # what abandon() closes
         # Outputs in flight = sent - completed; each counter has a single writer, so no lock on the hot path.
         self._sent = 0
         self._completed = 0
@@ -86,6 +93,17 @@ class Instance:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def abandon(self) -> None:
+        """A drain that did not finish in time: close the input under the loop (a thread cannot be killed), so
+        the broker redelivers its unacknowledged messages; the loop fails at its next call on it."""
+        self._stop.set()
+        self.stats.set_running(False, error="abandoned: still busy when its drain timed out")
+        if self._input is not None:
+            try:
+                self._input.close()
+            except Exception:  # already closed
+                pass
 
     # ---- outputs in flight: acks happen in the producer's callback ------------------------------
     def _track_pending(self, n: int) -> None:
@@ -115,7 +133,8 @@ class Instance:
                 self.logger.addHandler(log_handler)
                 self.logger.setLevel(logging.INFO)  # what a function logs at INFO must reach its topic
             process = load_callable(cfg.className, self._code_path)
-            consumer = self._open_input()
+            consumer = self._input = self._open_input()
+            self.stats.pending_outputs = lambda: self._sent - self._completed
             if cfg.output:
                 producer = self._client.create_producer(
                     cfg.output, block_if_queue_full=True, batching_enabled=True, batching_max_publish_delay_ms=1)
@@ -147,12 +166,16 @@ class Instance:
             try:
                 msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
             except pulsar.Timeout:
+                stats.connected = is_connected(consumer)
                 continue
+            if not stats.connected:  # only while it was seen down: no broker call on the hot path
+                stats.connected = is_connected(consumer)
             stats.on_received(msg.publish_timestamp())
             if at_most_once:
                 consumer.acknowledge(msg)
             ctx.set_message(msg)
             start = time.perf_counter()
+            stats.busy_since_ms = int(time.time() * 1000)
             try:
                 result = process(identity_deserialize(msg.data()), ctx)
             except Exception as exc:
@@ -164,6 +187,7 @@ class Instance:
                 continue
             finally:
                 ctx.set_message(None)
+                stats.busy_since_ms = 0
             stats.on_processed(time.perf_counter() - start, ok=True)
             if result is None or producer is None:
                 if not at_most_once:

@@ -21,7 +21,7 @@ from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from .config import FunctionConfig, parse_text
 from .metrics import WorkerCollector
 from .stages import StageNotFound
-from .status import function_stats, function_status, instance_metrics, instance_status
+from .status import function_stats, function_status, instance_metrics
 from .worker import NotFound, StaleEpoch, Worker
 
 if TYPE_CHECKING:
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
+
+
+def _json_type(value) -> str:
+    return "null" if value is None else {list: "an array", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__)
 
 
 def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
@@ -57,7 +62,10 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         if raw is None and request.files.get("functionConfig"):
             raw = request.files["functionConfig"].read().decode("utf-8", "replace")
         if raw is None and request.is_json:
-            return request.get_json()
+            data = request.get_json(silent=True)
+            if not isinstance(data, dict):
+                raise ConfigError(f"the JSON body must be an object (a FunctionConfig), got {_json_type(data)}")
+            return data
         if raw is None:
             raise ConfigError("functionConfig part is missing from the multipart form")
         return parse_text(raw, "functionConfig")
@@ -117,9 +125,13 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         body = request.get_json(silent=True)
         if not isinstance(body, dict) or "messages" not in body:
             raise ConfigError('burst: the body must be JSON {"messages": N, "partitions": P, "threadsPerPartition": T}')
+        args = {key: body.get(key, default) for key, default in
+                (("messages", None), ("partitions", 4), ("threadsPerPartition", 1))}
+        for key, value in args.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"burst: {key} must be a positive integer, got {value!r}")
         fence()
-        record, started = worker.burst(f"{tenant}/{namespace}/{name}", body["messages"], body.get("partitions", 4),
-                                       body.get("threadsPerPartition", 1))
+        record, started = worker.burst(f"{tenant}/{namespace}/{name}", *args.values())
         return jsonify(started=started, **asdict(record)), 202 if started else 200
 
     @app.get(FN + "/burst")
@@ -157,8 +169,12 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
             local = request.args.get("scope") == "local"  # a peer reads the instances this worker runs
             return jsonify({str(i): s for i, s in cluster.local_status(fqfn).items()} if local
                            else cluster.status(fqfn))
+        return jsonify(status_of(fqfn))
+
+    def status_of(fqfn: str) -> dict:
         cfg, figs, restarts = worker.instance_figures(fqfn)
-        return jsonify(function_status(cfg, figs, restarts, worker.worker_id))
+        failure, abandoned = worker.health(fqfn)
+        return function_status(cfg, figs, restarts, worker.worker_id, worker.stall_after_s, failure, abandoned)
 
     @app.get(FN + "/<int:instance_id>/status")
     def instance_status_view(tenant, namespace, name, instance_id):
@@ -167,10 +183,9 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
             if not 0 <= instance_id < view["numInstances"]:
                 raise NotFound(f"Function {name} has no instance {instance_id} (parallelism {view['numInstances']})")
             return jsonify(view["instances"][instance_id]["status"])
-        cfg, figs, restarts = worker.instance_figures(f"{tenant}/{namespace}/{name}")
-        check_instance(cfg, instance_id)
-        return jsonify(instance_status(instance_id, figs.get(instance_id), restarts.get(instance_id, 0),
-                                       worker.worker_id)["status"])
+        fqfn = f"{tenant}/{namespace}/{name}"
+        check_instance(worker.get(fqfn), instance_id)
+        return jsonify(status_of(fqfn)["instances"][instance_id]["status"])
 
     @app.get(FN + "/stats")
     def stats(tenant, namespace, name):

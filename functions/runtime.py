@@ -15,6 +15,7 @@ import multiprocessing as mp
 import queue
 import threading
 from abc import ABC, abstractmethod
+from dataclasses import replace
 
 import pulsar
 
@@ -49,6 +50,11 @@ class InstanceHandle(ABC):
     @abstractmethod
     def alive(self) -> bool: ...
 
+    @abstractmethod
+    def abandon(self) -> None:
+        """Give up on a drain that did not finish: its input is closed, so its unacknowledged messages are
+        redelivered to other instances."""
+
 
 class ThreadInstance(InstanceHandle):
     def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
@@ -70,6 +76,10 @@ class ThreadInstance(InstanceHandle):
 
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def abandon(self) -> None:
+        # A thread cannot be killed: it is left to finish (or hang) on its own, without input.
+        self._instance.abandon()
 
 
 def _process_main(config: FunctionConfig, instance_id: int, service_url: str, code_path: str | None,
@@ -125,7 +135,13 @@ class ProcessInstance(InstanceHandle):
                 return
 
     def figures(self) -> InstanceFigures:
-        return self._figures
+        figures = self._figures
+        code = self._proc.exitcode
+        if code is not None and (figures.running or (code != 0 and not figures.error)):
+            # Killed or exited without reporting why (os._exit, a signal): never "running" with frozen figures.
+            return replace(figures, running=False,
+                           error=figures.error or f"instance process exited with code {code}")
+        return figures
 
     def stop(self) -> None:
         self._stop.set()
@@ -140,5 +156,5 @@ class ProcessInstance(InstanceHandle):
     def alive(self) -> bool:
         return self._proc.is_alive()
 
-    def kill(self) -> None:
-        self._proc.kill()
+    def abandon(self) -> None:
+        self._proc.kill()  # its connection closes with it, so the broker redelivers its messages

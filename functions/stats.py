@@ -7,6 +7,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Callable
 
 MAX_LATEST_EXCEPTIONS = 10
 
@@ -40,6 +41,8 @@ class InstanceFigures:
     latest_user_exceptions: tuple[ExceptionRecord, ...] = ()
     latest_system_exceptions: tuple[ExceptionRecord, ...] = ()
     user_metrics: dict[str, tuple[float, int]] = field(default_factory=dict)  # name -> (sum, count)
+    connected: bool = True        # the input consumer's connection to the broker
+    stalled_since_ms: int = 0     # in-flight work (process() or unacked outputs) without progress since; 0: none
 
     @property
     def avg_latency_ms(self) -> float:
@@ -68,6 +71,11 @@ class InstanceStats:
         self._user_exc: list[ExceptionRecord] = []
         self._system_exc: list[ExceptionRecord] = []
         self._metrics: dict[str, tuple[float, int]] = {}
+        # For an honest status: the loop sets these; a status check turns long silence into "stalled".
+        self.connected = True
+        self.busy_since_ms = 0                      # process() running since (0: not in process())
+        self.last_progress_ms = self.start_time_ms  # last message processed or output persisted
+        self.pending_outputs: Callable[[], int] = lambda: 0
         self._lock = threading.Lock()  # only for the rarely written collections
 
     def figures(self) -> InstanceFigures:
@@ -80,7 +88,14 @@ class InstanceStats:
                 interarrival_n=self.interarrival_n, interarrival_s=self.interarrival_s,
                 interarrival_sq_s2=self.interarrival_sq_s2, first_processed_ms=self.first_processed_ms,
                 last_invocation_ms=self.last_invocation_ms, latest_user_exceptions=tuple(self._user_exc),
-                latest_system_exceptions=tuple(self._system_exc), user_metrics=dict(self._metrics))
+                latest_system_exceptions=tuple(self._system_exc), user_metrics=dict(self._metrics),
+                connected=self.connected, stalled_since_ms=self._stalled_since_ms())
+
+    def _stalled_since_ms(self) -> int:
+        since = self.busy_since_ms
+        if self.pending_outputs() > 0:
+            since = min(since, self.last_progress_ms) if since else self.last_progress_ms
+        return since
 
     def on_received(self, publish_ms: int) -> None:
         self.received += 1
@@ -99,12 +114,13 @@ class InstanceStats:
             self.processed += 1
         self.busy_s += seconds
         self.busy_sq_s2 += seconds * seconds
-        self.last_invocation_ms = now_ms
+        self.last_invocation_ms = self.last_progress_ms = now_ms
         if not self.first_processed_ms:
             self.first_processed_ms = now_ms
 
     def on_output(self) -> None:
         self.outputs += 1
+        self.last_progress_ms = int(time.time() * 1000)
 
     def on_exception(self, exc: BaseException, user: bool) -> None:
         rec = ExceptionRecord("".join(traceback.format_exception_only(type(exc), exc)).strip(), int(time.time() * 1000))

@@ -7,6 +7,7 @@ which Pulsar's clients ignore.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 from pulsar_autoscale.snapshot import FunctionCounters
@@ -22,13 +23,15 @@ def _moments(n: float, total: float, total_sq: float) -> tuple[float, float]:
     return mean, max(total_sq / n - mean * mean, 0.0)
 
 
-def instance_status(i: int, fig: InstanceFigures | None, restarts: int, worker_id: str) -> dict:
+def instance_status(i: int, fig: InstanceFigures | None, restarts: int, worker_id: str,
+                    stall_after_s: float = float("inf"), now_ms: int | None = None) -> dict:
     if fig is None:
         return {"instanceId": i, "status": {"running": False, "error": "stopped", "numRestarts": restarts,
                                             "workerId": worker_id}}
+    running, error = honest_running(fig, stall_after_s, now_ms)
     return {"instanceId": i, "status": {
-        "running": fig.running,
-        "error": fig.error,
+        "running": running,
+        "error": error,
         "numRestarts": restarts,
         "numReceived": fig.received,
         "numSuccessfullyProcessed": fig.processed,
@@ -44,12 +47,34 @@ def instance_status(i: int, fig: InstanceFigures | None, restarts: int, worker_i
     }}
 
 
+def honest_running(fig: InstanceFigures, stall_after_s: float, now_ms: int | None = None) -> tuple[bool, str]:
+    """running only while the instance can make progress: its input is connected to the broker and its
+    in-flight work (a process() call, unacknowledged outputs) has progressed within stall_after_s."""
+    if not fig.running:
+        return False, fig.error
+    if not fig.connected:
+        return False, "not connected to the broker: its input consumer is disconnected"
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if fig.stalled_since_ms and now_ms - fig.stalled_since_ms > stall_after_s * 1000:
+        return False, (f"stalled: in-flight work has not progressed for {(now_ms - fig.stalled_since_ms) / 1000:.0f} s "
+                       "(a process() call that does not return, or outputs the broker does not acknowledge)")
+    return True, fig.error
+
+
 def function_status(cfg: FunctionConfig, figs: dict[int, InstanceFigures], restarts: dict[int, int],
-                    worker_id: str) -> dict:
-    instances = [instance_status(i, figs.get(i), restarts.get(i, 0), worker_id) for i in range(cfg.parallelism)]
+                    worker_id: str, stall_after_s: float = float("inf"), failure: str = "",
+                    abandoned: int = 0) -> dict:
+    """Pulsar's FunctionStatus. A function that failed validation has no instance running, each saying why;
+    drains abandoned after their bound are counted under "autoscale"."""
+    instances = [instance_status(i, figs.get(i), restarts.get(i, 0), worker_id, stall_after_s)
+                 for i in range(cfg.parallelism)]
+    if failure:
+        for s in instances:
+            s["status"].update(running=False, error=failure)
     return {"numInstances": cfg.parallelism,
             "numRunning": sum(1 for s in instances if s["status"]["running"]),
-            "instances": instances}
+            "instances": instances,
+            "autoscale": {"abandonedInstances": abandoned, **({"failure": failure} if failure else {})}}
 
 
 def _window_block(received, processed, sys_exc, user_exc, busy_s) -> dict:

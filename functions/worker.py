@@ -4,16 +4,23 @@ Scaling out starts only the missing instance ids; scaling in drains and stops on
 highest ids. Every other instance keeps running: its numRestarts and start time do not
 change. Anything else in an update (code, userConfig, ...) restarts all instances, as
 Pulsar does, because the running code or configuration changes.
+
+User code never runs in the worker's control path: a create or update imports the code in a child
+process first (functions/validation.py) and only then puts it in place, atomically; drains (scale-in,
+update, delete, stop) stop the instances at once and wait for their in-flight work in the background,
+with a bound, so no request waits on user code and no function blocks another.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,14 +34,16 @@ from pulsar_autoscale.snapshot import FunctionCounters
 from .bursts import BurstRecord, BurstRunner
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import subscribe
-from .loader import load_callable
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
 from .stages import StageHost
 from .state import StateStore
 from .stats import InstanceFigures
+from .validation import VALIDATE_TIMEOUT_S, code_digest, validate
 
 log = logging.getLogger(__name__)
-DRAIN_TIMEOUT_S = 60.0
+DRAIN_TIMEOUT_S = 30.0    # a draining instance still busy after this is abandoned (runtime.InstanceHandle.abandon)
+STALL_AFTER_S = 30.0      # in-flight work without progress this long: status says running false, "stalled"
+NAME_MAX = 255            # tenant, namespace and name are directories of the data dir
 HISTORY_S = 70.0
 RESTART_BACKOFF_S = 5.0
 
@@ -64,6 +73,10 @@ class HostedFunction:
     history: deque = field(default_factory=deque)               # (time, FunctionCounters) for the "1min" window
     num_instances: object = None                                 # shared int for Context.get_num_instances
     shared_input: object = None                                  # pulsar-lite only: lite_quirks.SharedInput
+    code_digest: str | None = None                               # sha256 of code_path, which passed validation
+    failure: str = ""                                            # why the function cannot run (no instances run)
+    draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
+    abandoned: int = 0                                           # drains that did not finish within the bound
 
     def runtime(self, default: str) -> str:
         return self.config.instanceRuntime or default
@@ -97,6 +110,9 @@ class Worker:
         self.max_parallelism = max_parallelism
         self.broker_kind = broker_kind
         self.hostname, self.port = hostname, port
+        self.validate_timeout_s = VALIDATE_TIMEOUT_S
+        self.drain_timeout_s = DRAIN_TIMEOUT_S
+        self.stall_after_s = STALL_AFTER_S
         self._client = pulsar.Client(service_url, operation_timeout_seconds=30,
                                      logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
         self._functions: dict[str, HostedFunction] = {}
@@ -104,6 +120,9 @@ class Worker:
         self.stages = StageHost(self.data_dir, service_url, worker_id)
         self._max_epoch = 0
         self._lock = threading.RLock()
+        self._creating: set[str] = set()                 # names reserved while their code is validated
+        self._retirers: list[threading.Thread] = []      # background drains
+        shutil.rmtree(self._trash_dir(), ignore_errors=True)  # deletes a previous run did not finish
         self._closing = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
         self._restore()
@@ -117,7 +136,8 @@ class Worker:
         d = self._fn_dir(fn.config)
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / "config.json.tmp"
-        tmp.write_text(json.dumps({"config": fn.config.to_dict(), "code_path": fn.code_path}, indent=1))
+        tmp.write_text(json.dumps({"config": fn.config.to_dict(), "code_path": fn.code_path,
+                                   "code_digest": fn.code_digest}, indent=1))
         os.replace(tmp, d / "config.json")
 
     def _restore(self) -> None:
@@ -125,50 +145,103 @@ class Worker:
             try:
                 saved = json.loads(path.read_text())
                 cfg = FunctionConfig.from_dict(saved["config"], self.max_parallelism)
-                self._host(cfg, saved.get("code_path"))
+                self._host(cfg, saved.get("code_path"), *self._checked_restore(cfg, saved))
                 log.info("restored function %s with parallelism %d", cfg.fqfn, cfg.parallelism)
             except (PulsarAutoscaleError, ValueError, KeyError) as exc:
                 log.error("cannot restore function from %s: %s", path, exc)
 
+    def _checked_restore(self, cfg: FunctionConfig, saved: dict) -> tuple[str | None, str]:
+        """(digest, failure) of restored code: code that passed validation when it was stored (same sha256)
+        runs; other code (stored before validation existed, or changed on disk) is validated first."""
+        code_path = saved.get("code_path")
+        try:
+            digest = code_digest(code_path)
+        except OSError as exc:
+            return None, f"code {code_path} cannot be read: {exc.strerror}"
+        if digest is not None and digest == saved.get("code_digest"):
+            return digest, ""
+        try:
+            validate(cfg.className, code_path, timeout_s=self.validate_timeout_s)
+        except ConfigError as exc:
+            log.error("restored function %s cannot run: %s", cfg.fqfn, exc)
+            return digest, f"function failed validation: {exc}"
+        return digest, ""
+
     # ---- admin operations ---------------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
         cfg = FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism)
+        for label, value in (("tenant", cfg.tenant), ("namespace", cfg.namespace), ("name", cfg.name)):
+            if value in (".", ".."):
+                raise ConfigError(f"Function {label} {value!r} is not a valid name")
+            if len(value.encode()) > NAME_MAX:
+                raise ConfigError(f"Function {label} is {len(value.encode())} bytes long: at most {NAME_MAX}")
         with self._lock:
-            if cfg.fqfn in self._functions or self.stages.has(cfg.fqfn):
+            if cfg.fqfn in self._functions or cfg.fqfn in self._creating or self.stages.has(cfg.fqfn):
                 raise Conflict(f"Function {cfg.name} already exists")
-            code_path = self._store_code(cfg, code, filename)
+            self._creating.add(cfg.fqfn)
+        try:
+            # Nothing is left behind by a create that fails: the function's directory is new and ours.
             try:
-                load_callable(cfg.className, code_path)  # refuse now what could never run
-            except ConfigError:
-                if code is not None:
-                    shutil.rmtree(self._fn_dir(cfg), ignore_errors=True)
+                code_path = self._stage_code(cfg, code, filename)
+                self._validate(cfg.className, code_path)
+            except BaseException:
+                shutil.rmtree(self._fn_dir(cfg), ignore_errors=True)
                 raise
-            fn = self._host(cfg, code_path)
-            self._save(fn)
+            with self._lock:
+                fn = self._host(cfg, code_path, code_digest(code_path))
+                self._save(fn)
             return cfg
+        finally:
+            with self._lock:
+                self._creating.discard(cfg.fqfn)
 
-    def _store_code(self, cfg: FunctionConfig, code: bytes | None, filename: str | None) -> str | None:
+    def _validate(self, class_name: str, code_path: str | None) -> None:
+        """Import the code in a child process (functions/validation.py): refuse now what could never run."""
+        validate(class_name, code_path, timeout_s=self.validate_timeout_s)
+
+    def _stage_code(self, cfg: FunctionConfig, code: bytes | None, filename: str | None) -> str | None:
+        """Write uploaded code where nothing reads it yet: a directory named by its digest. It becomes the
+        function's code only when the saved config names it (an atomic rename)."""
         if code is None:
-            if cfg.py and Path(cfg.py).is_file():
-                return str(Path(cfg.py).resolve())
+            if cfg.py:
+                raise ConfigError(f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded "
+                                  "code (send the file as the multipart `data` part)")
             return None
         name = Path(filename or cfg.py or f"{cfg.className.split('.')[0]}.py").name
         if not name.endswith(".py"):
             raise ConfigError(f"function package {name!r} is not a .py file (only Python files run here)")
-        d = self._fn_dir(cfg)
+        if len(name.encode()) > NAME_MAX:
+            raise ConfigError(f"function file name is {len(name.encode())} bytes long: at most {NAME_MAX}")
+        d = self._fn_dir(cfg) / "code" / hashlib.sha256(code).hexdigest()[:16]
         d.mkdir(parents=True, exist_ok=True)
-        (d / name).write_bytes(code)
+        tmp = d / f".{name}.tmp"
+        tmp.write_bytes(code)
+        os.replace(tmp, d / name)
         return str(d / name)
 
-    def _host(self, cfg: FunctionConfig, code_path: str | None) -> HostedFunction:
-        fn = self._hosted(cfg, code_path)
-        self._scale(fn, cfg.parallelism)
+    def _discard_code(self, cfg: FunctionConfig, code_path: str | None) -> None:
+        """Remove code the function no longer uses (only what the worker stored under its directory)."""
+        if not code_path:
+            return
+        path, code_root = Path(code_path), self._fn_dir(cfg) / "code"
+        if path.parent.parent == code_root:
+            shutil.rmtree(path.parent, ignore_errors=True)
+        elif path.parent == self._fn_dir(cfg):
+            path.unlink(missing_ok=True)
+
+    def _host(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
+              failure: str = "") -> HostedFunction:
+        fn = self._hosted(cfg, code_path, digest, failure)
+        if not failure:
+            self._scale(fn, cfg.parallelism)
         return fn
 
-    def _hosted(self, cfg: FunctionConfig, code_path: str | None) -> HostedFunction:
+    def _hosted(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
+                failure: str = "") -> HostedFunction:
         runtime = cfg.instanceRuntime or self.default_runtime
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else _Counter(cfg.parallelism)
-        fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite"), num_instances=num)
+        fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite"), num_instances=num,
+                            code_digest=digest, failure=failure)
         if self.broker_kind == "pulsar-lite":
             fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
         self._functions[cfg.fqfn] = fn
@@ -205,32 +278,57 @@ class Worker:
         with self._lock:
             fn = self._functions.pop(fqfn, None)
             if fn is not None:
-                self._drain(fn, sorted(fn.instances, reverse=True))
-                shutil.rmtree(self._fn_dir(fn.config), ignore_errors=True)
+                self._remove(fn)
 
     def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
         with self._lock:
             fn = self._get(fqfn)
-            old = fn.config
-            try:
-                new = old.merged(changes, self.max_parallelism)
-            except ConfigError as exc:
-                if code is None or str(exc) != "Update contains no change":
-                    raise
-                new = old
-            code_path = self._store_code(new, code, filename) if code is not None else fn.code_path
-            if code is not None:
-                load_callable(new.className, code_path)
-            only_parallelism = code is None and replace(new, parallelism=old.parallelism) == old
-            fn.config, fn.code_path = new, code_path
-            if only_parallelism:
-                self._scale(fn, new.parallelism)
-            else:
-                self._scale(fn, 0)
-                fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
-                self._scale(fn, new.parallelism)
-            self._save(fn)
-            return new
+            new = self._merge(fn, changes, code)
+            if code is None and changes.get("py") not in (None, "", fn.config.py):
+                raise ConfigError(f"py {changes['py']!r} names a file on the worker's host: py may only name "
+                                  "uploaded code (send the file as the multipart `data` part)")
+            if code is None and new.className == fn.config.className and not fn.failure:
+                return self._apply(fn, new, fn.code_path, fn.code_digest)
+            code_path = fn.code_path
+        # New code or a new entry point: validated in a child, outside the lock (other functions go on).
+        if code is not None:
+            code_path = self._stage_code(new, code, filename)
+        try:
+            self._validate(new.className, code_path)
+        except BaseException:
+            if code_path != fn.code_path:
+                self._discard_code(new, code_path)
+            raise
+        with self._lock:
+            if self._functions.get(fqfn) is not fn:
+                self._discard_code(new, code_path)
+                raise NotFound(f"Function {fqfn} was deleted while its update was validated")
+            return self._apply(fn, self._merge(fn, changes, code), code_path, code_digest(code_path))
+
+    def _merge(self, fn: HostedFunction, changes: dict, code: bytes | None) -> FunctionConfig:
+        try:
+            return fn.config.merged(changes, self.max_parallelism)
+        except ConfigError as exc:
+            if code is None or str(exc) != "Update contains no change":
+                raise
+            return fn.config
+
+    def _apply(self, fn: HostedFunction, new: FunctionConfig, code_path: str | None, digest: str | None
+               ) -> FunctionConfig:
+        """Switch the function to validated config and code (the saved config names the code: atomic)."""
+        old, old_code = fn.config, fn.code_path
+        only_parallelism = code_path == old_code and not fn.failure and replace(new, parallelism=old.parallelism) == old
+        fn.config, fn.code_path, fn.code_digest, fn.failure = new, code_path, digest, ""
+        self._save(fn)
+        if old_code != code_path:
+            self._discard_code(new, old_code)
+        if only_parallelism:
+            self._scale(fn, new.parallelism)
+        else:
+            self._scale(fn, 0)
+            fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
+            self._scale(fn, new.parallelism)
+        return new
 
     def fence(self, epoch: int) -> None:
         """Refuse a controller action whose leader epoch is older than one already seen."""
@@ -257,11 +355,23 @@ class Worker:
                                  threads)
 
     def delete(self, fqfn: str) -> None:
+        """Gone at once (its name is free again); its instances drain and its files go in the background."""
         with self._lock:
             fn = self._get(fqfn)
-            self._scale(fn, 0)
             del self._functions[fqfn]
-            shutil.rmtree(self._fn_dir(fn.config), ignore_errors=True)
+            self._remove(fn)
+
+    def _remove(self, fn: HostedFunction) -> None:
+        """Move the function's files aside at once (its name is free again); drain, then delete them."""
+        d = self._fn_dir(fn.config)
+        trash = self._trash_dir() / uuid.uuid4().hex
+        if d.exists():
+            trash.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(d, trash)
+        self._drain(fn, sorted(fn.instances, reverse=True), then=lambda: shutil.rmtree(trash, ignore_errors=True))
+
+    def _trash_dir(self) -> Path:
+        return self.data_dir / "deleted"
 
     def get(self, fqfn: str) -> FunctionConfig:
         with self._lock:
@@ -281,6 +391,8 @@ class Worker:
         with self._lock:
             fn = self._get(fqfn)
             ids = range(fn.config.parallelism) if instance_id is None else [self._check_instance(fn, instance_id)]
+            if running:
+                self._check_runnable(fn)
             for i in ids:
                 if running:
                     fn.stopped.discard(i)
@@ -294,11 +406,16 @@ class Worker:
         with self._lock:
             fn = self._get(fqfn)
             ids = list(range(fn.config.parallelism)) if instance_id is None else [self._check_instance(fn, instance_id)]
+            self._check_runnable(fn)
             self._drain(fn, [i for i in ids if i in fn.instances])
             for i in ids:
                 fn.stopped.discard(i)
                 fn.restarts[i] = fn.restarts.get(i, 0) + 1
                 self._start_instance(fn, i)
+
+    def _check_runnable(self, fn: HostedFunction) -> None:
+        if fn.failure:
+            raise ConfigError(f"Function {fn.config.name} cannot start: {fn.failure} (update it with code that loads)")
 
     def _check_instance(self, fn: HostedFunction, instance_id: int) -> int:
         if not 0 <= instance_id < fn.config.parallelism:
@@ -334,16 +451,34 @@ class Worker:
         fn.restarts.setdefault(i, 0)
         log.info("started %s instance %d (%s)", cfg.fqfn, i, fn.runtime(self.default_runtime))
 
-    def _drain(self, fn: HostedFunction, ids: list[int]) -> None:
-        """Stop receiving on all of them at once, then wait for each to finish in-flight work and close."""
+    def _drain(self, fn: HostedFunction, ids: list[int], then=None) -> None:
+        """Stop receiving on all of them now; a background thread waits, at most drain_timeout_s, for their
+        in-flight work, abandons what is still busy (runtime.InstanceHandle.abandon) and retires them."""
         handles = [fn.instances.pop(i) for i in ids if i in fn.instances]
         for h in handles:
             h.stop()
+        fn.draining.extend(handles)
+        t = threading.Thread(target=self._retire, args=(fn, handles, then), name=f"drain-{fn.config.fqfn}",
+                             daemon=True)
+        self._retirers = [r for r in self._retirers if r.is_alive()] + [t]
+        t.start()
+
+    def _retire(self, fn: HostedFunction, handles: list[InstanceHandle], then) -> None:
+        deadline = time.monotonic() + self.drain_timeout_s
         for h in handles:
-            if not h.join(DRAIN_TIMEOUT_S):
-                log.error("%s instance %d did not drain within %.0fs", fn.config.fqfn, h.instance_id, DRAIN_TIMEOUT_S)
-            fn.retired = _sum_figures(fn.retired, h.figures())
+            drained = h.join(max(deadline - time.monotonic(), 0.0))
+            if not drained:
+                h.abandon()
+                log.error("%s instance %d did not drain within %.0f s: abandoned (its consumer is closed, its "
+                          "unacknowledged messages are redelivered)", fn.config.fqfn, h.instance_id,
+                          self.drain_timeout_s)
+            with self._lock:
+                fn.abandoned += 0 if drained else 1
+                fn.draining.remove(h)
+                fn.retired = _sum_figures(fn.retired, h.figures())
             log.info("drained %s instance %d", fn.config.fqfn, h.instance_id)
+        if then is not None:
+            then()
 
     # ---- supervision: a crashed instance is restarted (counted in numRestarts) -----------------
     def _supervise(self) -> None:
@@ -376,7 +511,7 @@ class Worker:
 
     def _counters(self, fn: HostedFunction) -> FunctionCounters:
         total = fn.retired
-        for h in fn.instances.values():
+        for h in [*fn.instances.values(), *fn.draining]:
             total = _sum_figures(total, h.figures())
         t = time.time()
         if total is None:
@@ -385,6 +520,12 @@ class Worker:
             time=t, arrived=None, received=total.received, processed=total.processed, outputs=total.outputs,
             busy_s=total.busy_s, busy_sq_s2=total.busy_sq_s2, interarrival_n=total.interarrival_n,
             interarrival_s=total.interarrival_s, interarrival_sq_s2=total.interarrival_sq_s2)
+
+    def health(self, fqfn: str) -> tuple[str, int]:
+        """(why the function cannot run or "", how many of its drains were abandoned)."""
+        with self._lock:
+            fn = self._get(fqfn)
+            return fn.failure, fn.abandoned
 
     def counters(self, fqfn: str) -> FunctionCounters:
         """Cumulative since the function was created, drained instances included (for the controller)."""
@@ -395,7 +536,7 @@ class Worker:
         """(system, user) exceptions since creation, drained instances included."""
         with self._lock:
             fn = self._get(fqfn)
-            figs = [h.figures() for h in fn.instances.values()] + ([fn.retired] if fn.retired else [])
+            figs = [h.figures() for h in [*fn.instances.values(), *fn.draining]] + ([fn.retired] if fn.retired else [])
             return sum(f.system_exceptions for f in figs), sum(f.user_exceptions for f in figs)
 
     def counters_1min_ago(self, fqfn: str) -> FunctionCounters | None:
@@ -408,6 +549,9 @@ class Worker:
         with self._lock:
             for fn in self._functions.values():
                 self._drain(fn, sorted(fn.instances, reverse=True))
+            retirers = list(self._retirers)
+        for t in retirers:
+            t.join(self.drain_timeout_s + 5)
         self._supervisor.join(5)
         self.stages.close()
         self._client.close()

@@ -28,7 +28,7 @@ import pulsar
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
 from ..config import FunctionConfig
-from ..loader import load_callable
+from ..validation import validate
 from ..worker import Conflict, NotFound
 from .tailer import TopicTailer
 from .topics import ClusterTopics
@@ -144,10 +144,11 @@ class FunctionMetaDataManager:
 
     def _publish_code(self, cfg: FunctionConfig, code: bytes | None, filename: str | None
                       ) -> tuple[str | None, str | None]:
-        if code is None and cfg.py and Path(cfg.py).is_file():
-            code, filename = Path(cfg.py).read_bytes(), Path(cfg.py).name  # other machines lack this path
+        if code is None and cfg.py:
+            raise ConfigError(f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded code "
+                              "(send the file as the multipart `data` part)")
         if code is None:
-            load_callable(cfg.className, None)
+            validate(cfg.className, None)  # in a child process (functions/validation.py)
             return None, None
         name = Path(filename or cfg.py or f"{cfg.className.split('.')[0]}.py").name
         if not name.endswith(".py"):
@@ -157,7 +158,7 @@ class FunctionMetaDataManager:
                               f"the broker and accepts at most {MAX_PACKAGE_BYTES} bytes")
         sha = hashlib.sha256(code).hexdigest()
         path = self._write_package(sha, name, code)
-        load_callable(cfg.className, str(path))  # refuse now what could never run
+        validate(cfg.className, str(path))  # refuse now what could never run, importing it in a child process
         self._pkg_producer.send(code, properties={"sha256": sha, "filename": name})
         return sha, name
 
