@@ -6,6 +6,15 @@ needs (a forecast's history, counters across periods) comes in as `state` and go
 the Proposal. A None figure in the snapshot means unknown: keep that function's parallelism
 and say so in the reason. Bounds, cooldown and stabilization are not a policy's business: the
 Plan step applies them to every policy's output.
+
+Two kinds of check call `decide` (`snapshot.check` says which):
+- "period": the regular period (30 s by default); every figure is over `snapshot.window_s`; the
+  state the Proposal returns is kept.
+- "fast": the fast path (controller.fast, every second or two when enabled): a short window,
+  arrival rate and backlog measured at the consumers. Only scale-outs of functions that are
+  falling behind are applied, and the returned state is dropped, so a policy written for the
+  period alone stays correct unchanged. A policy that wants to act differently reads
+  `snapshot.check`; one that must never be asked between periods sets `fast = False`.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ class NoConfig:
 class Policy(ABC):
     name: ClassVar[str]
     Config: ClassVar[type] = NoConfig
+    fast: ClassVar[bool] = True     # asked at fast checks too (see the module text)
 
     def __init__(self, config=None):
         self.config = config if config is not None else self.Config()

@@ -30,13 +30,22 @@ class FunctionSnapshot:
     age_s: float | None = None            # how old the freshest figure is, seconds
 
 
+CHECKS = ("period", "fast")
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """All functions at one MAPE period. `time` is the monitor's clock (wall or simulated), seconds."""
+    """All functions at one MAPE period. `time` is the monitor's clock (wall or simulated), seconds.
+
+    `check` says which check asks: "period" (the regular period, every figure over `window_s`) or
+    "fast" (controller.fast: a scale-out-only check every few seconds on the consumers' own
+    counters over a short window; arrival rate and backlog measured at the consumer).
+    """
 
     time: float
     window_s: float
     functions: Mapping[str, FunctionSnapshot] = field(default_factory=dict)
+    check: str = "period"
 
     def __getitem__(self, name: str) -> FunctionSnapshot:
         return self.functions[name]
@@ -61,6 +70,8 @@ class FunctionCounters:
     interarrival_n: float = 0.0  # number of inter-arrival gaps observed
     interarrival_s: float = 0.0  # sum of gaps
     interarrival_sq_s2: float = 0.0
+    wait_s: float = 0.0                    # sum over received messages of receive time - publish time
+    newest_publish_s: float | None = None  # newest publish time among received messages (None: none yet)
 
 
 def _scv(n: float, total: float, total_sq: float) -> float | None:

@@ -14,6 +14,10 @@ re-implements them (Ray Serve wraps user policies the same way). Per function, i
    execution) does not start a cooldown;
 6. bounds again: they are hard limits and win over steps 2-5 when `current` lies outside them.
 
+At a fast check (`fast=True`, controller.fast) the proposal holds scale-outs only; its
+recommendations enter the stabilization window only where they scale out, so a second of "keep"
+never blocks the regular period's scale-in.
+
 Pure: time comes in as `now` and memory goes in and out as PlanState, so the simulator runs the
 very same code and a period can be replayed.
 """
@@ -114,7 +118,7 @@ class Planner:
         self.config = config or PlanConfig()
 
     def plan(self, proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], state: PlanState,
-             now: float) -> tuple[list[Decision], PlanState]:
+             now: float, fast: bool = False) -> tuple[list[Decision], PlanState]:
         """One Decision per function in `current` (a function the proposal omits keeps its value)."""
         c = self.config
         last_change = {fn: s for fn, s in state.last_change.items() if fn in current}
@@ -129,8 +133,8 @@ class Planner:
                 why.append(f"bounded to [{lo}, {hi}]")
             if c.scale_in_stabilization_s > 0:
                 window = tuple(s for s in state.recent.get(fn, ()) if now - s.time < c.scale_in_stabilization_s)
-                recent[fn] = window + (Stamped(now, new),)
-                stable = min(max(s.parallelism for s in recent[fn]), old)
+                recent[fn] = window + ((Stamped(now, new),) if not fast or new > old else ())
+                stable = min(max((s.parallelism for s in recent[fn]), default=new), old)
                 if new < stable:
                     why.append(f"stabilization: highest recommendation in {c.scale_in_stabilization_s:g}s "
                                f"is {stable}")

@@ -15,6 +15,19 @@ A message carries its source publish time. A source message is complete when eve
 slowest path, which in `paper-image` is the recognition path the paper reports. Backlog counts
 waiting plus in-flight messages, as Pulsar's msgBacklog counts unacknowledged ones.
 
+Fast path (the autoscaler's FastConfig enabled): every `fast.period_s` the consumers' own
+counters (received, publish-to-receive wait, newest publish time: exact and current, as the
+worker's are) over `fast.window_s` become a `check="fast"` Snapshot through
+controller.fast.consumer_snapshot, the code the live Monitor uses; the broker's gauges play no part.
+
+Warm pool (`warm_pool` > 0): each function keeps that many standby instances; a scale-out takes
+them first, and they serve after `warm_start_s` instead of `start_s`; a taken standby is replaced
+by a cold start in the background. Standbys count as `standby_weight` of an instance each in
+instance-seconds (reported apart as standby_instance_seconds and included in instance_seconds).
+
+A policy with a `check_times()` method (the clairvoyant bound, sim.clairvoyant) is also
+asked at those times, beside the period: it knows when the rate steps.
+
 Random streams: one numpy Generator per station and one for arrivals, all from `seed`, so two
 policies run on the same seed see the same arrivals and the same per-station service draws.
 """
@@ -31,6 +44,7 @@ import simpy
 
 from pulsar_autoscale.sim.apps import SimApp, SimFunction
 from pulsar_autoscale.controller.autoscaler import Autoscaler
+from pulsar_autoscale.controller.fast import consumer_snapshot
 from pulsar_autoscale.graph import AppGraph, FunctionNode
 from pulsar_autoscale.snapshot import FunctionCounters, Snapshot, window_snapshot
 from pulsar_autoscale.sim.workloads import Workload
@@ -49,6 +63,9 @@ class SimConfig:
     # > 0: the broker's figures (arrivals, backlog) are gauges refreshed this often, as pulsar-lite's
     # are (about 5 s); the worker's counters stay exact. 0: the monitor reads exact counts.
     gauge_refresh_s: float = 0.0
+    warm_pool: int = 0              # standby instances per function (0: none)
+    warm_start_s: float = 0.05      # a standby's start latency when a scale-out takes it
+    standby_weight: float = 0.25    # a standby's cost as a share of a running instance
     seed: int = 0
 
 
@@ -61,6 +78,7 @@ class SimSeries:
     parallelism: dict[str, list[int]] = field(default_factory=dict)
     running: dict[str, list[int]] = field(default_factory=dict)
     backlog: dict[str, list[float]] = field(default_factory=dict)
+    actions: list[tuple[float, str, str]] = field(default_factory=list)  # (time, "period"/"fast", function)
     rt_time: np.ndarray = field(default_factory=lambda: np.empty(0))    # completion times
     rt: np.ndarray = field(default_factory=lambda: np.empty(0))         # response times, same order
 
@@ -76,6 +94,8 @@ class SimResult:
     instance_seconds: float
     efficiency: float
     scaling_actions: int
+    fast_actions: int               # of scaling_actions, those the fast path took
+    standby_instance_seconds: float  # warm-pool standbys, weighted (included in instance_seconds)
     lost: int
     produced: int                   # source messages
     completed: int                  # source messages that left the DAG
@@ -86,8 +106,8 @@ class SimResult:
     series: SimSeries = field(repr=False, default_factory=SimSeries)
 
     SCALARS = ("mean_rt_s", "p95_rt_s", "p99_rt_s", "max_rt_s", "slo_violation_share", "avg_instances",
-               "instance_seconds", "efficiency", "scaling_actions", "lost", "produced", "completed",
-               "redelivered", "drained", "sim_time_s", "policy_errors")
+               "instance_seconds", "efficiency", "scaling_actions", "fast_actions", "standby_instance_seconds",
+               "lost", "produced", "completed", "redelivered", "drained", "sim_time_s", "policy_errors")
 
     def summary(self) -> dict:
         return {k: getattr(self, k) for k in self.SCALARS}
@@ -105,7 +125,10 @@ class _Instance:
 
 
 class _Station:
-    """One function: backlog, instances, and the cumulative counters the monitor reads."""
+    """One function: backlog, instances, and the cumulative counters the monitor reads.
+
+    The backlog holds (enqueue time, job) items: the enqueue time is the message's publish time on
+    this function's input topic, from which its consumers measure their wait and arrival rate."""
 
     def __init__(self, sim: "Simulation", fn: SimFunction, rng: np.random.Generator, parallelism: int):
         self.sim, self.env, self.fn, self.rng = sim, sim.env, fn, rng
@@ -121,6 +144,9 @@ class _Station:
         self.ia_n = 0
         self.ia_s = self.ia_sq = 0.0
         self.last_arrival: float | None = None
+        self.wait_s = 0.0
+        self.newest_publish: float | None = None
+        self.standby_ready = sim.config.warm_pool
         self.redelivered = 0
         self.alive_since = 0.0
         self.instance_seconds = 0.0
@@ -158,10 +184,13 @@ class _Station:
                         break
                 inst.msg = msg
                 self.received += 1
+                self.wait_s += env.now - msg[0]
+                if self.newest_publish is None or msg[0] > self.newest_publish:
+                    self.newest_publish = msg[0]
                 s = self._draw()
                 yield env.timeout(s)
                 inst.msg = None
-                self._complete(msg, s)
+                self._complete(msg[1], s)
         except simpy.Interrupt:
             self._hand_back(inst)
         self._account()
@@ -196,13 +225,23 @@ class _Station:
             return
         active = [i for i in self.instances if not i.stopping]
         if new > len(active):
-            self._start(new - len(active), start_s)
+            warm = min(new - len(active), self.standby_ready)
+            if warm:
+                self.standby_ready -= warm
+                self._start(warm, self.sim.config.warm_start_s)
+                self.env.process(self._refill(warm, start_s))
+            self._start(new - len(active) - warm, start_s)
         for inst in active[new:]:
             inst.stopping = True
             if inst.wake is not None and not inst.wake.triggered:
                 self.idle.remove(inst)
                 inst.wake.succeed(None)
         self.parallelism = new
+
+    def _refill(self, n: int, start_s: float):
+        """Taken standbys are replaced by cold starts in the background."""
+        yield self.env.timeout(start_s)
+        self.standby_ready += n
 
     def _restart(self, new: int, restart_s: float):
         yield self.env.timeout(0)  # let the interrupted instances leave first
@@ -211,6 +250,7 @@ class _Station:
     # ---- messages --------------------------------------------------------------------------
     def offer(self, job: list) -> None:
         now = self.env.now
+        item = (now, job)
         self.arrived += 1
         if self.last_arrival is not None:
             gap = now - self.last_arrival
@@ -220,9 +260,9 @@ class _Station:
         self.last_arrival = now
         if self.idle:
             inst = self.idle.pop()
-            inst.wake.succeed(job)
+            inst.wake.succeed(item)
         else:
-            self.queue.append(job)
+            self.queue.append(item)
 
     def _complete(self, job: list, s: float) -> None:
         self.processed += 1
@@ -248,7 +288,8 @@ class _Station:
         return FunctionCounters(
             time=now, arrived=float(self.arrived), received=float(self.received), processed=float(self.processed),
             outputs=float(self.processed if self.fn.output else 0), busy_s=self.busy, busy_sq_s2=self.busy_sq,
-            interarrival_n=float(self.ia_n), interarrival_s=self.ia_s, interarrival_sq_s2=self.ia_sq)
+            interarrival_n=float(self.ia_n), interarrival_s=self.ia_s, interarrival_sq_s2=self.ia_sq,
+            wait_s=self.wait_s, newest_publish_s=self.newest_publish)
 
 
 class Simulation:
@@ -276,6 +317,7 @@ class Simulation:
         self.series = SimSeries(parallelism={n: [] for n in self.stations}, running={n: [] for n in self.stations},
                                 backlog={n: [] for n in self.stations})
         self.scaling_actions = 0
+        self.fast_actions = 0
         self.policy_errors = 0
         self.lower_bound_instance_s = 0.0
 
@@ -347,21 +389,57 @@ class Simulation:
             self.series.backlog[name].append(backlog)
         self.series.time.append(now)
         self.series.arrival_rate.append(source_arrivals)
-        snapshot = Snapshot(time=now, window_s=period, functions=functions)
+        self._check(Snapshot(time=now, window_s=period, functions=functions))
+
+    def _check(self, snapshot: Snapshot) -> None:
+        """One policy call through the Plan step, and its changes applied."""
         current = {n: st.parallelism for n, st in self.stations.items()}
-        step = self.autoscaler.step(self.graph, snapshot, current, now)
+        step = self.autoscaler.step(self.graph, snapshot, current, snapshot.time)
         if step.error:
             self.policy_errors += 1
         for d in step.decisions:
             if d.changed:
                 self.scaling_actions += 1
+                self.fast_actions += snapshot.check == "fast"
+                self.series.actions.append((snapshot.time, snapshot.check, d.function))
                 self.stations[d.function].scale(d.new, self.config.restart_s, self.config.start_s)
+
+    def _fast(self):
+        """The fast path: the consumers' counters over the fast window, every fast period (not at the
+        instants the regular period runs)."""
+        fast, period = self.autoscaler.fast, self.config.period_s
+        history = {name: deque([st.counters(0.0)]) for name, st in self.stations.items()}
+        while True:
+            yield self.env.timeout(fast.period_s)
+            now = self.env.now
+            functions = {}
+            for name, st in self.stations.items():
+                readings = history[name]
+                cur = st.counters(now)
+                while len(readings) > 1 and readings[1].time <= now - fast.window_s + 1e-9:
+                    readings.popleft()
+                functions[name] = consumer_snapshot(name, st.parallelism, readings[0], cur, st.running)
+                readings.append(cur)
+            if abs(now / period - round(now / period)) > 1e-9:
+                self._check(Snapshot(time=now, window_s=fast.window_s, functions=functions, check="fast"))
+
+    def _oracle(self, times: list[float]):
+        """Checks at the times a policy that knows the workload asked for (sim.clairvoyant)."""
+        for t in times:
+            if t > self.env.now:
+                yield self.env.timeout(t - self.env.now)
+            self._check(Snapshot(time=self.env.now, window_s=self.config.period_s, functions={}))
 
     # ---- run ---------------------------------------------------------------------------------
     def run(self) -> SimResult:
         times = self.workload.arrival_times(self.arrival_rng)
         self.env.process(self._source(times))
         self.env.process(self._mape())
+        if self.autoscaler.fast.enabled:
+            self.env.process(self._fast())
+        check_times = getattr(self.autoscaler.policy, "check_times", None)
+        if check_times is not None:
+            self.env.process(self._oracle(sorted({max(t, 0.0) for t in check_times()})))
         if self.config.gauge_refresh_s > 0:
             self.env.process(self._gauges())
         limit = self.env.timeout(self.workload.duration_s + self.config.drain_limit_s)
@@ -372,8 +450,9 @@ class Simulation:
     def _result(self) -> SimResult:
         end = self.env.now
         lost = 0
-        instance_s = 0.0
         redelivered = 0
+        standby_s = len(self.stations) * self.config.warm_pool * self.config.standby_weight * end
+        instance_s = standby_s
         for st in self.stations.values():
             st._account()
             instance_s += st.instance_seconds
@@ -392,6 +471,8 @@ class Simulation:
             instance_seconds=instance_s,
             efficiency=self.lower_bound_instance_s / instance_s if instance_s > 0 else 0.0,
             scaling_actions=self.scaling_actions,
+            fast_actions=self.fast_actions,
+            standby_instance_seconds=standby_s,
             lost=int(lost),
             produced=self.produced,
             completed=len(self.rt),
