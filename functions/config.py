@@ -1,14 +1,16 @@
 """Pulsar's FunctionConfig, with Pulsar's field names, validation and derived values.
 
-Only the fields a Python function uses are typed; anything else Pulsar accepts is
-kept in `extra` and round-trips, so a config written for `pulsar-admin` works here.
+Every field of Pulsar's published FunctionConfig schema is either honoured with Pulsar's
+semantics or refused with a 400 that names it (docs/function-config.md); a field that is
+not in the schema is refused too, so nothing is accepted and then silently ignored.
+Types are strict: `retainOrdering: "false"` is an error, not a truthy string.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,17 +19,52 @@ import yaml
 from pulsar_autoscale.errors import ConfigError
 
 GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE", "EFFECTIVELY_ONCE", "MANUAL")
-SUPPORTED_GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE")
+SUPPORTED_GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE", "MANUAL")
 RUNTIMES = ("PYTHON", "JAVA", "GO")
+SUBSCRIPTION_POSITIONS = ("Latest", "Earliest")
+COMPRESSION_TYPES = ("NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY")
+BATCH_BUILDERS = ("DEFAULT", "KEY_BASED")
 DEFAULT_MAX_PARALLELISM = 64
 # Small on purpose: messages prefetched by old instances are not given to a new one,
 # so the prefetch queue bounds how soon a scale-out takes effect (DESIGN.md "Prefetch").
 DEFAULT_RECEIVER_QUEUE_SIZE = 100
+# Pulsar's defaults for a resources object given in part (FunctionConfigUtils).
+DEFAULT_RESOURCES = {"cpu": 1.0, "ram": 1073741824, "disk": 10737418240}
+# The Pulsar C++/Python client refuses an ack timeout below 10 s ("Ack timeout should be greater than 10s").
+MIN_TIMEOUT_MS = 10_000
+# Pulsar's Java default for asynchronous functions; Python functions are synchronous, so only it is accepted.
+PULSAR_MAX_PENDING_ASYNC_REQUESTS = 1000
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 # Fields Pulsar refuses to change on update ("... cannot be altered").
-IMMUTABLE_FIELDS = ("inputs", "processingGuarantees", "retainOrdering", "retainKeyOrdering", "runtime", "subName",
-                    "tenant", "namespace", "name")
+IMMUTABLE_FIELDS = ("inputs", "topicsPattern", "processingGuarantees", "retainOrdering", "retainKeyOrdering", "runtime",
+                    "subName", "tenant", "namespace", "name")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=:]*$")
 _TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$")
+
+# Fields of the published schema this worker refuses, with why (docs/function-config.md).
+REFUSED = {
+    "jar": "only Python functions run here (set py)",
+    "go": "only Python functions run here (set py)",
+    "inputTypeClassName": "it is a Java type; Python functions use serde classes (customSerdeInputs)",
+    "outputTypeClassName": "it is a Java type; Python functions use serde classes (outputSerdeClassName)",
+    "outputSchemaType": "functions here exchange bytes through serde classes, not Pulsar schemas "
+                        "(use outputSerdeClassName)",
+    "customSchemaInputs": "functions here exchange bytes through serde classes, not Pulsar schemas "
+                          "(use customSerdeInputs)",
+    "customSchemaOutputs": "functions here exchange bytes through serde classes, not Pulsar schemas "
+                           "(use outputSerdeClassName)",
+    "windowConfig": "Pulsar itself refuses windowed Python functions (\"There is currently no support windowing in "
+                    "python\"); keep a window in state (context.put_state) or use a Spark stateful stage",
+    "runtimeFlags": "instances are threads or processes of this worker, started without interpreter flags",
+    "functionType": "it is set by Pulsar's own function types (sources, sinks), not by a function config",
+}
+# Refused unless given Pulsar's default (which is what a Python function gets here anyway).
+REFUSED_UNLESS = {
+    "maxPendingAsyncRequests": (PULSAR_MAX_PENDING_ASYNC_REQUESTS,
+                                "Python functions are synchronous; only Java async functions have pending requests"),
+    "exposePulsarAdminClientEnabled": (False, "the Python Context has no Pulsar admin client"),
+}
 
 
 def normalize_topic(topic: str, tenant: str = "public", namespace: str = "default") -> str:
@@ -49,6 +86,25 @@ def normalize_topic(topic: str, tenant: str = "public", namespace: str = "defaul
 
 
 @dataclass(frozen=True)
+class Resources:
+    """Pulsar's resources: what one instance asks for (cores, bytes of RAM, bytes of disk)."""
+
+    cpu: float = DEFAULT_RESOURCES["cpu"]
+    ram: int = DEFAULT_RESOURCES["ram"]
+    disk: int = DEFAULT_RESOURCES["disk"]
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Pulsar's producerConfig, for the function's output producer."""
+
+    maxPendingMessages: int | None = None
+    maxPendingMessagesAcrossPartitions: int | None = None
+    compressionType: str | None = None
+    batchBuilder: str | None = None
+
+
+@dataclass(frozen=True)
 class FunctionConfig:
     tenant: str = "public"
     namespace: str = "default"
@@ -56,20 +112,34 @@ class FunctionConfig:
     className: str = ""
     py: str | None = None
     inputs: tuple[str, ...] = ()
+    topicsPattern: str | None = None
     output: str | None = None
     parallelism: int = 1
     processingGuarantees: str = "ATLEAST_ONCE"
     retainOrdering: bool = False
     retainKeyOrdering: bool = False
     subName: str | None = None
+    subscriptionPosition: str = "Latest"
+    skipToLatest: bool = False
+    cleanupSubscription: bool = True
     userConfig: dict[str, Any] = field(default_factory=dict)
+    secrets: dict[str, Any] = field(default_factory=dict)
     logTopic: str | None = None
     runtime: str = "PYTHON"
     autoAck: bool = True
+    maxMessageRetries: int | None = None
+    deadLetterTopic: str | None = None
+    timeoutMs: int | None = None
     receiverQueueSize: int = DEFAULT_RECEIVER_QUEUE_SIZE
+    customSerdeInputs: dict[str, str] = field(default_factory=dict)   # topic -> serde class
+    outputSerdeClassName: str | None = None
+    forwardSourceMessageProperty: bool = True
+    batchBuilder: str | None = None
+    producerConfig: ProducerConfig | None = None
+    resources: Resources | None = None
+    customRuntimeOptions: str | None = None
     # Our runtime: "thread" or "process" instances (Pulsar's kubernetes/process/thread runtimes are cluster-wide).
     instanceRuntime: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fqfn(self) -> str:
@@ -88,6 +158,23 @@ class FunctionConfig:
             return "KEY_SHARED"
         return "SHARED"
 
+    @property
+    def auto_ack(self) -> bool:
+        """The instance acks (after the output is persisted); MANUAL or autoAck false: the function acks."""
+        return self.autoAck and self.processingGuarantees != "MANUAL"
+
+    def dead_letter_topics(self) -> list[str]:
+        """Where a message goes after maxMessageRetries redeliveries: deadLetterTopic, else as the Pulsar
+        client derives it per input topic, `{topic}-{subscription}-DLQ`."""
+        if self.maxMessageRetries is None:
+            return []
+        if self.deadLetterTopic:
+            return [self.deadLetterTopic]
+        return [f"{t}-{self.subscription_name}-DLQ" for t in self.inputs]
+
+    def serde_for(self, topic: str) -> str | None:
+        return self.customSerdeInputs.get(topic)
+
     # ---- parsing ---------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> "FunctionConfig":
@@ -99,24 +186,23 @@ class FunctionConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "FunctionConfig":
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read function config file {p}: {exc.strerror}") from exc
-        return cls.from_text(text, str(p))
+        return cls.from_dict(read_config_file(path))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        extra = d.pop("extra")
         d["inputs"] = list(self.inputs)
-        d["inputSpecs"] = {t: {"receiverQueueSize": self.receiverQueueSize} for t in self.inputs}
+        d["inputSpecs"] = {t: {"receiverQueueSize": self.receiverQueueSize,
+                               **({"serdeClassName": self.customSerdeInputs[t]} if t in self.customSerdeInputs else {})}
+                           for t in self.inputs}
         d.pop("receiverQueueSize")
-        d = {k: v for k, v in d.items() if v is not None}
-        return {**extra, **d}
+        if self.producerConfig is not None:
+            d["producerConfig"] = {k: v for k, v in d["producerConfig"].items() if v is not None}
+        return {k: v for k, v in d.items() if v is not None}
 
     def merged(self, update: Mapping[str, Any], max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> "FunctionConfig":
         """Pulsar's update semantics: a partial config is merged; changing an immutable field or nothing is an error."""
+        if not isinstance(update, Mapping):
+            raise ConfigError(f"functionConfig must be a JSON object, got {_type_name(update)}")
         new = _from_mapping({**self.to_dict(), **_drop_empty(update)})
         for name in IMMUTABLE_FIELDS:
             if name in update and update[name] not in (None, "", [], {}) and getattr(new, name) != getattr(self, name):
@@ -125,6 +211,15 @@ class FunctionConfig:
         if new == self:
             raise ConfigError("Update contains no change")
         return new
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read function config file {p}: {exc.strerror}") from exc
+    return parse_text(text, str(p))
 
 
 def parse_text(text: str, source: str) -> dict[str, Any]:
@@ -137,7 +232,7 @@ def parse_text(text: str, source: str) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{source} is neither valid JSON nor YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{source} must be a JSON/YAML object, got {type(data).__name__}")
+        raise ConfigError(f"{source} must be a JSON/YAML object, got {_type_name(data)}")
     return data
 
 
@@ -145,7 +240,7 @@ def _pulsar_label(name: str) -> str:
     labels = {"inputs": "Input Topics", "processingGuarantees": "Processing Guarantees",
               "retainOrdering": "Retain Ordering", "retainKeyOrdering": "Retain Key Ordering",
               "runtime": "Runtime", "subName": "Subscription Name", "tenant": "Tenant",
-              "namespace": "Namespace", "name": "Function Names"}
+              "namespace": "Namespace", "name": "Function Names", "topicsPattern": "Topics Pattern"}
     return labels.get(name, name)
 
 
@@ -153,58 +248,275 @@ def _drop_empty(update: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in update.items() if v is not None}
 
 
-_KNOWN = {f.name for f in fields(FunctionConfig)} - {"extra"}
+# ---- strict types: each error names the field, the type it needs and what it got ----------------
+
+def _type_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _wrong(name: str, want: str, value: Any) -> ConfigError:
+    return ConfigError(f"{name} must be {want}, got {_type_name(value)} {value!r:.80}")
+
+
+def _str(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _wrong(name, "a string", value)
+    return value
+
+
+def _bool(name: str, value: Any) -> bool | None:
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise _wrong(name, "a boolean (true or false)", value)
+    return value
+
+
+def _int(name: str, value: Any, low: int, high: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong(name, "an integer", value)
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer from {low} to {high}, got {value}")
+    return value
+
+
+def _number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong(name, "a number", value)
+    return float(value)
+
+
+def _object(name: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _wrong(name, "an object", value)
+    return dict(value)
+
+
+def _str_map(name: str, value: Any) -> dict[str, str]:
+    out = _object(name, value)
+    for k, v in out.items():
+        _str(f"{name}.{k}", v)
+    return out
+
+
+def _enum(name: str, value: Any, allowed: tuple[str, ...], case_insensitive: bool = True) -> str | None:
+    value = _str(name, value)
+    if value is None:
+        return None
+    for a in allowed:
+        if value == a or (case_insensitive and value.upper() == a.upper()):
+            return a
+    raise ConfigError(f"{name} {value!r} is unknown: use one of {', '.join(allowed)}")
+
+
+_SCHEMA_FIELDS = {
+    "autoAck", "batchBuilder", "className", "cleanupSubscription", "customRuntimeOptions", "customSchemaInputs",
+    "customSchemaOutputs", "customSerdeInputs", "deadLetterTopic", "exposePulsarAdminClientEnabled",
+    "forwardSourceMessageProperty", "fqfn", "functionType", "go", "inputSpecs", "inputTypeClassName", "inputs", "jar",
+    "logTopic", "maxMessageRetries", "maxPendingAsyncRequests", "name", "namespace", "output", "outputSchemaType",
+    "outputSerdeClassName", "outputTypeClassName", "parallelism", "processingGuarantees", "producerConfig", "py",
+    "resources", "retainKeyOrdering", "retainOrdering", "runtime", "runtimeFlags", "secrets", "skipToLatest", "subName",
+    "subscriptionPosition", "tenant", "timeoutMs", "topicsPattern", "userConfig", "windowConfig",
+}
+# Ours: the runtime of the instances, and a shorthand for every inputSpecs.<topic>.receiverQueueSize.
+OUR_FIELDS = {"instanceRuntime", "receiverQueueSize"}
+_CONSUMER_FIELDS = {"receiverQueueSize", "serdeClassName", "regexPattern", "schemaType", "schemaProperties",
+                    "consumerProperties", "cryptoConfig", "poolMessages"}
+_PRODUCER_FIELDS = {"maxPendingMessages", "maxPendingMessagesAcrossPartitions", "compressionType", "batchBuilder",
+                    "useThreadLocalProducers", "cryptoConfig"}
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == "" or value == {} or value == []
+
+
+def _refuse_unsupported(data: Mapping[str, Any]) -> None:
+    for key in data:
+        if not isinstance(key, str) or (key not in _SCHEMA_FIELDS and key not in OUR_FIELDS):
+            raise ConfigError(f"{key!r} is not a FunctionConfig field (Pulsar's published schema); check the spelling")
+    for key, why in REFUSED.items():
+        if not _empty(data.get(key)):
+            raise ConfigError(f"{key} is not supported by this worker: {why}")
+    for key, (allowed, why) in REFUSED_UNLESS.items():
+        if data.get(key) is not None and data[key] != allowed:
+            raise ConfigError(f"{key} is not supported by this worker (only {json.dumps(allowed)}): {why}")
+    runtime = data.get("runtime")
+    if isinstance(runtime, str) and runtime.upper() in ("JAVA", "GO"):
+        raise ConfigError(f"runtime {runtime.upper()} is not supported by this worker: only PYTHON functions run here")
+
+
+def _input_specs(data: Mapping[str, Any]) -> tuple[list[str], dict[str, str], int | None, list[str]]:
+    """inputSpecs -> (topics, serde per topic, receiverQueueSize, regex patterns)."""
+    specs = _object("inputSpecs", data.get("inputSpecs"))
+    topics: list[str] = []
+    serdes: dict[str, str] = {}
+    patterns: list[str] = []
+    queues: set[int] = set()
+    for topic, spec in specs.items():
+        where = f"inputSpecs.{topic}"
+        spec = _object(where, spec)
+        unknown = set(spec) - _CONSUMER_FIELDS
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]} is not a ConsumerConfig field")
+        for key in ("schemaType", "schemaProperties", "consumerProperties", "cryptoConfig"):
+            if not _empty(spec.get(key)):
+                raise ConfigError(f"{where}.{key} is not supported by this worker: functions here exchange bytes "
+                                  "through serde classes (serdeClassName), without schemas or encryption")
+        if _bool(f"{where}.poolMessages", spec.get("poolMessages")):
+            raise ConfigError(f"{where}.poolMessages is not supported by this worker: it is a Java client option")
+        q = _int(f"{where}.receiverQueueSize", spec.get("receiverQueueSize"), 1, INT32_MAX)
+        if q is not None:
+            queues.add(q)
+        if _bool(f"{where}.regexPattern", spec.get("regexPattern")):
+            patterns.append(topic)
+            continue
+        topics.append(topic)
+        serde = _str(f"{where}.serdeClassName", spec.get("serdeClassName"))
+        if serde:
+            serdes[topic] = serde
+    if len(queues) > 1:
+        raise ConfigError(f"inputSpecs: receiverQueueSize differs between topics ({sorted(queues)}); "
+                          "this worker opens one consumer for all inputs of a function: give one value")
+    return topics, serdes, (queues.pop() if queues else None), patterns
 
 
 def _from_mapping(data: Mapping[str, Any]) -> FunctionConfig:
     if not isinstance(data, Mapping):
-        raise ConfigError("functionConfig must be a JSON object")
-    data = dict(data)
-    tenant = str(data.get("tenant") or "public")
-    namespace = str(data.get("namespace") or "default")
-    inputs: list[str] = []
-    raw_inputs = data.pop("inputs", None) or []
-    if isinstance(raw_inputs, str):
-        raw_inputs = [t for t in raw_inputs.split(",") if t.strip()]
+        raise ConfigError(f"functionConfig must be a JSON object, got {_type_name(data)}")
+    _refuse_unsupported(data)
+    tenant = _str("tenant", data.get("tenant")) or "public"
+    namespace = _str("namespace", data.get("namespace")) or "default"
+    name = _str("name", data.get("name")) or ""
+    fqfn = _str("fqfn", data.get("fqfn"))
+    if fqfn and fqfn != f"{tenant}/{namespace}/{name}":
+        raise ConfigError(f"fqfn {fqfn!r} does not match tenant/namespace/name {tenant}/{namespace}/{name}")
+
+    raw_inputs = data.get("inputs")
+    if raw_inputs is None:
+        raw_inputs = []
     if not isinstance(raw_inputs, (list, tuple)):
-        raise ConfigError("inputs must be a list of topic names")
-    inputs.extend(raw_inputs)
-    specs = data.pop("inputSpecs", None) or {}
-    if not isinstance(specs, Mapping):
-        raise ConfigError("inputSpecs must be an object of topic -> spec")
-    queue = data.pop("receiverQueueSize", None)
-    for topic, spec in specs.items():
-        inputs.append(topic)
-        if isinstance(spec, Mapping) and spec.get("receiverQueueSize") is not None:
-            queue = spec["receiverQueueSize"]
-    for key in ("topicsPattern",):
-        if data.get(key):
-            raise ConfigError(f"{key} is not supported by this worker: list the topics in inputs")
+        raise _wrong("inputs", "an array of topic names", raw_inputs)
+    for i, t in enumerate(raw_inputs):
+        _str(f"inputs[{i}]", t)
+    spec_topics, spec_serdes, queue, patterns = _input_specs(data)
+    custom_serdes = _str_map("customSerdeInputs", data.get("customSerdeInputs"))
+    pattern = _str("topicsPattern", data.get("topicsPattern"))
+    if patterns:
+        if len(patterns) > 1 or (pattern and pattern != patterns[0]):
+            raise ConfigError("only one topics pattern per function (topicsPattern or one inputSpecs regexPattern)")
+        pattern = patterns[0]
+    if pattern:
+        pattern = normalize_topic(pattern, tenant, namespace) if "://" not in pattern and "/" in pattern else pattern
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"topicsPattern {pattern!r} is not a valid regular expression: {exc}") from None
     seen: list[str] = []
-    for t in inputs:
+    serdes: dict[str, str] = {}
+    for t in [*raw_inputs, *spec_topics, *custom_serdes]:
         n = normalize_topic(t, tenant, namespace)
         if n not in seen:
             seen.append(n)
-    output = data.pop("output", None)
-    log_topic = data.pop("logTopic", None)
-    user_config = data.pop("userConfig", None) or {}
-    if isinstance(user_config, str):
+    for t, cls in {**spec_serdes, **custom_serdes}.items():
+        serdes[normalize_topic(t, tenant, namespace)] = cls
+
+    def topic(name_: str) -> str | None:
+        value = _str(name_, data.get(name_))
+        return normalize_topic(value, tenant, namespace) if value else None
+
+    user_config = data.get("userConfig")
+    if isinstance(user_config, str):  # pulsar-admin's --user-config sends a JSON string
         user_config = parse_text(user_config, "userConfig")
-    if not isinstance(user_config, Mapping):
-        raise ConfigError("userConfig must be an object")
-    known = {k: data.pop(k) for k in list(data) if k in _KNOWN}
-    try:
-        return FunctionConfig(
-            **known,
-            inputs=tuple(seen),
-            output=normalize_topic(output, tenant, namespace) if output else None,
-            logTopic=normalize_topic(log_topic, tenant, namespace) if log_topic else None,
-            userConfig=dict(user_config),
-            receiverQueueSize=queue if queue is not None else DEFAULT_RECEIVER_QUEUE_SIZE,
-            extra=data,
-        )
-    except TypeError as exc:  # pragma: no cover - keys are filtered above
-        raise ConfigError(f"invalid functionConfig: {exc}") from exc
+    resources = None
+    if data.get("resources") is not None:
+        raw = _object("resources", data["resources"])
+        unknown = set(raw) - {"cpu", "ram", "disk"}
+        if unknown:
+            raise ConfigError(f"resources.{sorted(unknown)[0]} is not a Resources field (cpu, ram, disk)")
+        resources = Resources(
+            cpu=_number("resources.cpu", raw.get("cpu")) if raw.get("cpu") is not None else DEFAULT_RESOURCES["cpu"],
+            ram=_int("resources.ram", raw.get("ram"), 1, INT64_MAX) or DEFAULT_RESOURCES["ram"],
+            disk=_int("resources.disk", raw.get("disk"), 1, INT64_MAX) or DEFAULT_RESOURCES["disk"])
+        if resources.cpu <= 0:
+            raise ConfigError(f"resources.cpu must be a positive number, got {resources.cpu}")
+    producer, batch_builder = _producer_config(data)
+    max_retries = _int("maxMessageRetries", data.get("maxMessageRetries"), -1, INT32_MAX)
+    queue = _int("receiverQueueSize", data.get("receiverQueueSize"), 1, INT32_MAX) if queue is None else queue
+    options = data.get("customRuntimeOptions")
+    if isinstance(options, Mapping):  # written as YAML/JSON object: Pulsar's field is a JSON string
+        options = json.dumps(options)
+    return FunctionConfig(
+        tenant=tenant, namespace=namespace, name=name,
+        className=_str("className", data.get("className")) or "",
+        py=_str("py", data.get("py")),
+        inputs=tuple(seen),
+        topicsPattern=pattern or None,
+        output=topic("output"),
+        parallelism=_int("parallelism", data.get("parallelism"), -INT32_MAX, INT32_MAX) if "parallelism" in data
+        and data["parallelism"] is not None else 1,
+        processingGuarantees=_enum("processingGuarantees", data.get("processingGuarantees"), GUARANTEES)
+        or "ATLEAST_ONCE",
+        retainOrdering=bool(_bool("retainOrdering", data.get("retainOrdering"))),
+        retainKeyOrdering=bool(_bool("retainKeyOrdering", data.get("retainKeyOrdering"))),
+        subName=_str("subName", data.get("subName")) or None,
+        subscriptionPosition=_enum("subscriptionPosition", data.get("subscriptionPosition"), SUBSCRIPTION_POSITIONS)
+        or "Latest",
+        skipToLatest=bool(_bool("skipToLatest", data.get("skipToLatest"))),
+        cleanupSubscription=_default(_bool("cleanupSubscription", data.get("cleanupSubscription")), True),
+        userConfig=_object("userConfig", user_config),
+        secrets=_object("secrets", data.get("secrets")),
+        logTopic=topic("logTopic"),
+        runtime=_enum("runtime", data.get("runtime"), RUNTIMES) or "PYTHON",
+        autoAck=_default(_bool("autoAck", data.get("autoAck")), True),
+        maxMessageRetries=None if max_retries is None or max_retries < 0 else max_retries,
+        deadLetterTopic=topic("deadLetterTopic"),
+        timeoutMs=_int("timeoutMs", data.get("timeoutMs"), 1, INT64_MAX),
+        receiverQueueSize=queue if queue is not None else DEFAULT_RECEIVER_QUEUE_SIZE,
+        customSerdeInputs=serdes,
+        outputSerdeClassName=_str("outputSerdeClassName", data.get("outputSerdeClassName")) or None,
+        forwardSourceMessageProperty=_default(
+            _bool("forwardSourceMessageProperty", data.get("forwardSourceMessageProperty")), True),
+        batchBuilder=batch_builder,
+        producerConfig=producer,
+        resources=resources,
+        customRuntimeOptions=_str("customRuntimeOptions", options) or None,
+        instanceRuntime=_str("instanceRuntime", data.get("instanceRuntime")),
+    )
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+def _producer_config(data: Mapping[str, Any]) -> tuple[ProducerConfig | None, str | None]:
+    batch_builder = _enum("batchBuilder", data.get("batchBuilder"), BATCH_BUILDERS)
+    if data.get("producerConfig") is None:
+        return None, batch_builder
+    raw = _object("producerConfig", data["producerConfig"])
+    unknown = set(raw) - _PRODUCER_FIELDS
+    if unknown:
+        raise ConfigError(f"producerConfig.{sorted(unknown)[0]} is not a ProducerConfig field")
+    if not _empty(raw.get("cryptoConfig")):
+        raise ConfigError("producerConfig.cryptoConfig is not supported by this worker: no end-to-end encryption")
+    if _bool("producerConfig.useThreadLocalProducers", raw.get("useThreadLocalProducers")):
+        raise ConfigError("producerConfig.useThreadLocalProducers is not supported by this worker: "
+                          "it is a Java runtime option")
+    cfg = ProducerConfig(
+        maxPendingMessages=_int("producerConfig.maxPendingMessages", raw.get("maxPendingMessages"), 1, INT32_MAX),
+        maxPendingMessagesAcrossPartitions=_int("producerConfig.maxPendingMessagesAcrossPartitions",
+                                                raw.get("maxPendingMessagesAcrossPartitions"), 1, INT32_MAX),
+        compressionType=_enum("producerConfig.compressionType", raw.get("compressionType"), COMPRESSION_TYPES),
+        batchBuilder=_enum("producerConfig.batchBuilder", raw.get("batchBuilder"), BATCH_BUILDERS))
+    return cfg, batch_builder or cfg.batchBuilder
 
 
 def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> FunctionConfig:
@@ -212,34 +524,47 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
     for label, value in (("tenant", cfg.tenant), ("namespace", cfg.namespace), ("name", cfg.name)):
         if not value or not isinstance(value, str):
             raise ConfigError(f"Function {label} is not provided")
+        if len(value) > 128:
+            raise ConfigError(f"Function {label} is {len(value)} characters long: at most 128")
         if not _NAME_RE.match(value):
             raise ConfigError(f"Function {label} {value!r} contains invalid characters")
-    runtime = str(cfg.runtime or "PYTHON").upper()
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"runtime {cfg.runtime!r} is unknown: use one of {', '.join(RUNTIMES)}")
-    if runtime != "PYTHON":
-        raise ConfigError(f"runtime {runtime} is not supported by this worker: only PYTHON functions run here")
-    if not cfg.className or not isinstance(cfg.className, str):
+    if cfg.runtime != "PYTHON":
+        raise ConfigError(f"runtime {cfg.runtime} is not supported by this worker: only PYTHON functions run here")
+    if not cfg.className:
         raise ConfigError("Function classname cannot be null (set className, e.g. 'exclaim.Exclaim')")
-    if not cfg.inputs:
-        raise ConfigError("No input topic(s) specified for the function (set inputs)")
+    if not cfg.inputs and not cfg.topicsPattern:
+        raise ConfigError("No input topic(s) specified for the function (set inputs or topicsPattern)")
+    if cfg.inputs and cfg.topicsPattern:
+        raise ConfigError("topicsPattern and inputs cannot both be set on this worker (one consumer per function "
+                          "instance): put the topics in the pattern, or list them in inputs")
     if cfg.output and cfg.output in cfg.inputs:
         raise ConfigError(f"Output topic {cfg.output} is also an input topic of the function")
-    if isinstance(cfg.parallelism, bool) or not isinstance(cfg.parallelism, int):
-        raise ConfigError(f"parallelism must be an integer, got {cfg.parallelism!r}")
     if cfg.parallelism < 1:
         raise ConfigError(f"Function parallelism must be a positive number, got {cfg.parallelism}")
     if cfg.parallelism > max_parallelism:
         raise ConfigError(f"Function parallelism {cfg.parallelism} is above this worker's limit of {max_parallelism}")
-    guarantees = str(cfg.processingGuarantees or "ATLEAST_ONCE").upper()
-    if guarantees not in GUARANTEES:
-        raise ConfigError(f"processingGuarantees {cfg.processingGuarantees!r} is unknown: use one of {', '.join(GUARANTEES)}")
-    if guarantees not in SUPPORTED_GUARANTEES:
-        raise ConfigError(f"processingGuarantees {guarantees} is not supported by this worker: use ATLEAST_ONCE or ATMOST_ONCE")
+    if cfg.processingGuarantees not in SUPPORTED_GUARANTEES:
+        raise ConfigError(f"processingGuarantees {cfg.processingGuarantees} is not supported by this worker: "
+                          f"use {', '.join(SUPPORTED_GUARANTEES)}")
+    if cfg.processingGuarantees == "ATMOST_ONCE" and not cfg.autoAck:
+        raise ConfigError("autoAck must be true when processingGuarantees is ATMOST_ONCE (as Pulsar requires)")
+    if cfg.processingGuarantees == "ATMOST_ONCE" and cfg.maxMessageRetries is not None:
+        raise ConfigError("maxMessageRetries needs ATLEAST_ONCE or MANUAL processingGuarantees: "
+                          "ATMOST_ONCE acks on receipt, so nothing is redelivered")
     if cfg.retainOrdering and cfg.retainKeyOrdering:
         raise ConfigError("retainOrdering and retainKeyOrdering cannot both be set")
-    if isinstance(cfg.receiverQueueSize, bool) or not isinstance(cfg.receiverQueueSize, int) or cfg.receiverQueueSize < 1:
-        raise ConfigError(f"inputSpecs receiverQueueSize must be a positive integer, got {cfg.receiverQueueSize!r}")
+    if cfg.maxMessageRetries == 0:
+        raise ConfigError("maxMessageRetries must be at least 1 (the Pulsar client's dead-letter policy needs "
+                          "maxRedeliverCount > 0); leave it unset or -1 to retry forever")
+    if cfg.deadLetterTopic and cfg.maxMessageRetries is None:
+        raise ConfigError("Dead Letter Topic specified, however max retries is set to infinity "
+                          "(set maxMessageRetries)")
+    if cfg.deadLetterTopic and cfg.deadLetterTopic in cfg.inputs:
+        raise ConfigError(f"deadLetterTopic {cfg.deadLetterTopic} is also an input topic of the function")
+    if cfg.timeoutMs is not None and cfg.timeoutMs < MIN_TIMEOUT_MS:
+        raise ConfigError(f"timeoutMs must be at least {MIN_TIMEOUT_MS} (the Pulsar Python client's minimum ack "
+                          f"timeout), got {cfg.timeoutMs}")
     if cfg.instanceRuntime not in (None, "thread", "process"):
         raise ConfigError(f"instanceRuntime {cfg.instanceRuntime!r} is unknown: use 'thread' or 'process'")
-    return replace(cfg, runtime=runtime, processingGuarantees=guarantees)
+    return cfg
+

@@ -7,9 +7,9 @@ from typing import Callable
 
 import pulsar
 from pulsar.functions.context import Context as PulsarContext
-from pulsar.functions.serde import IdentitySerDe
 
 from .config import FunctionConfig, normalize_topic
+from .loader import load_serde
 from .state import StateStore
 from .stats import InstanceStats
 
@@ -34,21 +34,11 @@ def identity_deserialize(data: bytes):
     return text
 
 
-def load_serde(class_name: str | None):
-    if not class_name or class_name in ("serde.IdentitySerDe", "IdentitySerDe"):
-        return IdentitySerDe()
-    if class_name in ("serde.PickleSerDe", "PickleSerDe"):
-        from pulsar.functions.serde import PickleSerDe
-        return PickleSerDe()
-    module, _, attr = class_name.rpartition(".")
-    import importlib
-    return getattr(importlib.import_module(module), attr)()
-
-
 class InstanceContext(PulsarContext):
     def __init__(self, config: FunctionConfig, instance_id: int, num_instances: Callable[[], int],
                  client: pulsar.Client, stats: InstanceStats, state: StateStore, logger: logging.Logger,
-                 track_pending: Callable[[int], None] | None = None):
+                 track_pending: Callable[[int], None] | None = None,
+                 ack: Callable[[object, str | None], None] | None = None):
         self._cfg = config
         self._instance_id = instance_id
         self._num_instances = num_instances
@@ -60,6 +50,7 @@ class InstanceContext(PulsarContext):
         self._message: pulsar.Message | None = None
         # Publishes are asynchronous: the instance counts them so that a drain waits for them.
         self._track_pending = track_pending or (lambda _n: None)
+        self._ack = ack
 
     def set_message(self, message: pulsar.Message | None) -> None:
         self._message = message
@@ -118,7 +109,7 @@ class InstanceContext(PulsarContext):
         return self._cfg.output
 
     def get_output_serde_class_name(self):
-        return self._cfg.extra.get("outputSerdeClassName", "serde.IdentitySerDe")
+        return self._cfg.outputSerdeClassName or "serde.IdentitySerDe"
 
     # ---- configuration -----------------------------------------------------------------------
     def get_user_config_value(self, key):
@@ -128,8 +119,7 @@ class InstanceContext(PulsarContext):
         return dict(self._cfg.userConfig)
 
     def get_secret(self, secret_name):
-        secrets = self._cfg.extra.get("secrets") or {}
-        return secrets.get(secret_name)
+        return self._cfg.secrets.get(secret_name)
 
     # ---- side effects ------------------------------------------------------------------------
     def record_metric(self, metric_name, metric_value):
@@ -160,7 +150,10 @@ class InstanceContext(PulsarContext):
         producer.send_async(load_serde(serde_class_name).serialize(message), _cb, **conf)
 
     def ack(self, msgid, topic):
-        raise NotImplementedError("manual ack is for EFFECTIVELY_ONCE/MANUAL guarantees, which this worker refuses")
+        """With autoAck false or MANUAL guarantees the function acks its messages (Pulsar's Python SDK)."""
+        if self._ack is None:
+            raise NotImplementedError("this context has no consumer to acknowledge on")
+        self._ack(msgid, topic)
 
     def incr_counter(self, key, amount):
         return self._state.incr_counter(key, amount)

@@ -9,6 +9,7 @@ and are redelivered to the surviving instances.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Callable
@@ -16,8 +17,8 @@ from typing import Callable
 import pulsar
 
 from .config import FunctionConfig
-from .context import InstanceContext, identity_deserialize, load_serde, source_event_time
-from .loader import load_callable
+from .context import InstanceContext, identity_deserialize, source_event_time
+from .loader import load_callable, load_serde
 from .state import StateStore
 from .stats import InstanceStats
 
@@ -28,17 +29,33 @@ SUBSCRIPTION_TYPES = {
 }
 RECEIVE_TIMEOUT_MS = 100
 DRAIN_TIMEOUT_S = 30.0
+# A failed message comes back after this long; with maxMessageRetries it goes to the dead-letter topic
+# after that many redeliveries (the Pulsar client's DeadLetterPolicy counts them).
+NACK_REDELIVERY_DELAY_MS = 1000
+COMPRESSION = {"NONE": pulsar.CompressionType.NONE, "LZ4": pulsar.CompressionType.LZ4,
+               "ZLIB": pulsar.CompressionType.ZLib, "ZSTD": pulsar.CompressionType.ZSTD,
+               "SNAPPY": pulsar.CompressionType.SNAPPY}
 
 log = logging.getLogger(__name__)
 
 
 def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str) -> pulsar.Consumer:
+    """The function's consumer with Pulsar's semantics for its config: subscription type and position,
+    dead-letter policy (maxMessageRetries, deadLetterTopic), ack timeout (timeoutMs), topicsPattern."""
+    kwargs: dict = {}
+    if cfg.maxMessageRetries is not None:
+        kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(
+            max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=cfg.deadLetterTopic)
+    if cfg.timeoutMs is not None:
+        kwargs["unacked_messages_timeout_ms"] = cfg.timeoutMs
     return client.subscribe(
-        list(cfg.inputs), cfg.subscription_name,
+        re.compile(cfg.topicsPattern) if cfg.topicsPattern else list(cfg.inputs), cfg.subscription_name,
         consumer_type=SUBSCRIPTION_TYPES[cfg.subscription_type],
         receiver_queue_size=cfg.receiverQueueSize,
         consumer_name=consumer_name,
-        negative_ack_redelivery_delay_ms=1000,
+        negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS,
+        initial_position=getattr(pulsar.InitialPosition, cfg.subscriptionPosition),
+        **kwargs,
     )
 
 
@@ -46,6 +63,23 @@ def is_connected(consumer) -> bool:
     """Whether the input's connection to the broker is up (inputs without the notion count as connected)."""
     check = getattr(consumer, "is_connected", None)
     return bool(check()) if check is not None else True
+
+
+def create_output_producer(client: pulsar.Client, cfg: FunctionConfig) -> pulsar.Producer:
+    """The output producer, with producerConfig and batchBuilder as Pulsar applies them."""
+    kwargs: dict = {}
+    pc = cfg.producerConfig
+    if pc is not None:
+        if pc.maxPendingMessages is not None:
+            kwargs["max_pending_messages"] = pc.maxPendingMessages
+        if pc.maxPendingMessagesAcrossPartitions is not None:
+            kwargs["max_pending_messages_across_partitions"] = pc.maxPendingMessagesAcrossPartitions
+        if pc.compressionType is not None:
+            kwargs["compression_type"] = COMPRESSION[pc.compressionType]
+    if cfg.batchBuilder == "KEY_BASED":
+        kwargs["batching_type"] = pulsar.BatchingType.KeyBased
+    return client.create_producer(cfg.output, block_if_queue_full=True, batching_enabled=True,
+                                  batching_max_publish_delay_ms=1, **kwargs)
 
 
 class TopicLogHandler(logging.Handler):
@@ -89,6 +123,8 @@ class Instance:
         # Outputs in flight = sent - completed; each counter has a single writer, so no lock on the hot path.
         self._sent = 0
         self._completed = 0
+        # autoAck false / MANUAL: messages the function has not acked yet, by message id (Context.ack).
+        self._unacked: dict[str, object] = {}
         self.logger = logging.getLogger(f"function.{config.fqfn}.{instance_id}")
 
     def stop(self) -> None:
@@ -136,10 +172,9 @@ class Instance:
             consumer = self._input = self._open_input()
             self.stats.pending_outputs = lambda: self._sent - self._completed
             if cfg.output:
-                producer = self._client.create_producer(
-                    cfg.output, block_if_queue_full=True, batching_enabled=True, batching_max_publish_delay_ms=1)
+                producer = create_output_producer(self._client, cfg)
             ctx = InstanceContext(cfg, self.instance_id, self._num_instances, self._client, self.stats, self._state,
-                                  self.logger, track_pending=self._track_pending)
+                                  self.logger, track_pending=self._track_pending, ack=self._user_ack)
             self.stats.set_running(True)
             self._loop(consumer, producer, ctx, process)
             self._wait_pending(DRAIN_TIMEOUT_S)
@@ -158,9 +193,18 @@ class Instance:
                     except Exception:  # closing after a broker failure must not hide the original error
                         pass
 
+    def _user_ack(self, msgid, _topic) -> None:
+        msg = self._unacked.pop(str(msgid), None)
+        if msg is None:
+            raise ValueError(f"message {msgid} was not delivered to this instance or is acked already")
+        self._input.acknowledge(msg)
+
     def _loop(self, consumer, producer, ctx: InstanceContext, process) -> None:
-        at_most_once = self.config.processingGuarantees == "ATMOST_ONCE"
-        output_serde = load_serde(self.config.extra.get("outputSerdeClassName"))
+        cfg = self.config
+        at_most_once = cfg.processingGuarantees == "ATMOST_ONCE"
+        auto_ack = cfg.auto_ack and not at_most_once  # ATMOST_ONCE acks on receipt instead
+        output_serde = load_serde(cfg.outputSerdeClassName, self._code_path)
+        input_serdes = {t: load_serde(c, self._code_path) for t, c in cfg.customSerdeInputs.items()}
         stats = self.stats
         while not self._stop.is_set():
             try:
@@ -173,29 +217,36 @@ class Instance:
             stats.on_received(msg.publish_timestamp())
             if at_most_once:
                 consumer.acknowledge(msg)
+            elif not auto_ack:
+                self._unacked[str(msg.message_id())] = msg
             ctx.set_message(msg)
             start = time.perf_counter()
             stats.busy_since_ms = int(time.time() * 1000)
             try:
-                result = process(identity_deserialize(msg.data()), ctx)
+                serde = input_serdes.get(msg.topic_name()) if input_serdes else None
+                result = process(serde.deserialize(msg.data()) if serde else identity_deserialize(msg.data()), ctx)
+                # A result the serde cannot serialize is the function's fault: a user exception, retried
+                # and dead-lettered like one, never an instance crash.
+                payload = None if result is None or producer is None else output_serde.serialize(result)
             except Exception as exc:
                 stats.on_processed(time.perf_counter() - start, ok=False)
                 stats.on_exception(exc, user=True)
-                self.logger.warning("user exception: %s", exc)
+                self.logger.warning("user exception: %s: %s", type(exc).__name__, exc)
                 if not at_most_once:
+                    self._unacked.pop(str(msg.message_id()), None)
                     consumer.negative_acknowledge(msg)
                 continue
             finally:
                 ctx.set_message(None)
                 stats.busy_since_ms = 0
             stats.on_processed(time.perf_counter() - start, ok=True)
-            if result is None or producer is None:
-                if not at_most_once:
+            if payload is None:
+                if auto_ack:
                     consumer.acknowledge(msg)
                 continue
-            self._produce(consumer, producer, msg, output_serde.serialize(result), at_most_once)
+            self._produce(consumer, producer, msg, payload, auto_ack, not at_most_once)
 
-    def _produce(self, consumer, producer, msg, payload: bytes, at_most_once: bool) -> None:
+    def _produce(self, consumer, producer, msg, payload: bytes, ack: bool, nack_on_failure: bool) -> None:
         """ATLEAST_ONCE: the input is acked only once the output is persisted."""
         self._sent += 1
 
@@ -203,16 +254,21 @@ class Instance:
             try:
                 if result == pulsar.Result.Ok:
                     self.stats.on_output()
-                    if not at_most_once:
+                    if ack:
                         consumer.acknowledge(msg)
-                elif not at_most_once:
+                elif nack_on_failure:
                     consumer.negative_acknowledge(msg)
             finally:
                 self._completed += 1
 
-        # The source's event time travels with every output, so response time is measured end to end.
+        # The source's event time travels with every output, so response time is measured end to end;
+        # forwardSourceMessageProperty (Pulsar's default) copies the input's properties.
+        kwargs: dict = {"event_timestamp": source_event_time(msg)}
         key = msg.partition_key()
         if key:
-            producer.send_async(payload, done, event_timestamp=source_event_time(msg), partition_key=key)
-        else:
-            producer.send_async(payload, done, event_timestamp=source_event_time(msg))
+            kwargs["partition_key"] = key
+        if self.config.forwardSourceMessageProperty:
+            props = msg.properties()
+            if props:
+                kwargs["properties"] = props
+        producer.send_async(payload, done, **kwargs)

@@ -43,7 +43,7 @@ def load_callable(class_name: str, py_file: str | None,
         raise FunctionLoadError(
             f"className {class_name!r}: without uploaded code (the multipart `data` part) the module must be "
             f"under an allowed installed package ({', '.join(installed_modules)})")
-    module = _import(module_name, py_file)
+    module = import_module(module_name, py_file)
     try:
         target = getattr(module, attr)
     except AttributeError:
@@ -64,7 +64,8 @@ def load_callable(class_name: str, py_file: str | None,
     raise FunctionLoadError(f"className {class_name!r} is neither a pulsar.Function class nor a plain function")
 
 
-def _import(module_name: str, py_file: str | None):
+def import_module(module_name: str, py_file: str | None):
+    """The function's module from its uploaded file, or an installed one."""
     if py_file:
         path = Path(py_file)
         if path.suffix != ".py" or not path.is_file():
@@ -90,3 +91,33 @@ def _import(module_name: str, py_file: str | None):
         raise FunctionLoadError(f"cannot import module {module_name!r} for className: {exc}") from exc
     except Exception as exc:
         raise FunctionLoadError(f"module {module_name!r} raised on import: {type(exc).__name__}: {exc}") from exc
+
+
+BUILTIN_SERDES = {"serde.IdentitySerDe": "IdentitySerDe", "IdentitySerDe": "IdentitySerDe",
+                  "serde.PickleSerDe": "PickleSerDe", "PickleSerDe": "PickleSerDe"}
+
+
+def load_serde(class_name: str | None, py_file: str | None = None,
+               installed_modules: Sequence[str] = INSTALLED_MODULES):
+    """A serde object (serialize/deserialize) as Pulsar's Python instance makes one: Pulsar's own by short
+    name, else a class with serialize() and deserialize() from the function's uploaded file or an allowed
+    installed package (the entry-point rule above, for serdes)."""
+    from pulsar.functions import serde
+
+    if not class_name or class_name in BUILTIN_SERDES:
+        return getattr(serde, BUILTIN_SERDES.get(class_name or "IdentitySerDe"))()
+    module_name, _, attr = class_name.rpartition(".")
+    if not module_name:
+        raise FunctionLoadError(f"serde class {class_name!r} must be module.Class")
+    own_file = py_file if py_file and Path(py_file).stem == module_name.split(".")[0] else None
+    if not own_file and not any(module_name == p or module_name.startswith(p + ".") for p in installed_modules):
+        raise FunctionLoadError(f"serde class {class_name!r}: its module must be the uploaded file or under an "
+                                f"allowed installed package ({', '.join(installed_modules)})")
+    target = getattr(import_module(module_name, own_file), attr, None)
+    if not inspect.isclass(target) or not callable(getattr(target, "serialize", None)) \
+            or not callable(getattr(target, "deserialize", None)):
+        raise FunctionLoadError(f"serde class {class_name!r} is not a class with serialize() and deserialize()")
+    try:
+        return target()
+    except Exception as exc:
+        raise FunctionLoadError(f"serde class {class_name!r}: constructor raised {type(exc).__name__}: {exc}") from exc

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .loader import INSTALLED_MODULES, FunctionLoadError, load_callable
+from .loader import INSTALLED_MODULES, FunctionLoadError, load_callable, load_serde
 
 VALIDATE_TIMEOUT_S = 30.0
 _RESULT = "\x00pulsar-autoscale-validation "
@@ -28,12 +28,18 @@ def code_digest(path: str | None) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
 
 
+def serde_names(cfg) -> list[str]:
+    """The serde classes a FunctionConfig names (customSerdeInputs, outputSerdeClassName)."""
+    return [n for n in [*cfg.customSerdeInputs.values(), cfg.outputSerdeClassName] if n]
+
+
 def validate(class_name: str, py_file: str | None, installed_modules: Sequence[str] = INSTALLED_MODULES,
-             timeout_s: float = VALIDATE_TIMEOUT_S) -> None:
-    """Import the code and resolve className in a child process; FunctionLoadError saying why it cannot run."""
+             timeout_s: float = VALIDATE_TIMEOUT_S, serdes: Sequence[str] = ()) -> None:
+    """Import the code and resolve className (and the serde classes) in a child process; FunctionLoadError
+    saying why it cannot run."""
     py = str(Path(py_file).resolve()) if py_file else None
     cmd = [sys.executable, "-m", __name__, json.dumps({"className": class_name, "py": py,
-                                                       "modules": list(installed_modules)})]
+                                                       "modules": list(installed_modules), "serdes": list(serdes)})]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             start_new_session=True)  # its own group: a timeout kills what it started too
     try:
@@ -67,6 +73,8 @@ def _main(arg: str) -> None:
     req = json.loads(arg)
     try:
         load_callable(req["className"], req["py"], req["modules"])
+        for serde in req.get("serdes", ()):
+            load_serde(serde, req["py"], req["modules"])
         result = {}
     except FunctionLoadError as exc:
         result = {"error": str(exc)}

@@ -38,7 +38,7 @@ from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
 from .stages import StageHost
 from .state import StateStore
 from .stats import InstanceFigures
-from .validation import VALIDATE_TIMEOUT_S, code_digest, validate
+from .validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 30.0    # a draining instance still busy after this is abandoned (runtime.InstanceHandle.abandon)
@@ -175,6 +175,8 @@ class Worker:
                 raise ConfigError(f"Function {label} {value!r} is not a valid name")
             if len(value.encode()) > NAME_MAX:
                 raise ConfigError(f"Function {label} is {len(value.encode())} bytes long: at most {NAME_MAX}")
+        if self.broker_kind == "pulsar-lite":
+            lite_quirks.check_function(cfg)
         with self._lock:
             if cfg.fqfn in self._functions or cfg.fqfn in self._creating or self.stages.has(cfg.fqfn):
                 raise Conflict(f"Function {cfg.name} already exists")
@@ -183,7 +185,7 @@ class Worker:
             # Nothing is left behind by a create that fails: the function's directory is new and ours.
             try:
                 code_path = self._stage_code(cfg, code, filename)
-                self._validate(cfg.className, code_path)
+                self._validate(cfg.className, code_path, cfg)
             except BaseException:
                 shutil.rmtree(self._fn_dir(cfg), ignore_errors=True)
                 raise
@@ -195,9 +197,10 @@ class Worker:
             with self._lock:
                 self._creating.discard(cfg.fqfn)
 
-    def _validate(self, class_name: str, code_path: str | None) -> None:
-        """Import the code in a child process (functions/validation.py): refuse now what could never run."""
-        validate(class_name, code_path, timeout_s=self.validate_timeout_s)
+    def _validate(self, class_name: str, code_path: str | None, cfg: FunctionConfig) -> None:
+        """Import the code in a child process (functions/validation.py): refuse now what could never run,
+        its serde classes included."""
+        validate(class_name, code_path, timeout_s=self.validate_timeout_s, serdes=serde_names(cfg))
 
     def _stage_code(self, cfg: FunctionConfig, code: bytes | None, filename: str | None) -> str | None:
         """Write uploaded code where nothing reads it yet: a directory named by its digest. It becomes the
@@ -294,7 +297,7 @@ class Worker:
         if code is not None:
             code_path = self._stage_code(new, code, filename)
         try:
-            self._validate(new.className, code_path)
+            self._validate(new.className, code_path, new)
         except BaseException:
             if code_path != fn.code_path:
                 self._discard_code(new, code_path)
@@ -368,10 +371,26 @@ class Worker:
         if d.exists():
             trash.parent.mkdir(parents=True, exist_ok=True)
             os.replace(d, trash)
-        self._drain(fn, sorted(fn.instances, reverse=True), then=lambda: shutil.rmtree(trash, ignore_errors=True))
+        def then():
+            shutil.rmtree(trash, ignore_errors=True)
+            if fn.config.cleanupSubscription:
+                self._cleanup_subscription(fn.config)
+        self._drain(fn, sorted(fn.instances, reverse=True), then=then)
 
     def _trash_dir(self) -> Path:
         return self.data_dir / "deleted"
+
+    def _cleanup_subscription(self, cfg: FunctionConfig) -> None:
+        """Pulsar's cleanupSubscription (default true): a deleted function's subscription goes with it,
+        once its instances have drained, unless a function of the same name was created meanwhile."""
+        with self._lock:
+            if cfg.fqfn in self._functions:
+                return
+        try:
+            subscribe(self._client, cfg, f"{cfg.fqfn}:cleanup").unsubscribe()
+        except pulsar.PulsarException as exc:
+            log.warning("could not remove the subscription %s of deleted function %s: %s",
+                        cfg.subscription_name, cfg.fqfn, exc)
 
     def get(self, fqfn: str) -> FunctionConfig:
         with self._lock:

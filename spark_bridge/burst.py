@@ -175,7 +175,7 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
     state = StateStore(spec.state_path) if spec.state_path else _NoState()
     ctx = InstanceContext(cfg, instance_id, lambda: spec.num_instances, client, InstanceStats(instance_id), state,
                           logging.getLogger(f"function.{cfg.fqfn}.burst{instance_id}"))
-    serde = load_serde(cfg.extra.get("outputSerdeClassName"))
+    serde = load_serde(cfg.outputSerdeClassName)
     try:
         for msg in records:
             ctx.set_message(msg)

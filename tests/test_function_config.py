@@ -31,10 +31,94 @@ def test_default_subscription_name_is_fqfn_unless_subname():
 
 def test_input_specs_and_receiver_queue_round_trip():
     cfg = FunctionConfig.from_dict({"name": "f", "className": "m.C",
-                                    "inputSpecs": {"x": {"receiverQueueSize": 7}}, "customRuntimeOptions": "k"})
+                                    "inputSpecs": {"x": {"receiverQueueSize": 7, "serdeClassName": "m.S"}},
+                                    "customRuntimeOptions": "k"})
     assert cfg.inputs == ("persistent://public/default/x",) and cfg.receiverQueueSize == 7
+    assert cfg.customSerdeInputs == {"persistent://public/default/x": "m.S"}
     again = FunctionConfig.from_dict(cfg.to_dict())
-    assert again == cfg and again.extra == {"customRuntimeOptions": "k"}
+    assert again == cfg and again.customRuntimeOptions == "k"
+
+
+FULL = {**BASE, "autoAck": True, "cleanupSubscription": False, "customRuntimeOptions": '{"a": 1}',
+        "customSerdeInputs": {"in": "serde.IdentitySerDe"}, "deadLetterTopic": "dlq", "maxMessageRetries": 2,
+        "forwardSourceMessageProperty": False, "logTopic": "log", "output": "out",
+        "outputSerdeClassName": "serde.PickleSerDe", "parallelism": 2, "processingGuarantees": "ATLEAST_ONCE",
+        "producerConfig": {"maxPendingMessages": 10, "compressionType": "LZ4", "batchBuilder": "KEY_BASED"},
+        "resources": {"cpu": 0.5, "ram": 1024, "disk": 2048}, "retainKeyOrdering": True, "secrets": {"s": "v"},
+        "skipToLatest": True, "subName": "sub", "subscriptionPosition": "Earliest", "timeoutMs": 30000,
+        "userConfig": {"k": 1}, "maxPendingAsyncRequests": 1000, "exposePulsarAdminClientEnabled": False,
+        "runtime": "PYTHON", "fqfn": "public/default/f", "py": "m.py"}
+
+
+def test_every_honoured_field_round_trips_through_get():
+    cfg = FunctionConfig.from_dict(FULL)
+    shown = cfg.to_dict()
+    assert shown["resources"] == {"cpu": 0.5, "ram": 1024, "disk": 2048}
+    assert shown["deadLetterTopic"] == "persistent://public/default/dlq" and shown["maxMessageRetries"] == 2
+    assert shown["producerConfig"] == {"maxPendingMessages": 10, "compressionType": "LZ4", "batchBuilder": "KEY_BASED"}
+    assert (shown["subscriptionPosition"], shown["timeoutMs"], shown["skipToLatest"]) == ("Earliest", 30000, True)
+    assert FunctionConfig.from_dict(shown) == cfg
+
+
+def test_resources_given_in_part_get_pulsars_defaults():
+    cfg = FunctionConfig.from_dict({**BASE, "resources": {"cpu": 2}})
+    assert (cfg.resources.cpu, cfg.resources.ram, cfg.resources.disk) == (2.0, 1073741824, 10737418240)
+
+
+def test_default_dead_letter_topic_is_derived_as_the_pulsar_client_does():
+    cfg = FunctionConfig.from_dict({**BASE, "maxMessageRetries": 1})
+    assert cfg.dead_letter_topics() == ["persistent://public/default/in-public/default/f-DLQ"]
+    assert FunctionConfig.from_dict(BASE).dead_letter_topics() == []
+    assert FunctionConfig.from_dict({**BASE, "maxMessageRetries": -1}).maxMessageRetries is None
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"subName": 123}, "subName must be a string, got integer 123"),
+    ({"receiverQueueSize": 2**31}, "receiverQueueSize must be an integer from 1 to 2147483647"),
+    ({"inputSpecs": {"in": {"receiverQueueSize": 2**31}}}, "inputSpecs.in.receiverQueueSize must be an integer"),
+    ({"retainOrdering": "false"}, "retainOrdering must be a boolean"),
+    ({"autoAck": 1}, "autoAck must be a boolean"),
+    ({"inputs": "in"}, "inputs must be an array of topic names, got string"),
+    ({"inputs": [1]}, r"inputs\[0\] must be a string"),
+    ({"parallelism": 1.5}, "parallelism must be an integer, got number"),
+    ({"userConfig": [1]}, "userConfig must be an object, got array"),
+    ({"resources": {"cpu": "1"}}, "resources.cpu must be a number"),
+    ({"resources": {"gpu": 1}}, "resources.gpu is not a Resources field"),
+    ({"maxMessageRetries": 0}, "maxMessageRetries must be at least 1"),
+    ({"timeoutMs": 500}, "timeoutMs must be at least 10000"),
+    ({"subscriptionPosition": "Middle"}, "subscriptionPosition 'Middle' is unknown"),
+    ({"deadLetterTopic": "d"}, "Dead Letter Topic specified, however max retries is set to infinity"),
+    ({"maxMessageRetries": 1, "processingGuarantees": "ATMOST_ONCE"}, "maxMessageRetries needs ATLEAST_ONCE"),
+    ({"autoAck": False, "processingGuarantees": "ATMOST_ONCE"}, "autoAck must be true"),
+    ({"extra": {}}, "'extra' is not a FunctionConfig field"),
+    ({"windowConfig": {"windowLengthCount": 10}}, "windowConfig is not supported by this worker"),
+    ({"jar": "f.jar"}, "jar is not supported by this worker"),
+    ({"outputSchemaType": "JSON"}, "outputSchemaType is not supported by this worker"),
+    ({"customSchemaInputs": {"in": "AVRO"}}, "customSchemaInputs is not supported by this worker"),
+    ({"runtimeFlags": "-X"}, "runtimeFlags is not supported by this worker"),
+    ({"maxPendingAsyncRequests": 5}, "maxPendingAsyncRequests is not supported by this worker"),
+    ({"exposePulsarAdminClientEnabled": True}, "exposePulsarAdminClientEnabled is not supported"),
+    ({"producerConfig": {"cryptoConfig": {"encryptionKeys": ["k"]}}}, "producerConfig.cryptoConfig is not supported"),
+    ({"inputSpecs": {"x": {"schemaType": "AVRO"}}}, "inputSpecs.x.schemaType is not supported"),
+    ({"topicsPattern": "in-.*"}, "topicsPattern and inputs cannot both be set"),
+    ({"topicsPattern": "(", "inputs": []}, "not a valid regular expression"),
+    ({"fqfn": "a/b/c"}, "does not match"),
+    ({"name": "x" * 300}, "at most 128"),
+])
+def test_strict_types_and_refusals_name_the_field(extra, needle):
+    with pytest.raises(ConfigError, match=needle):
+        FunctionConfig.from_dict({**BASE, **extra})
+
+
+def test_topics_pattern_alone_is_accepted():
+    cfg = FunctionConfig.from_dict({"name": "f", "className": "m.C", "topicsPattern": "persistent://public/default/in-.*"})
+    assert cfg.topicsPattern == "persistent://public/default/in-.*" and cfg.inputs == ()
+
+
+def test_manual_guarantees_mean_the_function_acks():
+    assert not FunctionConfig.from_dict({**BASE, "processingGuarantees": "MANUAL"}).auto_ack
+    assert not FunctionConfig.from_dict({**BASE, "autoAck": False}).auto_ack
+    assert FunctionConfig.from_dict(BASE).auto_ack
 
 
 def test_yaml_config_file(tmp_path):

@@ -29,7 +29,7 @@ from typing import Callable
 import pulsar
 import requests
 
-from pulsar_autoscale.errors import PulsarAutoscaleError
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,14 @@ class InputLease:
         if not self._closed:
             self._closed = True
             self._shared._release()
+
+
+def check_function(cfg) -> None:
+    """B9: pulsar-lite cannot list a namespace's topics (GetTopicsOfNamespace times out), so a regex
+    subscription never opens: a function with topicsPattern is refused here, accepted on Apache Pulsar."""
+    if cfg.topicsPattern:
+        raise ConfigError("topicsPattern is not supported on pulsar-lite (it cannot list a namespace's topics, "
+                          "defect B9 in docs/broker.md): list the topics in inputs, or run on Apache Pulsar")
 
 
 # ---- process instances: messages cross a pipe, acks come back ----------------------------------
