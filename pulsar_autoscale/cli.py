@@ -14,6 +14,7 @@ COMMANDS = {
     "broker": ("pulsar_autoscale.broker.embedded", "run the embedded pulsar-lite broker"),
     "worker": ("pulsar_autoscale.functions.worker_cli", "run a function worker with the Functions admin REST API"),
     "functions": ("pulsar_autoscale.functions.admin_cli", "manage functions (pulsar-admin functions compatible flags)"),
+    "functions-worker": ("pulsar_autoscale.functions.cluster.cli", "the worker cluster: members, leader, assignments, rebalance"),
     "stages": ("pulsar_autoscale.functions.stages_cli", "manage Spark stateful stages on our worker"),
     "controller": ("pulsar_autoscale.controller.cli", "run the autoscaling controller (MAPE loop)"),
     "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),

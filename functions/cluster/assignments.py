@@ -57,7 +57,8 @@ class AssignmentTailer:
         self.changed = threading.Condition(self._lock)
         self.ignored = 0                           # snapshots from deposed leaders
         self._producer = client.create_producer(topics.assignments, batching_enabled=False)
-        self._tailer = TopicTailer(client, topics.assignments, self._apply, f"assignments-{worker_id}")
+        self._tailer = TopicTailer(client, topics.assignments, self._apply, f"assignments-{worker_id}",
+                                   self._producer)
 
     @property
     def caught_up(self) -> threading.Event:

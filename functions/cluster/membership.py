@@ -86,7 +86,8 @@ class MembershipManager:
         self.changed = threading.Condition(self._lock)
         self._producer = client.create_producer(topics.membership, block_if_queue_full=True, batching_enabled=False)
         self._closing = threading.Event()
-        self._tailer = TopicTailer(client, topics.membership, self._apply, f"membership-{worker_id}")
+        self._tailer = TopicTailer(client, topics.membership, self._apply, f"membership-{worker_id}",
+                                   self._producer)
         self._thread = threading.Thread(target=self._beat, name="membership-heartbeat", daemon=True)
 
     # ---- joining: a consumer-id slot of our own (pulsar-lite B2) -------------------------------

@@ -71,8 +71,10 @@ class FunctionMetaDataManager:
         self.changed = threading.Condition(self._lock)
         self._meta_producer = client.create_producer(topics.metadata, batching_enabled=False)
         self._pkg_producer = client.create_producer(topics.packages, batching_enabled=False)
-        self._pkg_tailer = TopicTailer(client, topics.packages, self._store_package, f"packages-{worker_id}")
-        self._meta_tailer = TopicTailer(client, topics.metadata, self._apply, f"metadata-{worker_id}")
+        self._pkg_tailer = TopicTailer(client, topics.packages, self._store_package, f"packages-{worker_id}",
+                                       self._pkg_producer)
+        self._meta_tailer = TopicTailer(client, topics.metadata, self._apply, f"metadata-{worker_id}",
+                                        self._meta_producer)
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         return self._meta_tailer.caught_up.wait(timeout_s) and self._pkg_tailer.caught_up.wait(timeout_s)

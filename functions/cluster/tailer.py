@@ -10,6 +10,7 @@ import pulsar
 
 log = logging.getLogger(__name__)
 READ_TIMEOUT_MS = 100
+MARKER = "pulsar-autoscale-marker"
 
 
 class TopicTailer:
@@ -18,7 +19,11 @@ class TopicTailer:
     view covers everything written before it started. A Reader, not seek: seek fails on
     pulsar-lite (B5), Readers work on both brokers."""
 
-    def __init__(self, client: pulsar.Client, topic: str, handle: Callable[[pulsar.Message], None], name: str):
+    def __init__(self, client: pulsar.Client, topic: str, handle: Callable[[pulsar.Message], None], name: str,
+                 producer: pulsar.Producer):
+        # pulsar-lite: a Reader opened on a topic without messages can stop receiving (docs/broker.md),
+        # so every reader's worker first writes a marker, which readers skip.
+        producer.send(b"", properties={MARKER: "1"})
         self._reader = client.create_reader(topic, pulsar.MessageId.earliest, reader_name=name)
         self._handle = handle
         self.caught_up = threading.Event()
@@ -38,6 +43,8 @@ class TopicTailer:
                     return
                 log.warning("reading %s failed (%s); retrying", self._thread.name, exc)
                 self._closing.wait(0.2)
+                continue
+            if msg.properties().get(MARKER):
                 continue
             try:
                 self._handle(msg)

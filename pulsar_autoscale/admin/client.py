@@ -7,6 +7,7 @@ Same paths and multipart form as pulsar-admin; errors become AdminError carrying
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,15 @@ from pulsar_autoscale.errors import PulsarAutoscaleError
 
 
 EPOCH_HEADER = "X-Pulsar-Autoscale-Epoch"
+log = logging.getLogger(__name__)
+
+
+def admin_urls(value: str | list[str] | tuple[str, ...]) -> list[str]:
+    """One URL, a comma-separated string of them, or a list."""
+    urls = [u.strip() for u in (value.split(",") if isinstance(value, str) else value) if u.strip()]
+    if not urls:
+        raise PulsarAutoscaleError("admin_url names no worker")
+    return urls
 
 
 class AdminError(PulsarAutoscaleError):
@@ -27,23 +37,40 @@ class AdminError(PulsarAutoscaleError):
 
 @dataclass
 class FunctionsAdmin:
-    admin_url: str
+    """`admin_url`: one worker, or several workers of one cluster (a list, or comma-separated): a call
+    that cannot reach the current one goes to the next (any worker answers for the whole cluster)."""
+
+    admin_url: str | list[str] | tuple[str, ...]
     timeout_s: float = 30.0
     session: requests.Session | None = None
 
     def __post_init__(self):
-        self.admin_url = self.admin_url.rstrip("/")
+        self.admin_urls = [u.strip().rstrip("/") for u in admin_urls(self.admin_url)]
+        self.admin_url = self.admin_urls[0]
         self.session = self.session or requests.Session()
 
     def _url(self, tenant: str, namespace: str, name: str | None = None, suffix: str = "") -> str:
         base = f"{self.admin_url}/admin/v3/functions/{tenant}/{namespace}"
         return base + (f"/{name}" if name else "") + suffix
 
+    def _send(self, method: str, url: str, **kwargs) -> requests.Response:
+        """Fail over along admin_urls when a worker cannot be reached."""
+        path = url[len(self.admin_url):]
+        for _ in self.admin_urls:
+            try:
+                return self.session.request(method, self.admin_url + path, timeout=self.timeout_s, **kwargs)
+            except requests.ConnectionError:
+                if len(self.admin_urls) == 1:
+                    break
+                nxt = self.admin_urls[(self.admin_urls.index(self.admin_url) + 1) % len(self.admin_urls)]
+                log.warning("cannot reach %s; failing over to %s", self.admin_url, nxt)
+                self.admin_url = nxt
+        raise AdminError(f"cannot reach the functions admin API at {', '.join(self.admin_urls)} "
+                         f"(is the worker running?)") from None
+
     def _call(self, method: str, url: str, **kwargs) -> Any:
         try:
-            resp = self.session.request(method, url, timeout=self.timeout_s, **kwargs)
-        except requests.ConnectionError:
-            raise AdminError(f"cannot reach the functions admin API at {self.admin_url} (is the worker running?)") from None
+            resp = self._send(method, url, **kwargs)
         except requests.Timeout:
             raise AdminError(f"{method} {url} timed out after {self.timeout_s:.0f}s") from None
         if resp.status_code >= 400:
@@ -126,6 +153,19 @@ class FunctionsAdmin:
 
     def burst_report(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/burst"))
+
+    # ---- the worker API v2 (pulsar-admin functions-worker) ------------------------------------------
+    def cluster(self) -> list[dict]:
+        return self._call("GET", f"{self.admin_url}/admin/v2/worker/cluster")
+
+    def cluster_leader(self) -> dict:
+        return self._call("GET", f"{self.admin_url}/admin/v2/worker/cluster/leader")
+
+    def assignments(self) -> dict:
+        return self._call("GET", f"{self.admin_url}/admin/v2/worker/assignments")
+
+    def rebalance(self) -> None:
+        self._call("PUT", f"{self.admin_url}/admin/v2/worker/rebalance")
 
     def action(self, tenant: str, namespace: str, name: str, action: str, instance_id: int | None = None) -> None:
         suffix = (f"/{instance_id}" if instance_id is not None else "") + f"/{action}"

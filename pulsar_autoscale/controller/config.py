@@ -8,13 +8,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.admin.client import FunctionsAdmin, admin_urls
 from pulsar_autoscale.admin.http_auth import AuthConfig, cluster_session
 from pulsar_autoscale.admin.stock import StockPulsarAdmin
 from pulsar_autoscale.configparse import from_mapping
 from pulsar_autoscale.controller.burst_plan import BurstConfig
 from pulsar_autoscale.controller.leader import DEFAULT_LOCK_TOPIC
-from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
 MODES = ("worker", "stock")
 
@@ -22,7 +22,7 @@ MODES = ("worker", "stock")
 @dataclass(frozen=True)
 class ControllerConfig:
     service_url: str                            # broker, for leader election
-    admin_url: str                              # Functions admin REST API (our worker or a stock Pulsar worker)
+    admin_url: str | tuple[str, ...]            # Functions admin REST API (our worker, several workers of one cluster, or a stock Pulsar worker)
     metrics_url: str | None = None              # broker Prometheus /metrics (backlog, arrivals)
     mode: str = "worker"                        # worker: restart-free; stock: every update restarts all instances
     namespaces: tuple[str, ...] = ("public/default",)
@@ -72,11 +72,20 @@ class ControllerConfig:
                 raise ConfigError(f"namespaces: {ns!r} must be tenant/namespace")
         if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
             raise ConfigError(f"service_url {self.service_url!r} must start with pulsar:// or pulsar+ssl://")
-        if not self.admin_url.startswith(("http://", "https://")):
-            raise ConfigError(f"admin_url {self.admin_url!r} must start with http:// or https://")
+        for url in self.admin_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"admin_url {url!r} must start with http:// or https://")
         AuthConfig.from_mapping(self.auth)  # a bad auth section fails at start, naming the field
         if self.burst_config().enabled and self.mode == "stock":
             raise ConfigError("burst.enabled needs mode: worker: stock Pulsar workers cannot run a burst drain")
+
+    @property
+    def admin_urls(self) -> list[str]:
+        """A worker cluster: any of its workers answers; the controller fails over along the list."""
+        try:
+            return admin_urls(self.admin_url)
+        except PulsarAutoscaleError as exc:
+            raise ConfigError(str(exc)) from None
 
     def burst_config(self):
         return from_mapping(BurstConfig, self.burst, "burst")
@@ -84,7 +93,7 @@ class ControllerConfig:
     def admin(self):
         """The Functions admin client for this mode: our worker, or a stock Pulsar cluster."""
         if self.mode == "stock":
-            return StockPulsarAdmin(self.admin_url, broker_url=self.broker_admin_url,
+            return StockPulsarAdmin(self.admin_urls[0], broker_url=self.broker_admin_url,
                                     metrics_url=self.worker_metrics_url, auth=self.auth, extra_hosts=self.extra_hosts)
-        session = cluster_session([self.admin_url], self.auth, self.extra_hosts) if self.auth else None
-        return FunctionsAdmin(self.admin_url, session=session)
+        session = cluster_session(self.admin_urls, self.auth, self.extra_hosts) if self.auth else None
+        return FunctionsAdmin(self.admin_urls, session=session)
