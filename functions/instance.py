@@ -82,6 +82,16 @@ def create_output_producer(client: pulsar.Client, cfg: FunctionConfig) -> pulsar
                                   batching_max_publish_delay_ms=1, **kwargs)
 
 
+INPUT_TOPIC_PROPERTY = "__pfn_input_topic__"
+INPUT_MSG_ID_PROPERTY = "__pfn_input_msg_id__"
+
+
+def input_properties(msg) -> dict[str, str]:
+    """Pulsar's properties on an output: its input's topic and message id (the id as text, not Pulsar's
+    base64 of the serialized id, so process instances behind a pipe on pulsar-lite give the same)."""
+    return {INPUT_TOPIC_PROPERTY: msg.topic_name(), INPUT_MSG_ID_PROPERTY: str(msg.message_id())}
+
+
 class TopicLogHandler(logging.Handler):
     """Pulsar's logTopic: what the function logs through context.get_logger() is published there."""
 
@@ -262,13 +272,12 @@ class Instance:
                 self._completed += 1
 
         # The source's event time travels with every output, so response time is measured end to end;
-        # forwardSourceMessageProperty (Pulsar's default) copies the input's properties.
-        kwargs: dict = {"event_timestamp": source_event_time(msg)}
+        # forwardSourceMessageProperty (Pulsar's default) copies the input's properties; as Pulsar's
+        # instance does, every output names its input (what `trigger` waits for).
+        props = {**msg.properties(), **input_properties(msg)} if self.config.forwardSourceMessageProperty \
+            else input_properties(msg)
+        kwargs: dict = {"event_timestamp": source_event_time(msg), "properties": props}
         key = msg.partition_key()
         if key:
             kwargs["partition_key"] = key
-        if self.config.forwardSourceMessageProperty:
-            props = msg.properties()
-            if props:
-                kwargs["properties"] = props
         producer.send_async(payload, done, **kwargs)

@@ -18,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 from pulsar_autoscale.admin.client import EPOCH_HEADER
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
+from . import rest_parity
 from .config import FunctionConfig, parse_text
 from .metrics import WorkerCollector
 from .stages import StageNotFound
@@ -45,11 +46,16 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
 
     @app.errorhandler(PulsarAutoscaleError)
     def _known(exc):
-        code = 404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, StaleEpoch) else 400
+        code = getattr(exc, "http_status", None) or (
+            404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, StaleEpoch) else 400)
         return jsonify(reason=str(exc)), code
 
     @app.errorhandler(HTTPException)
     def _http(exc):
+        if request.url_rule is None and exc.code in (404, 405):
+            # Not "function not found": this worker does not serve that endpoint (or method) at all.
+            return jsonify(reason=f"endpoint not supported by this worker: {request.method} {request.path} "
+                                  "(the served Functions API is listed in docs/runtime.md)"), exc.code
         return jsonify(reason=exc.description), exc.code
 
     @app.errorhandler(Exception)
@@ -71,6 +77,9 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         return parse_text(raw, "functionConfig")
 
     def form_code() -> tuple[bytes | None, str | None]:
+        if request.form.get("url"):
+            raise ConfigError("the multipart part `url` (a package URL) is not supported by this worker: send the "
+                              ".py file as the `data` part (file://, http(s):// and function:// are not fetched)")
         f = request.files.get("data")
         if f is None:
             return None, None
@@ -280,6 +289,8 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         for cfg in worker.functions():
             names.extend(f"{cfg.fqfn}:{i}" for i in range(cfg.parallelism))
         return jsonify({worker.worker_id: names})
+
+    rest_parity.register(app, worker, admin)
 
     @app.get("/metrics")
     def metrics():

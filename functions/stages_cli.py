@@ -12,7 +12,7 @@ import json
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
 
-from .admin_cli import DEFAULT_ADMIN_URL, add_identity_args, identity
+from .admin_cli import add_admin_url, add_identity_args, identity
 from .config import parse_text
 
 ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "print a stage's config",
@@ -20,10 +20,11 @@ ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "p
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help=f"worker admin REST URL (default {DEFAULT_ADMIN_URL})")
+    add_admin_url(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action, help_text in ACTIONS.items():
         a = sub.add_parser(action, help=help_text, description=help_text)
+        add_admin_url(a, after_action=True)
         add_identity_args(a, "stage" if action != "list" else None)
         if action == "create":
             a.add_argument("--stage-config-file", required=True,

@@ -42,6 +42,12 @@ class StateStore:
     def del_counter(self, key: str) -> None:
         self._conn().execute("DELETE FROM counters WHERE key = ?", (key,))
 
+    def set_counter(self, key: str, value: int) -> None:
+        """Pulsar's putstate with a numberValue: the key becomes a counter with that value."""
+        conn = self._conn()
+        conn.execute("DELETE FROM state WHERE key = ?", (key,))
+        conn.execute("INSERT OR REPLACE INTO counters(key, value) VALUES(?, ?)", (key, int(value)))
+
     def put_state(self, key: str, value) -> None:
         if isinstance(value, str):
             value = value.encode()
@@ -50,6 +56,9 @@ class StateStore:
     def get_state(self, key: str):
         row = self._conn().execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
+
+    def has_counter(self, key: str) -> bool:
+        return self._conn().execute("SELECT 1 FROM counters WHERE key = ?", (key,)).fetchone() is not None
 
     def counters(self) -> dict[str, int]:
         return dict(self._conn().execute("SELECT key, value FROM counters").fetchall())

@@ -396,6 +396,16 @@ class Worker:
         with self._lock:
             return self._get(fqfn).config
 
+    def code_file(self, fqfn: str) -> str | None:
+        """The function's uploaded code (download), None when it runs an installed module."""
+        with self._lock:
+            return self._get(fqfn).code_path
+
+    def state_store(self, fqfn: str) -> StateStore:
+        """The function's state (querystate/putstate); 404 for a function not hosted here."""
+        with self._lock:
+            return self._get(fqfn).state
+
     def list(self, tenant: str, namespace: str) -> list[str]:
         with self._lock:
             return sorted(f.config.name for f in self._functions.values()

@@ -7,6 +7,7 @@ import signal
 import threading
 
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.paths import user_data_dir
 
 from .cluster.member import ClusterSettings
 from .cluster.scheduler import POLICIES
@@ -21,8 +22,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind the REST API to (default 127.0.0.1)")
     p.add_argument("--metrics-url", default=None,
                    help="the broker's Prometheus /metrics URL; used to detect pulsar-lite and apply its workarounds")
-    p.add_argument("--data-dir", default="./pulsar-autoscale-worker",
-                   help="where function code, configs and state live; functions are restored from it on restart")
+    p.add_argument("--data-dir", default=None,
+                   help="where function code, configs and state live; functions are restored from it on restart "
+                        "(default $XDG_DATA_HOME/pulsar-autoscale/worker/<port>, ~/.local/share without XDG_DATA_HOME)")
     p.add_argument("--runtime", default="thread", choices=RUNTIMES,
                    help="default instance runtime (per function: instanceRuntime in its config)")
     p.add_argument("--broker-kind", default="auto", choices=["auto", "pulsar-lite", "apache"],
@@ -51,14 +53,15 @@ def run(args: argparse.Namespace) -> int:
                                   args.scheduler) if args.cluster else None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    server = WorkerServer(args.service_url, args.port, args.host, args.data_dir, args.metrics_url, args.runtime,
+    data_dir = args.data_dir or str(user_data_dir("worker", str(args.port)))
+    server = WorkerServer(args.service_url, args.port, args.host, data_dir, args.metrics_url, args.runtime,
                           args.broker_kind, args.max_parallelism, args.worker_id, cluster).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"worker {server.worker.worker_id} serving {server.url} (broker {args.service_url}, "
           f"{server.worker.broker_kind}, runtime {args.runtime}"
-          f"{f', cluster {args.cluster}' if cluster else ''})", flush=True)
+          f"{f', cluster {args.cluster}' if cluster else ''}); data in {data_dir}", flush=True)
     stop.wait()
     print("handing instances over..." if cluster else "draining instances...", flush=True)
     server.stop()

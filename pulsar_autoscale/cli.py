@@ -19,6 +19,8 @@ COMMANDS = {
     "controller": ("pulsar_autoscale.controller.cli", "run the autoscaling controller (MAPE loop)"),
     "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),
     "demo": ("pulsar_autoscale.demo", "run the end-to-end demo on the embedded broker"),
+    "produce": ("pulsar_autoscale.client_cli", "send messages to a topic (like pulsar-client produce)"),
+    "consume": ("pulsar_autoscale.client_cli", "receive messages from a topic (like pulsar-client consume)"),
 }
 
 
@@ -33,9 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the (sub)command given, so an error shows that command's usage."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen is None or chosen not in subs[0].choices:
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not args.command:
         parser.print_help()
         return 2

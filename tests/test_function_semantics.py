@@ -121,7 +121,8 @@ def test_source_properties_forwarded_and_custom_serdes(admin, client, tmp_path):
     send(client, f"{name}-in", ["hi"], properties={"trace": "t1"})
     wait_until(lambda: outputs.distinct() == 1, 30, "one output")
     assert [pickle.loads(k) for k in outputs.counts] == [{"got": "HI"}]
-    assert outputs.properties == [{"trace": "t1"}]
+    (props,) = outputs.properties
+    assert props["trace"] == "t1" and props["__pfn_input_topic__"] == f"persistent://public/default/{name}-in"
     outputs.close()
 
 

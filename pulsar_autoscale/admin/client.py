@@ -69,6 +69,16 @@ class FunctionsAdmin:
                          f"(is the worker running?)") from None
 
     def _call(self, method: str, url: str, **kwargs) -> Any:
+        resp = self._request(method, url, **kwargs)
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            raise AdminError(f"{method} {url} answered a body that is not JSON: {resp.text[:200]!r}") from None
+
+    def _request(self, method: str, url: str, **kwargs) -> requests.Response:
+        """The response of a successful call; AdminError with the server's reason otherwise."""
         try:
             resp = self._send(method, url, **kwargs)
         except requests.Timeout:
@@ -79,12 +89,7 @@ class FunctionsAdmin:
             except ValueError:
                 reason = resp.text.strip() or resp.reason
             raise AdminError(f"{method} {url} -> {resp.status_code}: {reason}", resp.status_code)
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError:
-            raise AdminError(f"{method} {url} answered a body that is not JSON: {resp.text[:200]!r}") from None
+        return resp
 
     @staticmethod
     def _form(config: dict, py_file: str | None) -> dict:
@@ -125,6 +130,38 @@ class FunctionsAdmin:
 
     def stats(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/stats"))
+
+    # ---- pulsar-admin parity: trigger, state, upload, download -----------------------------------
+    def trigger(self, tenant: str, namespace: str, name: str, value: str | None = None, file: str | None = None,
+                topic: str | None = None) -> bytes | None:
+        """The function's output for the value (None: it has no output topic)."""
+        form: dict = {}
+        if value is not None:
+            form["data"] = (None, value)
+        if file is not None:
+            form["dataStream"] = (Path(file).name, _read(file), "application/octet-stream")
+        if topic:
+            form["topic"] = (None, topic)
+        resp = self._request("POST", self._url(tenant, namespace, name, "/trigger"), files=form or None)
+        return resp.content if resp.status_code == 200 else None
+
+    def get_state(self, tenant: str, namespace: str, name: str, key: str) -> dict:
+        return self._call("GET", self._url(tenant, namespace, name, f"/state/{key}"))
+
+    def put_state(self, tenant: str, namespace: str, name: str, state: dict) -> None:
+        self._call("POST", self._url(tenant, namespace, name, f"/state/{state['key']}"),
+                   files={"state": (None, json.dumps(state), "application/json")})
+
+    def upload(self, source_file: str, path: str) -> None:
+        self._call("POST", f"{self.admin_url}/admin/v3/functions/upload",
+                   files={"data": (Path(source_file).name, _read(source_file), "application/octet-stream"),
+                          "path": (None, path)})
+
+    def download(self, path: str | None = None, function: tuple[str, str, str] | None = None) -> bytes:
+        """A file uploaded at `path`, or a function's code."""
+        if function is not None:
+            return self._request("GET", self._url(*function, "/download")).content
+        return self._request("GET", f"{self.admin_url}/admin/v3/functions/download", params={"path": path}).content
 
     # ---- our worker only: Spark stateful stages (a StatefulStageConfig as a dict) -----------------
     def _stage_url(self, tenant: str, namespace: str, name: str | None = None) -> str:
@@ -170,3 +207,10 @@ class FunctionsAdmin:
     def action(self, tenant: str, namespace: str, name: str, action: str, instance_id: int | None = None) -> None:
         suffix = (f"/{instance_id}" if instance_id is not None else "") + f"/{action}"
         self._call("POST", self._url(tenant, namespace, name, suffix))
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise AdminError(f"cannot read {path}: {exc.strerror}") from None

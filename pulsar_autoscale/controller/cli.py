@@ -21,7 +21,7 @@ example controller.yaml:
   plan: {min_parallelism: 1, max_parallelism: 15, cooldown_s: 60,
          bounds: [{pattern: "public/default/recognize*", min: 2, max: 10}]}
   dry_run: false
-  decision_log: decisions.jsonl
+  decision_log: decisions.jsonl   # default $XDG_DATA_HOME/pulsar-autoscale/controller/decisions.jsonl
 """
 
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(f"controller {controller.identity}: policy {config.policy}, period {config.period_s}s, "
           f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; status on "
-          f"http://{config.http_host}:{controller.http_port}/status", flush=True)
+          f"http://{config.http_host}:{controller.http_port}/status; decision log {config.decision_log}", flush=True)
     stop.wait()
     controller.stop()
     return 0

@@ -15,6 +15,7 @@ from pulsar_autoscale.configparse import from_mapping
 from pulsar_autoscale.controller.burst_plan import BurstConfig
 from pulsar_autoscale.controller.leader import DEFAULT_LOCK_TOPIC
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.paths import user_data_dir
 
 MODES = ("worker", "stock")
 
@@ -33,7 +34,8 @@ class ControllerConfig:
     dry_run: bool = False                       # recommend only: log decisions, apply nothing
     plan: dict = field(default_factory=dict)    # Plan step: min/max parallelism, bounds, cooldown, ... (PlanConfig)
     burst: dict = field(default_factory=dict)   # Spark burst drains asked of our worker (burst_plan.BurstConfig)
-    decision_log: str | None = "decisions.jsonl"
+    # Default under the user data dir ($XDG_DATA_HOME/pulsar-autoscale/controller/), never the current directory.
+    decision_log: str | None = field(default_factory=lambda: str(user_data_dir("controller", "decisions.jsonl")))
     http_host: str = "127.0.0.1"
     http_port: int = 9091                       # /metrics and /status; 0 = a free port
     lock_topic: str = DEFAULT_LOCK_TOPIC

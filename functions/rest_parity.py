@@ -1,0 +1,126 @@
+"""pulsar-admin parity endpoints of the Functions API v3: trigger, state, upload and download.
+
+Pulsar's paths and forms: `POST .../{name}/trigger` (multipart `data` value or `dataStream` file,
+optional `topic`) answers the function's output; `GET/POST .../{name}/state/{key}` read and write a
+FunctionState ({"key", "stringValue" | "numberValue" | "byteValue"}; the POST form part is `state`);
+`POST /admin/v3/functions/upload` (multipart `data` + `path`) and `GET /admin/v3/functions/download?path=`
+keep files on the worker; `GET .../{name}/download` gives a function's code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+from flask import Flask, Response, jsonify, request
+
+from pulsar_autoscale.errors import ConfigError
+
+from .config import parse_text
+from .packages import PackageStore
+from .trigger import trigger
+from .worker import NotFound, Worker
+
+FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
+STATE_VALUE_FIELDS = ("stringValue", "numberValue", "byteValue")
+
+
+def register(app: Flask, worker: Worker, admin) -> None:
+    """`admin`: where function configs live (this worker, or the cluster's metadata)."""
+    packages = PackageStore(worker.data_dir / "packages")
+
+    @app.post(FN + "/trigger")
+    def trigger_function(tenant, namespace, name):
+        cfg = admin.get(f"{tenant}/{namespace}/{name}")
+        value = request.form.get("data")
+        if value is None and request.files.get("dataStream") is not None:
+            data = request.files["dataStream"].read()
+        elif value is not None:
+            data = value.encode()
+        else:
+            raise ConfigError("Trigger Data is empty: send the multipart part `data` (a value) or `dataStream` "
+                              "(a file)")
+        out = trigger(worker.pulsar_client, cfg, data, request.form.get("topic"))
+        if out is None:
+            return Response(status=204)
+        return Response(out, status=200, mimetype="application/octet-stream")
+
+    @app.get(FN + "/state/<path:key>")
+    def get_state(tenant, namespace, name, key):
+        store = worker.state_store(f"{tenant}/{namespace}/{name}")
+        if store.has_counter(key):
+            return jsonify(key=key, numberValue=store.get_counter(key))
+        value = store.get_state(key)
+        if value is None:
+            raise NotFound(f"key {key!r} doesn't exist in the state of {tenant}/{namespace}/{name}")
+        try:
+            return jsonify(key=key, stringValue=bytes(value).decode("utf-8"))
+        except UnicodeDecodeError:
+            return jsonify(key=key, byteValue=base64.b64encode(bytes(value)).decode())
+
+    @app.post(FN + "/state/<path:key>")
+    def put_state(tenant, namespace, name, key):
+        store = worker.state_store(f"{tenant}/{namespace}/{name}")
+        raw = request.form.get("state")
+        if raw is None and request.files.get("state") is not None:
+            raw = request.files["state"].read().decode("utf-8", "replace")
+        if raw is None:
+            raise ConfigError('the multipart part `state` is missing: a FunctionState JSON such as '
+                              '{"key": "k", "stringValue": "v"}')
+        state = parse_text(raw, "state")
+        if state.get("key") not in (None, key):
+            raise ConfigError(f"key {state['key']!r} in the state does not match the key in the path ({key!r})")
+        given = [f for f in STATE_VALUE_FIELDS if state.get(f) is not None]
+        if len(given) != 1:
+            raise ConfigError(f"the state must have exactly one of {', '.join(STATE_VALUE_FIELDS)}, got "
+                              f"{given or 'none'}")
+        value = state[given[0]]
+        if given[0] == "numberValue":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"numberValue must be an integer, got {json.dumps(value)}")
+            store.set_counter(key, value)
+        elif given[0] == "stringValue":
+            if not isinstance(value, str):
+                raise ConfigError(f"stringValue must be a string, got {json.dumps(value)}")
+            store.del_counter(key)
+            store.put_state(key, value)
+        else:
+            store.del_counter(key)
+            store.put_state(key, _bytes_value(value))
+        return Response(status=204)
+
+    @app.post("/admin/v3/functions/upload")
+    def upload():
+        f = request.files.get("data")
+        if f is None:
+            raise ConfigError("the multipart part `data` (the file) is missing")
+        packages.put(request.form.get("path", ""), f.read())
+        return Response(status=204)
+
+    @app.get("/admin/v3/functions/download")
+    def download():
+        path = request.args.get("path", "")
+        return Response(packages.get(path), mimetype="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{Path(path).name}"'})
+
+    @app.get(FN + "/download")
+    def download_function(tenant, namespace, name):
+        code = worker.code_file(f"{tenant}/{namespace}/{name}")
+        if code is None:
+            raise NotFound(f"Function {tenant}/{namespace}/{name} runs an installed module: it has no uploaded code")
+        return Response(Path(code).read_bytes(), mimetype="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{Path(code).name}"'})
+
+
+def _bytes_value(value) -> bytes:
+    """Pulsar's byteValue: JSON base64 text (as Jackson writes byte[]) or an array of byte values."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            raise ConfigError("byteValue must be base64 text or an array of integers 0-255") from None
+    if isinstance(value, list) and all(isinstance(b, int) and not isinstance(b, bool) and -128 <= b <= 255
+                                       for b in value):
+        return bytes(b & 0xFF for b in value)
+    raise ConfigError("byteValue must be base64 text or an array of integers 0-255")
