@@ -36,6 +36,9 @@ class InstanceFigures:
     interarrival_n: int = 0
     interarrival_s: float = 0.0
     interarrival_sq_s2: float = 0.0
+    wait_s: float = 0.0           # sum of publish-to-receive waits (the fast path's backlog, by Little's law)
+    newest_publish_ms: int = 0    # newest publish time received (the fast path's arrival rate)
+    in_flight: int = 0            # messages taken and not yet processed (0 or 1: one loop)
     first_processed_ms: int = 0
     last_invocation_ms: int = 0
     latest_user_exceptions: tuple[ExceptionRecord, ...] = ()
@@ -66,6 +69,7 @@ class InstanceStats:
         self.user_exceptions = self.system_exceptions = 0
         self.busy_s = self.busy_sq_s2 = 0.0
         self.interarrival_n, self.interarrival_s, self.interarrival_sq_s2 = 0, 0.0, 0.0
+        self.wait_s, self.in_flight = 0.0, 0
         self.first_processed_ms = self.last_invocation_ms = 0
         self._last_publish_ms: int | None = None
         self._user_exc: list[ExceptionRecord] = []
@@ -86,7 +90,9 @@ class InstanceStats:
                 user_exceptions=self.user_exceptions, system_exceptions=self.system_exceptions,
                 outputs=self.outputs, busy_s=self.busy_s, busy_sq_s2=self.busy_sq_s2,
                 interarrival_n=self.interarrival_n, interarrival_s=self.interarrival_s,
-                interarrival_sq_s2=self.interarrival_sq_s2, first_processed_ms=self.first_processed_ms,
+                interarrival_sq_s2=self.interarrival_sq_s2, wait_s=self.wait_s,
+                newest_publish_ms=self._last_publish_ms or 0, in_flight=self.in_flight,
+                first_processed_ms=self.first_processed_ms,
                 last_invocation_ms=self.last_invocation_ms, latest_user_exceptions=tuple(self._user_exc),
                 latest_system_exceptions=tuple(self._system_exc), user_metrics=dict(self._metrics),
                 connected=self.connected, stalled_since_ms=self._stalled_since_ms())
@@ -99,6 +105,8 @@ class InstanceStats:
 
     def on_received(self, publish_ms: int) -> None:
         self.received += 1
+        self.in_flight = 1
+        self.wait_s += max(time.time() - publish_ms / 1000.0, 0.0)
         last = self._last_publish_ms
         if last is not None and publish_ms >= last:
             gap = (publish_ms - last) / 1000.0
@@ -110,6 +118,7 @@ class InstanceStats:
 
     def on_processed(self, seconds: float, ok: bool) -> None:
         now_ms = int(time.time() * 1000)
+        self.in_flight = 0
         if ok:
             self.processed += 1
         self.busy_s += seconds

@@ -93,6 +93,8 @@ def _sum_figures(a: InstanceFigures | None, b: InstanceFigures) -> InstanceFigur
         busy_s=a.busy_s + b.busy_s, busy_sq_s2=a.busy_sq_s2 + b.busy_sq_s2,
         interarrival_n=a.interarrival_n + b.interarrival_n, interarrival_s=a.interarrival_s + b.interarrival_s,
         interarrival_sq_s2=a.interarrival_sq_s2 + b.interarrival_sq_s2,
+        wait_s=a.wait_s + b.wait_s, newest_publish_ms=max(a.newest_publish_ms, b.newest_publish_ms),
+        in_flight=a.in_flight + b.in_flight,
         last_invocation_ms=max(a.last_invocation_ms, b.last_invocation_ms),
     )
 
@@ -548,7 +550,8 @@ class Worker:
         return FunctionCounters(
             time=t, arrived=None, received=total.received, processed=total.processed, outputs=total.outputs,
             busy_s=total.busy_s, busy_sq_s2=total.busy_sq_s2, interarrival_n=total.interarrival_n,
-            interarrival_s=total.interarrival_s, interarrival_sq_s2=total.interarrival_sq_s2)
+            interarrival_s=total.interarrival_s, interarrival_sq_s2=total.interarrival_sq_s2, wait_s=total.wait_s,
+            newest_publish_s=total.newest_publish_ms / 1000.0 if total.newest_publish_ms else None)
 
     def health(self, fqfn: str) -> tuple[str, int]:
         """(why the function cannot run or "", how many of its drains were abandoned)."""

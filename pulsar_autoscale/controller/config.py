@@ -13,6 +13,7 @@ from pulsar_autoscale.admin.http_auth import AuthConfig, cluster_session
 from pulsar_autoscale.admin.stock import StockPulsarAdmin
 from pulsar_autoscale.configparse import from_mapping
 from pulsar_autoscale.controller.burst_plan import BurstConfig
+from pulsar_autoscale.controller.fast import FastConfig
 from pulsar_autoscale.controller.leader import DEFAULT_LOCK_TOPIC
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.paths import user_data_dir
@@ -34,6 +35,7 @@ class ControllerConfig:
     dry_run: bool = False                       # recommend only: log decisions, apply nothing
     plan: dict = field(default_factory=dict)    # Plan step: min/max parallelism, bounds, cooldown, ... (PlanConfig)
     burst: dict = field(default_factory=dict)   # Spark burst drains asked of our worker (burst_plan.BurstConfig)
+    fast: dict = field(default_factory=dict)    # fast scale-out path (controller.fast.FastConfig): enabled, period_s, ...
     # Default under the user data dir ($XDG_DATA_HOME/pulsar-autoscale/controller/), never the current directory.
     decision_log: str | None = field(default_factory=lambda: str(user_data_dir("controller", "decisions.jsonl")))
     http_host: str = "127.0.0.1"
@@ -78,6 +80,7 @@ class ControllerConfig:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"admin_url {url!r} must start with http:// or https://")
         AuthConfig.from_mapping(self.auth)  # a bad auth section fails at start, naming the field
+        self.fast_config()  # a bad fast section fails at start, naming the field
         if self.burst_config().enabled and self.mode == "stock":
             raise ConfigError("burst.enabled needs mode: worker: stock Pulsar workers cannot run a burst drain")
 
@@ -91,6 +94,9 @@ class ControllerConfig:
 
     def burst_config(self):
         return from_mapping(BurstConfig, self.burst, "burst")
+
+    def fast_config(self) -> FastConfig:
+        return from_mapping(FastConfig, self.fast, "fast")
 
     def admin(self):
         """The Functions admin client for this mode: our worker, or a stock Pulsar cluster."""

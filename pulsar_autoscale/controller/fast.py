@@ -10,7 +10,9 @@ broker's gauges (pulsar-lite refreshes those every 5 s):
   not the rate it manages to take them);
 - backlog by Little's law: that arrival rate times the mean publish-to-receive wait of the
   messages received in the window (the wait includes the receiver queue, so prefetch counts);
-- service rate, c_s^2 and utilization from the same counters as at the regular period.
+- service rate, c_s^2 and utilization from the same counters over the longer `service_window_s`:
+  how long a message takes does not change with a burst, and over a 2 s window it is noisy in
+  the very direction that trips the check (a run of slow messages is what makes a queue grow).
 
 The policy is called with `Snapshot.check == "fast"` and these figures over `window_s`. What it
 proposes goes through the same Plan step, the same epoch fencing and the decision log (`kind:
@@ -31,6 +33,7 @@ the next period's window that still holds the time before the burst.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -43,14 +46,15 @@ from pulsar_autoscale.snapshot import FunctionCounters, FunctionSnapshot, Snapsh
 class FastConfig:
     enabled: bool = False
     period_s: float = 1.0        # how often the fast check runs
-    window_s: float = 5.0        # the consumers' counters are differenced over this window
+    window_s: float = 2.0        # arrival rate and backlog: the consumers' counters over this window
+    service_window_s: float = 30.0   # service rate and c_s^2: over this longer window
     rho: float = 0.9             # act only where lambda >= rho k mu at the current parallelism k
     backlog_s: float = 1.0       # ... and the backlog holds at least this many seconds of work for k instances
 
     def __post_init__(self):
-        if self.period_s <= 0 or self.window_s < self.period_s:
-            raise ConfigError(f"fast.period_s must be > 0 and fast.window_s >= period_s, got {self.period_s} "
-                              f"and {self.window_s}")
+        if self.period_s <= 0 or self.window_s < self.period_s or self.service_window_s < self.window_s:
+            raise ConfigError(f"fast.period_s must be > 0 and period_s <= window_s <= service_window_s, got "
+                              f"{self.period_s}, {self.window_s} and {self.service_window_s}")
         if self.rho <= 0:
             raise ConfigError(f"fast.rho must be > 0, got {self.rho}")
         if self.backlog_s < 0:
@@ -65,14 +69,16 @@ class FastConfig:
 
 
 def consumer_snapshot(name: str, parallelism: int, prev: FunctionCounters | None, cur: FunctionCounters,
-                      running: int | None) -> FunctionSnapshot:
-    """The fast check's figures for one function, from two readings of its consumers' counters."""
-    base = window_snapshot(name, parallelism, prev, replace(cur, arrived=None), None, running, age_s=0.0)
+                      running: int | None, service_prev: FunctionCounters | None = None) -> FunctionSnapshot:
+    """The fast check's figures for one function, from readings of its consumers' counters: `prev`
+    one short window ago, `service_prev` (default `prev`) one service window ago."""
+    base = window_snapshot(name, parallelism, service_prev or prev, replace(cur, arrived=None), None, running,
+                           age_s=0.0)
     if prev is None or cur.newest_publish_s is None:
         return base
     received = cur.received - prev.received
-    if received <= 0:   # nothing taken in the window: either idle or stuck; the rate says which
-        return replace(base, arrival_rate=0.0 if base.processing_rate == 0 else None, backlog=None)
+    if received <= 0:   # nothing taken in the window: either idle or stuck; what was processed says which
+        return replace(base, arrival_rate=0.0 if cur.processed == prev.processed else None, backlog=None)
     span = cur.newest_publish_s - (prev.newest_publish_s if prev.newest_publish_s is not None else cur.time)
     dt = cur.time - prev.time
     # the publish span can be shorter than the window (falling behind) but is at least one gap
@@ -102,3 +108,51 @@ def admit(proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], co
         else:
             targets[fn] = k
     return Proposal(targets, reasons, None)
+
+
+def window_readings(name: str, parallelism: int, readings: deque, cur: FunctionCounters, running: int | None,
+                    config: FastConfig) -> FunctionSnapshot:
+    """consumer_snapshot from a function's past readings (oldest first), which it then trims and extends."""
+    while len(readings) > 1 and readings[1].time <= cur.time - config.service_window_s + 1e-9:
+        readings.popleft()
+    short = None
+    for r in readings:
+        if r.time <= cur.time - config.window_s + 1e-9:
+            short = r
+    short = short or (readings[0] if readings else None)
+    fs = consumer_snapshot(name, parallelism, short, cur, running, readings[0] if readings else None)
+    readings.append(cur)
+    return fs
+
+
+class FastMonitor:
+    """The live fast check's eyes: each function's consumer counters from the worker's stats (our
+    worker sums its instances' counters; process instances report every 0.25 s), kept over the
+    fast window. The graph and parallelism come from the last regular period and the fast
+    decisions since; no config is re-read between periods."""
+
+    def __init__(self, admin, config: FastConfig):
+        self.admin = admin
+        self.config = config
+        self._history: dict[str, deque] = {}
+
+    def observe(self, current: Mapping[str, int], now: float) -> tuple[Snapshot, list[str]]:
+        # imported here: the simulator uses this module and needs no REST client
+        from pulsar_autoscale.admin.client import AdminError
+        from pulsar_autoscale.controller.monitor import counters_from_stats
+        functions, errors = {}, []
+        for fn, k in current.items():
+            tenant, namespace, name = fn.split("/")
+            try:
+                if hasattr(self.admin, "counters_and_running"):   # stock Pulsar: no consumer wait counters
+                    cur, running = self.admin.counters_and_running(tenant, namespace, name, now)
+                else:
+                    cur, running = counters_from_stats(self.admin.stats(tenant, namespace, name), now)
+            except (AdminError, KeyError, TypeError) as exc:
+                errors.append(f"{fn}: stats unreadable: {exc}")
+                continue
+            readings = self._history.setdefault(fn, deque())
+            functions[fn] = window_readings(fn, k, readings, cur, running, self.config)
+        for gone in set(self._history) - set(current):
+            del self._history[gone]
+        return Snapshot(time=now, window_s=self.config.window_s, functions=functions, check="fast"), errors

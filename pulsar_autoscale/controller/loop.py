@@ -26,6 +26,7 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.decision_log import DecisionLog
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.controller.executor import Executor
+from pulsar_autoscale.controller.fast import FastMonitor
 from pulsar_autoscale.controller.leader import LeaderElector
 from pulsar_autoscale.controller.monitor import Monitor
 from pulsar_autoscale.netutil import free_port
@@ -64,6 +65,7 @@ class Iteration:
 def build_planner(config: ControllerConfig) -> Planner:
     # stock Pulsar restarts every instance on each update: plan fewer, larger changes there
     plan = restart_aware(config.plan, config.period_s) if config.mode == "stock" else dict(config.plan)
+    plan = config.fast_config().stabilization(plan, config.period_s)
     try:
         return Planner(plan_config(plan))
     except TypeError as exc:
@@ -88,7 +90,10 @@ class Controller:
         self.config = config
         self.admin = admin or config.admin()
         self.policy = load_policy(config.policy, config.policy_params)
-        self.autoscaler = Autoscaler(self.policy, build_planner(config))
+        self.fast = config.fast_config()
+        self.autoscaler = Autoscaler(self.policy, build_planner(config), self.fast)
+        self.fast_monitor = FastMonitor(self.admin, self.fast)
+        self._fast_current: dict[str, int] = {}   # parallelism as the last period saw it, fast decisions applied
         self.monitor = Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
         self.executor = Executor(self.admin, retries=config.execute_retries)
         self.burst = config.burst_config()
@@ -127,6 +132,7 @@ class Controller:
                     return it
                 it.errors.extend(obs.errors)
                 self.last_observation = obs
+                self._fast_current = dict(obs.current)
                 step = self.autoscaler.step(obs.graph, obs.snapshot, obs.current, now)
                 if step.error:
                     self.metrics.errors.labels("policy").inc()
@@ -135,11 +141,35 @@ class Controller:
                 decisions = apply_caps(step.decisions, obs.caps)
                 for d in decisions:
                     it.decisions.append(self._execute(d, term.epoch, now))
+                    if it.decisions[-1]["applied"]:
+                        self._fast_current[d.function] = d.new
                 if self.burst.enabled:
                     chosen = {**obs.current, **{d.function: d.new for d in decisions}}
                     it.decisions.extend(self._bursts(obs.snapshot, chosen, term.epoch, now))
             it.seconds = time.perf_counter() - started
             self.history.append(it)
+            return it
+
+    def fast_iterate(self, now: float | None = None) -> Iteration | None:
+        """One fast check (controller.fast) if this replica leads and a period has run; None otherwise."""
+        with self._iter_lock:
+            if not self._fast_current or not self.elector.check():
+                return None
+            term = self.elector.term
+            now = time.time() if now is None else now
+            it = Iteration(time=now, epoch=term.epoch)
+            snapshot, it.errors = self.fast_monitor.observe(self._fast_current, now)
+            step = self.autoscaler.step(self.last_observation.graph, snapshot, self._fast_current, now)
+            if step.error:
+                self.metrics.errors.labels("policy").inc()
+                it.errors.append(f"policy (fast): {step.error}")
+            for d in apply_caps(step.decisions, self.last_observation.caps):
+                if d.changed:
+                    it.decisions.append(self._execute(d, term.epoch, now, kind="fast"))
+                    if it.decisions[-1]["applied"]:
+                        self._fast_current[d.function] = d.new
+            if it.decisions:
+                self.history.append(it)
             return it
 
     def _record(self, function: str, epoch: int, now: float, **fields) -> dict:
@@ -148,9 +178,9 @@ class Controller:
                 "mode": self.config.mode, "function": function, **fields, "dry_run": self.config.dry_run,
                 "applied": False, "error": None}
 
-    def _execute(self, decision, epoch: int, now: float) -> dict:
-        record = self._record(decision.function, epoch, now, old=decision.old, proposed=decision.proposed,
-                              new=decision.new, reason=decision.reason,
+    def _execute(self, decision, epoch: int, now: float, kind: str = "period") -> dict:
+        record = self._record(decision.function, epoch, now, kind=kind, old=decision.old,
+                              proposed=decision.proposed, new=decision.new, reason=decision.reason,
                               inputs=asdict(decision.inputs) if decision.inputs else None)
         if self.config.mode == "stock" and decision.changed:
             record["restart_cost_s"] = self.admin.restart_cost_s()   # what this update costs on stock Pulsar
@@ -221,6 +251,8 @@ class Controller:
         self._scheduler.add_job(self._elect, "interval", seconds=ELECTION_INTERVAL_S, id="elect",
                                 next_run_time=_now_dt())
         self._scheduler.add_job(self._safe_iterate, "interval", seconds=self.config.period_s, id="mape")
+        if self.fast.enabled:
+            self._scheduler.add_job(self._safe_fast, "interval", seconds=self.fast.period_s, id="fast")
         self._scheduler.start()
         return self
 
@@ -230,6 +262,13 @@ class Controller:
         except Exception:  # the loop must go on; the error is counted and logged with its traceback
             self.metrics.errors.labels("iteration").inc()
             log.exception("MAPE iteration failed")
+
+    def _safe_fast(self) -> None:
+        try:
+            self.fast_iterate()
+        except Exception:
+            self.metrics.errors.labels("fast").inc()
+            log.exception("fast check failed")
 
     def stop(self) -> None:
         if self._scheduler:
@@ -242,7 +281,7 @@ class Controller:
         term = self.elector.term
         return {"controller": self.identity, "leader": term is not None, "epoch": term.epoch if term else None,
                 "policy": self.config.policy, "mode": self.config.mode, "dry_run": self.config.dry_run,
-                "period_s": self.config.period_s,
+                "period_s": self.config.period_s, "fast_period_s": self.fast.period_s if self.fast.enabled else None,
                 "iterations": [asdict(i) for i in list(self.history)[-5:]]}
 
     def _start_http(self) -> None:

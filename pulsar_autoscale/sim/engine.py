@@ -44,7 +44,7 @@ import simpy
 
 from pulsar_autoscale.sim.apps import SimApp, SimFunction
 from pulsar_autoscale.controller.autoscaler import Autoscaler
-from pulsar_autoscale.controller.fast import consumer_snapshot
+from pulsar_autoscale.controller.fast import window_readings
 from pulsar_autoscale.graph import AppGraph, FunctionNode
 from pulsar_autoscale.snapshot import FunctionCounters, Snapshot, window_snapshot
 from pulsar_autoscale.sim.workloads import Workload
@@ -414,12 +414,8 @@ class Simulation:
             now = self.env.now
             functions = {}
             for name, st in self.stations.items():
-                readings = history[name]
-                cur = st.counters(now)
-                while len(readings) > 1 and readings[1].time <= now - fast.window_s + 1e-9:
-                    readings.popleft()
-                functions[name] = consumer_snapshot(name, st.parallelism, readings[0], cur, st.running)
-                readings.append(cur)
+                functions[name] = window_readings(name, st.parallelism, history[name], st.counters(now), st.running,
+                                                  fast)
             if abs(now / period - round(now / period)) > 1e-9:
                 self._check(Snapshot(time=now, window_s=fast.window_s, functions=functions, check="fast"))
 
