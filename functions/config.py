@@ -207,7 +207,7 @@ class FunctionConfig:
         for name in IMMUTABLE_FIELDS:
             if name in update and update[name] not in (None, "", [], {}) and getattr(new, name) != getattr(self, name):
                 raise ConfigError(f"{_pulsar_label(name)} cannot be altered")
-        new = validate(new, max_parallelism)
+        new = validate(new, max_parallelism, min_parallelism=0)   # 0: scaled to zero, the subscription stays
         if new == self:
             raise ConfigError("Update contains no change")
         return new
@@ -519,7 +519,8 @@ def _producer_config(data: Mapping[str, Any]) -> tuple[ProducerConfig | None, st
     return cfg, batch_builder or cfg.batchBuilder
 
 
-def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> FunctionConfig:
+def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+             min_parallelism: int = 1) -> FunctionConfig:
     """Pulsar-style checks, each with a message that names the field."""
     for label, value in (("tenant", cfg.tenant), ("namespace", cfg.namespace), ("name", cfg.name)):
         if not value or not isinstance(value, str):
@@ -539,7 +540,7 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
                           "instance): put the topics in the pattern, or list them in inputs")
     if cfg.output and cfg.output in cfg.inputs:
         raise ConfigError(f"Output topic {cfg.output} is also an input topic of the function")
-    if cfg.parallelism < 1:
+    if cfg.parallelism < min_parallelism:
         raise ConfigError(f"Function parallelism must be a positive number, got {cfg.parallelism}")
     if cfg.parallelism > max_parallelism:
         raise ConfigError(f"Function parallelism {cfg.parallelism} is above this worker's limit of {max_parallelism}")

@@ -7,10 +7,12 @@ makes only its own name fail, never the others.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import inspect
 import sys
+import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,7 +22,7 @@ from pulsar_autoscale.errors import ConfigError
 from .base import Policy, Proposal
 
 GROUP = "pulsar_autoscale.policies"
-__all__ = ["GROUP", "Policy", "Proposal", "available_policies", "load_policy"]
+__all__ = ["GROUP", "Policy", "Proposal", "available_policies", "check_policy_class", "load_policy"]
 
 
 def available_policies() -> list[str]:
@@ -37,7 +39,56 @@ def load_policy(spec: str, params: Mapping[str, Any] | None = None) -> Policy:
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise ConfigError(f"policy {spec!r} resolves to {cls!r}, not a subclass of "
                           f"pulsar_autoscale.policies.Policy")
-    return cls.from_params(params)
+    check_policy_class(cls)
+    try:
+        return cls.from_params(params)
+    except ConfigError:
+        raise
+    except Exception as exc:   # the plugin's own __init__ or Config raised: point at its line
+        raise ConfigError(f"{_where(cls)}: building {cls.__name__} from parameters {dict(params or {})!r} raised "
+                          f"{type(exc).__name__}: {exc}{_raised_at(exc)}") from exc
+
+
+DECIDE_PARAMETERS = ("graph", "snapshot", "current", "state")
+
+
+def check_policy_class(cls: type) -> None:
+    """What the controller will call, checked at load so a mistake is reported at its line in the
+    plugin's file (not later, inside the autoscaler): `name`, `decide`'s signature, `Config`."""
+    where = _where(cls)
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: class {cls.__name__} needs a class attribute name = \"...\" (a non-empty "
+                          f"string naming the policy in logs and decisions), got {name!r}")
+    if inspect.isabstract(cls):
+        raise ConfigError(f"{where}: class {cls.__name__} does not define "
+                          f"decide(self, graph, snapshot, current, state)")
+    decide = inspect.getattr_static(cls, "decide")
+    if isinstance(decide, (staticmethod, classmethod)) or not callable(decide):
+        raise ConfigError(f"{_where(decide)}: {cls.__name__}.decide must be a plain method "
+                          f"decide(self, graph, snapshot, current, state)")
+    try:
+        inspect.signature(decide).bind(None, *DECIDE_PARAMETERS)
+    except TypeError:
+        raise ConfigError(f"{_where(decide)}: {cls.__name__}.decide{inspect.signature(decide)} cannot be called "
+                          f"as decide(self, graph, snapshot, current, state)") from None
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        raise ConfigError(f"{where}: {cls.__name__}.Config must be a dataclass of the policy's parameters "
+                          f"(or left out), got {config!r}")
+
+
+def _where(obj: object) -> str:
+    """file:line of a class or function, for messages that point into the user's file."""
+    try:
+        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+    except (OSError, TypeError):
+        return getattr(obj, "__module__", None) or repr(obj)
+
+
+def _raised_at(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    return f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
 
 
 def _class_from_entry_point(name: str) -> object:
@@ -65,7 +116,8 @@ def _class_from_file(path: Path) -> object:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
-        raise ConfigError(f"policy file {path} raised on import: {type(exc).__name__}: {exc}") from exc
+        at = f" at {exc.filename}:{exc.lineno}" if isinstance(exc, SyntaxError) else _raised_at(exc)
+        raise ConfigError(f"policy file {path} raised on import: {type(exc).__name__}: {exc}{at}") from exc
     if hasattr(module, "POLICY"):
         return module.POLICY
     found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)

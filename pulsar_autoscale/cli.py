@@ -17,11 +17,16 @@ COMMANDS = {
     "functions-worker": ("pulsar_autoscale.functions.cluster.cli", "the worker cluster: members, leader, assignments, rebalance"),
     "stages": ("pulsar_autoscale.functions.stages_cli", "manage Spark stateful stages on our worker"),
     "controller": ("pulsar_autoscale.controller.cli", "run the autoscaling controller (MAPE loop)"),
+    "autoscaler": ("pulsar_autoscale.controller.controls_cli",
+                   "per-function controls of a running controller: pause, resume, get, set, why, reload"),
     "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),
     "demo": ("pulsar_autoscale.demo", "run the end-to-end demo on the embedded broker"),
     "produce": ("pulsar_autoscale.client_cli", "send messages to a topic (like pulsar-client produce)"),
     "consume": ("pulsar_autoscale.client_cli", "receive messages from a topic (like pulsar-client consume)"),
 }
+
+
+QUIET_LOGGERS = ("apscheduler", "werkzeug")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in QUIET_LOGGERS:   # "Running job ..." every second, a line per HTTP request: only with -v
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return importlib.import_module(args._module).run(args) or 0
     except PulsarAutoscaleError as exc:

@@ -8,6 +8,7 @@ import threading
 
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.controller.config import ControllerConfig
+from pulsar_autoscale.errors import ConfigError
 
 EXAMPLE = """\
 example controller.yaml:
@@ -42,13 +43,22 @@ def run(args: argparse.Namespace) -> int:
         overrides["identity"] = args.identity
     if overrides:
         config = ControllerConfig(**{**config.__dict__, **overrides})
-    controller = Controller(config).start()
+    controller = Controller(config, config_path=args.config, overrides=overrides).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    # SIGHUP: re-read the config file; off the signal handler, which must not wait for a running period
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=_reload, args=(controller,), daemon=True).start())
     print(f"controller {controller.identity}: policy {config.policy}, period {config.period_s}s, "
           f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; status on "
           f"http://{config.http_host}:{controller.http_port}/status; decision log {config.decision_log}", flush=True)
     stop.wait()
     controller.stop()
     return 0
+
+
+def _reload(controller: Controller) -> None:
+    try:
+        controller.reload()
+    except ConfigError:
+        pass   # reload() logged why; the running config stays

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,6 +19,9 @@ from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.paths import user_data_dir
 
 MODES = ("worker", "stock")
+# what a reload cannot change: connections, identity and the HTTP listener are made once, at start
+RESTART_OPTIONS = ("service_url", "admin_url", "mode", "http_host", "http_port", "lock_topic", "identity", "auth",
+                   "extra_hosts", "broker_admin_url", "worker_metrics_url")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class ControllerConfig:
     fast: dict = field(default_factory=dict)    # fast scale-out path (controller.fast.FastConfig): enabled, period_s, ...
     # Default under the user data dir ($XDG_DATA_HOME/pulsar-autoscale/controller/), never the current directory.
     decision_log: str | None = field(default_factory=lambda: str(user_data_dir("controller", "decisions.jsonl")))
+    decision_log_max_bytes: int = 5_000_000     # rotated past this size (every evaluation is logged)
+    decision_log_backups: int = 3               # rotated files kept: decisions.jsonl.1 .. .3
     http_host: str = "127.0.0.1"
     http_port: int = 9091                       # /metrics and /status; 0 = a free port
     lock_topic: str = DEFAULT_LOCK_TOPIC
@@ -71,6 +76,9 @@ class ControllerConfig:
         for name in ("period_s", "window_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.decision_log_max_bytes < 1000 or self.decision_log_backups < 0:
+            raise ConfigError(f"decision_log_max_bytes must be >= 1000 and decision_log_backups >= 0, got "
+                              f"{self.decision_log_max_bytes} and {self.decision_log_backups}")
         for ns in self.namespaces:
             if ns.count("/") != 1:
                 raise ConfigError(f"namespaces: {ns!r} must be tenant/namespace")
@@ -91,6 +99,12 @@ class ControllerConfig:
             return admin_urls(self.admin_url)
         except PulsarAutoscaleError as exc:
             raise ConfigError(str(exc)) from None
+
+    def reloaded(self, new: "ControllerConfig") -> tuple["ControllerConfig", list[str]]:
+        """What a reload applies: `new`, except the options that need a restart, which stay as they are
+        (and are listed)."""
+        kept = [name for name in RESTART_OPTIONS if getattr(new, name) != getattr(self, name)]
+        return replace(new, **{name: getattr(self, name) for name in kept}), kept
 
     def burst_config(self):
         return from_mapping(BurstConfig, self.burst, "burst")

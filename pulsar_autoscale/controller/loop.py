@@ -8,21 +8,24 @@ Replicas that are not leader only try, every second, to take the lock.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
+import pulsar
 from apscheduler.schedulers.background import BackgroundScheduler
-from flask import Flask, Response, jsonify
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from werkzeug.serving import make_server
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.controller.autoscaler import Autoscaler
+from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY, Autoscaler
 from pulsar_autoscale.controller.burst_plan import burst_size
 from pulsar_autoscale.controller.config import ControllerConfig
+from pulsar_autoscale.controller.controls import ControlStore, Effective, FunctionControls, effective
 from pulsar_autoscale.controller.decision_log import DecisionLog
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.controller.executor import Executor
@@ -30,8 +33,10 @@ from pulsar_autoscale.controller.fast import FastMonitor
 from pulsar_autoscale.controller.leader import LeaderElector
 from pulsar_autoscale.controller.monitor import Monitor
 from pulsar_autoscale.netutil import free_port
-from pulsar_autoscale.controller.planner import PlanConfig, Planner, apply_caps, restart_aware
-from pulsar_autoscale.policies import load_policy
+from pulsar_autoscale.controller.rest import build_app
+from pulsar_autoscale.controller.planner import FunctionPlan, PlanConfig, Planner, apply_caps, restart_aware
+from pulsar_autoscale.controller.wake import WakeWatcher
+from pulsar_autoscale.policies import Policy, load_policy
 
 log = logging.getLogger(__name__)
 ELECTION_INTERVAL_S = 1.0
@@ -40,8 +45,10 @@ ELECTION_INTERVAL_S = 1.0
 class ControllerMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
-        self.decisions = Counter("pulsar_autoscale_decisions", "scaling decisions applied (or recommended in dry run)",
+        self.decisions = Counter("pulsar_autoscale_decisions", "parallelism changes applied (not recommendations)",
                                  ["function", "direction"], registry=self.registry)
+        self.failures = Counter("pulsar_autoscale_decision_failures", "parallelism changes the worker did not apply",
+                                ["function"], registry=self.registry)
         self.errors = Counter("pulsar_autoscale_errors", "errors by stage", ["stage"], registry=self.registry)
         self.iteration = Histogram("pulsar_autoscale_iteration_seconds", "one MAPE iteration", registry=self.registry)
         self.target = Gauge("pulsar_autoscale_target_parallelism", "parallelism after the last decision",
@@ -51,6 +58,20 @@ class ControllerMetrics:
         self.leader = Gauge("pulsar_autoscale_leader", "1 while this replica is leader", registry=self.registry)
         self.epoch = Gauge("pulsar_autoscale_epoch", "leader epoch held by this replica (0: none)",
                            registry=self.registry)
+        self.paused = Gauge("pulsar_autoscale_paused", "1 while an operator has paused the function",
+                            ["function"], registry=self.registry)
+        self._functions: set[str] = set()
+
+    def forget_others(self, functions: set[str]) -> None:
+        """Drop the series of functions that are gone, so dashboards stop showing them."""
+        for fn in self._functions - functions:
+            for metric, labels in ((self.target, (fn,)), (self.paused, (fn,)), (self.failures, (fn,)),
+                                   (self.bursts, (fn,)), (self.decisions, (fn, "out")), (self.decisions, (fn, "in"))):
+                try:
+                    metric.remove(*labels)
+                except KeyError:
+                    pass
+        self._functions = set(functions)
 
 
 @dataclass
@@ -86,19 +107,28 @@ def plan_config(data: dict) -> PlanConfig:
 
 
 class Controller:
-    def __init__(self, config: ControllerConfig, admin: FunctionsAdmin | None = None):
+    def __init__(self, config: ControllerConfig, admin: FunctionsAdmin | None = None,
+                 config_path: str | None = None, overrides: dict | None = None):
         self.config = config
+        self.config_path = config_path          # re-read on reload (SIGHUP, POST /autoscaler/reload)
+        self.overrides = dict(overrides or {})  # command-line options, kept over a reload
         self.admin = admin or config.admin()
         self.policy = load_policy(config.policy, config.policy_params)
         self.fast = config.fast_config()
         self.autoscaler = Autoscaler(self.policy, build_planner(config), self.fast)
         self.fast_monitor = FastMonitor(self.admin, self.fast)
         self._fast_current: dict[str, int] = {}   # parallelism as the last period saw it, fast decisions applied
+        self._fast_controls: tuple[dict, dict] = ({}, {})   # the last period's per-function rules and policies
         self.monitor = Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
         self.executor = Executor(self.admin, retries=config.execute_retries)
         self.burst = config.burst_config()
         self.elector = LeaderElector(config.service_url, config.lock_topic, config.identity)
-        self.log = DecisionLog(config.decision_log)
+        self.log = DecisionLog(config.decision_log, config.decision_log_max_bytes, config.decision_log_backups)
+        self.controls = ControlStore(config.service_url, config.lock_topic + "-controls", self.identity)
+        self.watcher = WakeWatcher(config.service_url, self._wake)
+        self.effective: dict[str, Effective] = {}   # per function, as of the last period
+        self._declared: dict[str, FunctionControls] = {}
+        self._policies: dict[str, Policy] = {}      # per-function policy overrides, by key
         self.metrics = ControllerMetrics()
         self.history: deque[Iteration] = deque(maxlen=20)
         self.last_observation = None  # for live views: the graph and snapshot of the last period
@@ -116,6 +146,7 @@ class Controller:
         """Run one period if this replica leads; None when it does not."""
         with self._iter_lock:
             if not self.elector.check():
+                self.watcher.watch({})
                 return None
             term = self.elector.term
             now = time.time() if now is None else now
@@ -132,17 +163,24 @@ class Controller:
                     return it
                 it.errors.extend(obs.errors)
                 self.last_observation = obs
-                self._fast_current = dict(obs.current)
-                step = self.autoscaler.step(obs.graph, obs.snapshot, obs.current, now)
+                rules, overrides, failed = self._controls(obs, it)
+                current = {fn: k for fn, k in obs.current.items() if fn not in failed}
+                self._fast_current, self._fast_controls = dict(current), (rules, overrides)
+                step = self.autoscaler.step(obs.graph, obs.snapshot, current, now, rules, overrides)
                 if step.error:
                     self.metrics.errors.labels("policy").inc()
                     it.errors.append(f"policy: {step.error}")
-                    log.error("policy %s failed, nothing applied: %s", self.config.policy, step.error)
+                    log.error("policy failed, nothing applied to %d function(s): %s", len(step.failed), step.error)
+                for fn, error in {**failed, **step.failed}.items():
+                    self.log.append(self._record(fn, term.epoch, now, old=obs.current[fn], new=obs.current[fn],
+                                                 reason="policy failed: nothing decided", error=error))
                 decisions = apply_caps(step.decisions, obs.caps)
                 for d in decisions:
                     it.decisions.append(self._execute(d, term.epoch, now))
                     if it.decisions[-1]["applied"]:
                         self._fast_current[d.function] = d.new
+                self.metrics.forget_others(set(obs.current))
+                self._watch(obs, decisions)
                 if self.burst.enabled:
                     chosen = {**obs.current, **{d.function: d.new for d in decisions}}
                     it.decisions.extend(self._bursts(obs.snapshot, chosen, term.epoch, now))
@@ -159,7 +197,8 @@ class Controller:
             now = time.time() if now is None else now
             it = Iteration(time=now, epoch=term.epoch)
             snapshot, it.errors = self.fast_monitor.observe(self._fast_current, now)
-            step = self.autoscaler.step(self.last_observation.graph, snapshot, self._fast_current, now)
+            step = self.autoscaler.step(self.last_observation.graph, snapshot, self._fast_current, now,
+                                        *self._fast_controls)
             if step.error:
                 self.metrics.errors.labels("policy").inc()
                 it.errors.append(f"policy (fast): {step.error}")
@@ -172,20 +211,65 @@ class Controller:
                 self.history.append(it)
             return it
 
+    def _controls(self, obs, it: Iteration) -> tuple[dict[str, FunctionPlan], dict[str, tuple[str, Policy]],
+                                                      dict[str, str]]:
+        """This period's controls per function: Plan rules, policy overrides, and the functions whose
+        own policy cannot be loaded (no decision for them, an error each)."""
+        try:
+            operator = self.controls.refresh()
+        except pulsar.PulsarException as exc:   # keep following the controls last read
+            operator = self.controls.known()
+            it.errors.append(f"controls topic unreadable, last known controls apply: {exc}")
+        self._declared = dict(obs.declared)
+        self.effective = {fn: self._effective(fn, operator.get(fn, FunctionControls())) for fn in obs.current}
+        rules, overrides, failed = {}, {}, {}
+        for fn, e in self.effective.items():
+            rules[fn] = FunctionPlan(e.min, e.max, e.paused, e.idle_s)
+            self.metrics.paused.labels(fn).set(1 if e.paused else 0)
+            if (e.policy, e.policy_params) != (self.config.policy, dict(self.config.policy_params)):
+                try:
+                    overrides[fn] = self._policy(e.policy, e.policy_params)
+                except ConfigError as exc:
+                    failed[fn] = f"policy override of {fn}: {exc}"
+                    it.errors.append(failed[fn])
+        return rules, overrides, failed
+
+    def _policy(self, spec: str, params: dict) -> tuple[str, Policy]:
+        key = f"{spec} {json.dumps(params, sort_keys=True)}"
+        if key not in self._policies:
+            self._policies[key] = load_policy(spec, params)
+        return key, self._policies[key]
+
+    def _effective(self, fn: str, operator: FunctionControls) -> Effective:
+        lo, hi = self.autoscaler.planner.config.limits(fn)
+        base = FunctionControls(paused=False, min=lo, max=hi, policy=self.config.policy,
+                                policy_params=dict(self.config.policy_params), dry_run=self.config.dry_run,
+                                idle_s=self.autoscaler.planner.config.scale_to_zero_idle_s)
+        return effective(fn, base, self._declared.get(fn, FunctionControls()), operator,
+                         stock=self.config.mode == "stock")
+
+    def _dry_run(self, fn: str) -> bool:
+        """The controller-wide dry run wins; a function's own makes only that one recommend-only."""
+        e = self.effective.get(fn)
+        return self.config.dry_run or (e is not None and e.dry_run)
+
     def _record(self, function: str, epoch: int, now: float, **fields) -> dict:
         """A decision-log record: who decided what, when, under which term; applied/error follow."""
-        return {"time": now, "epoch": epoch, "controller": self.identity, "policy": self.config.policy,
-                "mode": self.config.mode, "function": function, **fields, "dry_run": self.config.dry_run,
-                "applied": False, "error": None}
+        e = self.effective.get(function)
+        return {"time": now, "epoch": epoch, "controller": self.identity,
+                "policy": e.policy if e else self.config.policy, "mode": self.config.mode, "function": function,
+                "dry_run": self._dry_run(function), "paused": bool(e and e.paused), "applied": False,
+                "error": None, **fields}
 
     def _execute(self, decision, epoch: int, now: float, kind: str = "period") -> dict:
         record = self._record(decision.function, epoch, now, kind=kind, old=decision.old,
                               proposed=decision.proposed, new=decision.new, reason=decision.reason,
+                              changed=decision.changed,
                               inputs=asdict(decision.inputs) if decision.inputs else None)
         if self.config.mode == "stock" and decision.changed:
             record["restart_cost_s"] = self.admin.restart_cost_s()   # what this update costs on stock Pulsar
         if decision.changed:
-            if self.config.dry_run:
+            if record["dry_run"]:
                 log.info("[dry run] would scale %s %d -> %d: %s", decision.function, decision.old, decision.new,
                          decision.reason)
             else:
@@ -194,15 +278,46 @@ class Controller:
                 if result.ok:
                     log.info("scaled %s %d -> %d (epoch %d): %s", decision.function, decision.old, decision.new,
                              epoch, decision.reason)
+                    direction = "out" if decision.new > decision.old else "in"
+                    self.metrics.decisions.labels(decision.function, direction).inc()
                 else:
                     self.metrics.errors.labels("execute").inc()
+                    self.metrics.failures.labels(decision.function).inc()
                     log.error("could not scale %s to %d: %s", decision.function, decision.new, result.error)
-            direction = "out" if decision.new > decision.old else "in"
-            self.metrics.decisions.labels(decision.function, direction).inc()
         self.metrics.target.labels(decision.function).set(decision.new)
-        if decision.changed:
-            self.log.append(record)
+        self.log.append(record)   # every evaluation, changed or not: `autoscaler why` explains them
         return record
+
+    # ---- scale to zero: wake-up -------------------------------------------------------------------------
+    def _watch(self, obs, decisions) -> None:
+        """Watch the inputs of the functions that are at parallelism 0 now (and not paused)."""
+        now_at = dict(obs.current)
+        for d in decisions:
+            if d.changed and not self._dry_run(d.function):
+                now_at[d.function] = d.new
+        nodes = obs.graph.nodes
+        self.watcher.watch({fn: tuple(nodes[fn].inputs) for fn, k in now_at.items()
+                            if k == 0 and fn in nodes and not self.effective[fn].paused})
+
+    def _wake(self, fn: str) -> None:
+        """A message arrived on a sleeping function's input: scale it to its min (at least 1) now."""
+        term, e = self.elector.term, self.effective.get(fn)
+        if term is None or e is None or e.paused:
+            return
+        new, now = max(e.min, 1), time.time()
+        record = self._record(fn, term.epoch, now, old=0, proposed=new, new=new, changed=True, kind="wake",
+                              reason="wake: a message arrived on its input")
+        if not record["dry_run"]:
+            result = self.executor.apply(fn, new, term.epoch)
+            record.update(applied=result.ok, error=result.error, execute_seconds=round(result.seconds, 4))
+            if result.ok:
+                self._fast_current[fn] = new
+                self.metrics.decisions.labels(fn, "out").inc()
+                log.info("woke %s: 0 -> %d in %.3fs (epoch %d)", fn, new, result.seconds, term.epoch)
+            else:
+                self.metrics.failures.labels(fn).inc()
+                log.error("could not wake %s: %s", fn, result.error)
+        self.log.append(record)
 
     def _bursts(self, snapshot, parallelism: dict[str, int], epoch: int, now: float) -> list[dict]:
         """Ask the worker to drain, with Spark, what the instances cannot clear by the deadline even at
@@ -237,6 +352,74 @@ class Controller:
             self.log.append(record)
             records.append(record)
         return records
+
+    # ---- operator controls (rest.py serves them; `pulsar-autoscale autoscaler` calls them) ----------------
+    def controls_of(self, fn: str) -> dict:
+        """Effective controls of one function, the layers they came from, and its last evaluation."""
+        operator = self.controls.get(fn)
+        e = self._effective(fn, operator)
+        last = self.log.recent(fn, 1)
+        return {**asdict(e), "dry_run": self.config.dry_run or e.dry_run,
+                "layers": {"function config": self._declared.get(fn, FunctionControls()).set_fields(),
+                           "operator": operator.set_fields()},
+                "asleep": fn in self.watcher.watching, "last": last[0] if last else None}
+
+    def set_controls(self, fn: str, update: dict) -> dict:
+        """Operator controls of one function changed (None clears a field), checked, then stored on the
+        controls topic, so every replica and the next leader follow them."""
+        controls = self.controls.get(fn).changed(update, f"controls of {fn}")
+        if self.config.mode == "stock" and controls.min == 0:
+            raise ConfigError(f"{fn}: min 0 refused: stock Pulsar refuses parallelism 0 (no scale to zero); "
+                              f"min stays at least 1")
+        e = self._effective(fn, controls)
+        if (e.policy, e.policy_params) != (self.config.policy, dict(self.config.policy_params)):
+            load_policy(e.policy, e.policy_params)   # a bad policy or parameter is refused now, not each period
+        self.controls.put(fn, controls)
+        log.info("controls of %s set: %s", fn, controls.set_fields() or "none (controller defaults)")
+        return self.controls_of(fn)
+
+    def clear_controls(self, fn: str) -> dict:
+        self.controls.put(fn, FunctionControls())
+        return self.controls_of(fn)
+
+    def why(self, fn: str, limit: int = 10) -> list[dict]:
+        return self.log.recent(fn, limit)
+
+    def reload(self) -> dict:
+        """Re-read the config file; everything is built before anything is swapped, so a bad file
+        leaves the running config as it was (ConfigError says why)."""
+        if not self.config_path:
+            raise ConfigError("this controller was not started from a config file: nothing to reload")
+        try:
+            new = ControllerConfig.from_file(self.config_path)
+            new = ControllerConfig(**{**new.__dict__, **self.overrides}) if self.overrides else new
+            new, kept = self.config.reloaded(new)
+            changed = [f.name for f in dataclasses.fields(new) if getattr(new, f.name) != getattr(self.config, f.name)]
+            policy = load_policy(new.policy, new.policy_params)
+            planner = build_planner(new)
+            burst = new.burst_config()
+        except ConfigError as exc:
+            log.error("reload of %s refused, the running config stays: %s", self.config_path, exc)
+            raise ConfigError(f"reload of {self.config_path} refused, the running config stays: {exc}") from exc
+        with self._iter_lock:
+            if (new.policy, new.policy_params) != (self.config.policy, self.config.policy_params):
+                self.policy = self.autoscaler.policy = policy
+                self.autoscaler.states.pop(DEFAULT_POLICY, None)
+            self.autoscaler.planner = planner
+            self.monitor.metrics_url, self.monitor.namespaces = new.metrics_url, new.namespaces
+            self.monitor.window_s = new.window_s
+            self.executor.retries = new.execute_retries
+            self.burst = burst
+            if (new.decision_log, new.decision_log_max_bytes, new.decision_log_backups) != \
+                    (self.config.decision_log, self.config.decision_log_max_bytes, self.config.decision_log_backups):
+                self.log = DecisionLog(new.decision_log, new.decision_log_max_bytes, new.decision_log_backups)
+            self._policies.clear()
+            self.config = new
+        if self._scheduler and "period_s" in changed:
+            self._scheduler.reschedule_job("mape", trigger="interval", seconds=new.period_s)
+        log.info("reloaded %s: changed %s%s", self.config_path, ", ".join(changed) or "nothing",
+                 f"; needs a restart, kept: {', '.join(kept)}" if kept else "")
+        return {"reloaded": self.config_path, "changed": changed, "restart_needed": kept}
 
     # ---- leadership ------------------------------------------------------------------------------------
     def _elect(self) -> None:
@@ -275,6 +458,8 @@ class Controller:
             self._scheduler.shutdown(wait=True)
         if self._http:
             self._http.shutdown()
+        self.watcher.close()
+        self.controls.close()
         self.elector.release()
 
     def status(self) -> dict:
@@ -282,21 +467,13 @@ class Controller:
         return {"controller": self.identity, "leader": term is not None, "epoch": term.epoch if term else None,
                 "policy": self.config.policy, "mode": self.config.mode, "dry_run": self.config.dry_run,
                 "period_s": self.config.period_s, "fast_period_s": self.fast.period_s if self.fast.enabled else None,
+                "paused": sorted(fn for fn, e in self.effective.items() if e.paused),
+                "asleep": sorted(self.watcher.watching),
                 "iterations": [asdict(i) for i in list(self.history)[-5:]]}
 
     def _start_http(self) -> None:
-        app = Flask("pulsar_autoscale.controller.loop")
-
-        @app.get("/metrics")
-        def metrics():
-            return Response(generate_latest(self.metrics.registry), mimetype="text/plain; version=0.0.4")
-
-        @app.get("/status")
-        def status():
-            return jsonify(self.status())
-
         self.http_port = self.config.http_port or free_port(self.config.http_host)
-        self._http = make_server(self.config.http_host, self.http_port, app, threaded=True)
+        self._http = make_server(self.config.http_host, self.http_port, build_app(self), threaded=True)
         threading.Thread(target=self._http.serve_forever, name="controller-http", daemon=True).start()
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.broker.metrics import BrokerMetrics
 from pulsar_autoscale.broker.metrics import fetch as fetch_broker_metrics
+from pulsar_autoscale.controller.controls import FunctionControls, declared
 from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.graph import AppGraph, FunctionNode
 from pulsar_autoscale.snapshot import FunctionCounters, FunctionSnapshot, Snapshot, window_snapshot
@@ -32,6 +33,7 @@ class FunctionInfo:
     subscription: str
     parallelism: int
     failover: bool = False   # retainOrdering / EFFECTIVELY_ONCE: one active consumer per input partition
+    controls: FunctionControls = FunctionControls()   # declared in its customRuntimeOptions (controls.py)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Observation:
     current: dict[str, int]
     errors: tuple[str, ...] = ()
     caps: dict[str, int] = field(default_factory=dict)   # most instances that can consume (FAILOVER)
+    declared: dict[str, FunctionControls] = field(default_factory=dict)   # controls in the functions' configs
 
 
 def function_info(config: dict) -> FunctionInfo:
@@ -52,8 +55,9 @@ def function_info(config: dict) -> FunctionInfo:
     output = normalize_topic(config["output"], tenant, namespace) if config.get("output") else None
     fqfn = f"{tenant}/{namespace}/{name}"
     failover = bool(config.get("retainOrdering")) or config.get("processingGuarantees") == "EFFECTIVELY_ONCE"
+    parallelism = config.get("parallelism")   # 0: scaled to zero
     return FunctionInfo(FunctionNode(fqfn, inputs, output), config.get("subName") or fqfn,
-                        int(config.get("parallelism") or 1), failover)
+                        1 if parallelism is None else int(parallelism), failover, declared(config))
 
 
 def counters_from_stats(stats: dict, now: float) -> tuple[FunctionCounters, int]:
@@ -82,7 +86,8 @@ class Monitor:
         snapshot = Snapshot(time=now, window_s=self.window_s, functions=functions)
         caps = {i.node.name: self._partitions(i, errors) for i in infos if i.failover}
         return Observation(graph, snapshot, {i.node.name: i.parallelism for i in infos}, tuple(errors),
-                           {name: cap for name, cap in caps.items() if cap})
+                           {name: cap for name, cap in caps.items() if cap},
+                           {i.node.name: i.controls for i in infos})
 
     def _partitions(self, info: FunctionInfo, errors: list[str]) -> int | None:
         """Input partitions of a FAILOVER function: from topic metadata on a stock cluster, else one per

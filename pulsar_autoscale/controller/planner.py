@@ -3,7 +3,11 @@
 Policies say what they would like; the Plan step holds the operational rules, so no policy
 re-implements them (Ray Serve wraps user policies the same way). Per function, in order:
 
-1. bounds: the first glob pattern in `bounds` that matches the name, else the defaults;
+0. a paused function is left as it is; a function at parallelism 0 wakes (to its min, at least
+   1) as soon as its input has a backlog or arrivals; a function whose min is 0 goes to 0 after
+   `idle_s` with an empty backlog and no arrivals (scale to zero);
+1. bounds: the function's own (FunctionPlan, from its controls), else the first glob pattern in
+   `bounds` that matches the name, else the defaults;
 2. scale-in stabilization: scale in only to the highest recommendation of the last
    `scale_in_stabilization_s` seconds (Kubernetes HPA's downscale stabilization);
 3. no scale-in while the backlog is above `draining_backlog` (FLINK-31318: scaling in a job
@@ -51,12 +55,15 @@ class PlanConfig:
     draining_backlog: float = 100.0                 # messages: above this a backlog counts as draining
     scale_out_headroom: float = 0.0                 # scale out to ceil(target * (1 + headroom)): fewer, larger steps
     min_scale_in: int = 1                           # scale in only when it frees at least this many instances
+    scale_to_zero_idle_s: float = 300.0             # a function with min 0 goes to 0 after this long idle
 
     def __post_init__(self):
         for pattern, lo, hi in ((None, self.min_parallelism, self.max_parallelism), *self.bounds):
-            if not 1 <= lo <= hi:
+            if not (0 <= lo <= hi and hi >= 1):
                 where = f"bounds {pattern!r}" if pattern is not None else "min/max_parallelism"
-                raise ConfigError(f"plan {where}: need 1 <= min <= max, got {lo} and {hi}")
+                raise ConfigError(f"plan {where}: need 0 <= min <= max and max >= 1, got {lo} and {hi}")
+        if self.scale_to_zero_idle_s < 0:
+            raise ConfigError(f"plan scale_to_zero_idle_s must be >= 0 seconds, got {self.scale_to_zero_idle_s}")
         if self.max_step is not None and self.max_step < 1:
             raise ConfigError(f"plan max_step must be >= 1 (or None), got {self.max_step}")
         if self.scale_out_headroom < 0 or self.min_scale_in < 1:
@@ -68,6 +75,19 @@ class PlanConfig:
             if fnmatch.fnmatchcase(function, pattern):
                 return lo, hi
         return self.min_parallelism, self.max_parallelism
+
+    def rules(self, function: str) -> "FunctionPlan":
+        return FunctionPlan(*self.limits(function), idle_s=self.scale_to_zero_idle_s)
+
+
+@dataclass(frozen=True)
+class FunctionPlan:
+    """One function's own rules, from its controls (controls.py): bounds, pause, idle time."""
+
+    min: int
+    max: int
+    paused: bool = False
+    idle_s: float = 300.0
 
 
 class Stamped(NamedTuple):
@@ -83,6 +103,7 @@ class PlanState:
 
     last_change: Mapping[str, Stamped] = field(default_factory=dict)
     recent: Mapping[str, tuple[Stamped, ...]] = field(default_factory=dict)   # recommendations in the window
+    idle_since: Mapping[str, float] = field(default_factory=dict)   # min-0 functions: idle since (empty input)
 
 
 @dataclass(frozen=True)
@@ -118,16 +139,29 @@ class Planner:
         self.config = config or PlanConfig()
 
     def plan(self, proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], state: PlanState,
-             now: float, fast: bool = False) -> tuple[list[Decision], PlanState]:
-        """One Decision per function in `current` (a function the proposal omits keeps its value)."""
+             now: float, fast: bool = False, rules: Mapping[str, FunctionPlan] | None = None
+             ) -> tuple[list[Decision], PlanState]:
+        """One Decision per function in `current` (a function the proposal omits keeps its value);
+        `rules` are per-function bounds, pause and idle time (default: the config's)."""
         c = self.config
         last_change = {fn: s for fn, s in state.last_change.items() if fn in current}
         recent: dict[str, tuple[Stamped, ...]] = {}
+        idle_since: dict[str, float] = {}
         decisions = []
         for fn, old in current.items():
+            rule = (rules or {}).get(fn) or c.rules(fn)
+            fs = snapshot.functions.get(fn)
+            zero = _scale_to_zero(fn, old, rule, fs, float(state.idle_since.get(fn, now)), now, fast)
+            if isinstance(zero, float):
+                idle_since[fn] = zero
+            elif zero is not None:
+                if zero.changed:
+                    last_change[fn] = Stamped(now, zero.new)
+                decisions.append(zero)
+                continue
             proposed = proposal.targets.get(fn, old)
             why = [proposal.reasons.get(fn, "") if fn in proposal.targets else "no proposal: keep"]
-            lo, hi = c.limits(fn)
+            lo, hi = rule.min, rule.max
             new = min(max(proposed, lo), hi)
             if new != proposed:
                 why.append(f"bounded to [{lo}, {hi}]")
@@ -147,7 +181,6 @@ class Planner:
             if new < old and old - new < c.min_scale_in:
                 why.append(f"scale-in by {old - new} < min_scale_in {c.min_scale_in}: keep")
                 new = old
-            fs = snapshot.functions.get(fn)
             if (new < old and c.no_scale_in_while_draining and fs is not None and fs.backlog is not None
                     and fs.backlog > c.draining_backlog):
                 why.append(f"no scale-in while backlog {fs.backlog:.0f} > {c.draining_backlog:g} drains")
@@ -165,7 +198,32 @@ class Planner:
             if new != old:
                 last_change[fn] = Stamped(now, new)
             decisions.append(Decision(fn, old, proposed, new, "; ".join(w for w in why if w), fs))
-        return decisions, PlanState(last_change=last_change, recent=recent)
+        return decisions, PlanState(last_change=last_change, recent=recent, idle_since=idle_since)
+
+
+def _scale_to_zero(fn: str, old: int, rule: FunctionPlan, fs: FunctionSnapshot | None, idle_since: float,
+                   now: float, fast: bool) -> Decision | float | None:
+    """Pause, sleep and wake, before any policy: a Decision when they decide, the time the function
+    has been idle since while it counts towards scale to zero, None when the policy decides. Only the
+    regular period puts a function to sleep; a fast check may wake one."""
+    if rule.paused:
+        return Decision(fn, old, old, old, "paused by operator: left as it is", fs)
+    backlog = fs.backlog if fs is not None else None
+    arrivals = fs.arrival_rate if fs is not None else None
+    busy = (backlog or 0) > 0 or (arrivals or 0) > 0
+    if old == 0:
+        if busy or rule.min > 0:
+            new = max(rule.min, 1)
+            why = (f"wake: backlog {backlog or 0:.0f}, arrivals {arrivals or 0:.2f}/s" if busy
+                   else f"below min {rule.min}")
+            return Decision(fn, 0, new, new, why, fs)
+        return Decision(fn, 0, 0, 0, "asleep: input empty", fs)
+    if rule.min > 0 or busy or backlog is None:
+        return None
+    if not fast and now - idle_since >= rule.idle_s:
+        return Decision(fn, old, 0, 0, f"idle {now - idle_since:.0f}s with an empty backlog >= "
+                                       f"{rule.idle_s:g}s: scale to zero", fs)
+    return idle_since
 
 
 # Where every update restarts all instances (stock Pulsar), fewer and larger changes pay off: wait
