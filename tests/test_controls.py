@@ -135,7 +135,7 @@ def test_bounds_policy_and_dry_run_per_function(broker, worker, tmp_path):
         assert r.status_code == 200 and r.json()["sources"]["max"] == "operator", r.text
         wait_until(lambda: parallelism(worker, declared) == 3, 20,
                    lambda: f"the override policy to scale to 3: {controller.why(fd, 2)}")
-        assert controller.why(fd, 1)[0]["policy"] == str(constant)
+        wait_until(lambda: controller.why(fd, 1)[0]["policy"] == str(constant), 10, "the override in the log")
         # dry run for one function only: the other keeps toggling for real
         assert api(controller, "PUT", f"/autoscaler/functions/{fd}", json={"dry_run": True, "policy_params": {"k": 2}}
                    ).status_code == 200
@@ -212,8 +212,10 @@ def test_scale_to_zero_and_wake_on_the_first_message(broker, worker, tmp_path):
             assert msg.data() == f"m{i}!".encode()
         print(f"\nwake-up (send -> output): median {statistics.median(latencies):.3f}s max {max(latencies):.3f}s")
         assert max(latencies) < 2.0, latencies   # 1 s target; headroom for a loaded 2-core CI machine
-        # the watcher wakes it, or the period when its backlog gauge was first (a race either may win)
-        wakes = [r for r in controller.why(fqfn, 50) if r["reason"].startswith("wake")]
+        # the watcher wakes it, or the period when its backlog gauge was first (a race either may win);
+        # the record is written once the worker answered, maybe after the output arrived
+        wakes = wait_until(lambda: [r for r in controller.why(fqfn, 50) if r["reason"].startswith("wake")][2:] and
+                           [r for r in controller.why(fqfn, 50) if r["reason"].startswith("wake")], 10, "3 wakes")
         assert len(wakes) == 3 and all(r["applied"] for r in wakes), wakes
         assert any("scale to zero" in r["reason"] for r in controller.why(fqfn, 50))
     finally:
