@@ -60,18 +60,35 @@ class ControllerMetrics:
                            registry=self.registry)
         self.paused = Gauge("pulsar_autoscale_paused", "1 while an operator has paused the function",
                             ["function"], registry=self.registry)
-        self._functions: set[str] = set()
+        # 1 per (function, input): dashboards join the broker's per-topic series to functions with it.
+        # The topic appears twice, as Apache Pulsar labels it (persistent://...) and as pulsar-lite does
+        # (the local name, with the namespace label), so one join works on both brokers.
+        self.function_input = Gauge("pulsar_autoscale_function_input", "the function consumes this topic",
+                                    ["function", "namespace", "topic", "subscription"], registry=self.registry)
+        self._inputs: dict[str, set[tuple]] = {}
 
-    def forget_others(self, functions: set[str]) -> None:
-        """Drop the series of functions that are gone, so dashboards stop showing them."""
-        for fn in self._functions - functions:
+    def describe_inputs(self, inputs: dict[str, tuple[tuple[str, ...], str]]) -> None:
+        """function -> (its input topics, its subscription); a function not listed any more loses its
+        series, here and in every per-function metric, so dashboards stop showing it."""
+        for fn in set(self._inputs) - set(inputs):
             for metric, labels in ((self.target, (fn,)), (self.paused, (fn,)), (self.failures, (fn,)),
-                                   (self.bursts, (fn,)), (self.decisions, (fn, "out")), (self.decisions, (fn, "in"))):
+                                   (self.bursts, (fn,)), (self.decisions, (fn, "out")), (self.decisions, (fn, "in")),
+                                   *((self.function_input, labels) for labels in self._inputs[fn])):
                 try:
                     metric.remove(*labels)
                 except KeyError:
                     pass
-        self._functions = set(functions)
+            del self._inputs[fn]
+        for fn, (topics, subscription) in inputs.items():
+            labels = set()
+            for topic in topics:
+                namespace = "/".join(topic.split("://", 1)[-1].split("/")[:2])
+                labels |= {(fn, namespace, topic, subscription), (fn, namespace, topic.rsplit("/", 1)[-1], subscription)}
+            for stale in self._inputs.get(fn, set()) - labels:
+                self.function_input.remove(*stale)
+            for label in labels:
+                self.function_input.labels(*label).set(1)
+            self._inputs[fn] = labels
 
 
 @dataclass
@@ -179,7 +196,8 @@ class Controller:
                     it.decisions.append(self._execute(d, term.epoch, now))
                     if it.decisions[-1]["applied"]:
                         self._fast_current[d.function] = d.new
-                self.metrics.forget_others(set(obs.current))
+                self.metrics.describe_inputs({fn: (obs.graph.nodes[fn].inputs, obs.subscriptions.get(fn, fn))
+                                              for fn in obs.current if fn in obs.graph.nodes})
                 self._watch(obs, decisions)
                 if self.burst.enabled:
                     chosen = {**obs.current, **{d.function: d.new for d in decisions}}

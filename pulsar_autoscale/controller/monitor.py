@@ -44,6 +44,7 @@ class Observation:
     errors: tuple[str, ...] = ()
     caps: dict[str, int] = field(default_factory=dict)   # most instances that can consume (FAILOVER)
     declared: dict[str, FunctionControls] = field(default_factory=dict)   # controls in the functions' configs
+    subscriptions: dict[str, str] = field(default_factory=dict)           # each function's input subscription
 
 
 def function_info(config: dict) -> FunctionInfo:
@@ -87,7 +88,7 @@ class Monitor:
         caps = {i.node.name: self._partitions(i, errors) for i in infos if i.failover}
         return Observation(graph, snapshot, {i.node.name: i.parallelism for i in infos}, tuple(errors),
                            {name: cap for name, cap in caps.items() if cap},
-                           {i.node.name: i.controls for i in infos})
+                           {i.node.name: i.controls for i in infos}, {i.node.name: i.subscription for i in infos})
 
     def _partitions(self, info: FunctionInfo, errors: list[str]) -> int | None:
         """Input partitions of a FAILOVER function: from topic metadata on a stock cluster, else one per
