@@ -21,7 +21,7 @@ from pulsar_autoscale.paths import user_data_dir
 MODES = ("worker", "stock")
 # what a reload cannot change: connections, identity and the HTTP listener are made once, at start
 RESTART_OPTIONS = ("service_url", "admin_url", "mode", "http_host", "http_port", "lock_topic", "identity", "auth",
-                   "extra_hosts", "broker_admin_url", "worker_metrics_url")
+                   "extra_hosts", "broker_admin_url", "worker_metrics_url", "fast")
 
 
 @dataclass(frozen=True)
