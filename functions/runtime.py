@@ -23,6 +23,7 @@ from pulsar_autoscale.broker import lite_quirks
 
 from .config import FunctionConfig
 from .instance import Instance
+from .loader import load_callable
 from .state import StateStore
 from .stats import InstanceFigures, InstanceStats
 
@@ -87,6 +88,36 @@ def _process_main(config: FunctionConfig, instance_id: int, service_url: str, co
     """Entry point of a process instance: run the loop in a thread, report figures until drained."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
+                  input_conn, start_time_ms)
+
+
+def _standby_main(config: FunctionConfig, service_url: str, code_path: str | None, state_path: str, num_instances,
+                  stop_event, stats_queue, input_conn, control) -> None:
+    """Entry point of a warm standby (warm_pool): interpreter up, the function's code imported, the client
+    connected to the broker; then it waits for an instance id and runs that instance like _process_main."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    try:
+        load_callable(config.className, code_path)
+        client.get_topic_partitions(config.inputs[0])   # a lookup: opens the connection the instance will use
+        control.send("ready")
+        activation = control.recv()
+    except (EOFError, OSError):
+        activation = None   # the worker closed the pool
+    except Exception as exc:  # cannot warm: say so; the pool then starts cold instances instead
+        control.send(f"failed: {type(exc).__name__}: {exc}")
+        activation = None
+    if activation is None:
+        client.close()
+        return
+    instance_id, start_time_ms = activation
+    _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
+                  input_conn, start_time_ms)
+
+
+def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str,
+                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int) -> None:
     stats = InstanceStats(instance_id, start_time_ms)
     open_input = (lambda: lite_quirks.PipeConsumer(input_conn)) if input_conn is not None else None
     instance = Instance(config, instance_id, client, code_path, StateStore(state_path),
@@ -106,21 +137,28 @@ class ProcessInstance(InstanceHandle):
     _ctx = mp.get_context("spawn")  # never fork a process that holds pulsar-client threads
 
     def __init__(self, config: FunctionConfig, instance_id: int, service_url: str, code_path: str | None,
-                 state_path: str, num_instances, shared_input: lite_quirks.SharedInput | None):
+                 state_path: str, num_instances, shared_input: lite_quirks.SharedInput | None, standby=None):
+        """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn."""
         self.instance_id = instance_id
-        child_conn = None
+        self._figures = InstanceStats(instance_id).figures()
+        if standby is not None:
+            self._stop, self._queue, self._proc = standby.stop_event, standby.stats_queue, standby.proc
+            parent_conn = standby.input_parent
+        else:
+            parent_conn, child_conn = self._ctx.Pipe() if shared_input is not None else (None, None)
+            self._stop = self._ctx.Event()
+            self._queue = self._ctx.Queue()
+            self._proc = self._ctx.Process(
+                target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
+                args=(config, instance_id, service_url, code_path, state_path, num_instances, self._stop,
+                      self._queue, child_conn, self._figures.start_time_ms))
         if shared_input is not None:
-            parent_conn, child_conn = self._ctx.Pipe()
             threading.Thread(target=lite_quirks.serve_pipe, args=(parent_conn, shared_input.lease()),
                              name=f"{config.fqfn}:{instance_id}:input", daemon=True).start()
-        self._stop = self._ctx.Event()
-        self._queue = self._ctx.Queue()
-        self._figures = InstanceStats(instance_id).figures()
-        self._proc = self._ctx.Process(
-            target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
-            args=(config, instance_id, service_url, code_path, state_path, num_instances, self._stop, self._queue,
-                  child_conn, self._figures.start_time_ms))
-        self._proc.start()
+        if standby is not None:
+            standby.activate(instance_id, self._figures.start_time_ms)
+        else:
+            self._proc.start()
         self._reader = threading.Thread(target=self._read_stats, daemon=True)
         self._reader.start()
 

@@ -35,6 +35,7 @@ from .bursts import BurstRecord, BurstRunner
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import subscribe
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
+from .warm_pool import Standby, WarmPool
 from .stages import StageHost
 from .state import StateStore
 from .stats import InstanceFigures
@@ -73,6 +74,7 @@ class HostedFunction:
     history: deque = field(default_factory=deque)               # (time, FunctionCounters) for the "1min" window
     num_instances: object = None                                 # shared int for Context.get_num_instances
     shared_input: object = None                                  # pulsar-lite only: lite_quirks.SharedInput
+    warm_pool: WarmPool | None = None                            # process runtime: warm standbys
     code_digest: str | None = None                               # sha256 of code_path, which passed validation
     failure: str = ""                                            # why the function cannot run (no instances run)
     draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
@@ -102,7 +104,7 @@ def _sum_figures(a: InstanceFigures | None, b: InstanceFigures) -> InstanceFigur
 class Worker:
     def __init__(self, service_url: str, data_dir: str, worker_id: str = "worker-0", default_runtime: str = "thread",
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, broker_kind: str = "apache",
-                 hostname: str = "127.0.0.1", port: int = 0):
+                 hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0):
         if default_runtime not in RUNTIMES:
             raise ConfigError(f"runtime {default_runtime!r} is unknown: use one of {', '.join(RUNTIMES)}")
         self.service_url = service_url
@@ -112,6 +114,9 @@ class Worker:
         self.max_parallelism = max_parallelism
         self.broker_kind = broker_kind
         self.hostname, self.port = hostname, port
+        self.warm_pool = warm_pool   # warm standbys per process-runtime function (functions/warm_pool.py)
+        if warm_pool < 0:
+            raise ConfigError(f"warm pool size must be >= 0, got {warm_pool}")
         self.validate_timeout_s = VALIDATE_TIMEOUT_S
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self.stall_after_s = STALL_AFTER_S
@@ -250,7 +255,19 @@ class Worker:
         if self.broker_kind == "pulsar-lite":
             fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
         self._functions[cfg.fqfn] = fn
+        self._renew_pool(fn)
         return fn
+
+    def _renew_pool(self, fn: HostedFunction) -> None:
+        """Standbys hold the function's code and config: a new pool whenever those change."""
+        if fn.warm_pool is not None:
+            fn.warm_pool.close()
+            fn.warm_pool = None
+        if self.warm_pool > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure:
+            cfg, state_path = fn.config, str(self._fn_dir(fn.config) / "state.sqlite")
+            fn.warm_pool = WarmPool(self.warm_pool, lambda: Standby(
+                ProcessInstance._ctx, cfg, self.service_url, fn.code_path, state_path, fn.num_instances,
+                fn.shared_input is not None))
 
     # ---- cluster mode (functions/cluster/): the cluster's assignment says which ids run here ------
     @property
@@ -332,6 +349,7 @@ class Worker:
         else:
             self._scale(fn, 0)
             fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
+            self._renew_pool(fn)
             self._scale(fn, new.parallelism)
         return new
 
@@ -377,6 +395,8 @@ class Worker:
             shutil.rmtree(trash, ignore_errors=True)
             if fn.config.cleanupSubscription:
                 self._cleanup_subscription(fn.config)
+        if fn.warm_pool is not None:
+            fn.warm_pool.close()
         self._drain(fn, sorted(fn.instances, reverse=True), then=then)
 
     def _trash_dir(self) -> Path:
@@ -475,7 +495,7 @@ class Worker:
         if fn.runtime(self.default_runtime) == "process":
             handle: InstanceHandle = ProcessInstance(
                 cfg, i, self.service_url, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
-                fn.shared_input)
+                fn.shared_input, standby=fn.warm_pool.take() if fn.warm_pool is not None else None)
         else:
             handle = ThreadInstance(cfg, i, self._client, fn.code_path, fn.state, lambda: fn.num_instances.value)
         fn.instances[i] = handle
@@ -580,6 +600,8 @@ class Worker:
         self._closing.set()
         with self._lock:
             for fn in self._functions.values():
+                if fn.warm_pool is not None:
+                    fn.warm_pool.close()
                 self._drain(fn, sorted(fn.instances, reverse=True))
             retirers = list(self._retirers)
         for t in retirers:

@@ -32,6 +32,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-parallelism", type=int, default=DEFAULT_MAX_PARALLELISM,
                    help=f"refuse parallelism above this (default {DEFAULT_MAX_PARALLELISM})")
     p.add_argument("--worker-id", default=None, help="worker id reported by the cluster API")
+    p.add_argument("--warm-pool", type=int, default=0, metavar="N",
+                   help="warm standby interpreters per process-runtime function: a scale-out serves within "
+                        "~100 ms instead of 0.3-3 s (default 0)")
     c = p.add_argument_group("cluster (docs/cluster.md)")
     c.add_argument("--cluster", default=None, metavar="NAME",
                    help="join the worker cluster NAME: workers coordinate through Pulsar topics and share functions "
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     data_dir = args.data_dir or str(user_data_dir("worker", str(args.port)))
     server = WorkerServer(args.service_url, args.port, args.host, data_dir, args.metrics_url, args.runtime,
-                          args.broker_kind, args.max_parallelism, args.worker_id, cluster).start()
+                          args.broker_kind, args.max_parallelism, args.worker_id, cluster,
+                          warm_pool=args.warm_pool).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,116 @@
+"""Process-runtime scale-out latency with and without the warm pool (issue #12).
+
+For each mode (no pool, pool of 4 standbys per function) and each repetition: a Sleepy function
+(5 ms, deterministic) on the process runtime under a steady 200 msg/s load, parallelism 1 -> 4,
+then 4 -> 8; latency of each new instance = the time its first message was processed minus the
+moment the PUT returned (so it includes one 5 ms service; a warm instance can beat the PUT's
+answer, hence negative values), and `from_put_sent` the same from when the PUT was sent. Between repetitions the function goes
+back to 1 and the pool refills. Embedded broker, one worker. Prints one JSON object.
+Usage: python bench/scale_latency.py [--repeats 3] [--pool 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+import uuid
+
+import pulsar
+
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
+from pulsar_autoscale.functions.server import WorkerServer
+
+RATE = 200.0
+STEPS = ((1, 4), (4, 8))
+
+
+def load(service_url: str, topic: str, stop: threading.Event) -> None:
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+    next_t = time.monotonic()
+    while not stop.is_set():
+        producer.send_async(b"x", None)
+        next_t += 1.0 / RATE
+        time.sleep(max(0.0, next_t - time.monotonic()))
+    producer.flush()
+    client.close()
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
+
+
+def run_mode(pool: int, repeats: int) -> dict:
+    out: dict = {f"{a}->{b}": [] for a, b in STEPS}
+    sent_out: dict = {f"{a}->{b}": [] for a, b in STEPS}
+    with EmbeddedBroker() as broker, WorkerServer(broker.service_url, metrics_url=broker.metrics_url,
+                                                  runtime="process", warm_pool=pool) as server:
+        admin = FunctionsAdmin(server.url)
+        name = f"lat-{uuid.uuid4().hex[:6]}"
+        fqfn = f"public/default/{name}"
+        admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
+                      "output": f"{name}-out", "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
+                      "receiverQueueSize": 10, "userConfig": {"service_ms": 5, "dist": "deterministic"}})
+        stop = threading.Event()
+        producer = threading.Thread(target=load, args=(broker.service_url, f"{name}-in", stop), daemon=True)
+        producer.start()
+        worker = server.worker
+
+        def first_processed() -> dict[int, int]:
+            _, figs, _ = worker.instance_figures(fqfn)
+            return {i: f.first_processed_ms for i, f in figs.items()}
+
+        def pool_ready() -> bool:
+            fn = worker._functions[fqfn]
+            return fn.warm_pool is None or sum(s.ready() for s in list(fn.warm_pool._standbys)) >= pool
+
+        try:
+            wait_for(lambda: first_processed().get(0), 60, "instance 0 to process")
+            for _ in range(repeats):
+                for a, b in STEPS:
+                    wait_for(pool_ready, 60, "the warm pool to refill")
+                    sent_ms = time.time() * 1000
+                    admin.set_parallelism("public", "default", name, b)
+                    returned_ms = time.time() * 1000
+                    new = range(a, b)
+                    firsts = wait_for(lambda: (lambda f: f if all(f.get(i) for i in new) else None)(
+                        first_processed()), 60, f"instances {a}..{b - 1} to process")
+                    out[f"{a}->{b}"] += [round(firsts[i] - returned_ms, 1) for i in new]
+                    sent_out[f"{a}->{b}"] += [round(firsts[i] - sent_ms, 1) for i in new]
+                admin.set_parallelism("public", "default", name, 1)
+                wait_for(lambda: len(first_processed()) == 1, 60, "the scale-in to 1")
+        finally:
+            stop.set()
+            producer.join(5)
+            admin.delete("public", "default", name)
+    return {step: {"median_ms": statistics.median(v), "max_ms": max(v), "samples_ms": v,
+                   "from_put_sent": {"median_ms": statistics.median(sent_out[step]), "max_ms": max(sent_out[step])}}
+            for step, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pool", type=int, default=4)
+    args = ap.parse_args()
+    started = time.perf_counter()
+    result = {"bench": "scale_latency", "runtime": "process", "rate_msgs_per_s": RATE, "repeats": args.repeats,
+              "no_pool": run_mode(0, args.repeats), f"pool_{args.pool}": run_mode(args.pool, args.repeats)}
+    pooled = result[f"pool_{args.pool}"]
+    result["target_met"] = all(v["max_ms"] <= 100 for v in pooled.values())
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
