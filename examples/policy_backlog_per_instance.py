@@ -1,5 +1,11 @@
 """A user's policy in about 20 lines: one instance per `per_instance` messages of backlog.
 
+With the controller's fast path on (`fast: {enabled: true}`), decide() is also called every second
+or so with `snapshot.check == "fast"`: the backlog is then the consumers' own estimate (arrival
+rate x wait), fresher than the broker's gauge; only scale-outs of functions falling behind are
+applied and the returned state is dropped, so this policy needs no change. Set the class
+attribute `fast = False` to be asked at the regular period only.
+
     pulsar-autoscale controller --config c.yaml   # with  policy: examples/policy_backlog_per_instance.py
                                                   #       policy_params: {per_instance: 200}
 """

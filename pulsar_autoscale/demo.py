@@ -133,6 +133,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", default="4,12,28,12,4", help="msg/s per constant-rate interval (default 4,12,28,12,4)")
     p.add_argument("--period", type=float, default=5.0, help="controller period in seconds (default 5)")
     p.add_argument("--window", type=float, default=10.0, help="metrics window in seconds (default 10)")
+    p.add_argument("--fast-period", type=float, default=1.0, metavar="S",
+                   help="fast scale-out check every S seconds on the consumers' counters (default 1; 0: off)")
+    p.add_argument("--fast-window", type=float, default=2.0, metavar="S",
+                   help="the fast check's window (default 2)")
     p.add_argument("--max-parallelism", type=int, default=8, help="per function (default 8)")
     p.add_argument("--receiver-queue", type=int, default=10,
                    help="messages each instance prefetches (default 10; 1 makes instances share one FIFO queue, "
@@ -169,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     report.mkdir(parents=True, exist_ok=True)
     logging.getLogger().setLevel(logging.WARNING)
     interval = args.duration / len(rates)
-    print(f"demo: policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s; "
+    fast = f"fast check every {args.fast_period:g}s" if args.fast_period > 0 else "no fast path"
+    print(f"demo: policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s, {fast}; "
           f"report -> {report}", flush=True)
     with EmbeddedBroker(data_dir=None) as broker, \
             WorkerServer(broker.service_url, metrics_url=broker.metrics_url) as worker:
@@ -184,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
             service_url=broker.service_url, admin_url=worker.url, metrics_url=broker.metrics_url,
             policy=args.policy, policy_params=parse_params(args.param), period_s=args.period,
             window_s=args.window, plan={"max_parallelism": args.max_parallelism},
+            fast={"enabled": args.fast_period > 0, "period_s": args.fast_period or 1.0,
+                  "window_s": max(args.fast_window, args.fast_period)},
             decision_log=str(report / "decisions.jsonl"), http_port=0, identity="demo-controller")
         (report / "decisions.jsonl").unlink(missing_ok=True)
         controller = Controller(config).start()
@@ -241,17 +248,23 @@ def watch(worker, controller, rec, rates, interval, t0, load, plain: bool) -> No
     with Live(render(controller, rec, None, 0), refresh_per_second=2, transient=False,
               auto_refresh=not plain) if not plain else _NoLive() as live:
         last_print = 0.0
+        seen: set = set()
         while load.is_alive():
             now = time.time()
             k = min(int((now - t0) // interval), len(rates) - 1)
             s = sample(worker, controller, rec, rates[k], now)
             rec.samples.append(s)
             if plain:
+                for it in list(controller.history):
+                    for d in it.decisions:
+                        if d.get("new") != d.get("old") and (d["time"], d["function"]) not in seen:
+                            seen.add((d["time"], d["function"]))
+                            print(f'  {d["function"].rsplit("/", 1)[-1]}: {short_decision(d, t0)}', flush=True)
                 if now - last_print >= 10:
                     last_print = now
                     print(progress_line(s, now - t0), flush=True)
             else:
-                live.update(render(controller, rec, s, now - t0))
+                live.update(render(controller, rec, s, now - t0, t0))
             load.join(1.0)
 
 
@@ -269,17 +282,25 @@ def progress_line(s: Sample, elapsed: float) -> str:
     return f"[{elapsed:5.0f}s] rate {s.target_rate:g}/s  instances {inst}  p99 {p99}"
 
 
-def render(controller, rec: Recorder, s: Sample | None, elapsed: float):
+def short_decision(d: dict, t0: float) -> str:
+    """A decision in a few characters (the full reason is in decisions.jsonl): kind, change, when."""
+    return f'{d.get("kind", "period")} {d["old"]}->{d["new"]} @{d["time"] - t0:.0f}s'
+
+
+def render(controller, rec: Recorder, s: Sample | None, elapsed: float, t0: float = 0.0):
+    """The live table; it fits 80 columns."""
     from rich.table import Table
-    table = Table(title=f"pulsar-autoscale demo  t={elapsed:.0f}s  produced={rec.produced}  "
-                        f"policy={controller.config.policy}")
-    for col in ("function", "arrival/s", "backlog", "instances", "util", "last decision"):
-        table.add_column(col)
+    table = Table(title=f"demo t={elapsed:.0f}s produced={rec.produced} policy={controller.config.policy}",
+                  width=80)
+    for col, width in (("function", 16), ("arrival/s", 9), ("backlog", 7), ("inst", 4), ("util", 4),
+                       ("last decision", 18)):
+        table.add_column(col, max_width=width, no_wrap=True, overflow="ellipsis")
     obs = controller.last_observation
     last = {}
     for it in controller.history:
         for d in it.decisions:
-            last[d["function"]] = f'{d["old"]}->{d["new"]}: {d["reason"][:60]}'
+            if d.get("new") != d.get("old"):
+                last[d["function"]] = short_decision(d, t0)
     for st in STAGES:
         fqfn = f"{NS}/{st.name}"
         fs = obs.snapshot.functions.get(fqfn) if obs else None
@@ -319,6 +340,7 @@ def summarize(rec: Recorder, config: ControllerConfig, rates, interval, t0) -> d
     total_time = sum(dt) or 1.0
     return {
         "policy": config.policy, "rates_msg_s": rates, "interval_s": interval, "period_s": config.period_s,
+        "fast": config.fast,
         "produced": rec.produced,
         "lost": sum(max(rec.produced - len(seen), 0) for seen in rec.received.values()),
         "duplicates": sum(c - 1 for seen in rec.received.values() for c in seen.values()),
@@ -340,6 +362,7 @@ def write_report(report: Path, rec: Recorder, summary: dict) -> None:
     decisions = [json.loads(line) for line in (report / "decisions.jsonl").read_text().splitlines()] \
         if (report / "decisions.jsonl").exists() else []
     summary["scaling_actions"] = sum(1 for d in decisions if d.get("applied"))  # from the controller's own log
+    summary["fast_actions"] = sum(1 for d in decisions if d.get("applied") and d.get("kind") == "fast")
     (report / "summary.json").write_text(json.dumps(summary, indent=2))
     with (report / "timeseries.csv").open("w", newline="") as f:
         w = csv.writer(f)

@@ -102,3 +102,23 @@ def test_fast_config_is_validated():
         FastConfig(enabled=True, period_s=2.0, window_s=1.0)
     assert FastConfig(enabled=True).stabilization({}, 30.0) == {"scale_in_stabilization_s": 30.0}
     assert FastConfig().stabilization({}, 30.0) == {}
+
+
+def test_demo_table_fits_80_columns_with_short_decisions():
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from pulsar_autoscale.demo import STAGES, Recorder, Sample, render
+    long = "fast: lambda 39.3/s, backlog 78 vs 10 x mu 3.79/s; " + "x" * 300
+    decisions = [{"function": f"public/default/{st.name}", "kind": "fast", "old": 1, "new": 12, "time": 130.0,
+                  "reason": long} for st in STAGES]
+    controller = SimpleNamespace(config=SimpleNamespace(policy="predictive"), last_observation=None,
+                                 history=[SimpleNamespace(decisions=decisions)])
+    sample = Sample(130.0, 40.0, {st.name: 12 for st in STAGES}, {}, 0.4, 1.9)
+    console = Console(width=200, record=True)
+    console.print(render(controller, Recorder(), sample, 130.0, t0=100.0))
+    lines = console.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    rows = [line for line in lines if "fast 1->12 @30s" in line]
+    assert len(rows) == len(STAGES), "each function's decision on one line"
