@@ -65,7 +65,7 @@ def check_policy_class(cls: type) -> None:
                           f"decide(self, graph, snapshot, current, state)")
     decide = inspect.getattr_static(cls, "decide")
     if isinstance(decide, (staticmethod, classmethod)) or not callable(decide):
-        raise ConfigError(f"{_where(decide)}: {cls.__name__}.decide must be a plain method "
+        raise ConfigError(f"{_where(getattr(decide, '__func__', decide))}: {cls.__name__}.decide must be a plain method "
                           f"decide(self, graph, snapshot, current, state)")
     try:
         inspect.signature(decide).bind(None, *DECIDE_PARAMETERS)
@@ -74,8 +74,8 @@ def check_policy_class(cls: type) -> None:
                           f"as decide(self, graph, snapshot, current, state)") from None
     config = getattr(cls, "Config", None)
     if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
-        raise ConfigError(f"{where}: {cls.__name__}.Config must be a dataclass of the policy's parameters "
-                          f"(or left out), got {config!r}")
+        raise ConfigError(f"{where}: {cls.__name__}.Config must be a @dataclass of the policy's parameters "
+                          f"(or left out), got {getattr(config, '__name__', repr(config))}")
 
 
 def _where(obj: object) -> str:
@@ -120,8 +120,9 @@ def _class_from_file(path: Path) -> object:
         raise ConfigError(f"policy file {path} raised on import: {type(exc).__name__}: {exc}{at}") from exc
     if hasattr(module, "POLICY"):
         return module.POLICY
-    found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
-             if issubclass(obj, Policy) and not inspect.isabstract(obj) and obj.__module__ == module_name]
+    defined = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
+               if issubclass(obj, Policy) and obj.__module__ == module_name]
+    found = [obj for obj in defined if not inspect.isabstract(obj)] or defined[:1] * (len(defined) == 1)
     if len(found) != 1:
         names = ", ".join(c.__name__ for c in found) or "none"
         raise ConfigError(f"policy file {path} must define exactly one Policy subclass, or set "

@@ -229,3 +229,16 @@ def test_stock_mode_refuses_min_zero():
     e = effective("t/n/f", base, FunctionControls(min=0), FunctionControls(), stock=True)
     assert e.min == 1 and "stock Pulsar refuses parallelism 0" in e.notes[0]
     assert effective("t/n/f", base, FunctionControls(min=0), FunctionControls(), stock=False).min == 0
+
+
+def test_the_docs_example_policy_runs_in_the_controller(broker, worker, tmp_path):
+    from test_policy_checks import doc_example
+    name = make_function(worker)
+    fqfn = f"public/default/{name}"
+    controller = start(broker, worker, tmp_path, policy=doc_example(tmp_path), policy_params={"target": 0.6})
+    try:
+        records = wait_until(lambda: controller.why(fqfn, 3)[2:] and controller.why(fqfn, 3), 20, "3 evaluations")
+        assert all(r["error"] is None and r["policy"].endswith("target_utilization.py") for r in records), records
+        assert controller.autoscaler.errors == 0
+    finally:
+        controller.stop()

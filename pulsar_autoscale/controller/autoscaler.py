@@ -43,6 +43,7 @@ class Autoscaler:
         self.states: dict[str, Any] = {}     # policy key -> its state
         self.plan_state = PlanState()
         self.errors = 0
+        self.last_error: str | None = None   # the latest policy failure, for a summary after a run
 
     @property
     def policy_state(self) -> Any:
@@ -70,7 +71,7 @@ class Autoscaler:
                 validate_proposal(proposal, group)
             except Exception as exc:  # a plugin's bug must not stop the loop
                 self.errors += 1
-                error = f"{policy.name}: {_describe(exc)}"
+                error = self.last_error = f"{policy.name}: {_describe(exc)}"
                 errors.append(error)
                 failed.update(dict.fromkeys(group, error))
                 continue

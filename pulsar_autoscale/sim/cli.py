@@ -131,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         for key, value in out.items():
             print(f"{key:>20}: {round(value, 4) if isinstance(value, float) else value}")
+    if result.policy_errors:   # results of a policy that failed are not results: a script must notice
+        checks = int(result.sim_time_s // args.period)
+        print(f"error: policy {args.policy} failed {result.policy_errors} time(s) in {checks} periods (nothing was "
+              f"applied those times); last: {autoscaler.last_error}", file=sys.stderr)
+        return 1
     return 0
 
 
