@@ -318,7 +318,7 @@ def _enum(name: str, value: Any, allowed: tuple[str, ...], case_insensitive: boo
     raise ConfigError(f"{name} {value!r} is unknown: use one of {', '.join(allowed)}")
 
 
-_SCHEMA_FIELDS = {
+SCHEMA_FIELDS = {
     "autoAck", "batchBuilder", "className", "cleanupSubscription", "customRuntimeOptions", "customSchemaInputs",
     "customSchemaOutputs", "customSerdeInputs", "deadLetterTopic", "exposePulsarAdminClientEnabled",
     "forwardSourceMessageProperty", "fqfn", "functionType", "go", "inputSpecs", "inputTypeClassName", "inputs", "jar",
@@ -341,7 +341,7 @@ def _empty(value: Any) -> bool:
 
 def _refuse_unsupported(data: Mapping[str, Any]) -> None:
     for key in data:
-        if not isinstance(key, str) or (key not in _SCHEMA_FIELDS and key not in OUR_FIELDS):
+        if not isinstance(key, str) or (key not in SCHEMA_FIELDS and key not in OUR_FIELDS):
             raise ConfigError(f"{key!r} is not a FunctionConfig field (Pulsar's published schema); check the spelling")
     for key, why in REFUSED.items():
         if not _empty(data.get(key)):

@@ -243,8 +243,19 @@ class Worker:
               failure: str = "") -> HostedFunction:
         fn = self._hosted(cfg, code_path, digest, failure)
         if not failure:
+            if cfg.skipToLatest:
+                self._skip_to_latest(cfg)
             self._scale(fn, cfg.parallelism)
         return fn
+
+    def _skip_to_latest(self, cfg: FunctionConfig) -> None:
+        """Pulsar's skipToLatest: a function (re)started by a create or a worker restart skips its backlog.
+        Not on a scale-out: a new instance must share the backlog, not discard it."""
+        consumer = subscribe(self._client, cfg, f"{cfg.fqfn}:skip")
+        try:
+            consumer.seek(pulsar.MessageId.latest)
+        finally:
+            consumer.close()
 
     def _hosted(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
                 failure: str = "") -> HostedFunction:

@@ -150,3 +150,22 @@ def test_identity_deserialize_matches_pulsar(payload):
     expected = IdentitySerDe().deserialize(payload)
     got = identity_deserialize(payload)
     assert type(got) is type(expected) and (got == expected or (got != got and expected != expected))
+
+
+def test_the_table_covers_every_published_field():
+    """docs/function-config.md has a row for every FunctionConfig field of the published schema copy, and
+    the parser knows every one of them (nothing falls through to 'not a FunctionConfig field')."""
+    import json
+    import re
+    from pathlib import Path
+
+    from pulsar_autoscale.functions.config import OUR_FIELDS, SCHEMA_FIELDS
+    root = Path(__file__).resolve().parent.parent
+    schema = json.loads((root / "tests" / "contracts" / "pulsar-functions-v3.json").read_text())
+    published = set(schema["definitions"]["FunctionConfig"]["properties"])
+    table = (root / "docs" / "function-config.md").read_text()
+    rows = {name for line in table.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert published - rows == set(), "fields without a row in docs/function-config.md"
+    assert published - SCHEMA_FIELDS == set(), "fields the parser does not know"
+    assert not OUR_FIELDS & published

@@ -139,6 +139,7 @@ def test_unknown_serde_class_is_refused_at_create(admin):
     ({"retainOrdering": "false"}, "retainOrdering must be a boolean"),
     ({"windowConfig": {"windowLengthCount": 3}}, "windowConfig is not supported by this worker"),
     ({"topicsPattern": "persistent://public/default/x-.*", "inputs": []}, "topicsPattern is not supported on pulsar-lite"),
+    ({"skipToLatest": True}, "skipToLatest is not supported on pulsar-lite"),
 ])
 def test_bad_types_and_refused_fields_answer_400_naming_the_field(admin, fields, needle):
     with pytest.raises(AdminError, match=needle) as err:
@@ -160,3 +161,21 @@ def test_delete_removes_the_subscription_unless_told_not_to(admin, client, worke
         wait_until(lambda: deliveries(worker, name, "after") == 1, 30, "the message sent after the recreate")
         assert deliveries(worker, name, "meanwhile") == expected, f"cleanupSubscription={cleanup}"
         admin.delete("public", "default", name)
+
+
+@pytest.mark.slow
+def test_auto_ack_false_and_timeout_ms(admin, client, worker, tmp_path):
+    """autoAck false: the function acks with context.ack; what it leaves unacked comes back after timeoutMs
+    (the client's ack timeout, at least 10 s)."""
+    name = unique("manual")
+    code = tmp_path / "manual.py"
+    code.write_text("from pulsar import Function\n"
+                    "class Manual(Function):\n"
+                    "    def process(self, input, context):\n"
+                    "        context.incr_counter(f'deliveries:{input}', 1)\n"
+                    "        if input == 'ack':\n"
+                    "            context.ack(context.get_message_id(), context.get_current_message_topic_name())\n")
+    create(admin, name, py=str(code), class_name="manual.Manual", autoAck=False, timeoutMs=10_000)
+    send(client, f"{name}-in", ["keep", "ack"])
+    wait_until(lambda: deliveries(worker, name, "keep") == 2, 30, "the unacked message redelivered after timeoutMs")
+    assert deliveries(worker, name, "ack") == 1

@@ -96,11 +96,16 @@ class InputLease:
 
 
 def check_function(cfg) -> None:
-    """B9: pulsar-lite cannot list a namespace's topics (GetTopicsOfNamespace times out), so a regex
-    subscription never opens: a function with topicsPattern is refused here, accepted on Apache Pulsar."""
+    """Config fields pulsar-lite cannot honour, refused here and accepted on Apache Pulsar.
+
+    B9: it cannot list a namespace's topics (GetTopicsOfNamespace times out), so a regex subscription
+    (topicsPattern) never opens. B5: seek is ignored, so skipToLatest would silently not skip."""
     if cfg.topicsPattern:
         raise ConfigError("topicsPattern is not supported on pulsar-lite (it cannot list a namespace's topics, "
                           "defect B9 in docs/broker.md): list the topics in inputs, or run on Apache Pulsar")
+    if cfg.skipToLatest:
+        raise ConfigError("skipToLatest is not supported on pulsar-lite (it ignores seek, defect B5 in "
+                          "docs/broker.md): run on Apache Pulsar")
 
 
 # ---- process instances: messages cross a pipe, acks come back ----------------------------------
