@@ -1,4 +1,4 @@
-"""A fake stock Pulsar cluster that checks every request against the swagger documents beside it.
+"""A fake stock Pulsar cluster that checks every request against Apache Pulsar's published swagger documents.
 
 Each ``FakeHost`` is a real HTTP server (werkzeug, loopback, a free port, optionally TLS with client
 certificates) sharing one ``ClusterState``. For every request it finds the documented operation
@@ -8,7 +8,9 @@ with unknown fields refused: Pulsar would ignore a misspelt field silently) and 
 is validated against the documented response schema before it is sent. Anything undocumented is
 recorded in ``state.violations``; a test asserts that list stays empty.
 
-Beyond the documents: ``/metrics`` (Prometheus text of the worker), 401/403 by credentials, 307
+The documents are the published ones (``published.py``, with its errata). Beyond them: ``/partitions``
+(``getPartitionedMetadata`` is not in the v2 excerpt; its answer is validated against the excerpt's
+``PartitionedTopicMetadata``), ``/metrics`` (Prometheus text of the worker), 401/403 by credentials, 307
 redirects to another host, and deliberately malformed answers (``state.malformed``), which are the
 only bodies sent without validation.
 """
@@ -20,24 +22,23 @@ import re
 import ssl
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import jsonschema
 from flask import Flask, Response, request
 from werkzeug.serving import make_server
 
-HERE = Path(__file__).parent
-FUNCTIONS_DOC = HERE / "pulsar-functions-v3.json"
-BROKER_DOC = HERE / "pulsar-broker-v2-topic-stats.json"
+from .published import BROKER_DOC, FUNCTIONS_DOC, broker_doc, functions_doc
+
+PARTITIONS = re.compile(r"^/admin/v2/persistent/(?P<tenant>[^/]+)/(?P<namespace>[^/]+)/(?P<topic>[^/]+)/partitions$")
+PARTITIONS_QUERY = {"checkAllowAutoCreation", "authoritative"}  # PersistentTopics.getPartitionedMetadata
 
 
 class Contract:
     """One swagger 2.0 document: route matching and request/response validation."""
 
-    def __init__(self, path: Path):
-        self.doc = json.loads(path.read_text())
-        self.name = path.name
+    def __init__(self, doc: dict, name: str):
+        self.doc, self.name = doc, name
         base = self.doc["basePath"].rstrip("/")
         self.routes = []
         for template, ops in self.doc["paths"].items():
@@ -161,9 +162,9 @@ class FakeHost:
     """One worker/broker of the fake cluster: a real HTTP(S) server on a loopback port."""
 
     def __init__(self, state: ClusterState, name: str, bind: str = "127.0.0.1",
-                 ssl_context: ssl.SSLContext | None = None, contracts=(FUNCTIONS_DOC, BROKER_DOC)):
+                 ssl_context: ssl.SSLContext | None = None):
         self.state, self.name = state, name
-        self.contracts = [Contract(p) for p in contracts]
+        self.contracts = [Contract(functions_doc(), FUNCTIONS_DOC.name), Contract(broker_doc(), BROKER_DOC.name)]
         app = Flask(f"fake-{name}")
         app.add_url_rule("/", "root", self._handle, methods=["GET", "POST", "PUT", "DELETE"])
         app.add_url_rule("/<path:_p>", "any", self._handle, methods=["GET", "POST", "PUT", "DELETE"])
@@ -209,6 +210,9 @@ class FakeHost:
                                 mimetype="application/json")
         if request.path == "/metrics" and request.method == "GET":
             return Response(st.worker_metrics, mimetype="text/plain; version=0.0.4")
+        partitions = PARTITIONS.match(request.path)
+        if partitions and request.method == "GET":
+            return self._partitioned_metadata(partitions.groupdict())
         for contract in self.contracts:
             found = contract.match(request.path)
             if found:
@@ -232,13 +236,22 @@ class FakeHost:
             return Response(status=status, headers={"Location": target + request.path + query})
         if request.path in st.malformed:
             return Response(st.malformed[request.path], 200, mimetype="application/json")
-        handler: Callable = getattr(self, "_op_" + op["operationId"])
+        handler: Callable = getattr(self, "_op_" + op["operationId"].rpartition("_")[2])
         status, body = handler(pp)
         if body is None:
             return Response(status=status)
         return self._json(contract, op, status, body)
 
-    # ---- operations (named by operationId) -------------------------------------------------------
+    def _partitioned_metadata(self, pp: dict) -> Response:
+        for name in set(request.args) - PARTITIONS_QUERY:
+            self._violation(f"GET {request.path}: undocumented query parameter {name!r}")
+        body = {"partitions": self.state.partitions.get(_topic_name(pp), 0), "properties": {}}
+        broker = self.contracts[1]
+        for problem in broker.check({"$ref": "#/definitions/PartitionedTopicMetadata"}, body, request.path):
+            self._violation(problem)
+        return Response(json.dumps(body), 200, mimetype="application/json")
+
+    # ---- operations (named by operationId, without its resource prefix) ------------------------------
     def _fn(self, pp):
         return f"{pp['tenant']}/{pp['namespace']}/{pp['functionName']}"
 
@@ -282,17 +295,13 @@ class FakeHost:
                      for i in range(n)]
         return 200, {"numInstances": n, "numRunning": n, "instances": instances}
 
-    def _op_PersistentTopics_getPartitionedMetadata(self, pp):
-        name = _topic_name(pp)
-        return 200, {"partitions": self.state.partitions.get(name, 0), "properties": {}}
-
-    def _op_PersistentTopics_getStats(self, pp):
+    def _op_getStats(self, pp):
         name = _topic_name(pp)
         if name not in self.state.topics:
             return 404, {"reason": "Topic not found"}
         return 200, self.state.topics[name]
 
-    def _op_PersistentTopics_getPartitionedStats(self, pp):
+    def _op_getPartitionedStats(self, pp):
         name = _topic_name(pp)
         n = self.state.partitions.get(name, 0)
         if n == 0:
