@@ -21,6 +21,7 @@ class WorkerCollector(Collector):
             "system_exceptions": ("pulsar_function_system_exceptions", "system exceptions"),
             "outputs": ("pulsar_function_output", "messages produced to the output topic"),
             "busy_s": ("pulsar_function_busy_seconds", "seconds spent inside process()"),
+            "wait_s": ("pulsar_function_wait_seconds", "seconds messages waited from publish to receive (summed)"),
         }
         fams = {k: CounterMetricFamily(n, h, labels=LABELS) for k, (n, h) in counters.items()}
         latency = GaugeMetricFamily("pulsar_function_process_latency_ms", "mean process latency (ms)", labels=LABELS)

@@ -73,7 +73,16 @@ def test_compose_services_mounts_and_ports_fit_together():
     assert config["http_host"] == "0.0.0.0"
     targets = {t for job in yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
                for sc in job["static_configs"] for t in sc["targets"]}
-    assert targets == {"pulsar:8080", "worker:6750", f"controller:{config['http_port']}"}
+    assert targets == {"pulsar:8080", "worker:6750", f"controller:{config['http_port']}", "controller-worker:9091"}
+    # with --profile worker, a controller of its own scales our worker's functions
+    assert services["controller-worker"]["profiles"] == ["worker"]
+    mine = ControllerConfig.from_file(DOCKER / "controller-worker.yaml")
+    assert (mine.mode, mine.admin_url, mine.http_host, mine.http_port) == ("worker", "http://worker:6750", "0.0.0.0", 9091)
+    assert mine.lock_topic != ControllerConfig.from_file(DOCKER / "controller.yaml").lock_topic   # two leaders
+    build_planner(mine)
+    load_policy(mine.policy, mine.policy_params)
+    assert "./alerts.yml:/etc/prometheus/alerts.yml:ro" in services["prometheus"]["volumes"]
+    assert yaml.safe_load((DOCKER / "prometheus.yml").read_text())["rule_files"] == ["/etc/prometheus/alerts.yml"]
 
 
 def test_dockerfile_passes_hadolint():
@@ -89,6 +98,7 @@ def test_dockerfile_installs_the_project_and_runs_the_cli():
     text = (DOCKER / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
     assert 'ENTRYPOINT ["pulsar-autoscale"]' in text
+    assert 'pip install "./[spark]"' in text and "openjdk-17-jre-headless" in text   # Spark runs in the worker
     for directory in ("pulsar_autoscale", "functions", "policies", "spark_bridge"):   # pyproject's package-dir
         assert f"COPY {directory} ./{directory}" in text and (ROOT / directory).is_dir()
 
@@ -124,3 +134,113 @@ def test_grafana_provisioning_and_dashboard_metric_names():
         assert name in exprs
     for label in ("function", "direction"):
         assert label in exprs
+
+
+def test_dashboard_panels_of_functions_honour_the_function_filter():
+    dash = json.loads((DOCKER / "grafana/dashboards/pulsar-autoscale.json").read_text())
+    controller_wide = ("iteration_seconds", "errors_total", "pulsar_autoscale_leader", "pulsar_autoscale_epoch",
+                       "worker_start_instance", "worker_stop_instance")
+    for panel in dash["panels"]:
+        for t in panel["targets"]:
+            if not any(name in t["expr"] for name in controller_wide):
+                assert "$function" in t["expr"], f"panel {panel['title']!r}: {t['expr']}"
+    titles = " ".join(p["title"] for p in dash["panels"])
+    assert "End-to-end latency" in titles
+
+
+# promtool's rule-file format (https://prometheus.io/docs/prometheus/latest/configuration/recording_rules/):
+# what `promtool check rules` refuses, checked without the binary.
+RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+GROUP_KEYS = {"name", "interval", "rules", "limit", "query_offset"}
+DURATION = re.compile(r"^((\d+)(y|w|d|h|m|s|ms))+$")
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+PROMQL_FUNCTIONS = {"abs", "absent", "avg", "count", "deriv", "increase", "max", "min", "rate", "sum", "irate",
+                    "delta", "predict_linear", "histogram_quantile", "avg_over_time", "max_over_time", "by",
+                    "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool"}
+
+
+def rule_problems(doc: dict, known_metrics: set[str]) -> list[str]:
+    problems = []
+    if set(doc) != {"groups"}:
+        problems.append(f"top level must be only 'groups', got {sorted(doc)}")
+    names = [g.get("name") for g in doc.get("groups", [])]
+    if len(names) != len(set(names)):
+        problems.append(f"duplicate group names {names}")
+    for group in doc.get("groups", []):
+        where = f"group {group.get('name')!r}"
+        if not group.get("name") or set(group) - GROUP_KEYS or not isinstance(group.get("rules"), list):
+            problems.append(f"{where}: needs name and rules, only {sorted(GROUP_KEYS)}")
+        if "interval" in group and not DURATION.match(str(group["interval"])):
+            problems.append(f"{where}: bad interval")
+        for rule in group.get("rules", []):
+            what = f"{where} rule {rule.get('alert') or rule.get('record')!r}"
+            if set(rule) - RULE_KEYS or ("alert" in rule) == ("record" in rule):
+                problems.append(f"{what}: exactly one of alert/record, keys among {sorted(RULE_KEYS)}")
+            if "record" in rule and not METRIC_NAME.match(rule["record"]):
+                problems.append(f"{what}: invalid metric name")
+            if "record" in rule and ("annotations" in rule or "for" in rule):
+                problems.append(f"{what}: a recording rule has no for/annotations")
+            for key in ("for", "keep_firing_for"):
+                if key in rule and not DURATION.match(str(rule[key])):
+                    problems.append(f"{what}: {key} {rule[key]!r} is not a duration")
+            for key in ("labels", "annotations"):
+                for name, value in (rule.get(key) or {}).items():
+                    if not LABEL_NAME.match(name) or not isinstance(value, str):
+                        problems.append(f"{what}: {key}.{name} must be a label name with a string value")
+                    if value.count("{{") != value.count("}}") or re.search(r"{{(?!\s*\$(labels\.\w+|value)\s*}})",
+                                                                           value):
+                        problems.append(f"{what}: {key}.{name}: templates may use {{{{ $labels.x }}}} and {{{{ $value }}}}")
+            problems.extend(f"{what}: {p}" for p in expr_problems(str(rule.get("expr", "")), known_metrics))
+    return problems
+
+
+def expr_problems(expr: str, known_metrics: set[str]) -> list[str]:
+    if not expr.strip():
+        return ["empty expr"]
+    problems, stack = [], []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for ch in re.sub(r'"[^"]*"', '""', expr):
+        if ch in "([{":
+            stack.append(ch)
+        elif ch in pairs and (not stack or stack.pop() != pairs[ch]):
+            problems.append(f"unbalanced {ch!r}")
+    if stack:
+        problems.append(f"unclosed {stack}")
+    bare = re.sub(r'{[^}]*}|\[[^\]]*\]|"[^"]*"', " ", expr)   # drop selectors, ranges, strings
+    bare = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", bare)
+    for word in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare):
+        if word not in PROMQL_FUNCTIONS and word not in known_metrics:
+            problems.append(f"unknown metric or function {word!r}")
+    for duration in re.findall(r"\[([^\]]*)\]", expr):
+        if not all(DURATION.match(part) for part in duration.split(":") if part):
+            problems.append(f"bad range {duration!r}")
+    return problems
+
+
+def exported_controller_metrics() -> set[str]:
+    names = set()
+    for m in ControllerMetrics().registry.collect():
+        names |= {m.name, f"{m.name}_total", f"{m.name}_bucket", f"{m.name}_sum", f"{m.name}_count"}
+    return names | {"up"}
+
+
+def test_alert_rules_are_valid_rule_files_on_exported_metrics():
+    doc = yaml.safe_load((DOCKER / "alerts.yml").read_text())
+    assert rule_problems(doc, exported_controller_metrics()) == []
+    alerts = {r["alert"] for g in doc["groups"] for r in g["rules"]}
+    assert {"PulsarAutoscaleControllerDown", "PulsarAutoscaleNoLeader", "PulsarAutoscalePolicyErrors",
+            "PulsarAutoscaleBacklogGrowingAtMax"} <= alerts
+
+
+def test_the_rule_checker_catches_broken_rules():
+    known = exported_controller_metrics()
+    broken = {"groups": [{"name": "g", "rules": [
+        {"alert": "A", "expr": "rate(pulsar_autoscale_errors_total[5m]", "for": "5 minutes"},
+        {"alert": "B", "record": "b", "expr": "up == 0"},
+        {"alert": "C", "expr": "no_such_metric > 0", "annotations": {"summary": "{{ .Labels.x }}"}},
+    ]}, {"name": "g", "rules": []}]}
+    problems = " | ".join(rule_problems(broken, known))
+    for needle in ("unclosed", "not a duration", "exactly one of alert/record", "unknown metric or function "
+                   "'no_such_metric'", "templates may use", "duplicate group names"):
+        assert needle in problems, (needle, problems)

@@ -60,6 +60,10 @@ class ControllerMetrics:
                            registry=self.registry)
         self.paused = Gauge("pulsar_autoscale_paused", "1 while an operator has paused the function",
                             ["function"], registry=self.registry)
+        self.max_parallelism = Gauge("pulsar_autoscale_max_parallelism", "the function's upper bound (its controls)",
+                                     ["function"], registry=self.registry)
+        self.backlog = Gauge("pulsar_autoscale_backlog", "messages waiting, as the last period measured them",
+                             ["function"], registry=self.registry)
         # 1 per (function, input): dashboards join the broker's per-topic series to functions with it.
         # The topic appears twice, as Apache Pulsar labels it (persistent://...) and as pulsar-lite does
         # (the local name, with the namespace label), so one join works on both brokers.
@@ -72,6 +76,7 @@ class ControllerMetrics:
         series, here and in every per-function metric, so dashboards stop showing it."""
         for fn in set(self._inputs) - set(inputs):
             for metric, labels in ((self.target, (fn,)), (self.paused, (fn,)), (self.failures, (fn,)),
+                                   (self.max_parallelism, (fn,)), (self.backlog, (fn,)),
                                    (self.bursts, (fn,)), (self.decisions, (fn, "out")), (self.decisions, (fn, "in")),
                                    *((self.function_input, labels) for labels in self._inputs[fn])):
                 try:
@@ -244,6 +249,10 @@ class Controller:
         for fn, e in self.effective.items():
             rules[fn] = FunctionPlan(e.min, e.max, e.paused, e.idle_s)
             self.metrics.paused.labels(fn).set(1 if e.paused else 0)
+            self.metrics.max_parallelism.labels(fn).set(e.max)
+            fs = obs.snapshot.functions.get(fn)
+            if fs is not None and fs.backlog is not None:
+                self.metrics.backlog.labels(fn).set(fs.backlog)
             if (e.policy, e.policy_params) != (self.config.policy, dict(self.config.policy_params)):
                 try:
                     overrides[fn] = self._policy(e.policy, e.policy_params)
