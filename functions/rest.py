@@ -22,8 +22,8 @@ from . import rest_parity
 from .config import FunctionConfig, parse_text
 from .metrics import WorkerCollector
 from .stages import StageNotFound
-from .status import function_stats, function_status, instance_metrics
-from .worker import NotFound, StaleEpoch, Worker
+from .status import function_stats, function_status, instance_metrics, instance_status
+from .worker import BrokerUnavailable, NotFound, StaleEpoch, Worker
 
 if TYPE_CHECKING:
     from .cluster.member import ClusterMember
@@ -47,7 +47,8 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
     @app.errorhandler(PulsarAutoscaleError)
     def _known(exc):
         code = getattr(exc, "http_status", None) or (
-            404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, StaleEpoch) else 400)
+            404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, StaleEpoch)
+            else 503 if isinstance(exc, BrokerUnavailable) else 400)
         return jsonify(reason=str(exc)), code
 
     @app.errorhandler(HTTPException)

@@ -9,7 +9,6 @@ import threading
 
 from werkzeug.serving import make_server
 
-from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.netutil import free_port
 
 from .cluster.member import ClusterMember, ClusterSettings
@@ -25,12 +24,11 @@ class WorkerServer:
                  cluster: ClusterSettings | None = None, warm_pool: int = 0):
         self.port = port or free_port(host)
         self.host = host
-        kind = lite_quirks.detect_broker_kind(metrics_url) if broker_kind == "auto" else broker_kind
         self._temp_dir = None if data_dir else tempfile.mkdtemp(prefix="pa-worker-")
         self.worker = Worker(service_url, data_dir or self._temp_dir,
                              worker_id=worker_id or f"worker-{host}-{self.port}", default_runtime=runtime,
-                             max_parallelism=max_parallelism, broker_kind=kind, hostname=host, port=self.port,
-                             warm_pool=warm_pool)
+                             max_parallelism=max_parallelism, broker_kind=broker_kind, hostname=host, port=self.port,
+                             warm_pool=warm_pool, metrics_url=metrics_url)
         # A cluster member joins (topics, consumer-id slot) before the REST API answers.
         self.cluster = ClusterMember(self.worker, self.url, cluster, service_url).start() if cluster else None
         self._server = make_server(host, self.port, create_app(self.worker, self.cluster), threaded=True)

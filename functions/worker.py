@@ -38,7 +38,7 @@ from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
 from .warm_pool import Standby, WarmPool
 from .stages import StageHost
 from .state import StateStore
-from .stats import InstanceFigures
+from .stats import InstanceFigures, InstanceStats
 from .validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,10 @@ class Conflict(PulsarAutoscaleError):
 
 class StaleEpoch(PulsarAutoscaleError):
     """An action from a deposed controller leader (REST: 409)."""
+
+
+class BrokerUnavailable(PulsarAutoscaleError):
+    """The worker has not reached its broker yet (REST: 503)."""
 
 
 @dataclass
@@ -104,7 +108,7 @@ def _sum_figures(a: InstanceFigures | None, b: InstanceFigures) -> InstanceFigur
 class Worker:
     def __init__(self, service_url: str, data_dir: str, worker_id: str = "worker-0", default_runtime: str = "thread",
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, broker_kind: str = "apache",
-                 hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0):
+                 hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0, metrics_url: str | None = None):
         if default_runtime not in RUNTIMES:
             raise ConfigError(f"runtime {default_runtime!r} is unknown: use one of {', '.join(RUNTIMES)}")
         self.service_url = service_url
@@ -120,8 +124,10 @@ class Worker:
         self.validate_timeout_s = VALIDATE_TIMEOUT_S
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self.stall_after_s = STALL_AFTER_S
-        self._client = pulsar.Client(service_url, operation_timeout_seconds=30,
-                                     logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+        self._metrics_url = metrics_url  # read for broker_kind "auto"
+        self._client: pulsar.Client | None = None  # this incarnation's, opened by _connect once the broker answers
+        self._connected = threading.Event()
+        self._waiting_for = "the broker"
         self._functions: dict[str, HostedFunction] = {}
         self.bursts = BurstRunner(service_url, broker_kind)
         self.stages = StageHost(self.data_dir, service_url, worker_id)
@@ -133,7 +139,46 @@ class Worker:
         self._closing = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
         self._restore()
+        threading.Thread(target=self._connect, name="worker-connect", daemon=True).start()
         self._supervisor.start()
+
+    # ---- the broker: reached in the background, so the API serves (and status tells) at once -------
+    def _connect(self) -> None:
+        """Learn the broker's kind (retrying while its metrics do not answer, never guessing), open this
+        incarnation's client (on pulsar-lite with consumer ids of its own: lite_quirks), then start
+        the instances of the restored functions."""
+        if self.broker_kind == "auto":
+            self._waiting_for = f"the broker's metrics at {self._metrics_url} (to tell pulsar-lite from Apache Pulsar)"
+            self.broker_kind = lite_quirks.detect_broker_kind(self._metrics_url, stop=self._closing)
+            self.bursts.broker_kind = self.broker_kind
+        self._waiting_for = f"the broker at {self.service_url}"
+        client = None
+        while client is None and not self._closing.is_set():
+            try:
+                client = lite_quirks.incarnation_client(self.service_url, self.broker_kind, operation_timeout_seconds=30,
+                                                        log_level=pulsar.LoggerLevel.Warn)
+            except (pulsar.PulsarException, lite_quirks.LiteJoinError) as exc:
+                log.warning("cannot reach the broker at %s yet (%s); retrying", self.service_url, exc)
+                self._closing.wait(1.0)
+        if client is None:
+            return
+        with self._lock:
+            self._client = client
+            self._connected.set()
+            for fn in self._functions.values():
+                if fn.failure:
+                    continue
+                try:
+                    if fn.config.skipToLatest:
+                        self._skip_to_latest(fn.config)
+                    self._scale(fn, fn.config.parallelism)
+                except Exception:
+                    log.exception("cannot start the instances of %s", fn.config.fqfn)
+        log.info("connected to the broker (%s); %d function(s) running", self.broker_kind, len(self._functions))
+
+    def _require_broker(self, timeout_s: float = 30.0) -> None:
+        if not self._connected.wait(timeout_s):
+            raise BrokerUnavailable(f"the worker is still waiting for {self._waiting_for}")
 
     # ---- persistence: nothing accepted is lost when the worker restarts ------------------------
     def _fn_dir(self, cfg: FunctionConfig) -> Path:
@@ -182,6 +227,7 @@ class Worker:
                 raise ConfigError(f"Function {label} {value!r} is not a valid name")
             if len(value.encode()) > NAME_MAX:
                 raise ConfigError(f"Function {label} is {len(value.encode())} bytes long: at most {NAME_MAX}")
+        self._require_broker()
         if self.broker_kind == "pulsar-lite":
             lite_quirks.check_function(cfg)
         with self._lock:
@@ -242,7 +288,7 @@ class Worker:
     def _host(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
               failure: str = "") -> HostedFunction:
         fn = self._hosted(cfg, code_path, digest, failure)
-        if not failure:
+        if not failure and self._connected.is_set():  # else _connect starts them
             if cfg.skipToLatest:
                 self._skip_to_latest(cfg)
             self._scale(fn, cfg.parallelism)
@@ -263,8 +309,6 @@ class Worker:
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else _Counter(cfg.parallelism)
         fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite"), num_instances=num,
                             code_digest=digest, failure=failure)
-        if self.broker_kind == "pulsar-lite":
-            fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
         self._functions[cfg.fqfn] = fn
         self._renew_pool(fn)
         return fn
@@ -283,6 +327,8 @@ class Worker:
     # ---- cluster mode (functions/cluster/): the cluster's assignment says which ids run here ------
     @property
     def pulsar_client(self) -> pulsar.Client:
+        """This incarnation's client, once the broker has answered (BrokerUnavailable after 30 s)."""
+        self._require_broker()
         return self._client
 
     def host_instances(self, cfg: FunctionConfig, code_path: str | None, ids: set[int]) -> None:
@@ -314,6 +360,7 @@ class Worker:
                 self._remove(fn)
 
     def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
+        self._require_broker()
         with self._lock:
             fn = self._get(fqfn)
             new = self._merge(fn, changes, code)
@@ -450,6 +497,7 @@ class Worker:
 
     def set_running(self, fqfn: str, running: bool, instance_id: int | None = None) -> None:
         """Pulsar's start/stop: a stopped instance stays stopped until started again."""
+        self._require_broker()
         with self._lock:
             fn = self._get(fqfn)
             ids = range(fn.config.parallelism) if instance_id is None else [self._check_instance(fn, instance_id)]
@@ -465,6 +513,7 @@ class Worker:
                     self._drain(fn, [i])
 
     def restart(self, fqfn: str, instance_id: int | None = None) -> None:
+        self._require_broker()
         with self._lock:
             fn = self._get(fqfn)
             ids = list(range(fn.config.parallelism)) if instance_id is None else [self._check_instance(fn, instance_id)]
@@ -503,6 +552,8 @@ class Worker:
 
     def _start_instance(self, fn: HostedFunction, i: int) -> None:
         cfg = fn.config
+        if fn.shared_input is None and self.broker_kind == "pulsar-lite":
+            fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
         if fn.runtime(self.default_runtime) == "process":
             handle: InstanceHandle = ProcessInstance(
                 cfg, i, self.service_url, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
@@ -569,6 +620,11 @@ class Worker:
         with self._lock:
             fn = self._get(fqfn)
             figs = {i: h.figures() for i, h in fn.instances.items()}
+            if not self._connected.is_set():
+                for i in range(fn.config.parallelism):
+                    waiting = InstanceStats(i)
+                    waiting.set_running(False, error=f"not started: waiting for {self._waiting_for}")
+                    figs[i] = waiting.figures()
             return fn.config, figs, dict(fn.restarts)
 
     def _counters(self, fn: HostedFunction) -> FunctionCounters:
@@ -619,7 +675,8 @@ class Worker:
             t.join(self.drain_timeout_s + 5)
         self._supervisor.join(5)
         self.stages.close()
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
 
 class _Counter:

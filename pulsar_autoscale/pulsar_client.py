@@ -73,12 +73,13 @@ def _token(params: str | None) -> str:
 
 
 def open_client(settings: ClientSettings | str, log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Error,
-                **kwargs) -> pulsar.Client:
-    """A pulsar.Client with the settings' auth and TLS; kwargs are pulsar.Client's (operation_timeout_seconds, ...)."""
+                client_class: type[pulsar.Client] = pulsar.Client, **kwargs) -> pulsar.Client:
+    """A pulsar.Client (or client_class) with the settings' auth and TLS; kwargs are pulsar.Client's
+    (operation_timeout_seconds, ...)."""
     if isinstance(settings, str):
         settings = ClientSettings(settings)
-    return pulsar.Client(settings.service_url, logger=pulsar.ConsoleLogger(log_level),
-                         **{**settings.client_kwargs(), **kwargs})
+    return client_class(settings.service_url, logger=pulsar.ConsoleLogger(log_level),
+                        **{**settings.client_kwargs(), **kwargs})
 
 
 def add_client_arguments(p: argparse.ArgumentParser, service_url_required: bool = True) -> None:

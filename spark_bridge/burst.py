@@ -267,7 +267,7 @@ class BurstDrain:
     def __init__(self, spark: "SparkSession", service_url: str, function_config: FunctionConfig,
                  code_path: str | None = None, *, broker_kind: str = "auto", metrics_url: str | None = None,
                  receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS, receiver_queue: int = DEFAULT_RECEIVER_QUEUE,
-                 lite_id_floor: int = lite_quirks.DEFAULT_ID_FLOOR, state_path: str | None = None):
+                 state_path: str | None = None):
         from pulsar_autoscale.functions.loader import load_callable
 
         cfg = function_config
@@ -294,7 +294,6 @@ class BurstDrain:
         self.broker_kind = broker_kind
         self.receive_timeout_ms = receive_timeout_ms
         self.receiver_queue = receiver_queue
-        self.lite_id_floor = lite_id_floor
         self.state_path = state_path
 
     def _join(self):
@@ -303,8 +302,7 @@ class BurstDrain:
         if self.broker_kind == "pulsar-lite":
             try:
                 return lite_quirks.join_shared_subscription(
-                    self.service_url, lambda client: _subscribe(client, self.config, name, queue),
-                    self.config.subscription_name, self.lite_id_floor)
+                    self.service_url, lambda client: _subscribe(client, self.config, name, queue))
             except lite_quirks.LiteJoinError as exc:
                 raise BurstDrainError(f"burst drain: {exc}") from exc
         import pulsar

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import requests
 
-from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.controller.leader import LeaderElector, Term
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 from pulsar_autoscale.snapshot import FunctionCounters
@@ -32,9 +31,6 @@ from .scheduler import POLICIES, WorkerLoad, rebalance, schedule
 from .topics import ClusterTopics
 
 log = logging.getLogger(__name__)
-# pulsar-lite B2: worker k's client numbers its consumers from k * SLOT_SIZE (lite_quirks pads them),
-# so workers on one Shared subscription never collide; a worker may open SLOT_SIZE consumers.
-SLOT_SIZE = 2048
 PROXY_TIMEOUT_S = 2.0
 LOOP_S = 0.1
 LEADER_RETRY_S = 0.5
@@ -85,9 +81,9 @@ class ClusterMember:
             (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
 
     def start(self) -> "ClusterMember":
-        slot = self.membership.join()
-        if self.worker.broker_kind == "pulsar-lite":
-            lite_quirks._pad_consumer_ids(self.worker.pulsar_client, slot * SLOT_SIZE)
+        # pulsar-lite B2: the worker's client is a lite_quirks.incarnation_client, whose consumer ids
+        # already start at a floor no other live client on the broker uses.
+        self.membership.join()
         if not (self.metadata.wait_caught_up(15) and self.assignments.caught_up.wait(15)):
             log.warning("%s: cluster topics not read to the end within 15 s; continuing", self.me)
         for t in self._threads:

@@ -2,11 +2,17 @@
 
 Metrics are always bound to 127.0.0.1 on an explicit port: pulsar-lite's default
 0.0.0.0:8080 collides as soon as two brokers run on one machine.
+
+Clients reach pulsar-lite through `relay` (B9: a client killed with unread data would
+otherwise leave its consumers, and the messages dispatched to them, on the broker until it
+restarts); pulsar-lite itself listens on a private port. Both children get a parent-death
+signal, so a killed wrapper never leaves an orphaned broker holding the port and the data dir.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -21,6 +27,19 @@ from pulsar_autoscale.errors import BrokerError
 from pulsar_autoscale.netutil import free_port, wait_for_port
 
 HOST = "127.0.0.1"
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the process that started it dies (Linux; a no-op elsewhere).
+
+    The signal follows the thread that called Popen: start the broker from a thread that lives
+    as long as it should.
+    """
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def find_binary() -> str:
@@ -53,7 +72,10 @@ class EmbeddedBroker:
     data_dir: str | None = None
     log_level: str = "warn"
     startup_timeout_s: float = 20.0
+    relay: bool = True  # False: clients reach pulsar-lite directly, exposed to B9 (for comparisons)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _relay: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _lite_port: int = field(default=0, init=False, repr=False)
     _owns_dir: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -67,28 +89,43 @@ class EmbeddedBroker:
     def start(self) -> "EmbeddedBroker":
         self.port = self.port or free_port()
         self.metrics_port = self.metrics_port or free_port()
+        self._lite_port = free_port() if self.relay else self.port
         if self.data_dir is None:
             self.data_dir = tempfile.mkdtemp(prefix="pulsar-lite-")
             self._owns_dir = True
         os.makedirs(self.data_dir, exist_ok=True)
         conf = Path(self.data_dir, "pulsar-lite.toml")
-        conf.write_text(render_config(self.port, self.metrics_port, self.data_dir, self.log_level))
+        conf.write_text(render_config(self._lite_port, self.metrics_port, self.data_dir, self.log_level))
         log = open(Path(self.data_dir, "broker.log"), "ab")
         self._proc = subprocess.Popen(
             [find_binary(), "--config", str(conf)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
         )
         log.close()
-        ok = wait_for_port(HOST, self.port, self.startup_timeout_s, alive=lambda: self._proc.poll() is None)
+        ok = wait_for_port(HOST, self._lite_port, self.startup_timeout_s, alive=self.alive)
         if not ok:
-            tail = self.log_tail()
-            self.stop()
-            raise BrokerError(
-                f"pulsar-lite did not accept connections on {HOST}:{self.port} within "
-                f"{self.startup_timeout_s:.0f}s (port in use or bad data dir?). Log tail:\n{tail}"
-            )
-        wait_for_port(HOST, self.metrics_port, 5.0, alive=lambda: self._proc.poll() is None)
+            self._fail(f"pulsar-lite did not accept connections within {self.startup_timeout_s:.0f}s "
+                       f"(data dir {self.data_dir} locked by another broker, or unusable?)")
+        wait_for_port(HOST, self.metrics_port, 5.0, alive=self.alive)
+        if not self.relay:
+            return self
+        self._relay = subprocess.Popen(
+            [sys.executable, "-m", "pulsar_autoscale.broker.relay", str(self.port), str(self._lite_port)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            preexec_fn=_die_with_parent,
+        )
+        if self._relay.stdout.readline().strip() != "relay ready":
+            err = self._relay.communicate(timeout=5)[1].strip().splitlines()
+            self._fail(f"cannot listen on {HOST}:{self.port} ({err[-1] if err else 'relay exited'}): "
+                       f"port in use?")
+        if not self.alive():
+            self._fail("pulsar-lite exited during startup")
         return self
+
+    def _fail(self, reason: str) -> None:
+        tail = self.log_tail()
+        self.stop()
+        raise BrokerError(f"{reason}. Broker log tail:\n{tail}")
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -97,9 +134,20 @@ class EmbeddedBroker:
             return "(no log)"
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        """pulsar-lite and (once started) its relay are both running."""
+        lite = self._proc is not None and self._proc.poll() is None
+        return lite and (self._relay is None or self._relay.poll() is None)
 
     def stop(self) -> None:
+        if self._relay is not None:
+            if self._relay.poll() is None:
+                self._relay.terminate()
+                try:
+                    self._relay.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._relay.kill()
+                    self._relay.wait()
+            self._relay = None
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:

@@ -14,13 +14,14 @@ So process instances on pulsar-lite open no consumer at all: the worker holds on
 per function (SharedInput) and serves each process over a pipe; acks travel back the same
 way, and whatever a process held when it exits is negative-acked, so survivors get it.
 
-The burst drain's driver (spark_bridge/burst.py) has to be a second client on the function's
-subscription: `join_shared_subscription` pads its consumer ids past the worker's.
+Every client that consumes next to other clients (a worker incarnation, a second worker, the
+burst drain's driver) is an `incarnation_client`: its consumer ids start at a floor of its own.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import uuid
 from dataclasses import dataclass
@@ -30,22 +31,36 @@ import pulsar
 import requests
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
 log = logging.getLogger(__name__)
 
 LITE_MARKER = 'cluster="pulsar-lite"'
 
 
-def detect_broker_kind(metrics_url: str | None, timeout_s: float = 2.0) -> str:
-    """'pulsar-lite' when the broker's /metrics says so, else 'apache' (no metrics: assume a real cluster)."""
+def detect_broker_kind(metrics_url: str | None, timeout_s: float = 2.0, stop: threading.Event | None = None) -> str:
+    """'pulsar-lite' when the broker's /metrics says so, else 'apache' (no metrics URL: a real cluster).
+
+    Metrics that do not answer say nothing: with `stop` (a worker) it retries every second until
+    they answer or stop is set, and never guesses; without it, it assumes Apache Pulsar and warns.
+    """
     if not metrics_url:
         return "apache"
-    try:
-        text = requests.get(metrics_url, timeout=timeout_s).text
-    except requests.RequestException as exc:
-        log.warning("cannot read broker metrics at %s (%s); assuming Apache Pulsar", metrics_url, exc)
-        return "apache"
-    return "pulsar-lite" if LITE_MARKER in text else "apache"
+    attempt = 0
+    while True:
+        try:
+            text = requests.get(metrics_url, timeout=timeout_s).text
+            return "pulsar-lite" if LITE_MARKER in text else "apache"
+        except requests.RequestException as exc:
+            if stop is None:
+                log.warning("cannot read broker metrics at %s (%s); assuming Apache Pulsar", metrics_url, exc)
+                return "apache"
+            if attempt % 30 == 0:
+                log.warning("cannot read broker metrics at %s (%s); retrying until it answers "
+                            "(or give --broker-kind)", metrics_url, exc)
+            attempt += 1
+            if stop.wait(1.0):
+                return "apache"
 
 
 class SharedInput:
@@ -213,56 +228,148 @@ class PipeConsumer:
                 pass
 
 
-# ---- a second client on a Shared subscription (the burst drain's driver) ----------------------
+# ---- consumer-id floors: every client incarnation gets ids no other live client uses ------------
 
-# Consumer ids a joining client skips: above every id the worker's client has used unless it
-# ever opened more consumers than that.
-DEFAULT_ID_FLOOR = 1024
+# A floor is a block of consumer ids: slot k's client numbers its consumers from k * ID_BLOCK.
+ID_BLOCK = 1024
+MAX_SLOTS = 16
+PROBE_BATCH = 4
+SETTLE_S = 0.05
+SLOT_TOPIC = "persistent://public/default/__pulsar_autoscale_idslot-{}"
+SLOT_SUBSCRIPTION = "holder"
 
 
 class LiteJoinError(PulsarAutoscaleError):
-    """Consumer id collisions kept the join from succeeding."""
+    """No consumer-id floor was free (MAX_SLOTS live clients on one pulsar-lite)."""
 
 
-def join_shared_subscription(service_url: str, subscribe: Callable[[pulsar.Client], pulsar.Consumer],
-                             subscription: str, id_floor: int = DEFAULT_ID_FLOOR, operation_timeout_s: int = 5,
-                             attempts: int = 3) -> tuple[pulsar.Client, pulsar.Consumer]:
-    """B2 workaround: join a Shared subscription from a second connection; `subscribe(client)` opens
-    the consumer. Returns (client, consumer).
+class _SlotLock:
+    """Slot k is held by an Exclusive subscription on its own client, as the controller's leader lock.
 
-    pulsar-lite tracks consumer ids per subscription, not per connection, and every client
-    numbers its consumers from 0, so a second client's subscribe collides with the worker's
-    consumers ("Consumer 0 already exists") and, through B3, times out. The client's ids are
-    a counter, so opening `id_floor` throwaway consumers first makes ours `id_floor`.
-    They are opened by multi-topic subscribes over up to 256 scratch topics (one round trip
-    each, in parallel; the same topic names every time), on a subscription of their own that
-    is removed at once, so concurrent joins do not collide on the scratch topics.
-    A collision still possible (a worker with more consumers) shows as a timeout after
-    `operation_timeout_s`: the floor doubles and we retry on a fresh client.
-
-    The process runtime's version of this (instance i pads to id i) lost 4.7-7% of messages
-    in scaling runs (docs/broker.md); for the burst drain, tests/spark/test_burst.py counts
-    every message (loss 0 in every run so far) and bench/spark_burst.py reports loss on each run.
+    The broker frees it the moment the holder's connection ends (close, exit or kill -9; through
+    the embedded broker's relay a kill -9 is a clean close too, B9), and with it the holder's
+    consumers: a freed slot's ids are free. A refused subscribe drops that client's connection
+    (B3), so each probe has a client of its own with a 1 s operation timeout.
     """
-    floor = id_floor
-    last_exc: Exception | None = None
-    for _ in range(attempts):
-        client = pulsar.Client(service_url, operation_timeout_seconds=operation_timeout_s,
-                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+
+    def __init__(self, settings: ClientSettings | str, slot: int):
+        self.slot = slot
+        self._client = open_client(settings, operation_timeout_seconds=1)
         try:
-            _pad_consumer_ids(client, floor)
-            return client, subscribe(client)
-        except pulsar.Timeout as exc:  # B2 collision (B3 turns it into a timeout)
-            last_exc = exc
-            client.close()
-            log.warning("joining %s on pulsar-lite with consumer ids >= %d timed out; retrying higher",
-                        subscription, floor)
-            floor *= 2
+            self._client.subscribe(SLOT_TOPIC.format(slot), SLOT_SUBSCRIPTION,
+                                   consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=1)
+        except pulsar.PulsarException:
+            self._client.close()
+            raise
+
+    def release(self) -> None:
+        try:
+            self._client.close()
+        except pulsar.PulsarException:
+            pass
+
+
+def _take_slot(settings: ClientSettings | str) -> _SlotLock:
+    """A free slot, probing PROBE_BATCH slots at a time in parallel: a held one only answers after
+    its 1 s timeout, so we take the lowest slot acquired within SETTLE_S of the first success
+    (and release the others, late ones included)."""
+    for first in range(0, MAX_SLOTS, PROBE_BATCH):
+        results: queue.Queue = queue.Queue()
+
+        def probe(k: int) -> None:
+            try:
+                results.put(_SlotLock(settings, k))
+            except pulsar.PulsarException:
+                results.put(None)
+
+        for k in range(first, first + PROBE_BATCH):
+            threading.Thread(target=probe, args=(k,), daemon=True).start()
+        got: list[_SlotLock] = []
+        answered = 0
+        while answered < PROBE_BATCH:
+            try:
+                lock = results.get(timeout=SETTLE_S if got else None)
+            except queue.Empty:
+                break
+            answered += 1
+            if lock is not None:
+                got.append(lock)
+        if got:
+            got.sort(key=lambda lock: lock.slot)
+            for extra in got[1:]:
+                extra.release()
+            threading.Thread(target=_release_late, args=(results, PROBE_BATCH - answered), daemon=True).start()
+            return got[0]
+    raise LiteJoinError(f"all {MAX_SLOTS} consumer-id floors of this pulsar-lite are held by live clients")
+
+
+def _release_late(results: queue.Queue, pending: int) -> None:
+    for _ in range(pending):
+        lock = results.get()
+        if lock is not None:
+            lock.release()
+
+
+class IncarnationClient(pulsar.Client):
+    """A pulsar.Client whose consumer ids start at its incarnation's floor; close() frees the floor."""
+
+    floor: int = 0
+    _slot: _SlotLock | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._slot is not None:
+                self._slot.release()
+                self._slot = None
+
+
+def incarnation_client(settings: ClientSettings | str, broker_kind: str, **client_kwargs) -> IncarnationClient:
+    """A client for one incarnation of a worker, a drain or any other process that consumes a Shared
+    subscription next to others (B2): on pulsar-lite its consumer ids start at a floor that no live
+    client on the broker uses; on Apache Pulsar it is a plain client (floor 0).
+
+    pulsar-lite tracks consumer ids per subscription, not per connection, and every client numbers its
+    consumers from 0. The floor comes from the lowest free slot lock (_SlotLock), held until close();
+    the client's id counter is moved to it by padding (_pad_consumer_ids: about 0.4 s per 1024 ids,
+    so slot 0, the first client, costs nothing). A client that opens more than ID_BLOCK consumers in
+    its life walks into the next slot's ids (docs/broker.md).
+    """
+    slot = _take_slot(settings) if broker_kind == "pulsar-lite" else None
+    try:
+        client = open_client(settings, client_class=IncarnationClient, **client_kwargs)
+    except Exception:
+        if slot is not None:
+            slot.release()
+        raise
+    client._slot = slot
+    if slot is not None:
+        client.floor = slot.slot * ID_BLOCK
+        try:
+            _pad_consumer_ids(client, client.floor)
         except Exception:
             client.close()
             raise
-    raise LiteJoinError(f"could not join subscription {subscription!r} on pulsar-lite "
-                        f"(consumer id collisions up to id {floor // 2}): {last_exc}")
+        log.info("pulsar-lite: consumer ids of this client start at %d (slot %d)", client.floor, slot.slot)
+    return client
+
+
+def join_shared_subscription(settings: ClientSettings | str, subscribe: Callable[[pulsar.Client], pulsar.Consumer],
+                             operation_timeout_s: int = 5) -> tuple[pulsar.Client, pulsar.Consumer]:
+    """A second client on a Shared subscription (the burst drain's driver) on pulsar-lite: an
+    incarnation client, so its consumer ids differ from every other live client's. Returns
+    (client, consumer); closing the client frees its floor.
+
+    tests/spark/test_burst.py counts every message of repeated joins next to a consuming
+    instance, and tests/broker_conformance/test_incarnations.py N processes joining and leaving.
+    """
+    client = incarnation_client(settings, "pulsar-lite", operation_timeout_seconds=operation_timeout_s)
+    try:
+        return client, subscribe(client)
+    except Exception:
+        client.close()
+        raise
 
 
 def _pad_consumer_ids(client: pulsar.Client, count: int, chunk: int = 256) -> None:

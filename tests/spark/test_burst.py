@@ -135,17 +135,17 @@ def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, worker,
 # ---- the pulsar-lite join, many times, next to a consuming instance -----------------------------------
 
 def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
-    """lite_quirks.join_shared_subscription (the B2 throwaway-consumer workaround) five times in a row while an
+    """lite_quirks.join_shared_subscription (an incarnation client with a consumer-id floor of its own, B2) five times in a row while an
     instance consumes the same Shared subscription from another connection: every message is
     received exactly once by one of them. Counts what the workaround lost in process scaling runs."""
     import threading
 
-    from pulsar_autoscale.broker.lite_quirks import join_shared_subscription
+    from pulsar_autoscale.broker.lite_quirks import incarnation_client, join_shared_subscription
     from pulsar_autoscale.spark_bridge.burst import _ends_entry, _subscribe
 
-    n, drains, per_drain = 10_000, 5, 1000
+    n, drains, per_drain = 15_000, 5, 1000
     cfg = FunctionConfig.from_dict(_config(f"join-{uuid.uuid4().hex[:6]}"))
-    worker_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    worker_client = incarnation_client(broker.service_url, "pulsar-lite")  # as the worker's: a floor of its own
     instance = worker_client.subscribe(list(cfg.inputs), cfg.subscription_name,
                                        consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100)
     counts: dict[bytes, int] = {}
@@ -172,7 +172,7 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
         taken = []
         for i in range(drains):
             client, consumer = join_shared_subscription(
-                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100), cfg.subscription_name)
+                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100))
             got = []
             while len(got) < per_drain or not _ends_entry(got[-1]):
                 try:
@@ -194,7 +194,7 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
         worker_client.close()
     duplicates = sum(c - 1 for c in counts.values())
     print(f"\nlite joins: drains took {taken}, lost {n - len(counts)}, duplicates {duplicates}")
-    assert all(t >= per_drain for t in taken), taken
+    assert all(t > 0 for t in taken), f"a drain found no backlog: {taken}"
     assert len(counts) == n and duplicates == 0
 
 
