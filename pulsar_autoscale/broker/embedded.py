@@ -83,6 +83,11 @@ class EmbeddedBroker:
         return f"pulsar://{HOST}:{self.port}"
 
     @property
+    def direct_service_url(self) -> str:
+        """pulsar-lite's own port, bypassing the relay (exposed to B9: for the conformance tests)."""
+        return f"pulsar://{HOST}:{self._lite_port}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{HOST}:{self.metrics_port}/metrics"
 

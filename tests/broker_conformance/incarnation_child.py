@@ -1,0 +1,44 @@
+"""Child process of test_incarnations.py: one client on a Shared subscription, printing each message it acks.
+
+    consume URL TOPIC 0          a plain client (ids from 0), runs until killed
+    incarnation URL TOPIC IDLE_S a lite_quirks.incarnation_client; prints FLOOR n, exits after IDLE_S
+                                 without a message or on SIGTERM (closing its client cleanly)
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import pulsar
+
+
+def main(mode: str, url: str, topic: str, idle_s: str) -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if mode == "incarnation":
+        from pulsar_autoscale.broker.lite_quirks import incarnation_client
+
+        client = incarnation_client(url, "pulsar-lite")
+        print(f"FLOOR {client.floor}", flush=True)
+    else:
+        client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    consumer = client.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
+    print("READY", flush=True)
+    last = time.monotonic()
+    while not stop.is_set() and (mode == "consume" or time.monotonic() - last < float(idle_s)):
+        try:
+            msg = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        consumer.acknowledge(msg)
+        print(f"GOT {int(msg.data())}", flush=True)
+        last = time.monotonic()
+    consumer.close()
+    client.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
