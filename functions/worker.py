@@ -334,6 +334,7 @@ class Worker:
     def host_instances(self, cfg: FunctionConfig, code_path: str | None, ids: set[int]) -> None:
         """Run exactly `ids` of the function here: start the missing ones, drain the others (highest
         first); the rest keep running. A change of anything but parallelism restarts them, as update() does."""
+        self._require_broker()
         with self._lock:
             fn = self._functions.get(cfg.fqfn)
             if fn is None:
