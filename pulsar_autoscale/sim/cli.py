@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                                   fast_config(args), args.period, (app, workload, args.slo, config.start_s))
     result = simulate(app, workload, autoscaler, config)
     out = {"app": args.app, "workload": args.workload, "policy": args.policy, "seed": args.seed,
+           "fast_period_s": args.fast_period, "warm_pool": args.warm_pool,
            **result.summary(), "wall_s": round(time.perf_counter() - started, 3)}
     if args.plot:
         out["plot"] = str(plot(result, Path(args.plot), f"{args.app} {args.workload} {args.policy} seed {args.seed}"))
