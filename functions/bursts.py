@@ -2,8 +2,8 @@
 
 The worker holds what a drain needs (the function's config and code, the broker client
 settings), so the controller only says how many messages and how many partitions
-(POST .../burst); the drain runs in a background thread on a local SparkSession created on
-the first burst (about 10 s), and its result is kept for GET .../burst. A drain never runs
+(POST .../burst); the drain runs in a background thread on the worker's SparkSession (local[*], or
+the Spark cluster of --spark-master) created on the first burst (about 10 s), and its result is kept for GET .../burst. A drain never runs
 twice at once for one function: a second ask starts nothing and gets the running drain back
 (not queued, because the backlog it was sized for is being drained already).
 """
@@ -14,10 +14,15 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from pulsar_autoscale.errors import ConfigError
 
 from .config import FunctionConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pulsar_autoscale.pulsar_client import ClientSettings
+    from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 log = logging.getLogger(__name__)
 KEPT_RESULTS = 10
@@ -41,9 +46,13 @@ class BurstRecord:
 
 
 class BurstRunner:
-    def __init__(self, service_url: str, broker_kind: str):
-        self.service_url = service_url
+    """`client`: the broker URL, or ClientSettings with auth and TLS; `spark`: where drains run
+    (default local[*]; a Spark cluster with the worker's --spark-master)."""
+
+    def __init__(self, client: "ClientSettings | str", broker_kind: str, spark: "SparkSettings | None" = None):
+        self.client = client
         self.broker_kind = broker_kind
+        self.spark = spark
         self._lock = threading.Lock()
         self._running: dict[str, BurstRecord] = {}
         self._done: dict[str, list[BurstRecord]] = {}
@@ -59,7 +68,7 @@ class BurstRunner:
         except ImportError as exc:  # the spark extra is not installed
             raise ConfigError(f"burst: this worker cannot run Spark ({exc}); install pulsar-autoscale[spark]") from None
         # Checks the function (SHARED subscription, loadable code) before anything is taken.
-        drain = BurstDrain(None, self.service_url, cfg, code_path, broker_kind=self.broker_kind, state_path=state_path)
+        drain = BurstDrain(None, self.client, cfg, code_path, broker_kind=self.broker_kind, state_path=state_path)
         with self._lock:
             if cfg.fqfn in self._running:
                 return self._running[cfg.fqfn], False
@@ -70,9 +79,9 @@ class BurstRunner:
 
     def _run(self, fqfn: str, drain, record: BurstRecord) -> None:
         try:
-            from pulsar_autoscale.spark_bridge import local_session
+            from pulsar_autoscale.spark_bridge import worker_session
 
-            drain.spark = local_session("pulsar-autoscale-burst")
+            drain.spark = worker_session(self.spark, "pulsar-autoscale-burst")
             result = drain.run(record.requested, record.partitions, record.threads_per_partition)
             record.taken, record.processed, record.outputs, record.failed = (
                 result.taken, result.processed, result.outputs, result.failed)

@@ -10,6 +10,7 @@ import threading
 from werkzeug.serving import make_server
 
 from pulsar_autoscale.netutil import free_port
+from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .cluster.member import ClusterMember, ClusterSettings
 from .config import DEFAULT_MAX_PARALLELISM
@@ -21,14 +22,15 @@ class WorkerServer:
     def __init__(self, service_url: str, port: int = 0, host: str = "127.0.0.1", data_dir: str | None = None,
                  metrics_url: str | None = None, runtime: str = "thread", broker_kind: str = "auto",
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, worker_id: str | None = None,
-                 cluster: ClusterSettings | None = None, warm_pool: int = 0):
+                 cluster: ClusterSettings | None = None, warm_pool: int = 0,
+                 spark: SparkSettings | None = None):
         self.port = port or free_port(host)
         self.host = host
         self._temp_dir = None if data_dir else tempfile.mkdtemp(prefix="pa-worker-")
         self.worker = Worker(service_url, data_dir or self._temp_dir,
                              worker_id=worker_id or f"worker-{host}-{self.port}", default_runtime=runtime,
                              max_parallelism=max_parallelism, broker_kind=broker_kind, hostname=host, port=self.port,
-                             warm_pool=warm_pool, metrics_url=metrics_url)
+                             warm_pool=warm_pool, metrics_url=metrics_url, spark=spark)
         # A cluster member joins (topics, consumer-id slot) before the REST API answers.
         self.cluster = ClusterMember(self.worker, self.url, cluster, service_url).start() if cluster else None
         self._server = make_server(host, self.port, create_app(self.worker, self.cluster), threaded=True)

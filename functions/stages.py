@@ -1,6 +1,7 @@
 """Stateful stages hosted by the worker: a DAG node whose runtime is a Spark streaming query.
 
-The worker starts each stage (spark_bridge.stateful.StatefulStage) on its local SparkSession,
+The worker starts each stage (spark_bridge.stateful.StatefulStage) on its SparkSession (local[*],
+or the Spark cluster of --spark-master),
 restarts it from its checkpoint when the query fails (state and offsets kept), persists its
 config so a restarted worker brings it back, and shows it through the Functions API like a
 function: listed, readable as a FunctionConfig (inputs, output, parallelism), re-scaled by
@@ -22,9 +23,14 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.snapshot import FunctionCounters
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 log = logging.getLogger(__name__)
 SUPERVISE_INTERVAL_S = 1.0
@@ -52,9 +58,14 @@ class HostedStage:
 
 
 class StageHost:
-    def __init__(self, data_dir: Path, service_url: str, worker_id: str):
+    """`client`: the broker URL, or ClientSettings with auth and TLS for the stages' source and
+    sink; `spark`: where stages run (default local[*]; a Spark cluster with --spark-master)."""
+
+    def __init__(self, data_dir: Path, client: ClientSettings | str, worker_id: str,
+                 spark: "SparkSettings | None" = None):
         self.dir = Path(data_dir) / "stages"
-        self.service_url = service_url
+        self.client = client if isinstance(client, ClientSettings) else ClientSettings(client)
+        self.spark = spark
         self.worker_id = worker_id
         self._stages: dict[str, HostedStage] = {}
         self._lock = threading.Lock()
@@ -77,7 +88,7 @@ class StageHost:
         except ImportError as exc:
             raise ConfigError(f"stateful stage: this worker cannot run Spark ({exc}); "
                               "install pulsar-autoscale[spark]") from None
-        data = {"serviceUrl": self.service_url, **data}
+        data = {"serviceUrl": self.client.service_url, **data}
         if not data.get("checkpointDir") and not data.get("checkpoint_dir"):
             data["checkpointDir"] = str(self.dir / data.get("tenant", "public") / data.get("namespace", "default")
                                         / str(data.get("name", "")) / "checkpoint")
@@ -85,7 +96,7 @@ class StageHost:
         with self._lock:
             if cfg.fqfn in self._stages:
                 raise ConfigError(f"Stateful stage {cfg.name} already exists")
-            self._stages[cfg.fqfn] = HostedStage(StatefulStage(cfg))
+            self._stages[cfg.fqfn] = HostedStage(StatefulStage(cfg, client=self.client, spark_settings=self.spark))
         self._ensure_supervisor()
         return cfg
 

@@ -30,6 +30,7 @@ import pulsar
 from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.snapshot import FunctionCounters
+from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .bursts import BurstRecord, BurstRunner
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
@@ -108,7 +109,8 @@ def _sum_figures(a: InstanceFigures | None, b: InstanceFigures) -> InstanceFigur
 class Worker:
     def __init__(self, service_url: str, data_dir: str, worker_id: str = "worker-0", default_runtime: str = "thread",
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, broker_kind: str = "apache",
-                 hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0, metrics_url: str | None = None):
+                 hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0, metrics_url: str | None = None,
+                 spark: SparkSettings | None = None):
         if default_runtime not in RUNTIMES:
             raise ConfigError(f"runtime {default_runtime!r} is unknown: use one of {', '.join(RUNTIMES)}")
         self.service_url = service_url
@@ -129,8 +131,8 @@ class Worker:
         self._connected = threading.Event()
         self._waiting_for = "the broker"
         self._functions: dict[str, HostedFunction] = {}
-        self.bursts = BurstRunner(service_url, broker_kind)
-        self.stages = StageHost(self.data_dir, service_url, worker_id)
+        self.bursts = BurstRunner(service_url, broker_kind, spark)          # spark: --spark-master (default local[*])
+        self.stages = StageHost(self.data_dir, service_url, worker_id, spark)
         self._max_epoch = 0
         self._lock = threading.RLock()
         self._creating: set[str] = set()                 # names reserved while their code is validated

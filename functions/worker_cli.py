@@ -8,6 +8,7 @@ import threading
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.paths import user_data_dir
+from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .cluster.member import ClusterSettings
 from .cluster.scheduler import POLICIES
@@ -48,6 +49,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     c.add_argument("--heartbeat-timeout", type=float, default=ClusterSettings.heartbeat_timeout_s, metavar="S",
                    help="a worker silent this long is dead and its instances move "
                         f"(default {ClusterSettings.heartbeat_timeout_s})")
+    p.add_argument("--spark-master", default=None,
+                   help="where stateful stages and burst drains run: local[*] (default), spark://HOST:PORT, "
+                        "k8s://https://HOST:PORT or yarn (docs/spark.md, 'On a Spark cluster')")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for that session, e.g. spark.executor.memory=2g (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or str(user_data_dir("worker", str(args.port)))
     server = WorkerServer(args.service_url, args.port, args.host, data_dir, args.metrics_url, args.runtime,
                           args.broker_kind, args.max_parallelism, args.worker_id, cluster,
-                          warm_pool=args.warm_pool).start()
+                          warm_pool=args.warm_pool,
+                          spark=SparkSettings.from_args(args.spark_master, args.spark_conf)).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

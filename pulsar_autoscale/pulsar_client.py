@@ -45,6 +45,10 @@ class ClientSettings:
         raise ConfigError(f"auth plugin {self.auth_plugin!r} is not supported: use token or tls "
                           f"({TOKEN_PLUGINS[1]} or {TLS_PLUGINS[1]})")
 
+    def bearer_token(self) -> str | None:
+        """The token of token authentication (for the admin REST API's Authorization header), else None."""
+        return _token(self.auth_params) if self.auth_plugin in TOKEN_PLUGINS else None
+
     def client_kwargs(self) -> dict:
         kwargs: dict = {"tls_allow_insecure_connection": self.tls_allow_insecure_connection,
                         "tls_validate_hostname": self.tls_validate_hostname}

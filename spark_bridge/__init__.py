@@ -8,34 +8,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .session import SparkSettings, SparkSetupError, check_python_workers, worker_session
+
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-__all__ = ["local_session", "register"]
+__all__ = ["SparkSettings", "SparkSetupError", "register", "worker_session"]
 
 
 def register(spark: "SparkSession") -> None:
-    """Make `format("pulsar")` available in this session; again is fine."""
+    """Make `format("pulsar")` available in this session; again is fine.
+
+    Checks first (once per application) that Spark's Python workers can import this package,
+    so a missing PYSPARK_PYTHON fails here with what to set (SparkSetupError), not with a
+    ModuleNotFoundError inside the first query.
+    """
     from .source import PulsarDataSource
 
+    check_python_workers(spark)
     try:
         spark.dataSource.register(PulsarDataSource)
     except Exception as exc:
         if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-
-
-def local_session(app_name: str = "pulsar-autoscale") -> "SparkSession":
-    """The process's SparkSession (a test's, a Spark driver's), or a new local one, with `pulsar`
-    registered: what the worker uses for burst drains and stateful stages."""
-    import os
-    import sys
-
-    from pyspark.sql import SparkSession
-
-    # Spark's Python workers must import this package: run them on this interpreter.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[*]").appName(app_name)
-             .config("spark.ui.enabled", "false").getOrCreate())
-    register(spark)
-    return spark

@@ -48,6 +48,7 @@ from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.broker.lite_quirks import PipedMessage
+from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
 from .offsets import _batch_size
 
@@ -153,7 +154,7 @@ class _TaskSpec:
     """Everything a Spark task needs, pickled once with the job."""
 
     config: FunctionConfig
-    service_url: str
+    client: ClientSettings
     code_name: str | None
     code: bytes | None
     threads: int
@@ -216,7 +217,7 @@ def process_partition(spec: _TaskSpec, records: Iterable[PipedMessage]) -> Itera
     if not records:
         return iter(())
     part = TaskContext.get().partitionId()
-    client = pulsar.Client(spec.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    client = open_client(spec.client)
     producer = None
     try:
         if spec.config.output:
@@ -264,7 +265,7 @@ class BurstDrain:
     process() uses counters/state and the executors can reach the file.
     """
 
-    def __init__(self, spark: "SparkSession", service_url: str, function_config: FunctionConfig,
+    def __init__(self, spark: "SparkSession", service_url: ClientSettings | str, function_config: FunctionConfig,
                  code_path: str | None = None, *, broker_kind: str = "auto", metrics_url: str | None = None,
                  receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS, receiver_queue: int = DEFAULT_RECEIVER_QUEUE,
                  state_path: str | None = None):
@@ -279,15 +280,16 @@ class BurstDrain:
                               "partitions would break its order. Only SHARED functions can burst")
         if broker_kind not in ("auto", "apache", "pulsar-lite"):
             raise ConfigError(f"burst drain: broker_kind {broker_kind!r}: use auto, apache or pulsar-lite")
-        if not str(service_url).startswith(("pulsar://", "pulsar+ssl://")):
-            raise ConfigError(f"burst drain: service_url {service_url!r} must start with pulsar://")
+        client = service_url if isinstance(service_url, ClientSettings) else ClientSettings(service_url)
+        if not str(client.service_url).startswith(("pulsar://", "pulsar+ssl://")):
+            raise ConfigError(f"burst drain: service_url {client.service_url!r} must start with pulsar://")
         load_callable(cfg.className, code_path)  # refuse code that cannot load before taking anything
         if broker_kind == "auto":
             from pulsar_autoscale.broker.lite_quirks import detect_broker_kind
 
             broker_kind = detect_broker_kind(metrics_url)
         self.spark = spark
-        self.service_url = service_url
+        self.client = client
         self.config = cfg
         self.code_name = Path(code_path).name if code_path else None
         self.code = Path(code_path).read_bytes() if code_path else None
@@ -302,12 +304,10 @@ class BurstDrain:
         if self.broker_kind == "pulsar-lite":
             try:
                 return lite_quirks.join_shared_subscription(
-                    self.service_url, lambda client: _subscribe(client, self.config, name, queue))
+                    self.client.service_url, lambda client: _subscribe(client, self.config, name, queue))
             except lite_quirks.LiteJoinError as exc:
                 raise BurstDrainError(f"burst drain: {exc}") from exc
-        import pulsar
-
-        client = pulsar.Client(self.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        client = open_client(self.client)
         try:
             return client, _subscribe(client, self.config, name, queue)
         except Exception:
@@ -388,7 +388,7 @@ class BurstDrain:
         records = [PipedMessage(i, m.data(), m.properties(), m.publish_timestamp(), m.event_timestamp(),
                                 m.partition_key(), m.topic_name(), str(m.message_id()))
                    for i, m in enumerate(taken)]
-        spec = _TaskSpec(self.config, self.service_url, self.code_name, self.code, threads, self.state_path,
+        spec = _TaskSpec(self.config, self.client, self.code_name, self.code, threads, self.state_path,
                          self.config.parallelism + partitions * threads)
         sc = self.spark.sparkContext
         sc.setJobDescription(f"burst drain {self.config.fqfn}: {len(records)} messages")

@@ -13,13 +13,21 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.pulsar_client import ClientSettings
 
 from .offsets import Position, StartSpec
 
 # Options Spark itself adds to a source's or sink's map (writeStream passes checkpointLocation on).
 _SPARK_OWNED = {"path", "checkpointlocation", "queryname"}
 
-_COMMON = ("service.url", "admin.url", "operationTimeoutMs")
+# Authentication and TLS: the pulsar-spark connector's names (`pulsar.client.` + the Java
+# client's setting); its older releases took them without the prefix, and so do we.
+CLIENT_PREFIX = "pulsar.client."
+AUTH_PLUGIN, AUTH_PARAMS, TLS_TRUST_CERTS, TLS_ALLOW_INSECURE, TLS_HOSTNAME = (
+    "authPluginClassName", "authParams", "tlsTrustCertsFilePath", "tlsAllowInsecureConnection",
+    "tlsHostnameVerificationEnable")
+_CLIENT = (AUTH_PLUGIN, AUTH_PARAMS, TLS_TRUST_CERTS, TLS_ALLOW_INSECURE, TLS_HOSTNAME)
+_COMMON = ("service.url", "admin.url", "operationTimeoutMs", *_CLIENT, *(CLIENT_PREFIX + n for n in _CLIENT))
 SOURCE_OPTIONS = _COMMON + (
     "topic", "topics", "topicsPattern", "startingOffsets", "endingOffsets", "maxRecordsPerTrigger",
     "failOnDataLoss", "minPartitions", "pollTimeoutMs", "allowEmptyTopics",
@@ -35,9 +43,15 @@ class PulsarOptionError(ConfigError):
 
 @dataclass(frozen=True)
 class ConnectionOptions:
-    service_url: str
+    """Where and how to connect; `client` carries auth and TLS (its repr hides authParams)."""
+
+    client: ClientSettings
     admin_url: str | None
     operation_timeout_s: int
+
+    @property
+    def service_url(self) -> str:
+        return self.client.service_url
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,18 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
     return raw.strip().lower() == "true"
 
 
+def _client_opts(opts: dict[str, str]) -> dict[str, str]:
+    """The auth/TLS options under their bare names (lower-cased), either spelling accepted once."""
+    out = {}
+    for name in _CLIENT:
+        bare, prefixed = name.lower(), (CLIENT_PREFIX + name).lower()
+        if bare in opts and prefixed in opts:
+            raise PulsarOptionError(f"option '{CLIENT_PREFIX}{name}' is also given as '{name}': set one")
+        if bare in opts or prefixed in opts:
+            out[bare] = opts.get(prefixed, opts.get(bare))
+    return out
+
+
 def _connection(opts: dict[str, str]) -> ConnectionOptions:
     url = opts.get("service.url", "").strip()
     if not url:
@@ -112,7 +138,33 @@ def _connection(opts: dict[str, str]) -> ConnectionOptions:
     if admin is not None and not admin.startswith(("http://", "https://")):
         raise PulsarOptionError(f"option 'admin.url': {admin!r} must start with http:// or https://")
     timeout_ms = _int(opts, "operationTimeoutMs", 30_000, 1000)
-    return ConnectionOptions(url, admin, max(1, timeout_ms // 1000))
+    auth = _client_opts(opts)
+    client = ClientSettings(
+        url, auth.get(AUTH_PLUGIN.lower()) or None, auth.get(AUTH_PARAMS.lower()) or None,
+        auth.get(TLS_TRUST_CERTS.lower()) or None, _bool(auth, TLS_ALLOW_INSECURE, False),
+        _bool(auth, TLS_HOSTNAME, False))
+    if client.auth_params and not client.auth_plugin:
+        raise PulsarOptionError(f"option '{CLIENT_PREFIX}{AUTH_PARAMS}' is set without '{CLIENT_PREFIX}{AUTH_PLUGIN}'")
+    try:
+        client.authentication()  # a bad plugin or params fail here, on the driver (the message never holds the params)
+    except ConfigError as exc:
+        raise PulsarOptionError(f"option '{CLIENT_PREFIX}{AUTH_PLUGIN}': {exc}") from None
+    return ConnectionOptions(client, admin, max(1, timeout_ms // 1000))
+
+
+def client_options(client: ClientSettings) -> dict[str, str]:
+    """The source/sink options that carry `client` (its URL, auth and TLS): what the worker's
+    stateful stages pass to the `pulsar` source and sink."""
+    out = {"service.url": client.service_url}
+    for name, value in ((AUTH_PLUGIN, client.auth_plugin), (AUTH_PARAMS, client.auth_params),
+                        (TLS_TRUST_CERTS, client.tls_trust_certs_file_path)):
+        if value:
+            out[CLIENT_PREFIX + name] = value
+    if client.tls_allow_insecure_connection:
+        out[CLIENT_PREFIX + TLS_ALLOW_INSECURE] = "true"
+    if client.tls_validate_hostname:
+        out[CLIENT_PREFIX + TLS_HOSTNAME] = "true"
+    return out
 
 
 def _topic_value(option: str, topic: str, value) -> "Position | str":

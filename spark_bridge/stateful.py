@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.config import normalize_topic
+from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.snapshot import FunctionSnapshot
+
+from .session import SparkSettings, worker_session
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -195,12 +198,15 @@ def count_group(key: tuple, batches: Iterator, state) -> Iterator:
     })
 
 
-def build_query(spark: "SparkSession", cfg: StatefulStageConfig) -> "DataFrame":
-    """The stage's streaming DataFrame, in the sink's columns (key, value, properties, eventTime)."""
+def build_query(spark: "SparkSession", cfg: StatefulStageConfig, client: ClientSettings | None = None) -> "DataFrame":
+    """The stage's streaming DataFrame, in the sink's columns (key, value, properties, eventTime).
+    `client`: auth and TLS for the source (default: none, at cfg.service_url)."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    reader = (spark.readStream.format("pulsar").option("service.url", cfg.service_url)
+    from .options import client_options
+
+    reader = (spark.readStream.format("pulsar").options(**client_options(client or ClientSettings(cfg.service_url)))
               .option("topic", cfg.input).option("minPartitions", str(cfg.parallelism))
               .option("allowEmptyTopics", "true"))
     if cfg.max_records_per_trigger:
@@ -287,8 +293,13 @@ class StatefulStage:
     other queries of the same session.
     """
 
-    def __init__(self, config: StatefulStageConfig, spark: "SparkSession | None" = None) -> None:
+    def __init__(self, config: StatefulStageConfig, spark: "SparkSession | None" = None,
+                 client: ClientSettings | None = None, spark_settings: SparkSettings | None = None) -> None:
+        """`client`: auth and TLS for the stage's source and sink (its URL is the config's serviceUrl);
+        `spark_settings`: the master to start a session on when `spark` is None (default local[*])."""
         self.config = config.validated()
+        self.spark_settings = spark_settings
+        self.client = replace(client or ClientSettings(self.config.service_url), service_url=self.config.service_url)
         self._base = spark
         self._session: "SparkSession | None" = None
         self._query: "StreamingQuery | None" = None
@@ -300,15 +311,17 @@ class StatefulStage:
 
     def session(self) -> "SparkSession":
         if self._session is None:
-            from . import local_session, register
+            from . import register
 
-            self._session = self._base or local_session(f"stateful-{self.config.fqfn}")
+            self._session = self._base or worker_session(self.spark_settings, f"stateful-{self.config.fqfn}")
             register(self._session)
         return self._session
 
     def start(self) -> "StreamingQuery":
         if self._query is not None and self._query.isActive:
             raise StatefulStageError(f"stateful stage {self.config.fqfn} is already running")
+        from .options import client_options
+
         cfg = self.config
         spark = self.session()
         # Spark looks Python data sources up in the JVM thread's active session, which a thread
@@ -324,8 +337,8 @@ class StatefulStage:
         try:
             for k, v in confs.items():
                 spark.conf.set(k, v)
-            writer = (build_query(spark, cfg).writeStream.format("pulsar").outputMode("append")
-                      .option("service.url", cfg.service_url).option("topic", cfg.output)
+            writer = (build_query(spark, cfg, self.client).writeStream.format("pulsar").outputMode("append")
+                      .options(**client_options(self.client)).option("topic", cfg.output)
                       .option("checkpointLocation", cfg.checkpoint_dir).queryName(_query_name(cfg.fqfn)))
             if cfg.trigger == AVAILABLE_NOW:
                 writer = writer.trigger(availableNow=True)
@@ -422,7 +435,7 @@ class StatefulStage:
         from .options import ConnectionOptions
         from .ranges import Connection, last_position
 
-        conn = Connection(ConnectionOptions(self.config.service_url, None, 10))
+        conn = Connection(ConnectionOptions(self.client, None, 10))
         try:
             total = 0
             for topic, pos in offsets_from_json(end_offsets).items():

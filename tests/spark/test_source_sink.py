@@ -31,13 +31,20 @@ def produce(client, topic: str, n: int, start: int = 0, batching: bool = True) -
 
 
 def read_topic(client, topic: str, expected: int, timeout_s: float = 60.0) -> list:
-    """All messages of `topic`; waits until at least `expected` arrived, then for stragglers."""
+    """All messages of `topic`, each once; waits until at least `expected` arrived, then for stragglers.
+
+    A Reader is an Exclusive subscription: pulsar-lite may deliver a message twice (B1,
+    docs/broker.md); a second copy of one message id is not a sink replay, so it is dropped.
+    """
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
-    got, deadline = [], time.monotonic() + timeout_s
+    got, seen, deadline = [], set(), time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             try:
-                got.append(reader.read_next(500 if len(got) < expected else 200))
+                msg = reader.read_next(500 if len(got) < expected else 200)
+                if msg.message_id().serialize() not in seen:
+                    seen.add(msg.message_id().serialize())
+                    got.append(msg)
             except pulsar.Timeout:
                 if len(got) >= expected:
                     return got
