@@ -23,6 +23,7 @@ from .options import ConnectionOptions
 log = logging.getLogger(__name__)
 
 RECEIVER_QUEUE = 5000
+STALL_REOPEN_MS = 2000
 
 
 class TopicNotFoundError(ConfigError):
@@ -118,29 +119,52 @@ def last_position(conn: Connection, topic: str) -> Position | None:
     return last if last.entry >= 0 else None
 
 
-def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_data_loss: bool,
-               chunk: int = 8192) -> Iterator[tuple[list, list]]:
-    """Yield the messages of (start, end] exactly once each, in id order, in chunks of up to
-    `chunk`: (messages, their message ids), pulsar-client's C++ objects (`_pulsar.Message`,
-    `_pulsar.MessageId`: the same methods as pulsar.Message, without a Python wrapper per message).
+@dataclass
+class Chunk:
+    """Up to `chunk` messages of a range as one list per field: what the source's Arrow columns
+    are built from, so no message object outlives its loop iteration."""
 
-    The per-message loop is the source's hot path (profiled: the wrappers and a second
-    message_id() call cost as much as the read), so it stays this plain.
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    ids: list = field(default_factory=list)          # MessageId.serialize()
+    publish_ms: list = field(default_factory=list)
+    event_ms: list = field(default_factory=list)     # None: no event time
+    properties: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_data_loss: bool,
+               chunk: int = 8192) -> Iterator[Chunk]:
+    """Yield the messages of (start, end] exactly once each, in id order, in Chunks of up to `chunk`.
+
+    A Reader that delivers nothing for STALL_REOPEN_MS is replaced by a new one started after
+    the last message read (pulsar-lite's Readers stall now and then under load; on Apache
+    Pulsar a reopen is only a reconnect); the range counts as lost only when nothing came for
+    `poll_timeout_ms` in all. The per-message loop is the source's hot path: it stays plain.
     """
     import pulsar
 
-    reader = conn.client.create_reader(rng.topic, rng.start.message_id(), receiver_queue_size=RECEIVER_QUEUE)
-    read_next = reader.read_next
     # Plain tuples in the per-message loop: dataclass comparisons cost more than the read.
     last, end = rng.start.key(), rng.end.key()
     end_entry = end[:2] if rng.end.batch == BATCH_END else None
-    messages: list = []
-    ids: list = []
+    reader = conn.client.create_reader(rng.topic, rng.start.message_id(), receiver_queue_size=RECEIVER_QUEUE)
+    out = Chunk()
+    waited_ms = 0
     try:
         while last < end:
+            wait_ms = min(STALL_REOPEN_MS, poll_timeout_ms - waited_ms)
             try:
-                msg = read_next(poll_timeout_ms)
+                msg = reader.read_next(wait_ms)
             except pulsar.Timeout:
+                waited_ms += wait_ms
+                if waited_ms < poll_timeout_ms:
+                    log.info("topic %s: nothing after %s for %d ms; reopening the reader", rng.topic, last, waited_ms)
+                    reader.close()
+                    reader = conn.client.create_reader(rng.topic, Position(*last).message_id(),
+                                                       receiver_queue_size=RECEIVER_QUEUE)
+                    continue
                 problem = (
                     f"topic {rng.topic}: no message after {last} within {poll_timeout_ms} ms while "
                     f"reading up to {end}; the range was deleted (retention) or the broker lost it"
@@ -149,6 +173,7 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
                     raise DataLossError(problem + " (set failOnDataLoss=false to skip it)") from None
                 log.warning("%s; skipping the rest of the range", problem)
                 break
+            waited_ms = 0
             mid = msg.message_id()
             pos = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
             if pos[:2] == end_entry:
@@ -158,13 +183,17 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
             if pos > end:
                 break
             last = pos
-            messages.append(msg)
-            ids.append(mid)
-            if len(messages) >= chunk:
-                yield messages, ids
-                messages, ids = [], []
-        if messages:
-            yield messages, ids
+            out.keys.append(msg.partition_key() or None)
+            out.values.append(msg.data())
+            out.ids.append(mid.serialize())
+            out.publish_ms.append(msg.publish_timestamp())
+            out.event_ms.append(msg.event_timestamp() or None)
+            out.properties.append(msg.properties())
+            if len(out) >= chunk:
+                yield out
+                out = Chunk()
+        if len(out):
+            yield out
     finally:
         reader.close()
 

@@ -28,7 +28,7 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructField, Stru
 
 from .offsets import EARLIEST, Position, TopicRange, offsets_from_json, offsets_to_json
 from .options import PulsarOptionError, SourceOptions, parse_sink_options, parse_source_options
-from .ranges import Connection, Scout, TopicNotFoundError, last_position, list_topics, partitions_of, read_range
+from .ranges import Chunk, Connection, Scout, TopicNotFoundError, last_position, list_topics, partitions_of, read_range
 
 SCHEMA = StructType([
     StructField("key", StringType()),
@@ -60,27 +60,25 @@ def plan_partitions(ranges: list[TopicRange], min_partitions: int) -> list[Range
     ]
 
 
-def _to_arrow(chunks: Iterator[tuple[list, list]], topic: str, schema: StructType) -> Iterator:
+def _to_arrow(chunks: Iterator[Chunk], topic: str, schema: StructType) -> Iterator:
     """read_range's chunks as Arrow record batches, a column at a time (much cheaper than Spark
-    converting Python tuples, and than appending to seven lists per message)."""
+    converting Python tuples); the topic column is the range's, the times are cast in bulk."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     as_ms = pa.timestamp("ms", tz="UTC")
     time_type = arrow_schema.field("publishTime").type
-    for messages, ids in chunks:
-        events = [m.event_timestamp() for m in messages]
-        columns = [
-            pa.array([m.partition_key() or None for m in messages], pa.string()),
-            pa.array([m.data() for m in messages], pa.binary()),
-            pa.array([topic] * len(messages), pa.string()),
-            pa.array([i.serialize() for i in ids], pa.binary()),
-            pa.array([m.publish_timestamp() for m in messages], as_ms).cast(time_type),
-            pa.array([e or None for e in events], as_ms).cast(time_type),  # 0: no event time
-            pa.array([m.properties() for m in messages], arrow_schema.field("properties").type),
-        ]
-        yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
+    for c in chunks:
+        yield pa.RecordBatch.from_arrays([
+            pa.array(c.keys, pa.string()),
+            pa.array(c.values, pa.binary()),
+            pa.array([topic] * len(c), pa.string()),
+            pa.array(c.ids, pa.binary()),
+            pa.array(c.publish_ms, as_ms).cast(time_type),
+            pa.array(c.event_ms, as_ms).cast(time_type),
+            pa.array(c.properties, arrow_schema.field("properties").type),
+        ], schema=arrow_schema)
 
 
 class _RangeReader:
