@@ -242,3 +242,38 @@ def test_the_docs_example_policy_runs_in_the_controller(broker, worker, tmp_path
         assert controller.autoscaler.errors == 0
     finally:
         controller.stop()
+
+
+def test_the_log_is_quiet_and_says_a_policy_failure_once(broker, worker, tmp_path):
+    """No apscheduler "Running job" or HTTP access lines at INFO; one line per failed period."""
+    import subprocess
+    import sys
+
+    import yaml
+    make_function(worker)
+    bad = tmp_path / "bad.py"
+    bad.write_text("from pulsar_autoscale.policies import Policy, Proposal\n\nclass Bad(Policy):\n    name = 'bad'\n\n"
+                   "    def decide(self, graph, snapshot, current, state):\n        return Proposal({f: 0 for f in current})\n")
+    port = __import__("pulsar_autoscale.netutil", fromlist=["free_port"]).free_port()
+    cfg = tmp_path / "c.yaml"
+    log_path = tmp_path / "d.jsonl"
+    cfg.write_text(yaml.safe_dump({"service_url": broker.service_url, "admin_url": worker.url, "policy": str(bad),
+                                   "period_s": 0.5, "window_s": 1.0, "http_port": port, "lock_topic": LOCK,
+                                   "decision_log": str(log_path)}))
+    proc = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli", "controller", "--config", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def failed_periods():
+            try:
+                requests.get(f"http://127.0.0.1:{port}/status", timeout=2)   # an HTTP request to log (or not)
+            except requests.RequestException:
+                return 0
+            records = [r for r in DecisionLog(log_path).read() if r["error"]] if log_path.exists() else []
+            return len({r["time"] for r in records})
+        wait_until(lambda: failed_periods() >= 4, 30, "four failed periods")
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=30)[0]
+    periods = len({r["time"] for r in DecisionLog(log_path).read() if r["error"]})
+    assert "Running job" not in output and "GET /status" not in output, output
+    assert output.count("policy failed") in (periods, periods + 1), output   # + one logged as the file was read
