@@ -17,9 +17,11 @@ a report directory gets summary.json, timeseries.csv, decisions.jsonl and PNG pl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -64,6 +66,7 @@ class Sample:
     backlog: dict[str, float | None]
     rt_p50: float | None
     rt_p99: float | None
+    per_worker: dict[str, dict[str, int]] = field(default_factory=dict)   # --workers N: function -> worker -> running
 
 
 @dataclass
@@ -144,6 +147,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", default=None, help="report directory (default reports/demo-<policy>)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-live", action="store_true", help="print a progress line every 10 s instead of a live view")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes' worth of workers, as one cluster (docs/cluster.md); the live view shows "
+                        "instances per worker (default 1)")
 
 
 def parse_params(items: list[str]) -> dict:
@@ -162,6 +168,7 @@ def parse_params(items: list[str]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from pulsar_autoscale.errors import ConfigError
+    from pulsar_autoscale.functions.cluster.member import ClusterSettings
     from pulsar_autoscale.functions.server import WorkerServer
     try:
         rates = [float(r) for r in args.rates.split(",")]
@@ -169,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rates {args.rates!r} must be comma-separated numbers") from None
     if not rates or min(rates) <= 0 or args.duration <= 0:
         raise ConfigError("--rates must be positive and --duration > 0")
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     report = Path(args.report or f"reports/demo-{Path(args.policy).stem}")
     report.mkdir(parents=True, exist_ok=True)
     logging.getLogger().setLevel(logging.WARNING)
@@ -178,9 +187,13 @@ def run(args: argparse.Namespace) -> int:
     fast = f"fast check every {args.fast_period:g}s" if args.fast_period > 0 else "no fast path"
     print(f"demo: policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s, {fast}; "
           f"report -> {report}", flush=True)
-    with EmbeddedBroker(data_dir=None) as broker, \
-            WorkerServer(broker.service_url, metrics_url=broker.metrics_url) as worker:
-        admin = FunctionsAdmin(worker.url)
+    with EmbeddedBroker(data_dir=None) as broker, contextlib.ExitStack() as stack:
+        cluster = ClusterSettings(f"demo{os.getpid()}") if args.workers > 1 else None
+        workers = [stack.enter_context(WorkerServer(broker.service_url, metrics_url=broker.metrics_url,
+                                                    worker_id=f"w{i}" if cluster else None, cluster=cluster))
+                   for i in range(args.workers)]
+        worker = workers[0]
+        admin = FunctionsAdmin([w.url for w in workers])
         for s in STAGES:
             admin.create({"tenant": "public", "namespace": "default", "name": s.name,
                           "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy", "inputs": list(s.inputs),
@@ -188,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                           "userConfig": {"service_ms": s.service_ms, "dist": "lognormal", "cv": s.cv}})
         wait_running(admin, [s.name for s in STAGES])
         config = ControllerConfig(
-            service_url=broker.service_url, admin_url=worker.url, metrics_url=broker.metrics_url,
+            service_url=broker.service_url, admin_url=tuple(w.url for w in workers), metrics_url=broker.metrics_url,
             policy=args.policy, policy_params=parse_params(args.param), period_s=args.period,
             window_s=args.window, plan={"max_parallelism": args.max_parallelism},
             fast={"enabled": args.fast_period > 0, "period_s": args.fast_period or 1.0,
@@ -206,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.time()
         load.start()
         try:
-            watch(worker, controller, rec, rates, interval, t0, load, args.no_live)
+            watch(admin if cluster else worker, controller, rec, rates, interval, t0, load, args.no_live)
             drain(rec, t0)
         except KeyboardInterrupt:
             stop_load.set()
@@ -233,16 +246,23 @@ def wait_running(admin: FunctionsAdmin, names: list[str], timeout_s: float = 30.
 
 
 def sample(worker, controller, rec: Recorder, rate: float, now: float) -> Sample:
-    instances, backlog = {}, {}
+    """`worker`: the one WorkerServer, or (--workers N) the cluster's FunctionsAdmin."""
+    instances, backlog, per_worker = {}, {}, {}
     obs = controller.last_observation
     for s in STAGES:
         fqfn = f"{NS}/{s.name}"
-        _, figs, _ = worker.worker.instance_figures(fqfn)
-        instances[s.name] = sum(1 for f in figs.values() if f.running)
+        if isinstance(worker, FunctionsAdmin):
+            running = [i["status"]["workerId"] for i in worker.status("public", "default", s.name)["instances"]
+                       if i["status"]["running"]]
+            instances[s.name] = len(running)
+            per_worker[s.name] = {w: running.count(w) for w in sorted(set(running))}
+        else:
+            _, figs, _ = worker.worker.instance_figures(fqfn)
+            instances[s.name] = sum(1 for f in figs.values() if f.running)
         fs = obs.snapshot.functions.get(fqfn) if obs else None
         backlog[s.name] = fs.backlog if fs else None
     rts = rec.window_rts(now - 10)
-    return Sample(now, rate, instances, backlog, percentile(rts, 50), percentile(rts, 99))
+    return Sample(now, rate, instances, backlog, percentile(rts, 50), percentile(rts, 99), per_worker)
 
 
 def watch(worker, controller, rec, rates, interval, t0, load, plain: bool) -> None:
@@ -279,7 +299,8 @@ class _NoLive:
 
 
 def progress_line(s: Sample, elapsed: float) -> str:
-    inst = " ".join(f"{k}={v}" for k, v in s.instances.items())
+    inst = " ".join(f"{k}={v}" + (f"({' '.join(f'{w}:{n}' for w, n in s.per_worker[k].items())})"
+                                  if k in s.per_worker else "") for k, v in s.instances.items())
     p99 = f"{s.rt_p99:.2f}s" if s.rt_p99 is not None else "-"
     return f"[{elapsed:5.0f}s] rate {s.target_rate:g}/s  instances {inst}  p99 {p99}"
 
@@ -294,8 +315,10 @@ def render(controller, rec: Recorder, s: Sample | None, elapsed: float, t0: floa
     from rich.table import Table
     table = Table(title=f"demo t={elapsed:.0f}s produced={rec.produced} policy={controller.config.policy}",
                   width=80)
-    for col, width in (("function", 16), ("arrival/s", 9), ("backlog", 7), ("inst", 4), ("util", 4),
-                       ("last decision", 18)):
+    columns = (("function", 16), ("arrival/s", 9), ("backlog", 7), ("inst", 4), ("util", 4), ("last decision", 18))
+    if s is not None and s.per_worker:  # --workers N: instances per worker, at the expense of the decision column
+        columns = columns[:4] + (("per worker", 16),) + columns[4:5] + (("last decision", 10),)
+    for col, width in columns:
         table.add_column(col, max_width=width, no_wrap=True, overflow="ellipsis")
     obs = controller.last_observation
     last = {}
@@ -307,8 +330,10 @@ def render(controller, rec: Recorder, s: Sample | None, elapsed: float, t0: floa
         fqfn = f"{NS}/{st.name}"
         fs = obs.snapshot.functions.get(fqfn) if obs else None
         fmt = (lambda v, p=1: "?" if v is None else f"{v:.{p}f}")
+        spread = ((" ".join(f"{w}:{n}" for w, n in s.per_worker.get(st.name, {}).items()) or "-",)
+                  if s is not None and s.per_worker else ())
         table.add_row(st.name, fmt(fs.arrival_rate if fs else None), fmt(fs.backlog if fs else None, 0),
-                      str(s.instances[st.name]) if s else "1", fmt(fs.utilization if fs else None, 2),
+                      str(s.instances[st.name]) if s else "1", *spread, fmt(fs.utilization if fs else None, 2),
                       last.get(fqfn, "-"))
     if s is not None:
         table.caption = (f"target rate {s.target_rate:g} msg/s   response time (last 10 s): p50 "

@@ -25,6 +25,7 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY, Autoscaler
 from pulsar_autoscale.controller.burst_plan import burst_size
 from pulsar_autoscale.controller.config import ControllerConfig
+from pulsar_autoscale.controller.capacity import cap_to_capacity, cluster_capacity
 from pulsar_autoscale.controller.controls import ControlStore, Effective, FunctionControls, effective
 from pulsar_autoscale.controller.decision_log import DecisionLog
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
@@ -197,6 +198,7 @@ class Controller:
                     self.log.append(self._record(fn, term.epoch, now, old=obs.current[fn], new=obs.current[fn],
                                                  reason="policy failed: nothing decided", error=error))
                 decisions = apply_caps(step.decisions, obs.caps)
+                decisions = cap_to_capacity(decisions, cluster_capacity(self.admin))  # a worker cluster's room
                 for d in decisions:
                     it.decisions.append(self._execute(d, term.epoch, now))
                     if it.decisions[-1]["applied"]:

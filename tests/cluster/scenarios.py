@@ -46,6 +46,7 @@ class Flow:
     rate: float = 500.0
     service_ms: float = 5.0
     parallelism: int = 1
+    batching: bool = True
     name: str = field(default_factory=lambda: f"cl-{uuid.uuid4().hex[:6]}")
 
     def __post_init__(self):
@@ -81,7 +82,7 @@ class Flow:
         return wait_until(ok, timeout_s, f"{n} running instances of {self.name}", interval_s=0.1)
 
     def start_producing(self, messages: int) -> None:
-        self._producer = self.client.create_producer(self.src, batching_enabled=True,
+        self._producer = self.client.create_producer(self.src, batching_enabled=self.batching,
                                                      batching_max_publish_delay_ms=5, block_if_queue_full=True)
 
         def produce():
@@ -107,6 +108,11 @@ class Flow:
         except AssertionError:
             pass
         return messages - self.collector.distinct(), self.collector.duplicates()
+
+    def missing(self, messages: int) -> list[int]:
+        with self.collector._lock:
+            seen = {int(k) for k in self.collector.counts}
+        return sorted(set(range(messages)) - seen)
 
     def close(self) -> None:
         try:

@@ -62,3 +62,15 @@ def test_create_anywhere_scale_anywhere_no_restarts(broker, cluster):
     wait_until(lambda: all(flow.name not in requests.get(w.url + "/admin/v3/functions/public/default",
                                                          timeout=5).json() for w in cluster.live()),
                15, "the delete to reach every worker")
+
+
+def test_controller_admin_fails_over_and_reads_the_clusters_capacity(cluster):
+    """Item 7: the controller's admin client takes several worker URLs; a dead one is skipped."""
+    from pulsar_autoscale.admin.client import FunctionsAdmin
+    from pulsar_autoscale.controller.capacity import cluster_capacity
+    from pulsar_autoscale.netutil import free_port
+
+    admin = FunctionsAdmin([f"http://127.0.0.1:{free_port()}", cluster.live()[1].url], timeout_s=5)
+    cap = cluster_capacity(admin)
+    assert admin.admin_url == cluster.live()[1].url
+    assert cap is not None and cap.workers == 3 and cap.total == 3 * 32
