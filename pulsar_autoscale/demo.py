@@ -148,7 +148,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-live", action="store_true", help="print a progress line every 10 s instead of a live view")
     p.add_argument("--workers", type=int, default=1,
-                   help="worker processes' worth of workers, as one cluster (docs/cluster.md); the live view shows "
+                   help="run N workers as one cluster (docs/cluster.md); the live view shows "
                         "instances per worker (default 1)")
 
 
