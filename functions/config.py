@@ -203,7 +203,12 @@ class FunctionConfig:
         """Pulsar's update semantics: a partial config is merged; changing an immutable field or nothing is an error."""
         if not isinstance(update, Mapping):
             raise ConfigError(f"functionConfig must be a JSON object, got {_type_name(update)}")
-        new = _from_mapping({**self.to_dict(), **_drop_empty(update)})
+        base = self.to_dict()
+        if update.get("receiverQueueSize") is not None and "inputSpecs" not in update:
+            # The shorthand in an update replaces the per-input value the current config shows.
+            base["inputSpecs"] = {t: {k: v for k, v in spec.items() if k != "receiverQueueSize"}
+                                  for t, spec in base["inputSpecs"].items()}
+        new = _from_mapping({**base, **_drop_empty(update)})
         for name in IMMUTABLE_FIELDS:
             if name in update and update[name] not in (None, "", [], {}) and getattr(new, name) != getattr(self, name):
                 raise ConfigError(f"{_pulsar_label(name)} cannot be altered")

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 
 
@@ -19,3 +20,26 @@ def broker(tmp_path_factory):
 def topic():
     """A fresh topic name per test, so tests sharing the session broker never see each other's data."""
     return f"persistent://public/default/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def worker(broker, tmp_path_factory):
+    """A worker of the test module's own (its functions and state are the module's), on the session broker.
+    Modules that need other worker options define their own `worker`."""
+    from pulsar_autoscale.functions.server import WorkerServer
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
+                      metrics_url=broker.metrics_url) as w:
+        yield w
+
+
+@pytest.fixture
+def admin(worker):
+    return FunctionsAdmin(worker.url)
+
+
+@pytest.fixture(scope="module")
+def client(broker):
+    import pulsar
+    c = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    yield c
+    c.close()

@@ -12,24 +12,11 @@ import uuid
 import pytest
 import requests
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.cli import main
-from pulsar_autoscale.functions.server import WorkerServer
 from scenario import EXAMPLES, wait_until
 
 CLI = [sys.executable, "-m", "pulsar_autoscale.cli"]
-
-
-@pytest.fixture(scope="module")
-def worker(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
-                      metrics_url=broker.metrics_url) as w:
-        yield w
-
-
-@pytest.fixture
-def admin(worker):
-    return FunctionsAdmin(worker.url)
 
 
 def unique(prefix: str) -> str:

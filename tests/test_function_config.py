@@ -60,6 +60,16 @@ def test_every_honoured_field_round_trips_through_get():
     assert FunctionConfig.from_dict(shown) == cfg
 
 
+def test_update_merges_like_pulsar_and_receiver_queue_shorthand_wins():
+    cfg = FunctionConfig.from_dict({**BASE, "receiverQueueSize": 5})
+    assert cfg.merged({"receiverQueueSize": 7}).receiverQueueSize == 7
+    assert cfg.merged({"maxMessageRetries": 2}).maxMessageRetries == 2
+    with pytest.raises(ConfigError, match="Subscription Name cannot be altered"):
+        cfg.merged({"subName": "other"})
+    with pytest.raises(ConfigError, match="autoAck must be a boolean"):
+        cfg.merged({"autoAck": "no"})
+
+
 def test_resources_given_in_part_get_pulsars_defaults():
     cfg = FunctionConfig.from_dict({**BASE, "resources": {"cpu": 2}})
     assert (cfg.resources.cpu, cfg.resources.ram, cfg.resources.disk) == (2.0, 1073741824, 10737418240)

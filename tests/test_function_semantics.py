@@ -7,33 +7,12 @@ from __future__ import annotations
 import pickle
 import uuid
 
-import pulsar
 import pytest
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
-from pulsar_autoscale.functions.server import WorkerServer
+from pulsar_autoscale.admin.client import AdminError
 from scenario import EXAMPLES, OutputCollector, wait_until
 
 POISON = str(EXAMPLES / "poison.py")
-
-
-@pytest.fixture(scope="module")
-def worker(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
-                      metrics_url=broker.metrics_url) as w:
-        yield w
-
-
-@pytest.fixture
-def admin(worker):
-    return FunctionsAdmin(worker.url)
-
-
-@pytest.fixture(scope="module")
-def client(broker):
-    c = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
-    yield c
-    c.close()
 
 
 def unique(prefix: str) -> str:

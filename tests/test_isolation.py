@@ -11,7 +11,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pulsar
 import pytest
 import requests
 
@@ -29,13 +28,6 @@ def server(broker, tmp_path_factory):
     with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("iso")),
                       metrics_url=broker.metrics_url) as w:
         yield w
-
-
-@pytest.fixture(scope="module")
-def client(broker):
-    c = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
-    yield c
-    c.close()
 
 
 def unique(prefix: str) -> str:

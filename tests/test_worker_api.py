@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import uuid
 
-import pulsar
 import pytest
 import requests
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.functions.server import WorkerServer
 from scenario import EXAMPLES, OutputCollector, wait_until
 
@@ -22,18 +21,6 @@ def worker(broker, tmp_path_factory):
     with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
                       metrics_url=broker.metrics_url, max_parallelism=MAX_PARALLELISM) as w:
         yield w
-
-
-@pytest.fixture
-def admin(worker):
-    return FunctionsAdmin(worker.url)
-
-
-@pytest.fixture(scope="module")
-def client(broker):
-    c = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
-    yield c
-    c.close()
 
 
 def unique(prefix: str) -> str:
