@@ -277,3 +277,20 @@ def test_the_log_is_quiet_and_says_a_policy_failure_once(broker, worker, tmp_pat
     periods = len({r["time"] for r in DecisionLog(log_path).read() if r["error"]})
     assert "Running job" not in output and "GET /status" not in output, output
     assert output.count("policy failed") in (periods, periods + 1), output   # + one logged as the file was read
+
+
+def test_a_deleted_functions_series_disappear(broker, worker, tmp_path):
+    name = make_function(worker)
+    fqfn = f"public/default/{name}"
+    controller = start(broker, worker, tmp_path)
+
+    def series() -> list[str]:
+        text = api(controller, "GET", "/metrics").text
+        return [line for line in text.splitlines() if f'function="{fqfn}"' in line]
+    try:
+        found = wait_until(lambda: len(series()) >= 4 and series(), 20, "the function's series")
+        assert any(line.startswith("pulsar_autoscale_function_input{") for line in found)
+        FunctionsAdmin(worker.url).delete("public", "default", name)
+        wait_until(lambda: series() == [], 20, lambda: f"its series to go: {series()}")
+    finally:
+        controller.stop()
