@@ -40,7 +40,7 @@ class Outcome:
 
 
 class Collector:
-    """Counts the function's outputs ("i!") on a subscription of its own, created before any input."""
+    """Counts the function's outputs ("m<i>!": a bare number would be deserialized as an int) on a subscription of its own, created before any input."""
 
     def __init__(self, service_url: str, topic: str):
         self._client = pulsar.Client(service_url, logger=QUIET)
@@ -60,7 +60,7 @@ class Collector:
             except pulsar.PulsarException:
                 time.sleep(0.2)  # the broker is down: the client reconnects
                 continue
-            i = int(msg.data().rstrip(b"!"))
+            i = int(msg.data()[1:].rstrip(b"!"))
             self.counts[i] = self.counts.get(i, 0) + 1
             self.times.append(time.monotonic())
             self._consumer.acknowledge(msg)
@@ -84,7 +84,7 @@ c = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error), op
 p = c.create_producer(topic, block_if_queue_full=True, send_timeout_millis=0)
 start = time.monotonic()
 for i in range(n):
-    p.send_async(str(i).encode(), None)
+    p.send_async(b"m%d" % i, None)
     delay = start + i / rate - time.monotonic()
     if delay > 0:
         time.sleep(delay)
@@ -144,7 +144,11 @@ def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
                  "the instances to run")
             collector = Collector(broker.service_url, dst)
             producer = start_producer(broker.service_url, src, n, rate)
-            wait(lambda: collector.total() >= kill_at, 60, f"{kill_at} outputs")
+            try:
+                wait(lambda: collector.total() >= kill_at, 60, f"{kill_at} outputs")
+            except AssertionError:
+                print(log_path.read_text()[-3000:], admin.status("public", "default", name), file=sys.stderr)
+                raise
             killed_at = collector.total()
             worker.kill()
             worker.wait()
