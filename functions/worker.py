@@ -170,6 +170,8 @@ class Worker:
             for fn in self._functions.values():
                 if fn.failure:
                     continue
+                if fn.shared_input is None and self.broker_kind == "pulsar-lite":
+                    self._fence_input(fn)
                 try:
                     if fn.config.skipToLatest:
                         self._skip_to_latest(fn.config)
@@ -312,8 +314,15 @@ class Worker:
         fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite"), num_instances=num,
                             code_digest=digest, failure=failure)
         self._functions[cfg.fqfn] = fn
-        self._renew_pool(fn)
+        self._fence_input(fn)
         return fn
+
+    def _fence_input(self, fn: HostedFunction) -> None:
+        """On pulsar-lite, process instances receive through the worker's one consumer (lite_quirks, B2);
+        the warm standbys are made for that input. Again once _connect has learnt the broker's kind."""
+        if self.broker_kind == "pulsar-lite" and fn.shared_input is None:
+            fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
+        self._renew_pool(fn)
 
     def _renew_pool(self, fn: HostedFunction) -> None:
         """Standbys hold the function's code and config: a new pool whenever those change."""
@@ -564,8 +573,6 @@ class Worker:
 
     def _start_instance(self, fn: HostedFunction, i: int) -> None:
         cfg = fn.config
-        if fn.shared_input is None and self.broker_kind == "pulsar-lite":
-            fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
         if fn.runtime(self.default_runtime) == "process":
             handle: InstanceHandle = ProcessInstance(
                 cfg, i, self.service_url, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,

@@ -3,7 +3,7 @@
 Metrics are always bound to 127.0.0.1 on an explicit port: pulsar-lite's default
 0.0.0.0:8080 collides as soon as two brokers run on one machine.
 
-Clients reach pulsar-lite through `relay` (B9: a client killed with unread data would
+Clients reach pulsar-lite through `relay` (B10: a client killed with unread data would
 otherwise leave its consumers, and the messages dispatched to them, on the broker until it
 restarts); pulsar-lite itself listens on a private port. Both children get a parent-death
 signal, so a killed wrapper never leaves an orphaned broker holding the port and the data dir.
@@ -72,7 +72,7 @@ class EmbeddedBroker:
     data_dir: str | None = None
     log_level: str = "warn"
     startup_timeout_s: float = 20.0
-    relay: bool = True  # False: clients reach pulsar-lite directly, exposed to B9 (for comparisons)
+    relay: bool = True  # False: clients reach pulsar-lite directly, exposed to B10 (for comparisons)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _relay: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _lite_port: int = field(default=0, init=False, repr=False)
@@ -84,7 +84,7 @@ class EmbeddedBroker:
 
     @property
     def direct_service_url(self) -> str:
-        """pulsar-lite's own port, bypassing the relay (exposed to B9: for the conformance tests)."""
+        """pulsar-lite's own port, bypassing the relay (exposed to B10: for the conformance tests)."""
         return f"pulsar://{HOST}:{self._lite_port}"
 
     @property

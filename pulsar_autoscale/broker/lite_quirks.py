@@ -113,11 +113,11 @@ class InputLease:
 def check_function(cfg) -> None:
     """Config fields pulsar-lite cannot honour, refused here and accepted on Apache Pulsar.
 
-    B9: it cannot list a namespace's topics (GetTopicsOfNamespace times out), so a regex subscription
+    B10: it cannot list a namespace's topics (GetTopicsOfNamespace times out), so a regex subscription
     (topicsPattern) never opens. B5: seek is ignored, so skipToLatest would silently not skip."""
     if cfg.topicsPattern:
         raise ConfigError("topicsPattern is not supported on pulsar-lite (it cannot list a namespace's topics, "
-                          "defect B9 in docs/broker.md): list the topics in inputs, or run on Apache Pulsar")
+                          "defect B10 in docs/broker.md): list the topics in inputs, or run on Apache Pulsar")
     if cfg.skipToLatest:
         raise ConfigError("skipToLatest is not supported on pulsar-lite (it ignores seek, defect B5 in "
                           "docs/broker.md): run on Apache Pulsar")
@@ -247,7 +247,7 @@ class _SlotLock:
     """Slot k is held by an Exclusive subscription on its own client, as the controller's leader lock.
 
     The broker frees it the moment the holder's connection ends (close, exit or kill -9; through
-    the embedded broker's relay a kill -9 is a clean close too, B9), and with it the holder's
+    the embedded broker's relay a kill -9 is a clean close too, B10), and with it the holder's
     consumers: a freed slot's ids are free. A refused subscribe drops that client's connection
     (B3), so each probe has a client of its own with a 1 s operation timeout.
     """

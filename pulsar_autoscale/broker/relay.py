@@ -1,6 +1,6 @@
-"""A TCP relay in front of pulsar-lite that turns a client's connection reset into a clean close (fence for B9).
+"""A TCP relay in front of pulsar-lite that turns a client's connection reset into a clean close (fence for B10).
 
-B9: when a client dies with data still unread in its socket (kill -9 under load), the kernel
+B10: when a client dies with data still unread in its socket (kill -9 under load), the kernel
 resets the connection. pulsar-lite 0.2.0 returns from the connection's loop on the read
 error before its cleanup runs, so the dead client's consumers stay registered on their
 subscriptions until the broker restarts: the messages dispatched to them are never

@@ -1,7 +1,7 @@
-"""Client incarnations on one Shared subscription: a client killed with -9 (B9), and N processes
+"""Client incarnations on one Shared subscription: a client killed with -9 (B10), and N processes
 joining and leaving with lite_quirks.incarnation_client (B2's consumer-id floors).
 
-B9: a client killed while the broker is still sending to it (data unread in its socket) resets
+B10: a client killed while the broker is still sending to it (data unread in its socket) resets
 the connection, and pulsar-lite 0.2.0 skips its connection cleanup on a read error: the dead
 client's consumers stay on the subscription, with every message dispatched to them, until the
 broker restarts. The embedded broker's relay (pulsar_autoscale/broker/relay.py) turns the reset
@@ -101,7 +101,7 @@ def test_a_killed_client_s_messages_reach_the_next_client_through_the_relay(brok
     assert lost == 0, f"{lost} messages stuck with the killed client's consumers ({recovered} recovered)"
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B9: a reset connection skips the broker's cleanup; the killed "
+@pytest.mark.xfail(strict=True, reason="pulsar-lite B10: a reset connection skips the broker's cleanup; the killed "
                                        "client's consumers keep the messages dispatched to them")
 def test_a_killed_client_s_messages_reach_the_next_client(broker, topic):
     lost, recovered = _kill_under_load_then_recover(broker, topic, broker.direct_service_url)

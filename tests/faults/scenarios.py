@@ -127,7 +127,7 @@ def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
                 down_s: float = 2.0, parallelism: int = 3, relay: bool = True) -> Outcome:
     """Issue 14's scenario: exclaim at parallelism 3, n messages at `rate` from a producer process,
     the worker killed with -9 at about `kill_at` outputs and restarted `down_s` later on the same
-    port and data dir. relay=False: clients reach pulsar-lite directly (B9 unfenced, for comparison)."""
+    port and data dir. relay=False: clients reach pulsar-lite directly (B10 unfenced, for comparison)."""
     with tempfile.TemporaryDirectory(prefix="fault-") as tmp, EmbeddedBroker(relay=relay) as broker:
         name = f"exclaim-{int(time.time() * 1000) % 10**8}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
@@ -181,7 +181,7 @@ def main() -> None:
     p.add_argument("scenario", choices=["worker-kill"])
     p.add_argument("--runtime", default="thread", choices=["thread", "process"])
     p.add_argument("--runs", type=int, default=1)
-    p.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (B9 unfenced)")
+    p.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (B10 unfenced)")
     args = p.parse_args()
     for _ in range(args.runs):
         print(json.dumps(asdict(worker_kill(args.runtime, relay=not args.no_relay))), flush=True)
