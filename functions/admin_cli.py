@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.pulsar_client import add_auth_arguments, settings_from_args
 
 from .config import GUARANTEES, SUBSCRIPTION_POSITIONS, parse_text, read_config_file
 
@@ -92,7 +93,7 @@ def add_config_flags(a: argparse.ArgumentParser) -> None:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_admin_url(p)
+    add_admin_arguments(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action in ACTIONS:
         a = sub.add_parser(action, help=HELP.get(action, f"{action} a function"),
@@ -132,6 +133,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
             a.add_argument("--partitions", type=int, default=4, help="Spark tasks (default 4)")
             a.add_argument("--threads-per-partition", type=int, default=1,
                            help="threads per task, for a function that mostly waits (default 1)")
+
+
+def add_admin_arguments(p: argparse.ArgumentParser) -> None:
+    """--admin-url and pulsar-admin's credential flags (--auth-plugin token --auth-params file:/path, ...)."""
+    add_admin_url(p)
+    add_auth_arguments(p)
+
+
+def admin_from_args(args) -> FunctionsAdmin:
+    return FunctionsAdmin(args.admin_url, session=settings_from_args(args, args.admin_url).http_session())
 
 
 def add_identity_args(parser: argparse.ArgumentParser, named: str | None) -> None:
@@ -198,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "localrun":
         from .localrun import localrun
         return localrun(args, config_from_flags(args))
-    admin = FunctionsAdmin(args.admin_url)
+    admin = admin_from_args(args)
     if args.action in ("create", "update"):
         data = config_from_flags(args)
         getattr(admin, args.action)(data, data.get("py"))

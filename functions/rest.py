@@ -15,8 +15,9 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from pulsar_autoscale.admin.client import EPOCH_HEADER
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.security.guard import trusted_epoch
+from pulsar_autoscale.security.redact import keep_masked_secrets, redact_secrets
 
 from . import rest_parity
 from .config import FunctionConfig, parse_text
@@ -108,7 +109,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         if worker.stages.has(fqfn):
             update_stage(fqfn, data)
         else:
-            admin.update(fqfn, data, code, filename)
+            admin.update(fqfn, keep_masked_secrets(data, admin.get(fqfn).to_dict()), code, filename)
         return Response(status=204)
 
     def update_stage(fqfn: str, data: dict) -> None:
@@ -121,11 +122,9 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         worker.stages.set_parallelism(fqfn, data["parallelism"])
 
     def fence():
-        if request.headers.get(EPOCH_HEADER):
-            try:
-                worker.fence(int(request.headers[EPOCH_HEADER]))
-            except ValueError:
-                raise ConfigError(f"{EPOCH_HEADER} must be an integer") from None
+        epoch = trusted_epoch()   # None unless a controller role sent one (security/guard.py)
+        if epoch is not None:
+            worker.fence(epoch)
 
     # Not in Pulsar's API: a burst drain (functions/bursts.py),
     # {"messages": N, "partitions": P, "threadsPerPartition": T}. 202 and started: true when one
@@ -155,7 +154,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         fqfn = f"{tenant}/{namespace}/{name}"
         if worker.stages.has(fqfn):
             return jsonify(worker.stages.function_view(fqfn))
-        return jsonify(admin.get(fqfn).to_dict())
+        return jsonify(redact_secrets(admin.get(fqfn).to_dict()))
 
     @app.delete(FN)
     def delete(tenant, namespace, name):

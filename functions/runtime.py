@@ -20,6 +20,7 @@ from dataclasses import replace
 import pulsar
 
 from pulsar_autoscale.broker import lite_quirks
+from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
 from .config import FunctionConfig
 from .instance import Instance
@@ -83,21 +84,21 @@ class ThreadInstance(InstanceHandle):
         self._instance.abandon()
 
 
-def _process_main(config: FunctionConfig, instance_id: int, service_url: str, code_path: str | None,
-                  state_path: str, num_instances, stop_event, stats_queue, input_conn, start_time_ms: int) -> None:
+def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
+                  code_path: str | None, state_path: str, num_instances, stop_event, stats_queue, input_conn, start_time_ms: int) -> None:
     """Entry point of a process instance: run the loop in a thread, report figures until drained."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    client = open_client(client_settings, pulsar.LoggerLevel.Warn)
     _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
                   input_conn, start_time_ms)
 
 
-def _standby_main(config: FunctionConfig, service_url: str, code_path: str | None, state_path: str, num_instances,
+def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str, num_instances,
                   stop_event, stats_queue, input_conn, control) -> None:
     """Entry point of a warm standby (warm_pool): interpreter up, the function's code imported, the client
     connected to the broker; then it waits for an instance id and runs that instance like _process_main."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    client = open_client(client_settings, pulsar.LoggerLevel.Warn)
     try:
         load_callable(config.className, code_path)
         client.get_topic_partitions(config.inputs[0])   # a lookup: opens the connection the instance will use
@@ -136,7 +137,7 @@ def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: s
 class ProcessInstance(InstanceHandle):
     _ctx = mp.get_context("spawn")  # never fork a process that holds pulsar-client threads
 
-    def __init__(self, config: FunctionConfig, instance_id: int, service_url: str, code_path: str | None,
+    def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings, code_path: str | None,
                  state_path: str, num_instances, shared_input: lite_quirks.SharedInput | None, standby=None):
         """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn."""
         self.instance_id = instance_id
@@ -150,7 +151,7 @@ class ProcessInstance(InstanceHandle):
             self._queue = self._ctx.Queue()
             self._proc = self._ctx.Process(
                 target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
-                args=(config, instance_id, service_url, code_path, state_path, num_instances, self._stop,
+                args=(config, instance_id, client_settings, code_path, state_path, num_instances, self._stop,
                       self._queue, child_conn, self._figures.start_time_ms))
         if shared_input is not None:
             threading.Thread(target=lite_quirks.serve_pipe, args=(parent_conn, shared_input.lease()),

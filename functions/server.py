@@ -7,9 +7,9 @@ import shutil
 import tempfile
 import threading
 
-from werkzeug.serving import make_server
-
 from pulsar_autoscale.netutil import free_port
+from pulsar_autoscale.pulsar_client import ClientSettings
+from pulsar_autoscale.security.serving import ServerSecurity
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .cluster.member import ClusterMember, ClusterSettings
@@ -19,11 +19,14 @@ from .worker import Worker
 
 
 class WorkerServer:
-    def __init__(self, service_url: str, port: int = 0, host: str = "127.0.0.1", data_dir: str | None = None,
-                 metrics_url: str | None = None, runtime: str = "thread", broker_kind: str = "auto",
-                 max_parallelism: int = DEFAULT_MAX_PARALLELISM, worker_id: str | None = None,
-                 cluster: ClusterSettings | None = None, warm_pool: int = 0,
-                 spark: SparkSettings | None = None):
+    def __init__(self, service_url: str | ClientSettings, port: int = 0, host: str = "127.0.0.1",
+                 data_dir: str | None = None, metrics_url: str | None = None, runtime: str = "thread",
+                 broker_kind: str = "auto", max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+                 worker_id: str | None = None, cluster: ClusterSettings | None = None,
+                 warm_pool: int = 0, spark: SparkSettings | None = None,
+                 security: ServerSecurity | None = None):
+        self.security = security or ServerSecurity()
+        self.security.check_bind(host)  # refuse before anything starts
         self.port = port or free_port(host)
         self.host = host
         self._temp_dir = None if data_dir else tempfile.mkdtemp(prefix="pa-worker-")
@@ -33,12 +36,12 @@ class WorkerServer:
                              warm_pool=warm_pool, metrics_url=metrics_url, spark=spark)
         # A cluster member joins (topics, consumer-id slot) before the REST API answers.
         self.cluster = ClusterMember(self.worker, self.url, cluster, service_url).start() if cluster else None
-        self._server = make_server(host, self.port, create_app(self.worker, self.cluster), threaded=True)
+        self._server = self.security.make_server(host, self.port, create_app(self.worker, self.cluster))
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.security.scheme}://{self.host}:{self.port}"
 
     def start(self) -> "WorkerServer":
         logging.getLogger("werkzeug").setLevel(logging.WARNING)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
 
-from .admin_cli import add_admin_url, add_identity_args, identity
+from .admin_cli import add_admin_arguments, add_admin_url, add_identity_args, admin_from_args, identity
 from .config import parse_text
 
 ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "print a stage's config",
@@ -20,7 +19,7 @@ ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "p
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_admin_url(p)
+    add_admin_arguments(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action, help_text in ACTIONS.items():
         a = sub.add_parser(action, help=help_text, description=help_text)
@@ -32,7 +31,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    admin = FunctionsAdmin(args.admin_url)
+    admin = admin_from_args(args)
     tenant, namespace, name = identity(args)
     if args.action == "list":
         print(json.dumps(admin.list_stages(tenant, namespace), indent=2))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from pulsar_autoscale.pulsar_client import ClientSettings
+
 from .config import FunctionConfig
 
 log = logging.getLogger(__name__)
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 class Standby:
     """One pre-started interpreter waiting for an instance id (runtime._standby_main)."""
 
-    def __init__(self, ctx, config: FunctionConfig, service_url: str, code_path: str | None, state_path: str,
+    def __init__(self, ctx, config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str,
                  num_instances, piped_input: bool):
         from .runtime import _standby_main
         self.control, child_control = ctx.Pipe()
@@ -34,7 +36,7 @@ class Standby:
         self.stop_event = ctx.Event()
         self.stats_queue = ctx.Queue()
         self.proc = ctx.Process(target=_standby_main, name=f"{config.fqfn}:standby", daemon=True,
-                                args=(config, service_url, code_path, state_path, num_instances, self.stop_event,
+                                args=(config, client_settings, code_path, state_path, num_instances, self.stop_event,
                                       self.stats_queue, input_child, child_control))
         self.proc.start()
         self._state = "warming"

@@ -29,6 +29,7 @@ import pulsar
 
 from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 from pulsar_autoscale.snapshot import FunctionCounters
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
@@ -107,13 +108,16 @@ def _sum_figures(a: InstanceFigures | None, b: InstanceFigures) -> InstanceFigur
 
 
 class Worker:
-    def __init__(self, service_url: str, data_dir: str, worker_id: str = "worker-0", default_runtime: str = "thread",
+    def __init__(self, service_url: str | ClientSettings, data_dir: str, worker_id: str = "worker-0",
+                 default_runtime: str = "thread",
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, broker_kind: str = "apache",
                  hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0, metrics_url: str | None = None,
                  spark: SparkSettings | None = None):
         if default_runtime not in RUNTIMES:
             raise ConfigError(f"runtime {default_runtime!r} is unknown: use one of {', '.join(RUNTIMES)}")
-        self.service_url = service_url
+        # the broker and its auth/TLS settings (pulsar_client.py); service_url stays for what takes a URL only
+        self.client_settings = ClientSettings.of(service_url)
+        service_url = self.service_url = self.client_settings.service_url
         self.data_dir = Path(data_dir)
         self.worker_id = worker_id
         self.default_runtime = default_runtime
@@ -157,8 +161,8 @@ class Worker:
         client = None
         while client is None and not self._closing.is_set():
             try:
-                client = lite_quirks.incarnation_client(self.service_url, self.broker_kind, operation_timeout_seconds=30,
-                                                        log_level=pulsar.LoggerLevel.Warn)
+                client = lite_quirks.incarnation_client(self.client_settings, self.broker_kind,
+                                                        operation_timeout_seconds=30, log_level=pulsar.LoggerLevel.Warn)
             except (pulsar.PulsarException, lite_quirks.LiteJoinError) as exc:
                 log.warning("cannot reach the broker at %s yet (%s); retrying", self.service_url, exc)
                 self._closing.wait(1.0)
@@ -332,7 +336,7 @@ class Worker:
         if self.warm_pool > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure:
             cfg, state_path = fn.config, str(self._fn_dir(fn.config) / "state.sqlite")
             fn.warm_pool = WarmPool(self.warm_pool, lambda: Standby(
-                ProcessInstance._ctx, cfg, self.service_url, fn.code_path, state_path, fn.num_instances,
+                ProcessInstance._ctx, cfg, self.client_settings, fn.code_path, state_path, fn.num_instances,
                 fn.shared_input is not None))
 
     # ---- cluster mode (functions/cluster/): the cluster's assignment says which ids run here ------
@@ -575,7 +579,7 @@ class Worker:
         cfg = fn.config
         if fn.runtime(self.default_runtime) == "process":
             handle: InstanceHandle = ProcessInstance(
-                cfg, i, self.service_url, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
+                cfg, i, self.client_settings, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
                 fn.shared_input, standby=fn.warm_pool.take() if fn.warm_pool is not None else None)
         else:
             handle = ThreadInstance(cfg, i, self._client, fn.code_path, fn.state, lambda: fn.num_instances.value)

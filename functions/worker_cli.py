@@ -8,6 +8,8 @@ import threading
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.paths import user_data_dir
+from pulsar_autoscale.pulsar_client import add_client_arguments, settings_from_args
+from pulsar_autoscale.security.serving import ServerSecurity, add_server_arguments
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .cluster.member import ClusterSettings
@@ -18,7 +20,7 @@ from .server import WorkerServer
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--service-url", required=True, help="broker URL, e.g. pulsar://127.0.0.1:6650")
+    add_client_arguments(p)
     p.add_argument("--port", type=int, default=6750, help="admin REST port (default 6750; 0 = a free port)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind the REST API to (default 127.0.0.1)")
     p.add_argument("--metrics-url", default=None,
@@ -54,6 +56,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "k8s://https://HOST:PORT or yarn (docs/spark.md, 'On a Spark cluster')")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for that session, e.g. spark.executor.memory=2g (repeatable)")
+    add_server_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     data_dir = args.data_dir or str(user_data_dir("worker", str(args.port)))
-    server = WorkerServer(args.service_url, args.port, args.host, data_dir, args.metrics_url, args.runtime,
+    server = WorkerServer(settings_from_args(args), args.port, args.host, data_dir, args.metrics_url, args.runtime,
                           args.broker_kind, args.max_parallelism, args.worker_id, cluster,
                           warm_pool=args.warm_pool,
-                          spark=SparkSettings.from_args(args.spark_master, args.spark_conf)).start()
+                          spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
+                          security=ServerSecurity.from_args(args)).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

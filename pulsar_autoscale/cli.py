@@ -19,6 +19,7 @@ COMMANDS = {
     "controller": ("pulsar_autoscale.controller.cli", "run the autoscaling controller (MAPE loop)"),
     "autoscaler": ("pulsar_autoscale.controller.controls_cli",
                    "per-function controls of a running controller: pause, resume, get, set, why, reload"),
+    "tokens": ("pulsar_autoscale.security.tokens_cli", "create keys and tokens (Pulsar's bin/pulsar tokens)"),
     "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),
     "demo": ("pulsar_autoscale.demo", "run the end-to-end demo on the embedded broker"),
     "produce": ("pulsar_autoscale.client_cli", "send messages to a topic (like pulsar-client produce)"),

@@ -28,7 +28,8 @@ def _accepts(tp, value) -> bool:
 
 
 def from_mapping(cls, data: Mapping[str, Any], source: str):
-    """Build a dataclass from user data: unknown keys, missing keys and wrong types are named."""
+    """Build a dataclass from user data: unknown keys, missing keys and wrong types are named.
+    The values of the class's SECRET_FIELDS are never quoted (a token written as a YAML number, say)."""
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}
     normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
@@ -41,7 +42,8 @@ def from_mapping(cls, data: Mapping[str, Any], source: str):
         raise ConfigError(f"{source}: missing required option(s) {', '.join(missing)}")
     for name, value in normalised.items():
         if not _accepts(hints[name], value):
-            raise ConfigError(f"{source}: option {name} = {value!r} has the wrong type "
+            shown = "(a secret, not shown)" if name in getattr(cls, "SECRET_FIELDS", ()) else repr(value)
+            raise ConfigError(f"{source}: option {name} = {shown} has the wrong type "
                               f"(expected {getattr(hints[name], '__name__', hints[name])})")
         if typing.get_origin(hints[name]) is tuple:
             normalised[name] = tuple(value)

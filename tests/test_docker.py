@@ -57,7 +57,8 @@ def test_compose_services_mounts_and_ports_fit_together():
     c = compose()
     services = c["services"]
     assert {"pulsar", "controller", "worker", "prometheus", "grafana"} <= set(services)
-    assert "-nfw" not in services["pulsar"]["command"] and "standalone" in services["pulsar"]["command"]
+    pulsar_cmd = " ".join(services["pulsar"]["command"])
+    assert "-nfw" not in pulsar_cmd and "bin/pulsar standalone" in pulsar_cmd
     assert services["worker"]["profiles"] == ["worker"]            # optional: --profile worker
     for name, svc in services.items():
         for vol in svc.get("volumes", []):
@@ -83,6 +84,21 @@ def test_compose_services_mounts_and_ports_fit_together():
     load_policy(mine.policy, mine.policy_params)
     assert "./alerts.yml:/etc/prometheus/alerts.yml:ro" in services["prometheus"]["volumes"]
     assert yaml.safe_load((DOCKER / "prometheus.yml").read_text())["rule_files"] == ["/etc/prometheus/alerts.yml"]
+
+
+def test_compose_uses_tokens_and_publishes_on_loopback_only():
+    services = compose()["services"]
+    for name in ("worker", "controller"):
+        cmd = services[name]["command"]
+        assert "--token-secret-key" in cmd and "--insecure-no-auth" not in cmd, name
+    assert services["pulsar"]["environment"]["PULSAR_PREFIX_authenticationEnabled"] == "true"
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond the host's loopback"
+    config = ControllerConfig.from_file(DOCKER / "controller.yaml")
+    assert config.auth["mode"] == "bearer" and config.client_settings().auth_plugin == "token"
+    jobs = yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
+    assert all("authorization" in j for j in jobs if j["job_name"].startswith("pulsar-autoscale"))
 
 
 def test_dockerfile_passes_hadolint():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.pulsar_client import add_auth_arguments
 
-from ..admin_cli import DEFAULT_ADMIN_URL
+from ..admin_cli import DEFAULT_ADMIN_URL, admin_from_args
 
 ACTIONS = {
     "get-cluster": "list the cluster's live workers",
@@ -20,13 +20,14 @@ ACTIONS = {
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL,
                    help=f"any worker's admin REST URL, or several comma-separated (default {DEFAULT_ADMIN_URL})")
+    add_auth_arguments(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action, help_text in ACTIONS.items():
         sub.add_parser(action, help=help_text, description=help_text)
 
 
 def run(args: argparse.Namespace) -> int:
-    admin = FunctionsAdmin(args.admin_url)
+    admin = admin_from_args(args)
     if args.action == "rebalance":
         admin.rebalance()
         print("Rebalance requested")

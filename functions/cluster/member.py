@@ -70,13 +70,13 @@ class ClusterMember:
         self.membership = MembershipManager(self._client, self.topics, self.me, url, settings.capacity,
                                             lambda: self._report, settings.heartbeat_interval_s,
                                             settings.heartbeat_timeout_s)
-        self.elector = LeaderElector(client.service_url if isinstance(client, ClientSettings) else client,
-                                     lock_topic=self.topics.leader_lock, identity=self.me)
+        self.elector = LeaderElector(client, lock_topic=self.topics.leader_lock, identity=self.me)
         self._leaving = threading.Event()
         self._closing = threading.Event()
         self._handoff_since: dict[tuple[str, int], float] = {}
         self._applied: dict[str, tuple[int, frozenset]] = {}
-        self._http = requests.Session()
+        # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
+        self._http = ClientSettings.of(client).http_session()
         self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
             (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
 

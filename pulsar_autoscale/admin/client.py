@@ -15,6 +15,7 @@ from typing import Any
 import requests
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
+from pulsar_autoscale.security.redact import redact_url
 
 
 EPOCH_HEADER = "X-Pulsar-Autoscale-Epoch"
@@ -59,13 +60,17 @@ class FunctionsAdmin:
         for _ in self.admin_urls:
             try:
                 return self.session.request(method, self.admin_url + path, timeout=self.timeout_s, **kwargs)
+            except requests.exceptions.SSLError as exc:   # the worker is up: failing over would not help
+                raise AdminError(f"cannot reach the functions admin API at {redact_url(self.admin_url)}: the TLS "
+                                 f"handshake failed (trusted CA, client certificate?): {redact_url(str(exc))}"
+                                 ) from None
             except requests.ConnectionError:
                 if len(self.admin_urls) == 1:
                     break
                 nxt = self.admin_urls[(self.admin_urls.index(self.admin_url) + 1) % len(self.admin_urls)]
-                log.warning("cannot reach %s; failing over to %s", self.admin_url, nxt)
+                log.warning("cannot reach %s; failing over to %s", redact_url(self.admin_url), redact_url(nxt))
                 self.admin_url = nxt
-        raise AdminError(f"cannot reach the functions admin API at {', '.join(self.admin_urls)} "
+        raise AdminError(f"cannot reach the functions admin API at {redact_url(', '.join(self.admin_urls))} "
                          f"(is the worker running?)") from None
 
     def _call(self, method: str, url: str, **kwargs) -> Any:
@@ -75,20 +80,22 @@ class FunctionsAdmin:
         try:
             return resp.json()
         except ValueError:
-            raise AdminError(f"{method} {url} answered a body that is not JSON: {resp.text[:200]!r}") from None
+            raise AdminError(f"{method} {redact_url(url)} answered a body that is not JSON: {resp.text[:200]!r}"
+                             ) from None
 
     def _request(self, method: str, url: str, **kwargs) -> requests.Response:
         """The response of a successful call; AdminError with the server's reason otherwise."""
+        shown = redact_url(url)   # messages reach logs and /status: no user-info
         try:
             resp = self._send(method, url, **kwargs)
         except requests.Timeout:
-            raise AdminError(f"{method} {url} timed out after {self.timeout_s:.0f}s") from None
+            raise AdminError(f"{method} {shown} timed out after {self.timeout_s:.0f}s") from None
         if resp.status_code >= 400:
             try:
                 reason = resp.json().get("reason", resp.text)
             except ValueError:
                 reason = resp.text.strip() or resp.reason
-            raise AdminError(f"{method} {url} -> {resp.status_code}: {reason}", resp.status_code)
+            raise AdminError(f"{method} {shown} -> {resp.status_code}: {reason}", resp.status_code)
         return resp
 
     @staticmethod

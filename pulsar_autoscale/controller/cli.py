@@ -9,6 +9,7 @@ import threading
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.security.serving import ServerSecurity, add_server_arguments
 
 EXAMPLE = """\
 example controller.yaml:
@@ -23,6 +24,8 @@ example controller.yaml:
          bounds: [{pattern: "public/default/recognize*", min: 2, max: 10}]}
   dry_run: false
   decision_log: decisions.jsonl   # default $XDG_DATA_HOME/pulsar-autoscale/controller/decisions.jsonl
+  auth: {mode: bearer, token_file: /etc/pulsar-autoscale/controller.token}   # our worker's API (or stock Pulsar's)
+  client: {auth_plugin: token, auth_params: "file:///etc/pulsar-autoscale/controller.token"}  # the broker
 """
 
 
@@ -32,6 +35,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="controller YAML file (options below)")
     p.add_argument("--dry-run", action="store_true", help="recommend only: log decisions, apply nothing")
     p.add_argument("--identity", default=None, help="name of this replica (default: random)")
+    add_server_arguments(p)   # who may read /status and /metrics, TLS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["identity"] = args.identity
     if overrides:
         config = ControllerConfig(**{**config.__dict__, **overrides})
-    controller = Controller(config, config_path=args.config, overrides=overrides).start()
+    controller = Controller(config, config_path=args.config, overrides=overrides,
+                            security=ServerSecurity.from_args(args)).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -17,6 +18,8 @@ from pulsar_autoscale.controller.fast import FastConfig
 from pulsar_autoscale.controller.leader import DEFAULT_LOCK_TOPIC
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.paths import user_data_dir
+from pulsar_autoscale.pulsar_client import ClientSettings
+from pulsar_autoscale.security.redact import redact_url
 
 MODES = ("worker", "stock")
 # what a reload cannot change: connections, identity and the HTTP listener are made once, at start
@@ -49,9 +52,13 @@ class ControllerConfig:
     identity: str | None = None                 # replica name in logs and the decision log
     execute_retries: int = 3
     auth: dict = field(default_factory=dict, repr=False)  # cluster auth (http_auth.AuthConfig): bearer, basic, tls, oauth2
+    client: dict = field(default_factory=dict, repr=False)  # broker client auth/TLS (pulsar_client.ClientSettings)
     extra_hosts: tuple[str, ...] = ()           # host:port a redirect may lead to that gets credentials too
     broker_admin_url: str | None = None         # stock mode: a broker's admin URL for topic stats (default admin_url)
     worker_metrics_url: str | None = None       # stock mode: the functions worker's /metrics (restart cost)
+
+    SECRET_FIELDS = ("auth", "client")
+    URL_FIELDS = ("admin_url", "metrics_url", "broker_admin_url", "worker_metrics_url")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "controller config") -> "ControllerConfig":
@@ -83,12 +90,19 @@ class ControllerConfig:
             if ns.count("/") != 1:
                 raise ConfigError(f"namespaces: {ns!r} must be tenant/namespace")
         if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
-            raise ConfigError(f"service_url {self.service_url!r} must start with pulsar:// or pulsar+ssl://")
+            raise ConfigError(f"service_url {redact_url(self.service_url)!r} must start with pulsar:// or "
+                              f"pulsar+ssl://")
         for url in self.admin_urls:
             if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"admin_url {url!r} must start with http:// or https://")
+                raise ConfigError(f"admin_url {redact_url(url)!r} must start with http:// or https://")
+        for name in self.URL_FIELDS:
+            for url in admin_urls(getattr(self, name)) if getattr(self, name) else ():
+                if urlsplit(url).password is not None:
+                    raise ConfigError(f"{name}: put credentials in the auth section, not in the URL "
+                                      f"({redact_url(url)})")
         AuthConfig.from_mapping(self.auth)  # a bad auth section fails at start, naming the field
         self.fast_config()  # a bad fast section fails at start, naming the field
+        self.client_settings()
         if self.burst_config().enabled and self.mode == "stock":
             raise ConfigError("burst.enabled needs mode: worker: stock Pulsar workers cannot run a burst drain")
 
@@ -105,6 +119,13 @@ class ControllerConfig:
         (and are listed)."""
         kept = [name for name in RESTART_OPTIONS if getattr(new, name) != getattr(self, name)]
         return replace(new, **{name: getattr(self, name) for name in kept}), kept
+
+    def client_settings(self) -> ClientSettings:
+        """How the controller's Pulsar clients (leader election) reach the broker: auth_plugin, auth_params,
+        tls_trust_certs_file_path, ... as in pulsar_client.ClientSettings."""
+        if "service_url" in self.client:
+            raise ConfigError("client: give the broker as service_url at the top level, not under client")
+        return from_mapping(ClientSettings, {"service_url": self.service_url, **self.client}, "client")
 
     def burst_config(self):
         return from_mapping(BurstConfig, self.burst, "burst")

@@ -11,6 +11,7 @@ import time
 import requests
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.pulsar_client import add_auth_arguments, settings_from_args
 from pulsar_autoscale.sim.cli import parse_params
 
 DEFAULT_URL = "http://127.0.0.1:9091"
@@ -24,6 +25,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         parser.add_argument("--controller-url", default=default,
                             help=f"a controller replica's HTTP address (env {URL_ENV}, default {DEFAULT_URL})")
         parser.add_argument("--json", action="store_true", default=default or False, help="print JSON")
+    add_auth_arguments(p)
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def action(name: str, help_text: str, function: bool = True) -> argparse.ArgumentParser:
@@ -56,17 +58,18 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     base = (args.controller_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+    session = settings_from_args(args, base).http_session()   # --auth-plugin/--auth-params, TLS trust
     if args.action == "reload":
-        return _print(args, _call("POST", f"{base}/autoscaler/reload"))
+        return _print(args, _call(session, "POST", f"{base}/autoscaler/reload"))
     if args.action == "get" and not args.function:
-        return _print(args, _call("GET", f"{base}/autoscaler/functions"))
+        return _print(args, _call(session, "GET", f"{base}/autoscaler/functions"))
     url = f"{base}/autoscaler/functions/{_fqfn(args.function)}"
     if args.action in ("pause", "resume"):
-        return _print(args, _call("POST", f"{url}/{args.action}"))
+        return _print(args, _call(session, "POST", f"{url}/{args.action}"))
     if args.action == "get":
-        return _print(args, _call("GET", url))
+        return _print(args, _call(session, "GET", url))
     if args.action == "why":
-        records = _call("GET", f"{url}/why", params={"limit": args.limit})
+        records = _call(session, "GET", f"{url}/why", params={"limit": args.limit})
         if args.json:
             return _print(args, records)
         for r in records:
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"no evaluations of {_fqfn(args.function)} in this replica's decision log yet")
         return 0
     if args.clear:
-        return _print(args, _call("DELETE", url))
+        return _print(args, _call(session, "DELETE", url))
     update: dict = {k: getattr(args, k) for k in ("min", "max", "policy", "dry_run", "idle_s")
                     if getattr(args, k) is not None}
     if args.param:
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if not update:
         raise ConfigError("set needs at least one of --min --max --policy --param --dry-run --no-dry-run --idle-s "
                           "--unset --clear")
-    return _print(args, _call("PUT", url, json=update))
+    return _print(args, _call(session, "PUT", url, json=update))
 
 
 def _fqfn(function: str) -> str:
@@ -96,9 +99,9 @@ def _fqfn(function: str) -> str:
     return function
 
 
-def _call(method: str, url: str, **kwargs):
+def _call(session: requests.Session, method: str, url: str, **kwargs):
     try:
-        resp = requests.request(method, url, timeout=30, **kwargs)
+        resp = session.request(method, url, timeout=30, **kwargs)
     except requests.RequestException as exc:
         raise PulsarAutoscaleError(f"cannot reach the controller at {url} ({type(exc).__name__}): is it running? "
                                    f"(--controller-url or {URL_ENV})") from None

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import pulsar
 
+from pulsar_autoscale.pulsar_client import ClientSettings, open_client
+
 log = logging.getLogger(__name__)
 
 EPOCH_READ_TIMEOUT_MS = 300
@@ -34,9 +36,10 @@ class Term:
 
 
 class LeaderElector:
-    def __init__(self, service_url: str, lock_topic: str = DEFAULT_LOCK_TOPIC, identity: str | None = None,
+    def __init__(self, service_url: ClientSettings | str, lock_topic: str = DEFAULT_LOCK_TOPIC,
+                 identity: str | None = None,
                  operation_timeout_s: int = 1):
-        self.service_url = service_url
+        self.client_settings = ClientSettings.of(service_url)   # the broker, with its auth and TLS
         self.lock_topic = lock_topic
         self.epoch_topic = lock_topic + "-epochs"
         self.identity = identity or f"controller-{uuid.uuid4().hex[:8]}"
@@ -108,8 +111,7 @@ class LeaderElector:
 
     def _fresh_client(self) -> pulsar.Client:
         if self._client is None:
-            self._client = pulsar.Client(self.service_url, operation_timeout_seconds=self._timeout,
-                                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+            self._client = open_client(self.client_settings, operation_timeout_seconds=self._timeout)
         return self._client
 
     def _drop_client(self) -> None:

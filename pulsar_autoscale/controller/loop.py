@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 import pulsar
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from werkzeug.serving import make_server
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY, Autoscaler
@@ -38,6 +37,8 @@ from pulsar_autoscale.controller.rest import build_app
 from pulsar_autoscale.controller.planner import FunctionPlan, PlanConfig, Planner, apply_caps, restart_aware
 from pulsar_autoscale.controller.wake import WakeWatcher
 from pulsar_autoscale.policies import Policy, load_policy
+from pulsar_autoscale.security.redact import redact_url
+from pulsar_autoscale.security.serving import ServerSecurity
 
 log = logging.getLogger(__name__)
 ELECTION_INTERVAL_S = 1.0
@@ -131,10 +132,13 @@ def plan_config(data: dict) -> PlanConfig:
 
 class Controller:
     def __init__(self, config: ControllerConfig, admin: FunctionsAdmin | None = None,
-                 config_path: str | None = None, overrides: dict | None = None):
+                 config_path: str | None = None, overrides: dict | None = None,
+                 security: ServerSecurity | None = None):
         self.config = config
         self.config_path = config_path          # re-read on reload (SIGHUP, POST /autoscaler/reload)
         self.overrides = dict(overrides or {})  # command-line options, kept over a reload
+        self.security = security or ServerSecurity()
+        self.security.check_bind(config.http_host)  # refuse before anything starts
         self.admin = admin or config.admin()
         self.policy = load_policy(config.policy, config.policy_params)
         self.fast = config.fast_config()
@@ -145,10 +149,10 @@ class Controller:
         self.monitor = Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
         self.executor = Executor(self.admin, retries=config.execute_retries)
         self.burst = config.burst_config()
-        self.elector = LeaderElector(config.service_url, config.lock_topic, config.identity)
+        self.elector = LeaderElector(config.client_settings(), config.lock_topic, config.identity)
         self.log = DecisionLog(config.decision_log, config.decision_log_max_bytes, config.decision_log_backups)
-        self.controls = ControlStore(config.service_url, config.lock_topic + "-controls", self.identity)
-        self.watcher = WakeWatcher(config.service_url, self._wake)
+        self.controls = ControlStore(config.client_settings(), config.lock_topic + "-controls", self.identity)
+        self.watcher = WakeWatcher(config.client_settings(), self._wake)
         self.effective: dict[str, Effective] = {}   # per function, as of the last period
         self._declared: dict[str, FunctionControls] = {}
         self._policies: dict[str, Policy] = {}      # per-function policy overrides, by key
@@ -498,12 +502,17 @@ class Controller:
                 "period_s": self.config.period_s, "fast_period_s": self.fast.period_s if self.fast.enabled else None,
                 "paused": sorted(fn for fn, e in self.effective.items() if e.paused),
                 "asleep": sorted(self.watcher.watching),
-                "iterations": [asdict(i) for i in list(self.history)[-5:]]}
+                "iterations": [_shown(asdict(i)) for i in list(self.history)[-5:]]}
 
     def _start_http(self) -> None:
         self.http_port = self.config.http_port or free_port(self.config.http_host)
-        self._http = make_server(self.config.http_host, self.http_port, build_app(self), threaded=True)
+        self._http = self.security.make_server(self.config.http_host, self.http_port, build_app(self))
         threading.Thread(target=self._http.serve_forever, name="controller-http", daemon=True).start()
+
+
+def _shown(iteration: dict) -> dict:
+    """An iteration for /status: error texts may quote URLs, whose user-info is a credential."""
+    return {**iteration, "errors": [redact_url(e) for e in iteration["errors"]]}
 
 
 def _now_dt():

@@ -1,0 +1,1 @@
+"""Security of our HTTP servers: Pulsar-compatible tokens, authorization, TLS, redaction (docs/security.md)."""
