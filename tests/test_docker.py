@@ -88,15 +88,16 @@ def test_compose_services_mounts_and_ports_fit_together():
 
 def test_compose_uses_tokens_and_publishes_on_loopback_only():
     services = compose()["services"]
-    for name in ("worker", "controller"):
+    for name in ("worker", "controller", "controller-worker"):
         cmd = services[name]["command"]
         assert "--token-secret-key" in cmd and "--insecure-no-auth" not in cmd, name
     assert services["pulsar"]["environment"]["PULSAR_PREFIX_authenticationEnabled"] == "true"
     for name, svc in services.items():
         for port in svc.get("ports", []):
             assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond the host's loopback"
-    config = ControllerConfig.from_file(DOCKER / "controller.yaml")
-    assert config.auth["mode"] == "bearer" and config.client_settings().auth_plugin == "token"
+    for yaml_file in ("controller.yaml", "controller-worker.yaml"):
+        config = ControllerConfig.from_file(DOCKER / yaml_file)
+        assert config.auth["mode"] == "bearer" and config.client_settings().auth_plugin == "token", yaml_file
     jobs = yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
     assert all("authorization" in j for j in jobs if j["job_name"].startswith("pulsar-autoscale"))
 
