@@ -135,8 +135,8 @@ class Worker:
         self._connected = threading.Event()
         self._waiting_for = "the broker"
         self._functions: dict[str, HostedFunction] = {}
-        self.bursts = BurstRunner(service_url, broker_kind, spark)          # spark: --spark-master (default local[*])
-        self.stages = StageHost(self.data_dir, service_url, worker_id, spark)
+        self.bursts = BurstRunner(self.client_settings, broker_kind, spark)          # spark: --spark-master (default local[*])
+        self.stages = StageHost(self.data_dir, self.client_settings, worker_id, spark)
         self._max_epoch = 0
         self._lock = threading.RLock()
         self._creating: set[str] = set()                 # names reserved while their code is validated
