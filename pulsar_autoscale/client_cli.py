@@ -12,7 +12,7 @@ import time
 
 import pulsar
 
-from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.pulsar_client import add_client_arguments, open_client, settings_from_args
 
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
@@ -62,20 +62,26 @@ def produce(args: argparse.Namespace) -> int:
     except ValueError:
         raise ConfigError(f"--properties must be k=v, got {args.properties}") from None
     client = open_client(_settings(args))
+    failed: list = []
     try:
-        producer = client.create_producer(args.topic)
+        # Asynchronous sends on a schedule: --rate holds even when the broker answers slowly.
+        producer = client.create_producer(args.topic, block_if_queue_full=True)
         interval = 1.0 / args.rate if args.rate > 0 else 0.0
+        kwargs = {"partition_key": args.key} if args.key else {}
         sent, start = 0, time.monotonic()
         for _ in range(args.num_produce):
             for m in messages:
                 if interval:
                     time.sleep(max(0.0, start + sent * interval - time.monotonic()))
-                kwargs = {"partition_key": args.key} if args.key else {}
-                producer.send(m.encode(), properties=properties or None, **kwargs)
+                producer.send_async(m.encode(), lambda res, _id: res == pulsar.Result.Ok or failed.append(res),
+                                    properties=properties or None, **kwargs)
                 sent += 1
+        producer.flush()
         producer.close()
     finally:
         client.close()
+    if failed:
+        raise PulsarAutoscaleError(f"{len(failed)} of {sent} messages were not produced to {args.topic}: {failed[0]}")
     print(f"{sent} messages successfully produced to {args.topic}", flush=True)
     return 0
 
