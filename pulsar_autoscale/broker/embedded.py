@@ -53,11 +53,16 @@ def find_binary() -> str:
         raise BrokerError(f"pulsar-lite binary not found: {exc}") from exc
 
 
-def render_config(port: int, metrics_port: int, data_dir: str, log_level: str) -> str:
+def render_config(port: int, metrics_port: int, data_dir: str, log_level: str, keep_alive_s: int = 30,
+                  liveness_timeout_s: int = 10) -> str:
+    """keep_alive_s / liveness_timeout_s: how soon the broker drops a client that stopped answering its
+    pings (a hung process): at most about their sum. pulsar-lite's defaults are 30 s and 10 s."""
     return (
         f'addr = "{HOST}:{port}"\n'
         f'db_path = "{Path(data_dir, "db").as_posix()}"\n'
         f'log_level = "{log_level}"\n'
+        f"keep_alive_interval_secs = {keep_alive_s}\n"
+        f"connection_liveness_check_timeout_secs = {liveness_timeout_s}\n"
         "\n[metrics]\nenabled = true\n"
         f'addr = "{HOST}:{metrics_port}"\n'
     )
@@ -71,6 +76,8 @@ class EmbeddedBroker:
     metrics_port: int = 0
     data_dir: str | None = None
     log_level: str = "warn"
+    keep_alive_s: int = 10      # a hung client (SIGSTOP) is dropped within about 15 s: the leader lock frees
+    liveness_timeout_s: int = 5
     startup_timeout_s: float = 20.0
     relay: bool = True  # False: clients reach pulsar-lite directly, exposed to B10 (for comparisons)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
@@ -100,7 +107,8 @@ class EmbeddedBroker:
             self._owns_dir = True
         os.makedirs(self.data_dir, exist_ok=True)
         conf = Path(self.data_dir, "pulsar-lite.toml")
-        conf.write_text(render_config(self._lite_port, self.metrics_port, self.data_dir, self.log_level))
+        conf.write_text(render_config(self._lite_port, self.metrics_port, self.data_dir, self.log_level,
+                                       self.keep_alive_s, self.liveness_timeout_s))
         log = open(Path(self.data_dir, "broker.log"), "ab")
         self._proc = subprocess.Popen(
             [find_binary(), "--config", str(conf)],
