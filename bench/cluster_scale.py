@@ -2,7 +2,7 @@
 
 One broker; for each cluster size a fresh cluster of worker processes (`worker --cluster`),
 a Spin function (5 ms of CPU per message) with `--per-worker` process instances per worker,
-a backlog of `--messages` produced first, then the time until every message has an output.
+`--messages` produced at once when its instances run, then the time until every message has an output.
 The 1-worker cluster is the baseline of the same run. Prints one JSON object.
 Usage: python bench/cluster_scale.py [--workers 1,2,3] [--messages 3000] [--per-worker 1]
 """
@@ -36,11 +36,6 @@ def run_one(broker: EmbeddedBroker, workers: int, messages: int, per_worker: int
         src, dst = f"persistent://public/default/{name}-{c.name}-in", f"persistent://public/default/{name}-{c.name}-out"
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         collector = OutputCollector(client, dst)
-        producer = client.create_producer(src, batching_enabled=True, batching_max_messages=50,
-                                          block_if_queue_full=True)
-        for i in range(messages):
-            producer.send_async(str(i).encode(), None)
-        producer.flush()
         instances = workers * per_worker
         t0 = time.monotonic()
         admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "spin.Spin",
@@ -49,7 +44,13 @@ def run_one(broker: EmbeddedBroker, workers: int, messages: int, per_worker: int
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == instances, 120,
                    "instances running")
         running_s = time.monotonic() - t0
+        # The subscription starts at the latest message (as in Pulsar): produce once it exists.
+        producer = client.create_producer(src, batching_enabled=True, batching_max_messages=20,
+                                          block_if_queue_full=True)
         t1 = time.monotonic()
+        for i in range(messages):
+            producer.send_async(str(i).encode(), None)
+        producer.flush()
         wait_until(lambda: collector.distinct() >= messages, 600, lambda: f"{messages} outputs "
                    f"(got {collector.distinct()})", interval_s=0.05)
         drain_s = time.monotonic() - t1
