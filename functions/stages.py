@@ -64,7 +64,7 @@ class StageHost:
     def __init__(self, data_dir: Path, client: ClientSettings | str, worker_id: str,
                  spark: "SparkSettings | None" = None):
         self.dir = Path(data_dir) / "stages"
-        self.client = client if isinstance(client, ClientSettings) else ClientSettings(client)
+        self.client = ClientSettings.of(client)
         self.spark = spark
         self.worker_id = worker_id
         self._stages: dict[str, HostedStage] = {}

@@ -280,7 +280,7 @@ class BurstDrain:
                               "partitions would break its order. Only SHARED functions can burst")
         if broker_kind not in ("auto", "apache", "pulsar-lite"):
             raise ConfigError(f"burst drain: broker_kind {broker_kind!r}: use auto, apache or pulsar-lite")
-        client = service_url if isinstance(service_url, ClientSettings) else ClientSettings(service_url)
+        client = ClientSettings.of(service_url)
         if not str(client.service_url).startswith(("pulsar://", "pulsar+ssl://")):
             raise ConfigError(f"burst drain: service_url {client.service_url!r} must start with pulsar://")
         load_callable(cfg.className, code_path)  # refuse code that cannot load before taking anything
@@ -304,7 +304,7 @@ class BurstDrain:
         if self.broker_kind == "pulsar-lite":
             try:
                 return lite_quirks.join_shared_subscription(
-                    self.client.service_url, lambda client: _subscribe(client, self.config, name, queue))
+                    self.client, lambda client: _subscribe(client, self.config, name, queue))
             except lite_quirks.LiteJoinError as exc:
                 raise BurstDrainError(f"burst drain: {exc}") from exc
         client = open_client(self.client)

@@ -317,7 +317,7 @@ def test_burst_requests_are_checked(worker):
         with pytest.raises(AdminError, match="Only SHARED functions can burst") as keyed:
             admin.burst("public", "default", name, 100, 2)
         assert keyed.value.status == 400
-        with pytest.raises(AdminError, match="messages must be an integer >= 1"):
+        with pytest.raises(AdminError, match="burst: messages must be a positive integer"):
             admin.burst("public", "default", name, 0, 2)
         with pytest.raises(AdminError, match="doesn't exist") as missing:
             admin.burst("public", "default", "no-such-function", 100, 2)
