@@ -485,8 +485,7 @@ class Worker:
         # A client of its own and one plain consumer per topic: a refused unsubscribe closes the whole
         # connection on pulsar-lite (B3), and unsubscribing a multi-topic consumer on the worker's busy
         # client crashed the process (SIGSEGV in the C++ client) in 1 of 2 test runs.
-        client = pulsar.Client(self.service_url, operation_timeout_seconds=10,
-                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        client = open_client(self.client_settings, operation_timeout_seconds=10)
         try:
             for topic in cfg.inputs:
                 client.subscribe(topic, cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared,
