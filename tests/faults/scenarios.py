@@ -1,6 +1,7 @@
 """Fault scenarios with real processes, killed by pid: used by the fault tests and, looped, by hand.
 
     .venv/bin/python -m tests.faults.scenarios worker-kill --runtime thread --runs 5
+    .venv/bin/python -m tests.faults.scenarios broker-kill --runs 2
 
 prints one JSON line per run (lost, duplicates, seconds until outputs flow again).
 """
@@ -106,6 +107,27 @@ def start_worker(service_url: str, metrics_url: str, port: int, data_dir: str, r
                              "--runtime", runtime], stdout=log, stderr=subprocess.STDOUT)
 
 
+def start_broker(port: int, metrics_port: int, data_dir: str) -> subprocess.Popen:
+    """`pulsar-autoscale broker` as a process of its own (its children die with it); returns once ready."""
+    proc = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli", "broker", "--port", str(port),
+                             "--metrics-port", str(metrics_port), "--data-dir", data_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("broker ready"):
+        raise AssertionError(f"broker did not start: {line!r}")
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def wait(probe, timeout_s: float, what: str, interval_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -176,15 +198,65 @@ def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
                     worker.wait()
 
 
+def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
+                down_s: float = 2.0, parallelism: int = 3) -> Outcome:
+    """The broker (`pulsar-autoscale broker`) killed with -9 at about `kill_at` outputs and restarted on
+    its port and data dir `down_s` later; the worker and the producer stay up."""
+    with tempfile.TemporaryDirectory(prefix="fault-") as tmp:
+        port, metrics_port, worker_port = free_port(), free_port(), free_port()
+        service_url, metrics_url = f"pulsar://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+        name = f"exclaim-{int(time.time() * 1000) % 10**8}"
+        src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+        broker = start_broker(port, metrics_port, str(Path(tmp, "broker")))
+        worker = start_worker(service_url, metrics_url, worker_port, str(Path(tmp, "worker")), runtime,
+                              Path(tmp, "worker.log"))
+        url, collector, producer = f"http://127.0.0.1:{worker_port}", None, None
+        try:
+            wait(lambda: _reachable(url), 30, "the worker's API")
+            admin = FunctionsAdmin(url)
+            admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
+                          "inputs": [src], "output": dst, "parallelism": parallelism}, str(EXAMPLES / "exclaim.py"))
+            wait(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 30,
+                 "the instances to run")
+            collector = Collector(service_url, dst)
+            producer = start_producer(service_url, src, n, rate)
+            wait(lambda: collector.total() >= kill_at, 60, f"{kill_at} outputs")
+            killed_at = collector.total()
+            broker.kill()
+            broker.wait()
+            time.sleep(down_s)
+            broker = start_broker(port, metrics_port, str(Path(tmp, "broker")))
+            back = time.monotonic()
+            producer.wait(120)
+            try:
+                wait(lambda: len(collector.counts) >= n, 60, "every output")
+            except AssertionError:
+                pass
+            time.sleep(1.0)
+            return Outcome("broker-kill", runtime, n, n - len(collector.counts),
+                           sum(c - 1 for c in collector.counts.values()), killed_at,
+                           collector.first_output_after(back))
+        finally:
+            if collector is not None:
+                collector.close()
+            for proc in (producer, worker, broker):
+                if proc is not None:
+                    stop(proc)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("scenario", choices=["worker-kill"])
+    p.add_argument("scenario", choices=["worker-kill", "broker-kill"])
     p.add_argument("--runtime", default="thread", choices=["thread", "process"])
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (B10 unfenced)")
     args = p.parse_args()
     for _ in range(args.runs):
-        print(json.dumps(asdict(worker_kill(args.runtime, relay=not args.no_relay))), flush=True)
+        if args.scenario == "broker-kill":
+            outcome = broker_kill(args.runtime)
+        else:
+            outcome = worker_kill(args.runtime, relay=not args.no_relay)
+        print(json.dumps(asdict(outcome)), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,6 @@ runs, and the saved functions process as soon as the broker is back (issue 14 it
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,24 +11,7 @@ import requests
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.netutil import free_port
 
-from .scenarios import EXAMPLES, Collector, start_worker, wait
-
-
-def _broker(port: int, metrics_port: int, data_dir: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli", "broker", "--port", str(port),
-                             "--metrics-port", str(metrics_port), "--data-dir", data_dir],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout.readline().startswith("broker ready")
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+from .scenarios import EXAMPLES, Collector, start_broker, start_worker, stop, wait
 
 
 @pytest.mark.slow
@@ -39,7 +20,7 @@ def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is
     service_url, metrics_url = f"pulsar://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
     url, name = f"http://127.0.0.1:{worker_port}", "exclaim-down"
     src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-    broker = _broker(port, metrics_port, str(tmp_path / "broker"))
+    broker = start_broker(port, metrics_port, str(tmp_path / "broker"))
     args = (service_url, metrics_url, worker_port, str(tmp_path / "worker"), "process", tmp_path / "worker.log")
     worker = start_worker(*args)
     try:
@@ -48,8 +29,8 @@ def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is
         admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
                       "inputs": [src], "output": dst, "parallelism": 2}, str(EXAMPLES / "exclaim.py"))
         wait(lambda: admin.status("public", "default", name)["numRunning"] == 2, 60, "2 running instances")
-        _stop(worker)
-        _stop(broker)
+        stop(worker)
+        stop(broker)
 
         worker = start_worker(*args)  # the broker is down
         wait(lambda: _healthy(url), 15, "the API of a worker whose broker is down")
@@ -59,7 +40,7 @@ def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is
         time.sleep(3)  # longer than a metrics request's timeout: the worker keeps waiting, never guesses
         assert worker.poll() is None, "the worker exited while its broker was down"
 
-        broker = _broker(port, metrics_port, str(tmp_path / "broker"))
+        broker = start_broker(port, metrics_port, str(tmp_path / "broker"))
         back = time.monotonic()
         collector = Collector(service_url, dst)
         try:
@@ -74,7 +55,7 @@ def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is
     finally:
         for p in (worker, broker):
             if p.poll() is None:
-                _stop(p)
+                stop(p)
 
 
 def _healthy(url: str) -> bool:

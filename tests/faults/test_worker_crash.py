@@ -1,10 +1,10 @@
-"""A worker killed with -9 under load and restarted on its data dir and port (issue 14 item 1)."""
+"""A worker, or the broker, killed with -9 under load and restarted on its data dir and port (issue 14)."""
 
 from __future__ import annotations
 
 import pytest
 
-from .scenarios import worker_kill
+from .scenarios import broker_kill, worker_kill
 
 
 @pytest.mark.slow
@@ -14,6 +14,16 @@ def test_a_worker_killed_under_load_comes_back_whole(runtime):
     flow again within seconds of the restart (the 5 s target is measured on an idle machine:
     docs/reliability.md; CI's 2 busy cores get 15 s)."""
     outcome = worker_kill(runtime, n=2000, kill_at=1000)
+    print(f"\n{outcome}")
+    assert outcome.lost == 0, outcome
+    assert outcome.recovery_s is not None and outcome.recovery_s < 15, outcome
+
+
+@pytest.mark.slow
+def test_a_broker_killed_under_load_loses_nothing():
+    """The broker killed with -9 at 1,000 of 2,000 messages and restarted 2 s later: the worker and the
+    producer reconnect, nothing is lost."""
+    outcome = broker_kill(n=2000, kill_at=1000)
     print(f"\n{outcome}")
     assert outcome.lost == 0, outcome
     assert outcome.recovery_s is not None and outcome.recovery_s < 15, outcome
