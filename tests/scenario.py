@@ -32,6 +32,7 @@ class OutputCollector:
     def __init__(self, client: pulsar.Client, topic: str):
         self.counts: dict[bytes, int] = {}
         self.properties: list[dict] = []
+        self.times: list[float] = []   # time.monotonic() of each arrival (gaps in processing)
         # Shared, not the default Exclusive: pulsar-lite duplicates deliveries on Exclusive (B1).
         self._consumer = client.subscribe(topic, f"collector-{uuid.uuid4().hex[:8]}",
                                           consumer_type=pulsar.ConsumerType.Shared,
@@ -50,6 +51,7 @@ class OutputCollector:
             with self._lock:
                 self.counts[msg.data()] = self.counts.get(msg.data(), 0) + 1
                 self.properties.append(msg.properties())
+                self.times.append(time.monotonic())
             self._consumer.acknowledge(msg)
 
     def distinct(self) -> int:
