@@ -150,6 +150,7 @@ def broker_outage(tmp: str) -> dict:
             os.kill(b._proc.pid, signal.SIGKILL)
             b._proc.wait(10)
             down_s, st = wait(lambda: (s := status(w, "o"))["numRunning"] == 0 and s, 30)
+            b.stop()  # its relay (pulsar_autoscale.broker.relay) still holds the port
             b = EmbeddedBroker(port=b.port, metrics_port=b.metrics_port, data_dir=b.data_dir).start()
             up_s, _ = wait(lambda: status(w, "o")["numRunning"] == 1, 90)
             return {"running_false_after_s": down_s, "error": st["instances"][0]["status"]["error"] if st else None,

@@ -264,6 +264,7 @@ def test_status_says_not_running_while_the_broker_is_down(tmp_path):
                             "running: false once the broker is gone")
             assert "not connected to the broker" in st["instances"][0]["status"]["error"]
             assert healthy(w)
+            b.stop()  # its relay (pulsar_autoscale.broker.relay) still holds the port
             b = EmbeddedBroker(port=b.port, metrics_port=b.metrics_port, data_dir=b.data_dir).start()
             wait_until(lambda: status(w, name)["numRunning"] == 1, 60, "running again once the broker is back")
     finally:
