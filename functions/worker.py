@@ -467,12 +467,7 @@ class Worker:
             os.replace(d, trash)
         def then():
             shutil.rmtree(trash, ignore_errors=True)
-            if fn.config.cleanupSubscription and fn.abandoned:
-                # pulsar-client 3.13 crashed the worker (SIGSEGV in unsubscribe) when a thread instance had
-                # been abandoned with its consumer closed under it: the subscription stays.
-                log.warning("subscription %s of deleted function %s kept: %d of its instances were abandoned",
-                            fn.config.subscription_name, fn.config.fqfn, fn.abandoned)
-            elif fn.config.cleanupSubscription:
+            if fn.config.cleanupSubscription:
                 self._cleanup_subscription(fn.config)
         if fn.warm_pool is not None:
             fn.warm_pool.close()
