@@ -202,7 +202,8 @@ class Controller:
                     self.log.append(self._record(fn, term.epoch, now, old=obs.current[fn], new=obs.current[fn],
                                                  reason="policy failed: nothing decided", error=error))
                 decisions = apply_caps(step.decisions, obs.caps)
-                decisions = cap_to_capacity(decisions, cluster_capacity(self.admin))  # a worker cluster's room
+                if self.config.mode == "worker":  # our worker cluster's room; stock Pulsar reports none
+                    decisions = cap_to_capacity(decisions, cluster_capacity(self.admin))
                 for d in decisions:
                     it.decisions.append(self._execute(d, term.epoch, now))
                     if it.decisions[-1]["applied"]:
