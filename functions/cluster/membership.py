@@ -1,7 +1,7 @@
 """Membership: who is in the cluster, and alive, from heartbeats on the membership topic.
 
 Every worker publishes a heartbeat every `heartbeat_interval_s` (its REST URL, capacity,
-consumer-id slot, leader epoch when it leads, the instances it runs and their busy time) and
+leader epoch when it leads, the instances it runs and their busy time) and
 reads every other worker's. A worker is dead `heartbeat_timeout_s` after its last heartbeat, or
 at once when it says goodbye. Liveness is measured on the reader's own monotonic clock; only
 while catching up on history is the broker's publish time used, so that a heartbeat of a worker
@@ -44,7 +44,6 @@ class Member:
     worker_id: str
     url: str
     capacity: int
-    slot: int
     incarnation: str
     seen: float                              # time.monotonic() of the last heartbeat
     leaving: bool = False
@@ -60,14 +59,8 @@ class Member:
                 "capacity": self.capacity, "leaving": self.leaving, "busy": round(self.busy_rate, 3)}
 
 
-@dataclass
-class _Claim:
-    slot: int
-    seq: int
-
-
-class SlotConflict(PulsarAutoscaleError):
-    """No consumer-id slot could be claimed."""
+class JoinTimeout(PulsarAutoscaleError):
+    """The membership topic could not be read or written in time."""
 
 
 class MembershipManager:
@@ -77,11 +70,8 @@ class MembershipManager:
         self.worker_id, self.url, self.capacity = worker_id, url, capacity
         self.incarnation = uuid.uuid4().hex[:12]
         self.interval_s, self.timeout_s = heartbeat_interval_s, heartbeat_timeout_s
-        self.slot = 0
         self._report = report
         self._members: dict[str, Member] = {}
-        self._claims: dict[str, _Claim] = {}          # incarnation -> its first heartbeat's slot and position
-        self._seq = 0
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
         self._producer = client.create_producer(topics.membership, block_if_queue_full=True, batching_enabled=False)
@@ -90,36 +80,25 @@ class MembershipManager:
                                    self._producer)
         self._thread = threading.Thread(target=self._beat, name="membership-heartbeat", daemon=True)
 
-    # ---- joining: a consumer-id slot of our own (pulsar-lite B2) -------------------------------
-    def join(self, timeout_s: float = 15.0) -> int:
-        """Announce ourselves with the lowest consumer-id slot no live member holds; the topic's
-        order settles a race: the earlier claim of a slot wins, the later claimant picks again."""
+    # ---- joining ----------------------------------------------------------------------------------
+    def join(self, timeout_s: float = 15.0) -> None:
+        """Read the members so far, announce ourselves and wait until our own heartbeat is read back."""
         if not self._tailer.caught_up.wait(timeout_s):
-            raise SlotConflict(f"membership topic not readable within {timeout_s:.0f}s")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                taken = {self._claims[m.incarnation].slot for m in self._alive_locked()
-                         if m.incarnation != self.incarnation and m.incarnation in self._claims}
-            self.slot = next(s for s in range(1, 10_000) if s not in taken)
-            self.incarnation = uuid.uuid4().hex[:12]  # a fresh claim: its position is its first heartbeat's
-            self._send(LocalReport())
-            with self.changed:
-                if not self.changed.wait_for(lambda: self.incarnation in self._claims, timeout=5.0):
-                    continue
-                mine = self._claims[self.incarnation]
-                earlier = [m.worker_id for m in self._alive_locked() if m.incarnation != self.incarnation
-                           and (c := self._claims.get(m.incarnation)) and c.slot == mine.slot and c.seq < mine.seq]
-            if not earlier:
-                self._thread.start()
-                log.info("%s joined the cluster with consumer-id slot %d", self.worker_id, self.slot)
-                return self.slot
-            log.info("%s: slot %d was claimed first by %s; picking another", self.worker_id, self.slot, earlier)
-        raise SlotConflict(f"{self.worker_id} could not claim a consumer-id slot within {timeout_s:.0f}s")
+            raise JoinTimeout(f"membership topic not readable within {timeout_s:.0f}s")
+        self._send(LocalReport())
+        with self.changed:
+            if not self.changed.wait_for(self._announced, timeout=timeout_s):
+                raise JoinTimeout(f"{self.worker_id}: own heartbeat not read back within {timeout_s:.0f}s")
+        self._thread.start()
+        log.info("%s joined the cluster", self.worker_id)
+
+    def _announced(self) -> bool:
+        me = self._members.get(self.worker_id)
+        return me is not None and me.incarnation == self.incarnation  # not a previous incarnation's heartbeat
 
     # ---- heartbeats -----------------------------------------------------------------------------
     def _send(self, report: LocalReport, gone: bool = False) -> None:
-        body = {"workerId": self.worker_id, "url": self.url, "capacity": self.capacity, "slot": self.slot,
+        body = {"workerId": self.worker_id, "url": self.url, "capacity": self.capacity,
                 "incarnation": self.incarnation, "leaving": report.leaving, "leaderEpoch": report.leader_epoch,
                 "running": list(report.running), "busy": report.busy_s, "gone": gone}
         self._producer.send(json.dumps(body).encode())
@@ -140,10 +119,7 @@ class MembershipManager:
         now = time.monotonic()
         age_s = max(time.time() - msg.publish_timestamp() / 1000.0, 0.0)
         with self.changed:
-            self._seq += 1
             inc = body["incarnation"]
-            if inc not in self._claims:
-                self._claims[inc] = _Claim(body["slot"], self._seq)
             if not self._tailer.caught_up.is_set() and age_s > self.timeout_s:
                 return  # history: that worker may be long gone
             wid = body["workerId"]
@@ -158,7 +134,7 @@ class MembershipManager:
             if prev is not None and prev.incarnation == inc and seen > prev.seen:
                 sample = max(body["busy"] - prev.busy_s, 0.0) / (seen - prev.seen)
                 rate = BUSY_SMOOTHING * sample + (1 - BUSY_SMOOTHING) * prev.busy_rate
-            self._members[wid] = Member(wid, body["url"], body["capacity"], body["slot"], inc, seen,
+            self._members[wid] = Member(wid, body["url"], body["capacity"], inc, seen,
                                         body.get("leaving", False), body.get("leaderEpoch"),
                                         frozenset(body.get("running", ())), body["busy"], rate)
             self.changed.notify_all()
