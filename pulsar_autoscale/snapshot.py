@@ -74,6 +74,17 @@ class FunctionCounters:
     newest_publish_s: float | None = None  # newest publish time among received messages (None: none yet)
 
 
+@dataclass(frozen=True)
+class InputReading:
+    """A function's input topics at one time as a stock broker's topic stats report them, summed
+    over the inputs (stock mode reads no consumer counters of its own)."""
+
+    time: float
+    rate_in: float            # msgRateIn: the broker's rate over its last stats interval (60 s by default)
+    in_counter: float         # msgInCounter: messages published since the topics were loaded
+    backlog: float | None     # msgBacklog of the function's subscription (None: not subscribed on some input)
+
+
 def _scv(n: float, total: float, total_sq: float) -> float | None:
     """Squared coefficient of variation from count, sum and sum of squares."""
     if n < 2 or total <= 0:

@@ -6,7 +6,8 @@ mode needs beyond it:
 
 - ``topic_stats``: a topic's rates, in-counter and per-subscription backlog from the broker's
   ``/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats`` (``/partitioned-stats`` summed over
-  partitions for a partitioned topic);
+  partitions for a partitioned topic); ``input_reading`` sums them over a function's inputs for its
+  subscription (the fast check's arrival rate and backlog in stock mode);
 - ``counters``: ``FunctionCounters`` built from Pulsar's FunctionStats (received, processed, busy
   time = average process latency x processed, per instance), kept monotonic across the restarts a
   stock parallelism update causes; inter-arrival figures are unknown and stay zero, so
@@ -34,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.admin.http_auth import AuthConfig, AuthError, RedirectRefused, cluster_session
-from pulsar_autoscale.snapshot import FunctionCounters
+from pulsar_autoscale.snapshot import FunctionCounters, InputReading
 
 NO_CHANGE_REASON = "Update contains no change"
 START_METRIC = "pulsar_function_worker_start_instance_process_time_ms"
@@ -283,18 +284,24 @@ class StockPulsarAdmin(FunctionsAdmin):
             raise self._malformed("topic stats", url, str(exc)) from None
         return TopicStats(topic, n, rate_in, rate_out, counter, backlog)
 
-    def backlog_and_arrivals(self, inputs, subscription: str) -> tuple[float | None, float | None]:
-        """Summed over a function's inputs: backlog of its subscription, and messages published.
-
-        The backlog is None when the subscription does not exist yet on some input.
-        """
-        backlog, arrived = 0.0, 0.0
+    def input_reading(self, inputs, subscription: str, now: float) -> InputReading | None:
+        """A function's inputs summed: msgRateIn, msgInCounter and its subscription's msgBacklog
+        (None when the subscription does not exist yet on some input); None without inputs."""
+        if not inputs:
+            return None
+        backlog, rate, arrived = 0.0, 0.0, 0.0
         for topic in inputs:
             ts = self.topic_stats(topic)
             b = ts.backlog_of(subscription)
             backlog = None if b is None or backlog is None else backlog + b
+            rate += ts.msg_rate_in
             arrived += ts.msg_in_counter
-        return (backlog, arrived) if inputs else (None, None)
+        return InputReading(now, rate, arrived, backlog)
+
+    def backlog_and_arrivals(self, inputs, subscription: str) -> tuple[float | None, float | None]:
+        """Summed over a function's inputs: backlog of its subscription, and messages published."""
+        reading = self.input_reading(inputs, subscription, 0.0)
+        return (reading.backlog, reading.in_counter) if reading else (None, None)
 
     # ---- restart-aware planning inputs ------------------------------------------------------------------
     def restart_cost_s(self) -> float | None:

@@ -26,6 +26,13 @@ fast`), with two rules of its own, so that noise in a short window cannot cause 
 2. the policy's state is not kept: memory (a forecast, hysteresis counters) advances at the
    regular period only, in that period's units.
 
+Stock Pulsar (`mode: stock`) has no consumer wait or publish-time counters, so there the arrival
+rate and backlog come from the broker's topic stats of the function's inputs (`topic_snapshot`):
+the arrival rate from msgInCounter over the window (msgRateIn, the broker's rate over its last
+stats interval, 60 s by default, only for a first reading or after the counter restarted with a
+topic reload), the backlog as its subscription's msgBacklog (counted by the broker at each
+request); the service rate as above, from FunctionStats (avgProcessLatency x processed).
+
 Scale-in stays with the regular period, after the Plan step's stabilization window, which the
 fast path raises to at least one period (`stabilization`), so a fast scale-out is not undone by
 the next period's window that still holds the time before the burst.
@@ -35,11 +42,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.policies.base import Proposal
-from pulsar_autoscale.snapshot import FunctionCounters, FunctionSnapshot, Snapshot, window_snapshot
+from pulsar_autoscale.snapshot import FunctionCounters, FunctionSnapshot, InputReading, Snapshot, window_snapshot
 
 
 @dataclass(frozen=True)
@@ -110,17 +117,35 @@ def admit(proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], co
     return Proposal(targets, reasons, None)
 
 
-def window_readings(name: str, parallelism: int, readings: deque, cur: FunctionCounters, running: int | None,
-                    config: FastConfig) -> FunctionSnapshot:
-    """consumer_snapshot from a function's past readings (oldest first), which it then trims and extends."""
-    while len(readings) > 1 and readings[1].time <= cur.time - config.service_window_s + 1e-9:
+def topic_snapshot(fs: FunctionSnapshot, prev: InputReading | None, cur: InputReading | None) -> FunctionSnapshot:
+    """Stock mode: `fs` (service figures from FunctionStats) with the arrival rate and backlog of
+    the broker's topic stats, `prev` one window before `cur`."""
+    if cur is None:
+        return fs
+    rate = cur.rate_in
+    if prev is not None and cur.time > prev.time and cur.in_counter >= prev.in_counter:
+        rate = (cur.in_counter - prev.in_counter) / (cur.time - prev.time)
+    return replace(fs, arrival_rate=rate, backlog=cur.backlog)
+
+
+def _windowed(readings: deque, now: float, keep_s: float, window_s: float):
+    """Drop readings older than `keep_s` (keeping one at or before it); the newest reading at or
+    before `window_s` ago, else the oldest (a shorter first window), and the oldest; None if none."""
+    while len(readings) > 1 and readings[1].time <= now - keep_s + 1e-9:
         readings.popleft()
     short = None
     for r in readings:
-        if r.time <= cur.time - config.window_s + 1e-9:
+        if r.time <= now - window_s + 1e-9:
             short = r
-    short = short or (readings[0] if readings else None)
-    fs = consumer_snapshot(name, parallelism, short, cur, running, readings[0] if readings else None)
+    oldest = readings[0] if readings else None
+    return short or oldest, oldest
+
+
+def window_readings(name: str, parallelism: int, readings: deque, cur: FunctionCounters, running: int | None,
+                    config: FastConfig) -> FunctionSnapshot:
+    """consumer_snapshot from a function's past readings (oldest first), which it then trims and extends."""
+    short, oldest = _windowed(readings, cur.time, config.service_window_s, config.window_s)
+    fs = consumer_snapshot(name, parallelism, short, cur, running, oldest)
     readings.append(cur)
     return fs
 
@@ -135,17 +160,25 @@ class FastMonitor:
         self.admin = admin
         self.config = config
         self._history: dict[str, deque] = {}
+        self._inputs: dict[str, deque] = {}   # stock mode: each function's InputReadings
 
-    def observe(self, current: Mapping[str, int], now: float) -> tuple[Snapshot, list[str]]:
+    def observe(self, current: Mapping[str, int], now: float,
+                inputs: Mapping[str, tuple[Sequence[str], str]] | None = None) -> tuple[Snapshot, list[str]]:
+        """`inputs`: function -> (input topics, subscription), as the last period saw them; stock
+        mode reads the arrival rate and backlog from those topics' stats."""
         # imported here: the simulator uses this module and needs no REST client
         from pulsar_autoscale.admin.client import AdminError
         from pulsar_autoscale.controller.monitor import counters_from_stats
         functions, errors = {}, []
+        stock = hasattr(self.admin, "input_reading")
         for fn, k in current.items():
             tenant, namespace, name = fn.split("/")
+            reading = None
             try:
-                if hasattr(self.admin, "counters_and_running"):   # stock Pulsar: no consumer wait counters
+                if stock:   # no consumer wait counters: FunctionStats, and topic stats for the inputs
                     cur, running = self.admin.counters_and_running(tenant, namespace, name, now)
+                    if fn in (inputs or {}):
+                        reading = self.admin.input_reading(*inputs[fn], now)
                 else:
                     cur, running = counters_from_stats(self.admin.stats(tenant, namespace, name), now)
             except (AdminError, KeyError, TypeError) as exc:
@@ -153,6 +186,13 @@ class FastMonitor:
                 continue
             readings = self._history.setdefault(fn, deque())
             functions[fn] = window_readings(fn, k, readings, cur, running, self.config)
-        for gone in set(self._history) - set(current):
-            del self._history[gone]
+            if stock:
+                topics = self._inputs.setdefault(fn, deque())
+                prev = _windowed(topics, now, self.config.window_s, self.config.window_s)[0]
+                functions[fn] = topic_snapshot(functions[fn], prev, reading)
+                if reading is not None:
+                    topics.append(reading)
+        for history in (self._history, self._inputs):
+            for gone in set(history) - set(current):
+                del history[gone]
         return Snapshot(time=now, window_s=self.config.window_s, functions=functions, check="fast"), errors

@@ -226,13 +226,16 @@ class Controller:
             term = self.elector.term
             now = time.time() if now is None else now
             it = Iteration(time=now, epoch=term.epoch)
-            snapshot, it.errors = self.fast_monitor.observe(self._fast_current, now)
-            step = self.autoscaler.step(self.last_observation.graph, snapshot, self._fast_current, now,
+            obs = self.last_observation
+            inputs = {fn: (obs.graph.nodes[fn].inputs, obs.subscriptions.get(fn, fn))
+                      for fn in self._fast_current if fn in obs.graph.nodes}
+            snapshot, it.errors = self.fast_monitor.observe(self._fast_current, now, inputs)
+            step = self.autoscaler.step(obs.graph, snapshot, self._fast_current, now,
                                         *self._fast_controls)
             if step.error:
                 self.metrics.errors.labels("policy").inc()
                 it.errors.append(f"policy (fast): {step.error}")
-            for d in apply_caps(step.decisions, self.last_observation.caps):
+            for d in apply_caps(step.decisions, obs.caps):
                 if d.changed:
                     it.decisions.append(self._execute(d, term.epoch, now, kind="fast"))
                     if it.decisions[-1]["applied"]:
