@@ -95,6 +95,11 @@ class EmbeddedBroker:
         return f"pulsar://{HOST}:{self._lite_port}"
 
     @property
+    def lite_pid(self) -> int | None:
+        """pulsar-lite's own pid (not the relay's): what a fault test stops to hang the broker."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{HOST}:{self.metrics_port}/metrics"
 

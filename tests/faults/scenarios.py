@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tests.faults.scenarios worker-kill --runtime thread --runs 5
     .venv/bin/python -m tests.faults.scenarios broker-kill --runs 2
+    .venv/bin/python -m tests.faults.scenarios broker-stop --pause 30 --runs 3
 
 prints one JSON line per run (lost, duplicates, seconds until outputs flow again).
 """
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pulsar
@@ -38,6 +41,7 @@ class Outcome:
     duplicates: int
     killed_at: int            # outputs seen when the fault struck
     recovery_s: float | None  # from the restart (or the broker's return) to the next new output
+    status_seen: list[str] = field(default_factory=list)  # broker-stop: each change of `status` during the pause
 
 
 class Collector:
@@ -145,6 +149,16 @@ def _reachable(url: str) -> bool:
         return False
 
 
+def _deploy_exclaim(url: str, name: str, src: str, dst: str, parallelism: int) -> FunctionsAdmin:
+    """exclaim.py at `parallelism` on the worker at `url`, once its API answers; returns once every instance runs."""
+    wait(lambda: _reachable(url), 30, "the worker's API")
+    admin = FunctionsAdmin(url)
+    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
+                  "inputs": [src], "output": dst, "parallelism": parallelism}, str(EXAMPLES / "exclaim.py"))
+    wait(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 30, "the instances to run")
+    return admin
+
+
 def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
                 down_s: float = 2.0, parallelism: int = 3, relay: bool = True) -> Outcome:
     """Issue 14's scenario: exclaim at parallelism 3, n messages at `rate` from a producer process,
@@ -158,12 +172,7 @@ def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
         url = f"http://127.0.0.1:{port}"
         collector = None
         try:
-            wait(lambda: _reachable(url), 30, "the worker's API")
-            admin = FunctionsAdmin(url)
-            admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
-                          "inputs": [src], "output": dst, "parallelism": parallelism}, str(EXAMPLES / "exclaim.py"))
-            wait(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 30,
-                 "the instances to run")
+            admin = _deploy_exclaim(url, name, src, dst, parallelism)
             collector = Collector(broker.service_url, dst)
             producer = start_producer(broker.service_url, src, n, rate)
             try:
@@ -212,12 +221,7 @@ def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
                               Path(tmp, "worker.log"))
         url, collector, producer = f"http://127.0.0.1:{worker_port}", None, None
         try:
-            wait(lambda: _reachable(url), 30, "the worker's API")
-            admin = FunctionsAdmin(url)
-            admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
-                          "inputs": [src], "output": dst, "parallelism": parallelism}, str(EXAMPLES / "exclaim.py"))
-            wait(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 30,
-                 "the instances to run")
+            _deploy_exclaim(url, name, src, dst, parallelism)
             collector = Collector(service_url, dst)
             producer = start_producer(service_url, src, n, rate)
             wait(lambda: collector.total() >= kill_at, 60, f"{kill_at} outputs")
@@ -244,16 +248,78 @@ def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
                     stop(proc)
 
 
+def _status_line(admin: FunctionsAdmin, name: str) -> str:
+    """numRunning and the instances' distinct errors, or why the worker did not answer."""
+    try:
+        st = admin.status("public", "default", name)
+    except Exception as exc:  # the worker not answering is a finding too
+        return f"status failed: {exc}"
+    errors = sorted({i["status"].get("error") or "" for i in st["instances"]} - {""})
+    return f"numRunning={st['numRunning']}" + (f" error={errors}" if errors else "")
+
+
+def broker_stop(runtime: str = "thread", n: int = 10000, rate: float = 400.0, stop_at: int = 2000,
+                pause_s: float = 30.0, parallelism: int = 3) -> Outcome:
+    """pulsar-lite (the process itself, not the relay or the wrapper) stopped with SIGSTOP at about
+    `stop_at` outputs and continued `pause_s` later; the worker and the producer stay up. Samples the
+    worker's `status` every 0.5 s during the pause and records each change (seconds after SIGSTOP)."""
+    with tempfile.TemporaryDirectory(prefix="fault-") as tmp, EmbeddedBroker() as broker:
+        name = f"exclaim-{int(time.time() * 1000) % 10**8}"
+        src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+        port, log_path = free_port(), Path(tmp, "worker.log")
+        worker = start_worker(broker.service_url, broker.metrics_url, port, str(Path(tmp, "worker")), runtime,
+                              log_path)
+        url, collector, producer, lite_pid = f"http://127.0.0.1:{port}", None, None, None
+        try:
+            admin = _deploy_exclaim(url, name, src, dst, parallelism)
+            collector = Collector(broker.service_url, dst)
+            producer = start_producer(broker.service_url, src, n, rate)
+            wait(lambda: collector.total() >= stop_at, 60, f"{stop_at} outputs")
+            stopped_at, lite_pid = collector.total(), broker.lite_pid
+            os.kill(lite_pid, signal.SIGSTOP)
+            stopped, seen = time.monotonic(), []
+            while (elapsed := time.monotonic() - stopped) < pause_s:
+                line = _status_line(admin, name)
+                if not seen or seen[-1].split(" ", 1)[1] != line:
+                    seen.append(f"{elapsed:.1f}s {line}")
+                time.sleep(min(0.5, max(pause_s - (time.monotonic() - stopped), 0)))
+            os.kill(lite_pid, signal.SIGCONT)
+            lite_pid, resumed = None, time.monotonic()
+            wait(lambda: collector.first_output_after(resumed) is not None, 120, "outputs after SIGCONT")
+            seen.append(f"+{time.monotonic() - stopped:.1f}s after SIGCONT {_status_line(admin, name)}")
+            producer.wait(120)
+            try:
+                wait(lambda: len(collector.counts) >= n, 60, "every output")
+            except AssertionError:
+                pass
+            time.sleep(1.0)  # late duplicates
+            seen.append(f"at the end {_status_line(admin, name)}")
+            return Outcome("broker-stop", runtime, n, n - len(collector.counts),
+                           sum(c - 1 for c in collector.counts.values()), stopped_at,
+                           collector.first_output_after(resumed), seen)
+        finally:
+            if lite_pid is not None:  # never leave the broker we stopped frozen
+                os.kill(lite_pid, signal.SIGCONT)
+            if collector is not None:
+                collector.close()
+            for proc in (producer, worker):
+                if proc is not None:
+                    stop(proc)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("scenario", choices=["worker-kill", "broker-kill"])
+    p.add_argument("scenario", choices=["worker-kill", "broker-kill", "broker-stop"])
     p.add_argument("--runtime", default="thread", choices=["thread", "process"])
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--pause", type=float, default=30.0, help="broker-stop: seconds between SIGSTOP and SIGCONT")
     p.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (B10 unfenced)")
     args = p.parse_args()
     for _ in range(args.runs):
         if args.scenario == "broker-kill":
             outcome = broker_kill(args.runtime)
+        elif args.scenario == "broker-stop":
+            outcome = broker_stop(args.runtime, pause_s=args.pause)
         else:
             outcome = worker_kill(args.runtime, relay=not args.no_relay)
         print(json.dumps(asdict(outcome)), flush=True)
