@@ -266,8 +266,10 @@ class Instance:
                     self.stats.on_output()
                     if ack:
                         consumer.acknowledge(msg)
-                elif nack_on_failure:
-                    consumer.negative_acknowledge(msg)
+                else:
+                    self.stats.on_output_failed(result)
+                    if nack_on_failure:
+                        consumer.negative_acknowledge(msg)
             finally:
                 self._completed += 1
 

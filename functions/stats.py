@@ -46,6 +46,7 @@ class InstanceFigures:
     user_metrics: dict[str, tuple[float, int]] = field(default_factory=dict)  # name -> (sum, count)
     connected: bool = True        # the input consumer's connection to the broker
     stalled_since_ms: int = 0     # in-flight work (process() or unacked outputs) without progress since; 0: none
+    output_error: str = ""        # the last output failed (send timeout: a hung broker) and none has succeeded since
 
     @property
     def avg_latency_ms(self) -> float:
@@ -80,6 +81,7 @@ class InstanceStats:
         self.busy_since_ms = 0                      # process() running since (0: not in process())
         self.last_progress_ms = self.start_time_ms  # last message processed or output persisted
         self.pending_outputs: Callable[[], int] = lambda: 0
+        self.output_error = ""
         self._lock = threading.Lock()  # only for the rarely written collections
 
     def figures(self) -> InstanceFigures:
@@ -95,7 +97,7 @@ class InstanceStats:
                 first_processed_ms=self.first_processed_ms,
                 last_invocation_ms=self.last_invocation_ms, latest_user_exceptions=tuple(self._user_exc),
                 latest_system_exceptions=tuple(self._system_exc), user_metrics=dict(self._metrics),
-                connected=self.connected, stalled_since_ms=self._stalled_since_ms())
+                connected=self.connected, stalled_since_ms=self._stalled_since_ms(), output_error=self.output_error)
 
     def _stalled_since_ms(self) -> int:
         since = self.busy_since_ms
@@ -130,6 +132,13 @@ class InstanceStats:
     def on_output(self) -> None:
         self.outputs += 1
         self.last_progress_ms = int(time.time() * 1000)
+        if self.output_error:
+            self.output_error = ""
+
+    def on_output_failed(self, result) -> None:
+        """An output the broker did not persist (its input is nacked): status says so until one succeeds.
+        A broker hung with its connections open shows first this way, at the producer's send timeout."""
+        self.output_error = f"outputs failing: the broker did not persist the last one ({result})"
 
     def on_exception(self, exc: BaseException, user: bool) -> None:
         rec = ExceptionRecord("".join(traceback.format_exception_only(type(exc), exc)).strip(), int(time.time() * 1000))

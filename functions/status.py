@@ -54,6 +54,8 @@ def honest_running(fig: InstanceFigures, stall_after_s: float, now_ms: int | Non
         return False, fig.error
     if not fig.connected:
         return False, "not connected to the broker: its input consumer is disconnected"
+    if fig.output_error:
+        return False, fig.output_error
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if fig.stalled_since_ms and now_ms - fig.stalled_since_ms > stall_after_s * 1000:
         return False, (f"stalled: in-flight work has not progressed for {(now_ms - fig.stalled_since_ms) / 1000:.0f} s "
