@@ -27,6 +27,7 @@ import requests
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.netutil import free_port
+from tests.scenario import wait_until as wait
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
@@ -130,16 +131,6 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def wait(probe, timeout_s: float, what: str, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def _reachable(url: str) -> bool:
