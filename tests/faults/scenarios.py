@@ -189,13 +189,7 @@ def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
         finally:
             if collector is not None:
                 collector.close()
-            if worker.poll() is None:
-                worker.terminate()
-                try:
-                    worker.wait(30)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
-                    worker.wait()
+            stop(worker)
 
 
 def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
