@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import yaml
 
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.functions.keygroups import DEFAULT_NUM_KEY_GROUPS, MAX_NUM_KEY_GROUPS
 
 GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE", "EFFECTIVELY_ONCE", "MANUAL")
 SUPPORTED_GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE", "MANUAL")
@@ -38,7 +39,7 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 # Fields Pulsar refuses to change on update ("... cannot be altered").
 IMMUTABLE_FIELDS = ("inputs", "topicsPattern", "processingGuarantees", "retainOrdering", "retainKeyOrdering", "runtime",
-                    "subName", "tenant", "namespace", "name")
+                    "subName", "tenant", "namespace", "name", "numKeyGroups")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=:]*$")
 _TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$")
 
@@ -140,6 +141,9 @@ class FunctionConfig:
     customRuntimeOptions: str | None = None
     # Our runtime: "thread" or "process" instances (Pulsar's kubernetes/process/thread runtimes are cluster-wide).
     instanceRuntime: str | None = None
+    # Ours: key groups of the function's state (docs/state.md); fixed for the function's life, since a key's
+    # group, and so where its state lives, must not change.
+    numKeyGroups: int = DEFAULT_NUM_KEY_GROUPS
 
     @property
     def fqfn(self) -> str:
@@ -332,8 +336,8 @@ SCHEMA_FIELDS = {
     "resources", "retainKeyOrdering", "retainOrdering", "runtime", "runtimeFlags", "secrets", "skipToLatest", "subName",
     "subscriptionPosition", "tenant", "timeoutMs", "topicsPattern", "userConfig", "windowConfig",
 }
-# Ours: the runtime of the instances, and a shorthand for every inputSpecs.<topic>.receiverQueueSize.
-OUR_FIELDS = {"instanceRuntime", "receiverQueueSize"}
+# Ours: the runtime of the instances, the state's key groups, and a shorthand for every inputSpecs.<topic>.receiverQueueSize.
+OUR_FIELDS = {"instanceRuntime", "numKeyGroups", "receiverQueueSize"}
 _CONSUMER_FIELDS = {"receiverQueueSize", "serdeClassName", "regexPattern", "schemaType", "schemaProperties",
                     "consumerProperties", "cryptoConfig", "poolMessages"}
 _PRODUCER_FIELDS = {"maxPendingMessages", "maxPendingMessagesAcrossPartitions", "compressionType", "batchBuilder",
@@ -495,6 +499,8 @@ def _from_mapping(data: Mapping[str, Any]) -> FunctionConfig:
         resources=resources,
         customRuntimeOptions=_str("customRuntimeOptions", options) or None,
         instanceRuntime=_str("instanceRuntime", data.get("instanceRuntime")),
+        numKeyGroups=_default(_int("numKeyGroups", data.get("numKeyGroups"), 1, MAX_NUM_KEY_GROUPS),
+                              DEFAULT_NUM_KEY_GROUPS),
     )
 
 
