@@ -1,18 +1,25 @@
 """Process-runtime scale-out latency with and without the warm pool (issue #12).
 
 For each mode (no pool, pool of 4 standbys per function) and each repetition: a Sleepy function
-(5 ms, deterministic) on the process runtime under a steady 200 msg/s load, parallelism 1 -> 4,
+(--service-ms, default 5 ms, deterministic) on the process runtime under a steady --rate (default
+200 msg/s) load, parallelism 1 -> 4,
 then 4 -> 8; latency of each new instance = the time its first message was processed minus the
 moment the PUT returned (so it includes one 5 ms service; a warm instance can beat the PUT's
 answer, hence negative values), and `from_put_sent` the same from when the PUT was sent. Between repetitions the function goes
 back to 1 and the pool refills. Embedded broker, one worker. Prints one JSON object.
-Usage: python bench/scale_latency.py [--repeats 3] [--pool 4]
+
+At the defaults 8 instances share 200 msg/s at 12.5% utilization: a new instance waits for its turn
+among idle ones (about 8 x 5 ms), so its first message measures the arrival process as much as the
+start. `--service-ms 25` makes 4 instances too few for 200 msg/s (a backlog, the reason for a
+scale-out): the first message then measures the start plus one 25 ms service.
+Usage: python bench/scale_latency.py [--repeats 3] [--pool 4] [--rate 200] [--service-ms 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -24,17 +31,16 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.server import WorkerServer
 
-RATE = 200.0
 STEPS = ((1, 4), (4, 8))
 
 
-def load(service_url: str, topic: str, stop: threading.Event) -> None:
+def load(service_url: str, topic: str, rate: float, stop: threading.Event) -> None:
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
     next_t = time.monotonic()
     while not stop.is_set():
         producer.send_async(b"x", None)
-        next_t += 1.0 / RATE
+        next_t += 1.0 / rate
         time.sleep(max(0.0, next_t - time.monotonic()))
     producer.flush()
     client.close()
@@ -50,7 +56,7 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
 
 
-def run_mode(pool: int, repeats: int) -> dict:
+def run_mode(pool: int, repeats: int, rate: float, service_ms: float) -> dict:
     out: dict = {f"{a}->{b}": [] for a, b in STEPS}
     sent_out: dict = {f"{a}->{b}": [] for a, b in STEPS}
     with EmbeddedBroker() as broker, WorkerServer(broker.service_url, metrics_url=broker.metrics_url,
@@ -60,9 +66,9 @@ def run_mode(pool: int, repeats: int) -> dict:
         fqfn = f"public/default/{name}"
         admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
                       "output": f"{name}-out", "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
-                      "receiverQueueSize": 10, "userConfig": {"service_ms": 5, "dist": "deterministic"}})
+                      "receiverQueueSize": 10, "userConfig": {"service_ms": service_ms, "dist": "deterministic"}})
         stop = threading.Event()
-        producer = threading.Thread(target=load, args=(broker.service_url, f"{name}-in", stop), daemon=True)
+        producer = threading.Thread(target=load, args=(broker.service_url, f"{name}-in", rate, stop), daemon=True)
         producer.start()
         worker = server.worker
 
@@ -102,10 +108,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pool", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=200.0, help="msg/s")
+    ap.add_argument("--service-ms", type=float, default=5.0)
+    ap.add_argument("--no-cold", action="store_true", help="only the pooled mode")
     args = ap.parse_args()
     started = time.perf_counter()
-    result = {"bench": "scale_latency", "runtime": "process", "rate_msgs_per_s": RATE, "repeats": args.repeats,
-              "no_pool": run_mode(0, args.repeats), f"pool_{args.pool}": run_mode(args.pool, args.repeats)}
+    result = {"bench": "scale_latency", "runtime": "process", "rate_msgs_per_s": args.rate,
+              "service_ms": args.service_ms, "repeats": args.repeats, "load_avg_before": os.getloadavg()}
+    if not args.no_cold:
+        result["no_pool"] = run_mode(0, args.repeats, args.rate, args.service_ms)
+    result[f"pool_{args.pool}"] = run_mode(args.pool, args.repeats, args.rate, args.service_ms)
+    result["load_avg_after"] = os.getloadavg()
     pooled = result[f"pool_{args.pool}"]
     result["target_met"] = all(v["max_ms"] <= 100 for v in pooled.values())
     result["wall_s"] = round(time.perf_counter() - started, 1)

@@ -12,7 +12,8 @@ import logging
 import re
 import threading
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import pulsar
 
@@ -114,10 +115,23 @@ class TopicLogHandler(logging.Handler):
             super().close()
 
 
+@dataclass
+class Prepared:
+    """What a warm standby makes before it knows its instance id (runtime._standby_main), so an activated
+    instance starts its loop without importing the code again or waiting on the broker for a producer."""
+    process: Callable[[Any, Any], Any]
+    producer: pulsar.Producer | None
+
+
+def prepare(client: pulsar.Client, cfg: FunctionConfig, code_path: str | None) -> Prepared:
+    return Prepared(load_callable(cfg.className, code_path),
+                    create_output_producer(client, cfg) if cfg.output else None)
+
+
 class Instance:
     def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
                  state: StateStore, num_instances: Callable[[], int], stats: InstanceStats | None = None,
-                 open_input: Callable[[], object] | None = None):
+                 open_input: Callable[[], object] | None = None, prepared: Prepared | None = None):
         self.config = config
         self.instance_id = instance_id
         self.stats = stats or InstanceStats(instance_id)
@@ -128,6 +142,7 @@ class Instance:
         # Where messages come from: the instance's own consumer (Apache Pulsar), or on pulsar-lite
         # a lease on the function's one shared consumer (lite_quirks) with the same methods.
         self._open_input = open_input or self._subscribe
+        self._prepared = prepared
         self._stop = threading.Event()
         self._input = None  # what abandon() closes
         # Outputs in flight = sent - completed; each counter has a single writer, so no lock on the hot path.
@@ -178,11 +193,10 @@ class Instance:
                 log_handler = TopicLogHandler(self._client.create_producer(cfg.logTopic, block_if_queue_full=True))
                 self.logger.addHandler(log_handler)
                 self.logger.setLevel(logging.INFO)  # what a function logs at INFO must reach its topic
-            process = load_callable(cfg.className, self._code_path)
+            prepared = self._prepared or prepare(self._client, cfg, self._code_path)
+            process, producer = prepared.process, prepared.producer
             consumer = self._input = self._open_input()
             self.stats.pending_outputs = lambda: self._sent - self._completed
-            if cfg.output:
-                producer = create_output_producer(self._client, cfg)
             ctx = InstanceContext(cfg, self.instance_id, self._num_instances, self._client, self.stats, self._state,
                                   self.logger, track_pending=self._track_pending, ack=self._user_ack)
             self.stats.set_running(True)

@@ -143,6 +143,20 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         record, started = worker.burst(f"{tenant}/{namespace}/{name}", *args.values())
         return jsonify(started=started, **asdict(record)), 202 if started else 200
 
+    # Not in Pulsar's API: the warm pool of a process-runtime function (functions/warm_pool.py), sized by
+    # the controller (controller/warm_sizing.py): PUT {"standbys": N} -> 200 with the pool as GET shows it.
+    @app.put(FN + "/warm-pool")
+    def set_warm_pool(tenant, namespace, name):
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or "standbys" not in body:
+            raise ConfigError('warm-pool: the body must be JSON {"standbys": N}')
+        fence()
+        return jsonify(asdict(worker.set_warm_pool(f"{tenant}/{namespace}/{name}", body["standbys"])))
+
+    @app.get(FN + "/warm-pool")
+    def warm_pool(tenant, namespace, name):
+        return jsonify(asdict(worker.warm_pool_view(f"{tenant}/{namespace}/{name}")))
+
     @app.get(FN + "/burst")
     def burst_report(tenant, namespace, name):
         fqfn = f"{tenant}/{namespace}/{name}"

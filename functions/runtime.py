@@ -23,8 +23,7 @@ from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
 from .config import FunctionConfig
-from .instance import Instance
-from .loader import load_callable
+from .instance import Instance, prepare
 from .state import StateStore
 from .stats import InstanceFigures, InstanceStats
 
@@ -96,11 +95,12 @@ def _process_main(config: FunctionConfig, instance_id: int, client_settings: Cli
 def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str, num_instances,
                   stop_event, stats_queue, input_conn, control) -> None:
     """Entry point of a warm standby (warm_pool): interpreter up, the function's code imported, the client
-    connected to the broker; then it waits for an instance id and runs that instance like _process_main."""
+    connected to the broker, the output producer open; then it waits for an instance id and runs that
+    instance like _process_main."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = open_client(client_settings, pulsar.LoggerLevel.Warn)
     try:
-        load_callable(config.className, code_path)
+        prepared = prepare(client, config, code_path)
         client.get_topic_partitions(config.inputs[0])   # a lookup: opens the connection the instance will use
         control.send("ready")
         activation = control.recv()
@@ -114,15 +114,15 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_
         return
     instance_id, start_time_ms = activation
     _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms)
+                  input_conn, start_time_ms, prepared)
 
 
 def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str,
-                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int) -> None:
+                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None) -> None:
     stats = InstanceStats(instance_id, start_time_ms)
     open_input = (lambda: lite_quirks.PipeConsumer(input_conn)) if input_conn is not None else None
     instance = Instance(config, instance_id, client, code_path, StateStore(state_path),
-                        lambda: num_instances.value, stats, open_input=open_input)
+                        lambda: num_instances.value, stats, open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)
     runner.start()
     while runner.is_alive():

@@ -67,6 +67,15 @@ class BrokerUnavailable(PulsarAutoscaleError):
     """The worker has not reached its broker yet (REST: 503)."""
 
 
+@dataclass(frozen=True)
+class WarmPoolView:
+    """A function's warm pool as GET .../warm-pool shows it: standbys asked, held (warm or warming), warm."""
+    size: int
+    held: int
+    ready: int
+    runtime: str      # "thread": no pool is kept, whatever the size
+
+
 @dataclass
 class HostedFunction:
     config: FunctionConfig
@@ -81,6 +90,7 @@ class HostedFunction:
     num_instances: object = None                                 # shared int for Context.get_num_instances
     shared_input: object = None                                  # pulsar-lite only: lite_quirks.SharedInput
     warm_pool: WarmPool | None = None                            # process runtime: warm standbys
+    warm_pool_size: int | None = None                            # asked by the controller (None: the worker's)
     code_digest: str | None = None                               # sha256 of code_path, which passed validation
     failure: str = ""                                            # why the function cannot run (no instances run)
     draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
@@ -333,11 +343,35 @@ class Worker:
         if fn.warm_pool is not None:
             fn.warm_pool.close()
             fn.warm_pool = None
-        if self.warm_pool > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure:
+        size = self.warm_pool if fn.warm_pool_size is None else fn.warm_pool_size
+        if size > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure:
             cfg, state_path = fn.config, str(self._fn_dir(fn.config) / "state.sqlite")
-            fn.warm_pool = WarmPool(self.warm_pool, lambda: Standby(
+            fn.warm_pool = WarmPool(size, lambda: Standby(
                 ProcessInstance._ctx, cfg, self.client_settings, fn.code_path, state_path, fn.num_instances,
                 fn.shared_input is not None))
+
+    def set_warm_pool(self, fqfn: str, size: int) -> WarmPoolView:
+        """The controller sizes a function's warm pool (controller/warm_sizing.py); at most max_parallelism
+        standbys, as more could never all be taken. Kept until the worker restarts (then --warm-pool)."""
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= self.max_parallelism:
+            raise ConfigError(f"standbys must be an integer from 0 to {self.max_parallelism} (the worker's "
+                              f"max parallelism), got {size!r}")
+        with self._lock:
+            fn = self._get(fqfn)
+            fn.warm_pool_size = size
+            if fn.warm_pool is not None and size > 0:
+                fn.warm_pool.resize(size)
+            elif (fn.warm_pool is None) != (size == 0):
+                self._renew_pool(fn)
+            return self.warm_pool_view(fqfn)
+
+    def warm_pool_view(self, fqfn: str) -> WarmPoolView:
+        with self._lock:
+            fn = self._get(fqfn)
+            pool = fn.warm_pool
+            return WarmPoolView(size=self.warm_pool if fn.warm_pool_size is None else fn.warm_pool_size,
+                                held=pool.standby if pool else 0, ready=pool.ready_count() if pool else 0,
+                                runtime=fn.runtime(self.default_runtime))
 
     # ---- cluster mode (functions/cluster/): the cluster's assignment says which ids run here ------
     @property

@@ -195,6 +195,15 @@ class FunctionsAdmin:
                           json={"messages": messages, "partitions": partitions, "threadsPerPartition": threads},
                           headers=headers)
 
+    def set_warm_pool(self, tenant: str, namespace: str, name: str, standbys: int, epoch: int | None = None) -> dict:
+        """Our worker only: keep `standbys` warm standbys for a process-runtime function."""
+        headers = {EPOCH_HEADER: str(epoch)} if epoch is not None else None
+        return self._call("PUT", self._url(tenant, namespace, name, "/warm-pool"), json={"standbys": standbys},
+                          headers=headers)
+
+    def warm_pool(self, tenant: str, namespace: str, name: str) -> dict:
+        return self._call("GET", self._url(tenant, namespace, name, "/warm-pool"))
+
     def burst_report(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/burst"))
 

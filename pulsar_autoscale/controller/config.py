@@ -15,6 +15,7 @@ from pulsar_autoscale.admin.stock import StockPulsarAdmin
 from pulsar_autoscale.configparse import from_mapping
 from pulsar_autoscale.controller.burst_plan import BurstConfig
 from pulsar_autoscale.controller.fast import FastConfig
+from pulsar_autoscale.controller.warm_sizing import WarmPoolConfig
 from pulsar_autoscale.controller.leader import DEFAULT_LOCK_TOPIC
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.paths import user_data_dir
@@ -42,6 +43,7 @@ class ControllerConfig:
     plan: dict = field(default_factory=dict)    # Plan step: min/max parallelism, bounds, cooldown, ... (PlanConfig)
     burst: dict = field(default_factory=dict)   # Spark burst drains asked of our worker (burst_plan.BurstConfig)
     fast: dict = field(default_factory=dict)    # fast scale-out path (controller.fast.FastConfig): enabled, period_s, ...
+    warm_pool: dict = field(default_factory=dict)   # warm pools sized by the controller (warm_sizing.WarmPoolConfig)
     # Default under the user data dir ($XDG_DATA_HOME/pulsar-autoscale/controller/), never the current directory.
     decision_log: str | None = field(default_factory=lambda: str(user_data_dir("controller", "decisions.jsonl")))
     decision_log_max_bytes: int = 5_000_000     # rotated past this size (every evaluation is logged)
@@ -105,6 +107,8 @@ class ControllerConfig:
         self.client_settings()
         if self.burst_config().enabled and self.mode == "stock":
             raise ConfigError("burst.enabled needs mode: worker: stock Pulsar workers cannot run a burst drain")
+        if self.warm_pool_config().enabled and self.mode == "stock":
+            raise ConfigError("warm_pool.enabled needs mode: worker: stock Pulsar workers keep no warm pool")
 
     @property
     def admin_urls(self) -> list[str]:
@@ -129,6 +133,9 @@ class ControllerConfig:
 
     def burst_config(self):
         return from_mapping(BurstConfig, self.burst, "burst")
+
+    def warm_pool_config(self) -> WarmPoolConfig:
+        return from_mapping(WarmPoolConfig, self.warm_pool, "warm_pool")
 
     def fast_config(self) -> FastConfig:
         return from_mapping(FastConfig, self.fast, "fast")

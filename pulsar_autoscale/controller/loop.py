@@ -36,6 +36,7 @@ from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.controller.rest import build_app
 from pulsar_autoscale.controller.planner import FunctionPlan, PlanConfig, Planner, apply_caps, restart_aware
 from pulsar_autoscale.controller.wake import WakeWatcher
+from pulsar_autoscale.controller.warm_sizing import WarmPoolSizer
 from pulsar_autoscale.policies import Policy, load_policy
 from pulsar_autoscale.security.redact import redact_url
 from pulsar_autoscale.security.serving import ServerSecurity
@@ -149,6 +150,7 @@ class Controller:
         self.monitor = Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
         self.executor = Executor(self.admin, retries=config.execute_retries)
         self.burst = config.burst_config()
+        self.warm_pools = WarmPoolSizer(config.warm_pool_config())
         self.elector = LeaderElector(config.client_settings(), config.lock_topic, config.identity)
         self.log = DecisionLog(config.decision_log, config.decision_log_max_bytes, config.decision_log_backups)
         self.controls = ControlStore(config.client_settings(), config.lock_topic + "-controls", self.identity)
@@ -214,6 +216,8 @@ class Controller:
                 if self.burst.enabled:
                     chosen = {**obs.current, **{d.function: d.new for d in decisions}}
                     it.decisions.extend(self._bursts(obs.snapshot, chosen, term.epoch, now))
+                if self.warm_pools.config.enabled:   # from the parallelism now in force (applied decisions)
+                    it.errors.extend(self._size_warm_pools(self._fast_current, term.epoch, now))
             it.seconds = time.perf_counter() - started
             self.history.append(it)
             return it
@@ -326,6 +330,22 @@ class Controller:
         return record
 
     # ---- scale to zero: wake-up -------------------------------------------------------------------------
+    def _size_warm_pools(self, parallelism: dict[str, int], epoch: int, now: float) -> list[str]:
+        """Ask each function's worker for the warm pool its likely next scale-out needs (warm_sizing)."""
+        for fn, k in parallelism.items():
+            self.warm_pools.observe(fn, k, now)
+        self.warm_pools.forget(set(parallelism))
+        errors = []
+        for fn, size in self.warm_pools.changes(now).items():
+            try:
+                self.admin.set_warm_pool(*fn.split("/"), size, epoch=epoch)
+                self.warm_pools.sent(fn, size)
+                log.info("warm pool of %s: %d standby(s)", fn, size)
+            except PulsarAutoscaleError as exc:
+                self.warm_pools.sent(fn, None)
+                errors.append(f"warm pool {fn}: {exc}")
+        return errors
+
     def _watch(self, obs, decisions) -> None:
         """Watch the inputs of the functions that are at parallelism 0 now (and not paused)."""
         now_at = dict(obs.current)
@@ -435,6 +455,7 @@ class Controller:
             policy = load_policy(new.policy, new.policy_params)
             planner = build_planner(new)
             burst = new.burst_config()
+            warm_pool = new.warm_pool_config()
         except ConfigError as exc:
             log.error("reload of %s refused, the running config stays: %s", self.config_path, exc)
             raise ConfigError(f"reload of {self.config_path} refused, the running config stays: {exc}") from exc
@@ -447,6 +468,7 @@ class Controller:
             self.monitor.window_s = new.window_s
             self.executor.retries = new.execute_retries
             self.burst = burst
+            self.warm_pools.config = warm_pool
             if (new.decision_log, new.decision_log_max_bytes, new.decision_log_backups) != \
                     (self.config.decision_log, self.config.decision_log_max_bytes, self.config.decision_log_backups):
                 self.log = DecisionLog(new.decision_log, new.decision_log_max_bytes, new.decision_log_backups)
