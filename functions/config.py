@@ -39,7 +39,7 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 # Fields Pulsar refuses to change on update ("... cannot be altered").
 IMMUTABLE_FIELDS = ("inputs", "topicsPattern", "processingGuarantees", "retainOrdering", "retainKeyOrdering", "runtime",
-                    "subName", "tenant", "namespace", "name", "numKeyGroups")
+                    "subName", "tenant", "namespace", "name", "numKeyGroups", "keyedState")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=:]*$")
 _TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$")
 
@@ -144,6 +144,9 @@ class FunctionConfig:
     # Ours: key groups of the function's state (docs/state.md); fixed for the function's life, since a key's
     # group, and so where its state lives, must not change.
     numKeyGroups: int = DEFAULT_NUM_KEY_GROUPS
+    # Ours: state is key-grouped and records are routed to the instance that owns their key's group, which
+    # moves live on a parallelism change (functions/routing.py, functions/migration.py, docs/state.md).
+    keyedState: bool = False
 
     @property
     def fqfn(self) -> str:
@@ -199,6 +202,8 @@ class FunctionConfig:
                                **({"serdeClassName": self.customSerdeInputs[t]} if t in self.customSerdeInputs else {})}
                            for t in self.inputs}
         d.pop("receiverQueueSize")
+        if not self.keyedState:
+            d.pop("keyedState")
         if self.producerConfig is not None:
             d["producerConfig"] = {k: v for k, v in d["producerConfig"].items() if v is not None}
         return {k: v for k, v in d.items() if v is not None}
@@ -336,8 +341,9 @@ SCHEMA_FIELDS = {
     "resources", "retainKeyOrdering", "retainOrdering", "runtime", "runtimeFlags", "secrets", "skipToLatest", "subName",
     "subscriptionPosition", "tenant", "timeoutMs", "topicsPattern", "userConfig", "windowConfig",
 }
-# Ours: the runtime of the instances, the state's key groups, and a shorthand for every inputSpecs.<topic>.receiverQueueSize.
-OUR_FIELDS = {"instanceRuntime", "numKeyGroups", "receiverQueueSize"}
+# Ours: the runtime of the instances, the state's key groups, key-group routing, and a shorthand for every
+# inputSpecs.<topic>.receiverQueueSize.
+OUR_FIELDS = {"instanceRuntime", "numKeyGroups", "keyedState", "receiverQueueSize"}
 _CONSUMER_FIELDS = {"receiverQueueSize", "serdeClassName", "regexPattern", "schemaType", "schemaProperties",
                     "consumerProperties", "cryptoConfig", "poolMessages"}
 _PRODUCER_FIELDS = {"maxPendingMessages", "maxPendingMessagesAcrossPartitions", "compressionType", "batchBuilder",
@@ -501,6 +507,7 @@ def _from_mapping(data: Mapping[str, Any]) -> FunctionConfig:
         instanceRuntime=_str("instanceRuntime", data.get("instanceRuntime")),
         numKeyGroups=_default(_int("numKeyGroups", data.get("numKeyGroups"), 1, MAX_NUM_KEY_GROUPS),
                               DEFAULT_NUM_KEY_GROUPS),
+        keyedState=bool(_bool("keyedState", data.get("keyedState"))),
     )
 
 
@@ -578,5 +585,7 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
                           f"timeout), got {cfg.timeoutMs}")
     if cfg.instanceRuntime not in (None, "thread", "process"):
         raise ConfigError(f"instanceRuntime {cfg.instanceRuntime!r} is unknown: use 'thread' or 'process'")
+    if cfg.keyedState and cfg.instanceRuntime == "process":
+        raise ConfigError("keyedState needs the thread runtime for now (instanceRuntime 'thread')")
     return cfg
 

@@ -59,9 +59,11 @@ class InstanceHandle(ABC):
 
 class ThreadInstance(InstanceHandle):
     def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
-                 state: StateStore, num_instances):
+                 state: StateStore, num_instances, open_input=None):
+        """`open_input`: where the instance's records come from instead of its own consumer (a keyed
+        function's mailbox, functions/routing.py)."""
         self.instance_id = instance_id
-        self._instance = Instance(config, instance_id, client, code_path, state, num_instances)
+        self._instance = Instance(config, instance_id, client, code_path, state, num_instances, open_input=open_input)
         self._thread = threading.Thread(target=self._instance.run, name=f"{config.fqfn}:{instance_id}", daemon=True)
         self._thread.start()
 

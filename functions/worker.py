@@ -36,6 +36,9 @@ from pulsar_autoscale.spark_bridge.session import SparkSettings
 from .bursts import BurstRecord, BurstRunner
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import subscribe
+from .keygroups import KeyGroupAssignment
+from .migration import KeyedScaler, SharedLocalStore
+from .routing import KeyedRouter
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
 from .warm_pool import Standby, WarmPool
 from .stages import StageHost
@@ -95,6 +98,7 @@ class HostedFunction:
     failure: str = ""                                            # why the function cannot run (no instances run)
     draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
     abandoned: int = 0                                           # drains that did not finish within the bound
+    keyed: KeyedScaler | None = None                             # keyedState: key-group routing + live migration
 
     def runtime(self, default: str) -> str:
         return self.config.instanceRuntime or default
@@ -327,9 +331,42 @@ class Worker:
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else _Counter(cfg.parallelism)
         fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite"), num_instances=num,
                             code_digest=digest, failure=failure)
+        if cfg.keyedState:
+            if runtime == "process":
+                raise ConfigError("keyedState needs the thread runtime for now (instanceRuntime 'thread')")
+            fn.keyed = self._keyed(fn)
         self._functions[cfg.fqfn] = fn
         self._fence_input(fn)
         return fn
+
+    def _keyed(self, fn: HostedFunction) -> KeyedScaler:
+        """The key-group router and scaler of a keyedState function; its assignment survives restarts."""
+        path = self._fn_dir(fn.config) / "keygroups.json"
+        if path.exists():
+            saved = json.loads(path.read_text())
+            assignment = KeyGroupAssignment(saved["num_key_groups"], tuple(saved["owners"]))
+        else:
+            assignment = KeyGroupAssignment.uniform(fn.config.numKeyGroups, max(fn.config.parallelism, 1))
+
+        def save(a: KeyGroupAssignment) -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"num_key_groups": a.num_key_groups, "owners": list(a.owners)}))
+            os.replace(tmp, path)
+
+        def start(i: int) -> None:
+            with self._lock:
+                if self._functions.get(fn.config.fqfn) is fn and i not in fn.instances:
+                    self._start_instance(fn, i)
+
+        def drain(ids: list[int]) -> None:
+            with self._lock:
+                self._drain(fn, ids)
+
+        router = KeyedRouter(assignment, lambda: subscribe(
+            self._client, lite_quirks.keyed_input_config(fn.config, self.broker_kind), fn.config.fqfn))
+        save(assignment)
+        return KeyedScaler(router, SharedLocalStore(), start, drain, save)
 
     def _fence_input(self, fn: HostedFunction) -> None:
         """On pulsar-lite, process instances receive through the worker's one consumer (lite_quirks, B2);
@@ -601,6 +638,12 @@ class Worker:
     # ---- the diff --------------------------------------------------------------------------------
     def _scale(self, fn: HostedFunction, target: int) -> None:
         fn.num_instances.value = target
+        if fn.keyed is not None and target > 0:
+            for i in range(max(target, fn.keyed.router.assignment.parallelism)):
+                if i not in fn.instances:   # the owners of the current assignment run before groups move
+                    self._start_instance(fn, i)
+            fn.keyed.scale(target)
+            return
         surplus = sorted((i for i in fn.instances if i >= target), reverse=True)
         self._drain(fn, surplus)
         for i in range(target):
@@ -615,7 +658,9 @@ class Worker:
                 cfg, i, self.client_settings, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
                 fn.shared_input, standby=fn.warm_pool.take() if fn.warm_pool is not None else None)
         else:
-            handle = ThreadInstance(cfg, i, self._client, fn.code_path, fn.state, lambda: fn.num_instances.value)
+            open_input = (lambda: fn.keyed.router.attach(i)) if fn.keyed is not None else None
+            handle = ThreadInstance(cfg, i, self._client, fn.code_path, fn.state, lambda: fn.num_instances.value,
+                                    open_input=open_input)
         fn.instances[i] = handle
         fn.restarts.setdefault(i, 0)
         log.info("started %s instance %d (%s)", cfg.fqfn, i, fn.runtime(self.default_runtime))

@@ -81,3 +81,52 @@ def test_key_shared_unacked_messages_of_a_closed_consumer_go_to_the_survivors(br
         moved = drain(staying, idle_ms=2000)
     got = sorted(payloads(first) + payloads(moved))
     assert set(got) == set(range(n)), f"{len(held)} held by the closed consumer, only {len(moved)} reached the survivor"
+
+
+def _murmur_slot(key: str) -> int:
+    """Pulsar's Key_Shared hash of a key: Murmur3_32 (seed 0) & 0x7fffffff, mod 65536."""
+    import mmh3
+    return (mmh3.hash(key.encode(), 0, signed=True) & 0x7FFFFFFF) % 65536
+
+
+def _sticky_receive(broker, topic: str, n: int, ranges, pipelined: bool = True, **producer_kw
+                   ) -> list[list[pulsar.Message]]:
+    with client(broker.service_url) as c:
+        subs = [c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.KeyShared,
+                            key_shared_policy=pulsar.ConsumerKeySharedPolicy(
+                                key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=r)) for r in ranges]
+        producer = c.create_producer(topic, block_if_queue_full=True, **producer_kw)
+        for i in range(n):
+            if pipelined:
+                producer.send_async(b"%d" % i, None, partition_key=f"key-{i}")
+            else:
+                producer.send(b"%d" % i, partition_key=f"key-{i}")
+        producer.flush()
+        return [drain(s) for s in subs]
+
+
+def _check_sticky(received, ranges, n: int) -> None:
+    got = sorted(p for msgs in received for p in payloads(msgs))
+    assert sorted(set(got)) == list(range(n)), f"lost {n - len(set(got))} of {n} messages"
+    for idx, msgs in enumerate(received):
+        (start, end), = ranges[idx]
+        wrong = [m.partition_key() for m in msgs if not start <= _murmur_slot(m.partition_key()) <= end]
+        assert not wrong, f"consumer {idx} ({start}-{end}) got keys outside its range: {wrong[:5]}"
+
+
+STICKY = [[(0, 32767)], [(32768, 65535)]]
+
+
+def test_key_shared_sticky_ranges_give_each_consumer_exactly_its_hash_ranges(broker, topic):
+    """What keyedState can use on Apache Pulsar: a worker's consumer with sticky ranges = its key groups
+    (routing.sticky_ranges). With one synchronous send at a time: exact on pulsar-lite too."""
+    _check_sticky(_sticky_receive(broker, topic, 400, STICKY, pipelined=False, batching_enabled=False), STICKY, 400)
+
+
+@pytest.mark.xfail(strict=True, reason="pulsar-lite B11: sticky Key_Shared consumers lose messages of pipelined "
+                                       "producers (183-253 of 400 never delivered, batched by key or unbatched)")
+@pytest.mark.parametrize("batching", ["none", "key-based"])
+def test_key_shared_sticky_ranges_with_pipelined_producers(broker, topic, batching):
+    kw = {"batching_enabled": False} if batching == "none" else {
+        "batching_type": pulsar.BatchingType.KeyBased, "batching_max_publish_delay_ms": 5}
+    _check_sticky(_sticky_receive(broker, topic, 400, STICKY, **kw), STICKY, 400)

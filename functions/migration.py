@@ -1,0 +1,181 @@
+"""Live migration of key groups between the instances of a keyed stateful function (DRRS, paper 004).
+
+A parallelism change moves only the groups that must move (KeyGroupAssignment.rescale), in
+subscales of a few groups (default 4), one after the other. For each subscale:
+
+1. trigger: the router stops serving the subscale's groups; their records wait in order
+   (routing.KeyedRouter.stop_serving); every other group goes on;
+2. the old owners put the groups down (no record of them in hand) and release them: flush,
+   snapshot, forget (the store's `release`); that is their confirm;
+3. the new owners open them (the store's `open`: local snapshot or changelog replay);
+4. the router serves them from the new owners; the records that waited go first, in order.
+
+`stop_the_world=True` is the baseline it is measured against (bench/state_migration.py):
+every group pauses, all moves happen as one batch, then everything resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from pulsar_autoscale.errors import PulsarAutoscaleError
+
+from .keygroups import KeyGroupAssignment, moves, subscales
+from .routing import KeyedRouter
+
+log = logging.getLogger(__name__)
+DEFAULT_SUBSCALE = 4
+PUT_DOWN_TIMEOUT_S = 30.0
+
+
+class MigrationError(PulsarAutoscaleError):
+    """A subscale could not complete (an instance kept a record of a moving group in hand too long)."""
+
+
+class InstanceStores(Protocol):
+    """The state of each instance's key groups (functions/state.py's key-grouped store per instance)."""
+
+    def release(self, instance_id: int, groups: set[int]) -> None:
+        """Flush + snapshot + forget: the old owner's confirm."""
+
+    def open(self, instance_id: int, groups: set[int]) -> None:
+        """Restore the groups (local snapshot + changelog tail, else a full changelog replay)."""
+
+
+@dataclass
+class MigrationReport:
+    moved_groups: int
+    subscales: int
+    duration_s: float
+    stop_the_world: bool
+    subscale_s: list[float] = field(default_factory=list)   # trigger -> served, per subscale
+
+
+def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
+            subscale_size: int = DEFAULT_SUBSCALE, stop_the_world: bool = False,
+            put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S) -> MigrationReport:
+    """Move the router's groups to `target`'s owners (the instances of both must be attached)."""
+    if subscale_size < 1:
+        raise ValueError(f"subscale size must be at least 1 key group, got {subscale_size}")
+    if target.num_key_groups != router.num_key_groups:
+        raise ValueError(f"target has {target.num_key_groups} key groups, the function {router.num_key_groups}")
+    todo = moves(router.assignment, target)
+    start = time.monotonic()
+    report = MigrationReport(len(todo), 0, 0.0, stop_the_world)
+    if stop_the_world:
+        everything = set(range(router.num_key_groups))
+        router.stop_serving(everything)
+        _put_down(router, everything, put_down_timeout_s)
+        batches = [todo] if todo else []
+    else:
+        batches = subscales(todo, subscale_size)
+    for batch in batches:
+        t0 = time.monotonic()
+        groups = {m.group for m in batch}
+        if not stop_the_world:
+            router.stop_serving(groups)
+            _put_down(router, groups, put_down_timeout_s)
+        by_src: dict[int, set[int]] = defaultdict(set)
+        by_dst: dict[int, set[int]] = defaultdict(set)
+        for m in batch:
+            by_src[m.src].add(m.group)
+            by_dst[m.dst].add(m.group)
+        for src, gs in by_src.items():
+            stores.release(src, gs)
+        for dst, gs in by_dst.items():
+            stores.open(dst, gs)
+        if not stop_the_world:
+            router.serve({m.group: m.dst for m in batch})
+        report.subscale_s.append(time.monotonic() - t0)
+        report.subscales += 1
+    if stop_the_world:
+        router.serve({g: target.owners[g] for g in range(router.num_key_groups)})
+    report.duration_s = time.monotonic() - start
+    log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
+             report.duration_s, " (stop-the-world)" if stop_the_world else "")
+    return report
+
+
+def _put_down(router: KeyedRouter, groups: set[int], timeout_s: float) -> None:
+    if not router.wait_put_down(groups, timeout_s):
+        raise MigrationError(f"an instance kept a record of key groups {sorted(groups)} in hand for more than "
+                             f"{timeout_s:.0f} s")
+
+
+class SharedLocalStore:
+    """InstanceStores of instances that share one local store (the worker's StateStore): a move between
+    them moves no state, so release and open have nothing to do."""
+
+    def release(self, instance_id: int, groups: set[int]) -> None:
+        pass
+
+    def open(self, instance_id: int, groups: set[int]) -> None:
+        pass
+
+
+class KeyedScaler:
+    """A keyed function's instances on one worker, scaled around live migrations.
+
+    Scale-out starts the new instances (they own nothing yet), then moves groups to them; scale-in
+    first moves every group off the surplus instances, then drains them. One background thread per
+    function applies the latest wanted parallelism; a change that arrives during a migration is applied
+    after it, from the assignment it left.
+    """
+
+    def __init__(self, router: KeyedRouter, stores: InstanceStores, start: Callable[[int], None],
+                 drain: Callable[[list[int]], None], save: Callable[[KeyGroupAssignment], None],
+                 subscale_size: int = DEFAULT_SUBSCALE):
+        self.router = router
+        self.stores = stores
+        self._start, self._drain, self._save = start, drain, save
+        self.subscale_size = subscale_size
+        self.stop_the_world = False              # the baseline (bench/state_migration.py)
+        self.reports: list[MigrationReport] = []
+        self.failure = ""
+        self._wanted: int | None = None
+        self._cond = threading.Condition()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    def scale(self, target: int) -> None:
+        """Ask for `target` instances; returns at once (idle() says when it is done)."""
+        with self._cond:
+            self._wanted = target
+            self._busy = True
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="keyed-scaler", daemon=True)
+                self._thread.start()
+
+    def idle(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._busy, timeout=timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                target, self._wanted = self._wanted, None
+                if target is None:
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+            try:
+                self._apply(target)
+                self.failure = ""
+            except Exception as exc:   # status shows it; the next scale() retries from where it stopped
+                log.exception("live migration to %d instances failed", target)
+                self.failure = f"live migration to {target} instances failed: {type(exc).__name__}: {exc}"
+
+    def _apply(self, target: int) -> None:
+        for i in range(target):
+            self._start(i)               # a no-op for a running instance
+        new = self.router.assignment.rescale(target)
+        self.reports.append(migrate(self.router, self.stores, new, self.subscale_size, self.stop_the_world))
+        self._save(self.router.assignment)
+        surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)
+        if surplus:
+            self._drain(surplus)

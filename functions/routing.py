@@ -1,0 +1,267 @@
+"""Key-group routing: a keyed stateful function's records reach the instance that owns their key group.
+
+One `KeyedRouter` per keyed function per worker holds the worker's input (one consumer, as
+lite_quirks.SharedInput does for process instances) and a mailbox per local instance. Its
+dispatcher thread receives, maps the record's key to its group (keygroups.key_group: the hash
+Pulsar's Key_Shared uses) and appends the record to the mailbox of the group's owner, so records
+of one key stay in receive order on the worker. A group in transit (live migration,
+functions/migration.py) is served by nobody: its records wait in the router's hold list and go
+to the new owner, in order, once it has restored the group. An instance that takes a record of
+a group it no longer owns (it was in its mailbox when the group moved) hands it back to the
+router, which re-routes it: never dropped, never processed by a non-owner.
+
+Acks go to the one consumer the record came from; a worker that dies leaves its unacked records
+to the broker, which redelivers them (docs/state.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pulsar
+
+from .keygroups import KEY_HASH_RANGE, KeyGroupAssignment, hash_range, key_group
+
+log = logging.getLogger(__name__)
+RECEIVE_TIMEOUT_MS = 100
+
+
+def record_key(msg) -> str:
+    """The key a record is routed by: its partition key (a keyless record routes as the empty key)."""
+    return msg.partition_key() or ""
+
+
+def sticky_ranges(groups: set[int], num_key_groups: int) -> list[tuple[int, int]]:
+    """The Key_Shared sticky hash ranges (inclusive) that cover exactly `groups`: contiguous groups merge."""
+    out: list[tuple[int, int]] = []
+    for g in sorted(groups):
+        start, end = hash_range(g, num_key_groups)
+        if out and out[-1][1] + 1 == start:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    assert all(0 <= s <= e < KEY_HASH_RANGE for s, e in out)
+    return out
+
+
+@dataclass
+class RoutingCounters:
+    received: int = 0          # records the dispatcher took from the input
+    rerouted: int = 0          # records an instance handed back because their group had moved
+    held: int = 0              # records that waited for a group in transit
+    max_hold_s: float = 0.0    # longest wait of a held record
+
+
+@dataclass
+class _Mailbox:
+    items: deque = field(default_factory=deque)
+    in_hand: int | None = None     # the group of the record the instance is processing
+
+
+class NotOwner(Exception):
+    """A group was asked of an instance that does not own it (a protocol error, never expected)."""
+
+
+class KeyedRouter:
+    """Ownership of key groups by the worker's instances, and the dispatch of records to them."""
+
+    def __init__(self, assignment: KeyGroupAssignment, open_consumer: Callable[[], pulsar.Consumer]):
+        self.assignment = assignment              # effective owners: changes group by group in a migration
+        self.counters = RoutingCounters()
+        self._open_consumer = open_consumer
+        self._consumer: pulsar.Consumer | None = None
+        self._boxes: dict[int, _Mailbox] = {}
+        self._moving: set[int] = set()            # groups in transit: served by nobody
+        self._held: dict[int, deque] = {}         # group in transit -> (record, since) waiting for it
+        self._cond = threading.Condition()
+        self._closing = threading.Event()
+        self._dispatcher: threading.Thread | None = None
+
+    @property
+    def num_key_groups(self) -> int:
+        return self.assignment.num_key_groups
+
+    # ---- instances ---------------------------------------------------------------------------------
+    def attach(self, instance_id: int) -> "KeyedInput":
+        """The input of a local instance (its mailbox). The worker's consumer opens with the first one."""
+        with self._cond:
+            self._boxes.setdefault(instance_id, _Mailbox())
+            if self._consumer is None:
+                self._consumer = self._open_consumer()
+                self._closing.clear()
+                self._dispatcher = threading.Thread(target=self._dispatch, name="keyed-dispatch", daemon=True)
+                self._dispatcher.start()
+            self._release_waiting_for_present_owners(time.monotonic())
+        return KeyedInput(self, instance_id)
+
+    def detach(self, instance_id: int) -> None:
+        """An instance stopped: whatever waited in its mailbox goes to the owners (re-routed), and the
+        consumer closes after the last instance."""
+        with self._cond:
+            box = self._boxes.pop(instance_id, None)
+            if box is not None:
+                for item in box.items:
+                    self._place(item, rerouted=True)
+            last = not self._boxes
+            consumer, self._consumer = (self._consumer, None) if last else (None, self._consumer)
+        if consumer is not None:
+            self._closing.set()
+            if self._dispatcher is not None:
+                self._dispatcher.join(2 * RECEIVE_TIMEOUT_MS / 1000 + 1)
+            with self._cond:  # records nobody can take any more: the broker redelivers them
+                orphans = [m for q in self._held.values() for m, _ in q]
+                self._held = {g: deque() for g in self._held}
+            for msg in orphans:
+                consumer.negative_acknowledge(msg)
+            consumer.close()
+
+    def _dispatch(self) -> None:
+        consumer = self._consumer
+        while not self._closing.is_set():
+            try:
+                msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
+            except pulsar.Timeout:
+                continue
+            except pulsar.PulsarException:
+                if self._closing.is_set():
+                    return
+                raise
+            with self._cond:
+                self.counters.received += 1
+                self._place(msg, rerouted=False)
+
+    def _place(self, msg, rerouted: bool) -> None:
+        """Under the lock: the record goes to its group's owner, or waits while the group is in transit."""
+        g = key_group(record_key(msg), self.num_key_groups)
+        if rerouted:
+            self.counters.rerouted += 1
+        if g in self._moving:
+            self.counters.held += 1
+            self._held.setdefault(g, deque()).append((msg, time.monotonic()))
+            return
+        box = self._boxes.get(self.assignment.owners[g])
+        if box is None:   # owned by an instance that is not here (yet): wait for it like a group in transit
+            self.counters.held += 1
+            self._held.setdefault(g, deque()).append((msg, time.monotonic()))
+            return
+        box.items.append(msg)
+        self._cond.notify_all()
+
+    # ---- acks on the one consumer ----------------------------------------------------------------------
+    def acknowledge(self, msg) -> None:
+        self._consumer.acknowledge(msg)
+
+    def negative_acknowledge(self, msg) -> None:
+        self._consumer.negative_acknowledge(msg)
+
+    # ---- what an instance takes ------------------------------------------------------------------------
+    def take(self, instance_id: int, timeout_s: float):
+        """The next record for the instance, or None after timeout_s. Records of groups it does not serve
+        any more are re-routed on the way; the instance's previous record is done when it calls again."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            box = self._boxes.get(instance_id)
+            if box is None:
+                return None
+            box.in_hand = None
+            self._cond.notify_all()       # a migration may wait for this instance to put its group down
+            while True:
+                while box.items:
+                    msg = box.items.popleft()
+                    g = key_group(record_key(msg), self.num_key_groups)
+                    if g in self._moving or self.assignment.owners[g] != instance_id:
+                        self._place(msg, rerouted=True)
+                        continue
+                    box.in_hand = g
+                    return msg
+                left = deadline - time.monotonic()
+                if left <= 0 or self._boxes.get(instance_id) is not box:
+                    return None
+                self._cond.wait(left)
+
+    # ---- migration (functions/migration.py) -------------------------------------------------------------
+    def stop_serving(self, groups: set[int]) -> None:
+        """Trigger: nobody serves these groups from now; their records wait here, in order (those already
+        in a mailbox first)."""
+        with self._cond:
+            self._moving |= set(groups)
+            for box in self._boxes.values():
+                keep = deque()
+                for msg in box.items:
+                    g = key_group(record_key(msg), self.num_key_groups)
+                    if g in groups:
+                        self._held.setdefault(g, deque()).append((msg, time.monotonic()))
+                        self.counters.held += 1
+                    else:
+                        keep.append(msg)
+                box.items = keep
+
+    def wait_put_down(self, groups: set[int], timeout_s: float) -> bool:
+        """Wait until no instance is processing a record of these groups (their state is quiescent)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not any(b.in_hand in groups for b in self._boxes.values()),
+                                       timeout=timeout_s)
+
+    def serve(self, owners: dict[int, int]) -> None:
+        """Confirm: the groups have their new owners (their state is open there); waiting records follow."""
+        with self._cond:
+            self.assignment = KeyGroupAssignment(
+                self.num_key_groups, tuple(owners.get(g, o) for g, o in enumerate(self.assignment.owners)))
+            self._moving -= set(owners)
+            now = time.monotonic()
+            for g in owners:
+                waiting = self._held.pop(g, deque())
+                for msg, since in waiting:
+                    self.counters.max_hold_s = max(self.counters.max_hold_s, now - since)
+                    self._place(msg, rerouted=False)
+            self._release_waiting_for_present_owners(now)
+            self._cond.notify_all()
+
+    def _release_waiting_for_present_owners(self, now: float) -> None:
+        """Records held because their owner was not attached yet go to it once it is."""
+        for g in [g for g in self._held if g not in self._moving and self.assignment.owners[g] in self._boxes]:
+            for msg, since in self._held.pop(g):
+                self.counters.max_hold_s = max(self.counters.max_hold_s, now - since)
+                self._place(msg, rerouted=False)
+
+    def attached(self) -> set[int]:
+        with self._cond:
+            return set(self._boxes)
+
+    def groups_of(self, instance_id: int) -> set[int]:
+        with self._cond:
+            return set(self.assignment.groups_of(instance_id))
+
+
+class KeyedInput:
+    """What a keyed instance holds instead of a consumer (same methods as one): its mailbox."""
+
+    def __init__(self, router: KeyedRouter, instance_id: int):
+        self._router = router
+        self._id = instance_id
+        self._closed = False
+
+    def receive(self, timeout_millis: int):
+        msg = self._router.take(self._id, timeout_millis / 1000)
+        if msg is None:
+            raise pulsar.Timeout()
+        return msg
+
+    def acknowledge(self, msg) -> None:
+        self._router.acknowledge(msg)
+
+    def negative_acknowledge(self, msg) -> None:
+        self._router.negative_acknowledge(msg)
+
+    def is_connected(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._router.detach(self._id)

@@ -1,0 +1,91 @@
+"""keyedState on one worker: records reach the owner of their key group; a parallelism change moves only the
+groups that must move, in subscales, and no key is lost, counted twice or processed by two instances at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pulsar
+import pytest
+
+from pulsar_autoscale.functions.config import FunctionConfig
+from pulsar_autoscale.functions.keygroups import key_group
+from pulsar_autoscale.functions.worker import Worker
+from scenario import EXAMPLES, OutputCollector, wait_until
+
+KEYS = [f"k{i}" for i in range(200)]
+
+
+@pytest.fixture(scope="module")
+def worker(broker, tmp_path_factory):
+    w = Worker(broker.service_url, str(tmp_path_factory.mktemp("keyed")), broker_kind="pulsar-lite")
+    yield w
+    w.close()
+
+
+def _create(worker: Worker, name: str, src: str, dst: str, parallelism: int) -> FunctionConfig:
+    cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
+                                    "className": "keyed_count.KeyedCount", "inputs": [src], "output": dst,
+                                    "parallelism": parallelism, "keyedState": True})
+    return worker.create(cfg, (EXAMPLES / "keyed_count.py").read_bytes(), "keyed_count.py")
+
+
+def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, worker, client):
+    name = f"kc-{uuid.uuid4().hex[:6]}"
+    src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+    collector = OutputCollector(client, dst)
+    cfg = _create(worker, name, src, dst, 2)
+    fn = worker._functions[cfg.fqfn]
+    wait_until(lambda: fn.keyed.router.attached() == {0, 1}, 30, "2 keyed instances attached")
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2)
+    sent = 0
+    stop = threading.Event()
+
+    def produce():
+        nonlocal sent
+        while not stop.is_set():
+            for k in KEYS:
+                producer.send_async(b"x", None, partition_key=k)
+                sent += 1
+            time.sleep(0.2)   # 1,000 records/s
+        producer.flush()
+
+    sender = threading.Thread(target=produce, daemon=True)
+    sender.start()
+    try:
+        wait_until(lambda: collector.distinct() > 1000, 30, "outputs flowing")
+        for target in (3, 2):
+            worker.update(cfg.fqfn, {"parallelism": target})
+            assert fn.keyed.idle(60), f"migration to {target} did not finish: {fn.keyed.failure}"
+            assert not fn.keyed.failure
+            before = collector.distinct()
+            wait_until(lambda: collector.distinct() > before + 500, 30,
+                       lambda: f"outputs after the change to {target} (router {fn.keyed.router.counters})")
+    finally:
+        stop.set()
+        sender.join(10)
+    wait_until(lambda: sum(1 for _ in collector.counts) >= sent, 60,
+               lambda: f"all {sent} outputs (got {collector.distinct()})")
+    reports = [r for r in fn.keyed.reports if r.moved_groups]
+    # 128 groups, 2 -> 3: 42 groups move (128/3 rounded), 3 -> 2: the 42 of instance 2 move back.
+    assert [r.moved_groups for r in reports] == [42, 42]
+    assert all(r.subscales == 11 for r in reports)   # ceil(42 / 4)
+    per_key: dict[str, list[tuple[int, int]]] = {}
+    for payload in collector.counts:
+        key, count, instance = payload.decode().split(":")
+        per_key.setdefault(key, []).append((int(count), int(instance)))
+    assert collector.duplicates() == 0
+    owners = fn.keyed.router.assignment.owners
+    for key, seen in per_key.items():
+        counts = sorted(c for c, _ in seen)
+        assert counts == list(range(1, len(counts) + 1)), f"key {key}: counts {counts[:10]}... not 1..n"
+        last = max(seen)[1]
+        assert last == owners[key_group(key, 128)], f"key {key} last counted by {last}, owner is {owners[key_group(key, 128)]}"
+    stats = fn.keyed.router.counters
+    print(f"\nsent {sent}, reports {[(r.moved_groups, r.subscales, round(r.duration_s, 3)) for r in reports]}, "
+          f"held {stats.held}, rerouted {stats.rerouted}, longest hold {stats.max_hold_s * 1000:.1f} ms")
+    collector.close()
+    producer.close()
+    worker.delete(cfg.fqfn)
