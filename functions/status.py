@@ -65,14 +65,17 @@ def honest_running(fig: InstanceFigures, stall_after_s: float, now_ms: int | Non
 
 def function_status(cfg: FunctionConfig, figs: dict[int, InstanceFigures], restarts: dict[int, int],
                     worker_id: str, stall_after_s: float = float("inf"), failure: str = "",
-                    abandoned: int = 0) -> dict:
+                    abandoned: int = 0, broker_problem: str = "") -> dict:
     """Pulsar's FunctionStatus. A function that failed validation has no instance running, each saying why;
+    while the broker does not answer (functions/broker_watch.py) no instance is running either;
     drains abandoned after their bound are counted under "autoscale"."""
     instances = [instance_status(i, figs.get(i), restarts.get(i, 0), worker_id, stall_after_s)
                  for i in range(cfg.parallelism)]
-    if failure:
-        for s in instances:
+    for s in instances:
+        if failure:
             s["status"].update(running=False, error=failure)
+        elif broker_problem and s["status"]["running"]:
+            s["status"].update(running=False, error=broker_problem)
     return {"numInstances": cfg.parallelism,
             "numRunning": sum(1 for s in instances if s["status"]["running"]),
             "instances": instances,

@@ -36,6 +36,7 @@ from pulsar_autoscale.spark_bridge.session import SparkSettings
 from .bursts import BurstRecord, BurstRunner
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import subscribe
+from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
 from .migration import KeyedScaler, SharedLocalStore
 from .routing import KeyedRouter
@@ -147,6 +148,7 @@ class Worker:
         self._metrics_url = metrics_url  # read for broker_kind "auto"
         self._client: pulsar.Client | None = None  # this incarnation's, opened by _connect once the broker answers
         self._connected = threading.Event()
+        self._broker_watch: BrokerWatch | None = None   # started with the client (functions/broker_watch.py)
         self._waiting_for = "the broker"
         self._functions: dict[str, HostedFunction] = {}
         self.bursts = BurstRunner(self.client_settings, broker_kind, spark)          # spark: --spark-master (default local[*])
@@ -182,6 +184,7 @@ class Worker:
                 self._closing.wait(1.0)
         if client is None:
             return
+        self._broker_watch = BrokerWatch(client.get_topic_partitions, self._probe_topic, self._closing).start()
         with self._lock:
             self._client = client
             self._connected.set()
@@ -197,6 +200,15 @@ class Worker:
                 except Exception:
                     log.exception("cannot start the instances of %s", fn.config.fqfn)
         log.info("connected to the broker (%s); %d function(s) running", self.broker_kind, len(self._functions))
+
+    def _probe_topic(self) -> str | None:
+        # no lock: a request holding it for seconds must not look like a silent broker
+        return next((fn.config.inputs[0] for fn in list(self._functions.values()) if fn.instances and fn.config.inputs),
+                    None)
+
+    def broker_problem(self) -> str:
+        """Why no instance can be running now ("" while the broker answers its probe)."""
+        return self._broker_watch.problem() if self._broker_watch is not None else ""
 
     def _require_broker(self, timeout_s: float = 30.0) -> None:
         if not self._connected.wait(timeout_s):
