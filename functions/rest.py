@@ -245,9 +245,8 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         def handler(tenant, namespace, name, instance_id=None, _action=action):
             fqfn = f"{tenant}/{namespace}/{name}"
             if cluster is not None:
-                raise ConfigError(f"{_action} is not available on a worker cluster yet: update the function "
-                                  "(parallelism or config) instead")
-            if _action == "restart":
+                cluster.control(fqfn, _action, instance_id)  # the worker that runs the instance acts
+            elif _action == "restart":
                 worker.restart(fqfn, instance_id)
             else:
                 worker.set_running(fqfn, _action == "start", instance_id)

@@ -18,6 +18,7 @@ from pathlib import Path
 import requests
 
 from pulsar_autoscale.controller.leader import LeaderElector, Term
+from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 from pulsar_autoscale.snapshot import FunctionCounters
 
@@ -75,6 +76,7 @@ class ClusterMember:
         self._closing = threading.Event()
         self._handoff_since: dict[tuple[str, int], float] = {}
         self._applied: dict[str, tuple[int, frozenset]] = {}
+        self._restarts_seen: dict[tuple[str, int], int] = {}   # restart requests already acted on here
         # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
         self._http = ClientSettings.of(client).http_session()
         self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
@@ -125,16 +127,32 @@ class ClusterMember:
             want = {i for i, w in snap.assignment.get(fqfn, {}).items() if w == self.me}
             keep = {i for i in hosted.get(fqfn, set()) - want
                     if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
-            target = frozenset(want | keep)
-            if self._applied.get(fqfn) == (rec.version, target) and hosted.get(fqfn, set()) >= target:
-                continue
-            self.worker.host_instances(rec.config, self.metadata.code_path(rec), set(target))
-            self._applied[fqfn] = (rec.version, target)
-            if want - hosted.get(fqfn, set()):
-                self._beat_when_running(fqfn, want)
+            target = frozenset((want | keep) - rec.stopped)
+            if self._applied.get(fqfn) != (rec.version, target) or not hosted.get(fqfn, set()) >= target:
+                self.worker.host_instances(rec.config, self.metadata.code_path(rec), set(target))
+                self._applied[fqfn] = (rec.version, target)
+                if (want - rec.stopped) - hosted.get(fqfn, set()):
+                    self._beat_when_running(fqfn, want - rec.stopped)
+            self._restart_requested(rec, target)
         for fqfn in set(hosted) - set(records):
             self.worker.unhost(fqfn)
             self._applied.pop(fqfn, None)
+
+    def _restart_requested(self, rec, running: frozenset[int]) -> None:
+        """The worker that runs an instance carries out each restart request for it once. An instance
+        that starts here counts the requests made before as done: it starts fresh anyway."""
+        fqfn = rec.config.fqfn
+        for key in [k for k in self._restarts_seen if k[0] == fqfn and k[1] not in running]:
+            del self._restarts_seen[key]
+        for i in sorted(running):
+            wanted = rec.restart_count(i)
+            seen = self._restarts_seen.setdefault((fqfn, i), wanted)
+            if wanted > seen:
+                self._restarts_seen[(fqfn, i)] = wanted
+                try:
+                    self.worker.restart(fqfn, i)
+                except PulsarAutoscaleError as exc:
+                    log.warning("%s: restart of %s instance %d failed: %s", self.me, fqfn, i, exc)
 
     def _handed_over(self, snap: Snapshot, fqfn: str, i: int, now: float) -> bool:
         """Make-before-break: an instance assigned away keeps running here until its new owner runs it
@@ -231,6 +249,10 @@ class ClusterMember:
     def rebalance(self) -> str:
         return self.metadata.request_rebalance()
 
+    def control(self, fqfn: str, action: str, instance_id: int | None) -> None:
+        """start/stop/restart, accepted by any worker; the worker that runs the instance acts."""
+        self.metadata.control(fqfn, action, instance_id)
+
     def members(self) -> list[dict]:
         return [m.view() for m in self.membership.alive()]
 
@@ -282,7 +304,8 @@ class ClusterMember:
         return out
 
     def status(self, fqfn: str) -> dict:
-        cfg = self.get(fqfn)
+        rec = self.metadata.get(fqfn)
+        cfg = rec.config
         snap = self.assignments.current()
         owners = {i: snap.owner(fqfn, i) for i in range(cfg.parallelism)}
         views = self._gather(fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()},
@@ -291,7 +314,8 @@ class ClusterMember:
         for i, wid in owners.items():
             st = (views.get(wid) or {}).get(str(i)) if wid else None
             if st is None:
-                error = ("unassigned: the cluster has no capacity left" if wid is None
+                error = ("stopped" if i in rec.stopped
+                         else "unassigned: the cluster has no capacity left" if wid is None
                          else f"not running on {wid} yet" if wid in views and views[wid] is not None
                          else f"worker {wid} is unreachable")
                 st = {"instanceId": i, "status": {"running": False, "error": error, "numRestarts": 0,

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pulsar
@@ -43,12 +43,20 @@ class MetadataTimeout(PulsarAutoscaleError):
     """A metadata record was written but not read back in time (broker trouble)."""
 
 
+CONTROL_ACTIONS = ("start", "stop", "restart")
+
+
 @dataclass(frozen=True)
 class FunctionRecord:
     config: FunctionConfig
     version: int
     package: str | None = None               # SHA-256 of the code on the package topic
     filename: str | None = None
+    stopped: frozenset[int] = frozenset()    # instances stopped by the start/stop API, wherever they run
+    restarts: tuple[tuple[int, int], ...] = ()  # (instance, restart requests so far): its owner restarts it on each
+
+    def restart_count(self, instance_id: int) -> int:
+        return dict(self.restarts).get(instance_id, 0)
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,18 @@ class FunctionMetaDataManager:
         rec = self.get(fqfn)
         self._write({"op": "delete", "fqfn": fqfn, "expect": rec.version})
 
+    def control(self, fqfn: str, action: str, instance_id: int | None) -> None:
+        """Pulsar's start/stop/restart of one instance (or all): a record every worker applies, so the
+        state outlives the instance's worker and the worker that runs the instance acts on it."""
+        if action not in CONTROL_ACTIONS:
+            raise ConfigError(f"unknown instance action {action!r}: use one of {', '.join(CONTROL_ACTIONS)}")
+        parallelism = self.get(fqfn).config.parallelism
+        if instance_id is not None and not 0 <= instance_id < parallelism:
+            raise NotFound(f"Function {fqfn.rsplit('/', 1)[-1]} has no instance {instance_id} "
+                           f"(parallelism {parallelism})")
+        self._write({"op": "control", "fqfn": fqfn, "action": action,
+                     "instances": None if instance_id is None else [instance_id]}, raise_on=("missing",))
+
     def request_rebalance(self) -> str:
         return self._write({"op": "rebalance"}).reason
 
@@ -212,10 +232,10 @@ class FunctionMetaDataManager:
             cur = self._functions.get(fqfn) if fqfn else None
         if op == "create" and cur is not None:
             return _Outcome(False, "exists", f"Function {fqfn.rsplit('/', 1)[-1]} already exists")
-        if op in ("update", "delete"):
+        if op in ("update", "delete", "control"):
             if cur is None:
                 return _Outcome(False, "missing", f"Function {fqfn} doesn't exist")
-            if cur.version != r["expect"]:
+            if op != "control" and cur.version != r["expect"]:
                 return _Outcome(False, "version", f"Function {fqfn} changed concurrently")
         return _Outcome(True)
 
@@ -225,14 +245,32 @@ class FunctionMetaDataManager:
             self._rebalances.append(r["request"])
         elif op == "delete":
             del self._functions[r["fqfn"]]
+        elif op == "control":
+            self._functions[r["fqfn"]] = controlled(self._functions[r["fqfn"]], r["action"], r["instances"])
         else:
             cur = self._functions.get(r["fqfn"])
             cfg = FunctionConfig.from_dict(r["config"], max(self.max_parallelism, r["config"].get("parallelism", 1)))
+            kept = {} if cur is None else {"stopped": frozenset(i for i in cur.stopped if i < cfg.parallelism),
+                                           "restarts": cur.restarts}
             self._functions[r["fqfn"]] = FunctionRecord(cfg, (cur.version if cur else 0) + 1, r.get("package"),
-                                                        r.get("filename"))
+                                                        r.get("filename"), **kept)
 
     def close(self) -> None:
         self._meta_tailer.close()
         self._pkg_tailer.close()
         self._meta_producer.close()
         self._pkg_producer.close()
+
+
+def controlled(rec: FunctionRecord, action: str, instances: list[int] | None) -> FunctionRecord:
+    """The record after a start/stop/restart of `instances` (None: all). Restart also starts a stopped
+    instance, as on a single worker. The version stays: a control record never conflicts with an update."""
+    ids = set(range(rec.config.parallelism)) if instances is None else {i for i in instances
+                                                                           if i < rec.config.parallelism}
+    if action == "stop":
+        return replace(rec, stopped=rec.stopped | ids)
+    restarts = dict(rec.restarts)
+    if action == "restart":
+        restarts.update({i: restarts.get(i, 0) + 1 for i in ids})
+    return replace(rec, stopped=rec.stopped - ids, restarts=tuple(sorted(restarts.items())))
+

@@ -128,7 +128,8 @@ class EmbeddedBroker:
         if not self.relay:
             return self
         self._relay = subprocess.Popen(
-            [sys.executable, "-m", "pulsar_autoscale.broker.relay", str(self.port), str(self._lite_port)],
+            [sys.executable, "-m", "pulsar_autoscale.broker.relay", str(self.port), str(self._lite_port),
+             str(Path(self.data_dir, "broker.log"))],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
             preexec_fn=_die_with_parent,
         )

@@ -8,14 +8,23 @@ redelivered, and their consumer ids are refused to everyone else ("Consumer 0 al
 exists"). A clean end of stream runs the cleanup (consumers removed, their unacked messages
 redelivered within milliseconds).
 
+The same early return happens when a client's byte stream ends inside a frame (a client
+killed in the middle of writing one): the broker's decoder fails with "bytes remaining on
+stream" and the dead client's consumers stay, with every message dispatched to them. So the
+relay forwards only whole frames from the client: it holds back a frame until its last byte
+has arrived, and a client that ends inside one has that partial frame dropped.
+
 The relay runs as its own process (no GIL shared with a worker) and forwards bytes both
 ways. pulsar-lite answers a topic lookup with its own address (the private port), so the relay
 rewrites the broker URL in lookup responses to its own: clients stay on the relay. When the
 client side ends, by FIN or by reset, it half-closes the broker side and
 reads whatever the broker still sends until the broker closes, so pulsar-lite always sees a
-clean end of stream and never a reset. It adds one loopback hop per message.
+clean end of stream at a frame boundary and never a reset. It adds one loopback hop per message.
 
-    python -m pulsar_autoscale.broker.relay LISTEN_PORT UPSTREAM_PORT
+    python -m pulsar_autoscale.broker.relay LISTEN_PORT UPSTREAM_PORT [LOG_FILE]
+
+LOG_FILE (appended to; the embedded broker gives its broker.log) gets a line for each client
+that ended inside a frame.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import time
 
 HOST = "127.0.0.1"
 CHUNK = 256 * 1024
@@ -102,14 +112,34 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-async def _client_to_broker(client: asyncio.StreamReader, broker: asyncio.StreamWriter) -> None:
+def frame_ends(buf: bytes | bytearray) -> list[int]:
+    """Where each whole frame at the start of buf ends (a frame: 4-byte big-endian size, then that many bytes)."""
+    ends, i = [], 0
+    while len(buf) - i >= 4:
+        end = i + 4 + int.from_bytes(buf[i:i + 4], "big")
+        if end > len(buf):
+            break
+        ends.append(end)
+        i = end
+    return ends
+
+
+async def _client_to_broker(client: asyncio.StreamReader, broker: asyncio.StreamWriter, log) -> None:
+    pending = bytearray()
     try:
         while data := await client.read(CHUNK):
-            broker.write(data)
-            await broker.drain()
+            pending += data
+            ends = frame_ends(pending)
+            if ends:
+                broker.write(bytes(pending[:ends[-1]]))
+                del pending[:ends[-1]]
+                await broker.drain()
     except (ConnectionError, OSError):
         pass  # reset by a dead client: the broker still gets a clean end of stream below
     finally:
+        if pending:
+            log(f"a client ended inside a frame: dropped its last {len(pending)} bytes, so the broker "
+                "sees a clean close and redelivers what it dispatched to that client (B10)")
         try:
             broker.write_eof()
         except (ConnectionError, OSError, RuntimeError):
@@ -118,20 +148,15 @@ async def _client_to_broker(client: asyncio.StreamReader, broker: asyncio.Stream
 
 async def _broker_to_client(broker: asyncio.StreamReader, client: asyncio.StreamWriter, broker_url: bytes) -> None:
     client_alive = True
-    pending = b""
+    pending = bytearray()
     try:
         while data := await broker.read(CHUNK):
             if not client_alive:
                 continue  # drain what the broker sends until it closes: never reset the broker's side
             pending += data
-            frames, i = [], 0
-            while len(pending) - i >= 4:
-                end = i + 4 + int.from_bytes(pending[i:i + 4], "big")
-                if end > len(pending):
-                    break
-                frames.append(rewrite_lookup(pending[i:end], broker_url))
-                i = end
-            pending = pending[i:]
+            ends = frame_ends(pending)
+            frames = [rewrite_lookup(bytes(pending[a:b]), broker_url) for a, b in zip([0, *ends], ends)]
+            del pending[:ends[-1] if ends else 0]
             try:
                 client.write(b"".join(frames))
                 await client.drain()
@@ -144,7 +169,7 @@ async def _broker_to_client(broker: asyncio.StreamReader, client: asyncio.Stream
 
 
 async def _serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, upstream_port: int,
-                 broker_url: bytes) -> None:
+                 broker_url: bytes, log) -> None:
     try:
         broker_r, broker_w = await asyncio.open_connection(HOST, upstream_port)
     except OSError:
@@ -153,16 +178,27 @@ async def _serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
     _nodelay(client_w)
     _nodelay(broker_w)
     try:
-        await asyncio.gather(_client_to_broker(client_r, broker_w), _broker_to_client(broker_r, client_w, broker_url))
+        await asyncio.gather(_client_to_broker(client_r, broker_w, log),
+                             _broker_to_client(broker_r, client_w, broker_url))
     finally:
         for w in (broker_w, client_w):
             w.close()
 
 
-async def main(listen_port: int, upstream_port: int) -> None:
+def file_log(path: str | None):
+    """A line per event, appended to path (None: nowhere: the relay's stdout and stderr are not read)."""
+    def log(line: str) -> None:
+        if path is not None:
+            with open(path, "a") as f:
+                f.write(f"relay: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {line}\n")
+    return log
+
+
+async def main(listen_port: int, upstream_port: int, log_path: str | None = None) -> None:
     broker_url = f"pulsar://{HOST}:{listen_port}".encode()
-    server = await asyncio.start_server(lambda r, w: _serve(r, w, upstream_port, broker_url), HOST, listen_port,
-                                        reuse_address=True)
+    log = file_log(log_path)
+    server = await asyncio.start_server(lambda r, w: _serve(r, w, upstream_port, broker_url, log), HOST,
+                                        listen_port, reuse_address=True)
     print("relay ready", flush=True)  # EmbeddedBroker waits for this line: the port is ours
     async with server:
         await server.serve_forever()
@@ -170,6 +206,6 @@ async def main(listen_port: int, upstream_port: int) -> None:
 
 if __name__ == "__main__":
     try:
-        asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+        asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None))
     except KeyboardInterrupt:
         pass

@@ -1,6 +1,7 @@
 """Child process of test_incarnations.py: one client on a Shared subscription, printing each message it acks.
 
     consume URL TOPIC 0          a plain client (ids from 0), runs until killed
+    hold URL TOPIC N             a plain client that acks N messages, then holds what it prefetched until killed
     incarnation URL TOPIC IDLE_S a lite_quirks.incarnation_client; prints FLOOR n, exits after IDLE_S
                                  without a message or on SIGTERM (closing its client cleanly)
 """
@@ -27,15 +28,18 @@ def main(mode: str, url: str, topic: str, idle_s: str) -> None:
         client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     consumer = client.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
     print("READY", flush=True)
-    last = time.monotonic()
-    while not stop.is_set() and (mode == "consume" or time.monotonic() - last < float(idle_s)):
+    last, acked = time.monotonic(), 0
+    while not stop.is_set() and (mode in ("consume", "hold") or time.monotonic() - last < float(idle_s)):
+        if mode == "hold" and acked >= int(idle_s):
+            stop.wait(0.1)
+            continue
         try:
             msg = consumer.receive(200)
         except pulsar.Timeout:
             continue
         consumer.acknowledge(msg)
         print(f"GOT {int(msg.data())}", flush=True)
-        last = time.monotonic()
+        last, acked = time.monotonic(), acked + 1
     consumer.close()
     client.close()
 
