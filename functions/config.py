@@ -20,7 +20,6 @@ from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.keygroups import DEFAULT_NUM_KEY_GROUPS, MAX_NUM_KEY_GROUPS
 
 GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE", "EFFECTIVELY_ONCE", "MANUAL")
-SUPPORTED_GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE", "MANUAL")
 RUNTIMES = ("PYTHON", "JAVA", "GO")
 SUBSCRIPTION_POSITIONS = ("Latest", "Earliest")
 COMPRESSION_TYPES = ("NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY")
@@ -562,14 +561,14 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
         raise ConfigError(f"Function parallelism must be a positive number, got {cfg.parallelism}")
     if cfg.parallelism > max_parallelism:
         raise ConfigError(f"Function parallelism {cfg.parallelism} is above this worker's limit of {max_parallelism}")
-    if cfg.processingGuarantees not in SUPPORTED_GUARANTEES:
-        raise ConfigError(f"processingGuarantees {cfg.processingGuarantees} is not supported by this worker: "
-                          f"use {', '.join(SUPPORTED_GUARANTEES)}")
     if cfg.processingGuarantees == "ATMOST_ONCE" and not cfg.autoAck:
         raise ConfigError("autoAck must be true when processingGuarantees is ATMOST_ONCE (as Pulsar requires)")
     if cfg.processingGuarantees == "ATMOST_ONCE" and cfg.maxMessageRetries is not None:
         raise ConfigError("maxMessageRetries needs ATLEAST_ONCE or MANUAL processingGuarantees: "
                           "ATMOST_ONCE acks on receipt, so nothing is redelivered")
+    if cfg.processingGuarantees == "EFFECTIVELY_ONCE" and not cfg.autoAck:
+        raise ConfigError("autoAck must be true when processingGuarantees is EFFECTIVELY_ONCE: the instance applies "
+                          "a message's state changes and its ack once (docs/state.md)")
     if cfg.retainOrdering and cfg.retainKeyOrdering:
         raise ConfigError("retainOrdering and retainKeyOrdering cannot both be set")
     if cfg.maxMessageRetries == 0:

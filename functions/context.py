@@ -1,4 +1,7 @@
-"""The Pulsar Python SDK's Context, backed by our instance, its producers and the state store."""
+"""The Pulsar Python SDK's Context, backed by our instance, its producers and the state store.
+
+State calls for a message go to its key group's store (docs/state.md); begin_message/end_message
+bracket a message's state calls (EFFECTIVELY_ONCE makes them one transaction with its id)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from pulsar.functions.context import Context as PulsarContext
 
 from .config import FunctionConfig, normalize_topic
 from .loader import load_serde
-from .state import StateStore
+from .state import StateStore, message_group
 from .stats import InstanceStats
 
 
@@ -48,12 +51,41 @@ class InstanceContext(PulsarContext):
         self._logger = logger
         self._producers: dict[str, pulsar.Producer] = {}
         self._message: pulsar.Message | None = None
+        self._group_state = state   # the current message's key group in `state`, or `state` between messages
+        self._once = config.processingGuarantees == "EFFECTIVELY_ONCE"
         # Publishes are asynchronous: the instance counts them so that a drain waits for them.
         self._track_pending = track_pending or (lambda _n: None)
         self._ack = ack
 
     def set_message(self, message: pulsar.Message | None) -> None:
         self._message = message
+        self._group_state = self._state if message is None else \
+            self._state.group(message_group(message, self._cfg.numKeyGroups))
+
+    def begin_message(self, message) -> bool:
+        """Take a message; False under EFFECTIVELY_ONCE when its id is applied in its group already (its
+        ack was lost): the caller acks it without processing. A redelivery is counted (the user metric
+        `state_redeliveries`), since under ATLEAST_ONCE it may count a second time."""
+        self.set_message(message)
+        redeliveries = getattr(message, "redelivery_count", None)
+        if redeliveries is not None and redeliveries() > 0:
+            self._stats.record_metric("state_redeliveries", 1)
+        if self._state.begin(self._group_state.group, str(message.message_id()) if self._once else None):
+            return True
+        self.set_message(None)
+        return False
+
+    def end_message(self, ok: bool) -> None:
+        """The function returned (ok) or raised: commit or abort the message's state changes; they go to the
+        changelog, persisted by flush_state() before the input is acked."""
+        if ok:
+            self._state.commit()
+        else:
+            self._state.abort()
+        self.set_message(None)
+
+    def flush_state(self) -> None:
+        self._state.flush()
 
     # ---- current message -------------------------------------------------------------------
     def get_message_id(self):
@@ -153,22 +185,23 @@ class InstanceContext(PulsarContext):
         """With autoAck false or MANUAL guarantees the function acks its messages (Pulsar's Python SDK)."""
         if self._ack is None:
             raise NotImplementedError("this context has no consumer to acknowledge on")
+        self._state.flush_before_ack()
         self._ack(msgid, topic)
 
     def incr_counter(self, key, amount):
-        return self._state.incr_counter(key, amount)
+        return self._group_state.incr_counter(key, amount)
 
     def get_counter(self, key):
-        return self._state.get_counter(key)
+        return self._group_state.get_counter(key)
 
     def del_counter(self, key):
-        return self._state.del_counter(key)
+        return self._group_state.del_counter(key)
 
     def put_state(self, key, value):
-        return self._state.put_state(key, value)
+        return self._group_state.put_state(key, value)
 
     def get_state(self, key):
-        return self._state.get_state(key)
+        return self._group_state.get_state(key)
 
     def flush(self) -> None:
         for producer in self._producers.values():

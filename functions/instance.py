@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import pulsar
 
+from .changelog import changelog_topic
 from .config import FunctionConfig
 from .context import InstanceContext, identity_deserialize, source_event_time
 from .loader import load_callable, load_serde
@@ -197,6 +198,7 @@ class Instance:
             process, producer = prepared.process, prepared.producer
             consumer = self._input = self._open_input()
             self.stats.pending_outputs = lambda: self._sent - self._completed
+            self._state.attach_changelog(self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name))
             ctx = InstanceContext(cfg, self.instance_id, self._num_instances, self._client, self.stats, self._state,
                                   self.logger, track_pending=self._track_pending, ack=self._user_ack)
             self.stats.set_running(True)
@@ -243,15 +245,20 @@ class Instance:
                 consumer.acknowledge(msg)
             elif not auto_ack:
                 self._unacked[str(msg.message_id())] = msg
-            ctx.set_message(msg)
+            if not ctx.begin_message(msg):   # EFFECTIVELY_ONCE: applied before, only its ack was lost
+                self._unacked.pop(str(msg.message_id()), None)
+                consumer.acknowledge(msg)
+                continue
             start = time.perf_counter()
             stats.busy_since_ms = int(time.time() * 1000)
+            ok = False
             try:
                 serde = input_serdes.get(msg.topic_name()) if input_serdes else None
                 result = process(serde.deserialize(msg.data()) if serde else identity_deserialize(msg.data()), ctx)
                 # A result the serde cannot serialize is the function's fault: a user exception, retried
                 # and dead-lettered like one, never an instance crash.
                 payload = None if result is None or producer is None else output_serde.serialize(result)
+                ok = True
             except Exception as exc:
                 stats.on_processed(time.perf_counter() - start, ok=False)
                 stats.on_exception(exc, user=True)
@@ -261,8 +268,9 @@ class Instance:
                     consumer.negative_acknowledge(msg)
                 continue
             finally:
-                ctx.set_message(None)
+                ctx.end_message(ok)
                 stats.busy_since_ms = 0
+            ctx.flush_state()   # the state changes are in the changelog before the input is acked
             stats.on_processed(time.perf_counter() - start, ok=True)
             if payload is None:
                 if auto_ack:

@@ -123,7 +123,7 @@ def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: s
                   num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None) -> None:
     stats = InstanceStats(instance_id, start_time_ms)
     open_input = (lambda: lite_quirks.PipeConsumer(input_conn)) if input_conn is not None else None
-    instance = Instance(config, instance_id, client, code_path, StateStore(state_path),
+    instance = Instance(config, instance_id, client, code_path, StateStore(state_path, config.numKeyGroups),
                         lambda: num_instances.value, stats, open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)
     runner.start()

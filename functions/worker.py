@@ -341,7 +341,7 @@ class Worker:
                 failure: str = "") -> HostedFunction:
         runtime = cfg.instanceRuntime or self.default_runtime
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else _Counter(cfg.parallelism)
-        fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite"), num_instances=num,
+        fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite", cfg.numKeyGroups), num_instances=num,
                             code_digest=digest, failure=failure)
         if cfg.keyedState:
             if runtime == "process":

@@ -148,6 +148,9 @@ class _NoState:
 
     incr_counter = get_counter = del_counter = put_state = get_state = _refuse
 
+    def group(self, _group: int) -> "_NoState":
+        return self
+
 
 @dataclass(frozen=True)
 class _TaskSpec:
@@ -168,12 +171,17 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
     import pulsar
 
     from pulsar_autoscale.functions.context import InstanceContext, identity_deserialize, load_serde, source_event_time
+    from pulsar_autoscale.functions.changelog import changelog_topic
     from pulsar_autoscale.functions.state import StateStore
     from pulsar_autoscale.functions.stats import InstanceStats
 
     cfg = spec.config
     process = _load_process(cfg.className, spec.code_name, spec.code, slot)
-    state = StateStore(spec.state_path) if spec.state_path else _NoState()
+    if spec.state_path:   # outside a message scope every change is persisted in the changelog at once
+        state = StateStore(spec.state_path, cfg.numKeyGroups)
+        state.attach_changelog(client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name))
+    else:
+        state = _NoState()
     ctx = InstanceContext(cfg, instance_id, lambda: spec.num_instances, client, InstanceStats(instance_id), state,
                           logging.getLogger(f"function.{cfg.fqfn}.burst{instance_id}"))
     serde = load_serde(cfg.outputSerdeClassName)
@@ -206,6 +214,8 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
         ctx.flush()  # what process() published through context.publish
     finally:
         ctx.close()
+        if isinstance(state, StateStore):
+            state.close()
 
 
 def process_partition(spec: _TaskSpec, records: Iterable[PipedMessage]) -> Iterator[tuple[int, bool, int]]:

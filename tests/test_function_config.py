@@ -140,7 +140,7 @@ def test_yaml_config_file(tmp_path):
 
 @pytest.mark.parametrize("extra, needle", [
     ({"parallelism": "2"}, "parallelism must be an integer"),
-    ({"processingGuarantees": "EFFECTIVELY_ONCE"}, "not supported"),
+    ({"processingGuarantees": "EFFECTIVELY_ONCE", "autoAck": False}, "autoAck must be true"),
     ({"processingGuarantees": "SOMETIMES"}, "is unknown"),
     ({"retainOrdering": True, "retainKeyOrdering": True}, "cannot both be set"),
     ({"output": "in"}, "also an input topic"),

@@ -1,0 +1,166 @@
+"""A function's state changelog on Pulsar: every state change, as the key's new absolute value.
+
+Kafka Streams' design, on a Pulsar topic: a state store is a cache of its changelog, so a key
+group's state is rebuilt on any worker by replaying the records of that group (docs/state.md).
+A record is keyed `{group}:{kind}:{state key}` so that topic compaction (Apache Pulsar) keeps the
+latest value of each, and carries its group (`kg`), its kind (counter, state value, deleted), a
+per-key version (restore keeps the highest, so records of two producers can never reorder a key),
+and under EFFECTIVELY_ONCE the input message id that applied it, with its place among that
+message's records (`part` of `parts`): a restore applies a message's records only once all arrived.
+
+Where the changelog ends is found with a marker record: a reader reads up to the marker it has just
+published, which needs no `has_message_available` or `get_last_message_id` (both unreliable on
+pulsar-lite, docs/broker.md) and no seek (B5).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+import pulsar
+
+COUNTER, VALUE, DELETED = "c", "s", "d"
+MARKER_KEY = "__marker__"
+READ_TIMEOUT_MS = 10_000
+
+
+def changelog_topic(tenant: str, namespace: str, name: str) -> str:
+    return f"persistent://{tenant}/{namespace}/__state-{name}-changelog"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One state change: `value` is the counter (int), the state bytes, or None for a deletion."""
+
+    group: int
+    kind: str            # COUNTER or VALUE; a deletion has `deleted` set and keeps the kind it deleted
+    key: str
+    value: int | bytes | None
+    version: int
+    deleted: bool = False
+    msg_id: str | None = None
+    part: int = 0
+    parts: int = 1
+
+    def encode(self) -> tuple[bytes, dict]:
+        """(payload, send kwargs)."""
+        props = {"kg": str(self.group), "kind": DELETED if self.deleted else self.kind, "ver": str(self.version)}
+        if self.deleted:
+            props["of"] = self.kind
+        if self.msg_id is not None:
+            props.update(mid=self.msg_id, part=str(self.part), parts=str(self.parts))
+        if self.deleted:
+            payload = b""
+        elif self.kind == COUNTER:
+            payload = str(int(self.value)).encode()
+        else:
+            payload = bytes(self.value)
+        return payload, {"partition_key": f"{self.group}:{self.kind}:{self.key}", "properties": props}
+
+    @classmethod
+    def decode(cls, msg) -> "Record | None":
+        """The record in a changelog message; None for a marker."""
+        props = msg.properties()
+        if "kg" not in props:
+            return None
+        kind = props["kind"]
+        deleted = kind == DELETED
+        if deleted:
+            kind = props["of"]
+        key = msg.partition_key().split(":", 2)[2]
+        data = msg.data()
+        value = None if deleted else (int(data) if kind == COUNTER else data)
+        mid = props.get("mid")
+        return cls(int(props["kg"]), kind, key, value, int(props["ver"]), deleted, mid,
+                   int(props.get("part", 0)), int(props.get("parts", 1)))
+
+
+class ChangelogWriter:
+    """The function's changelog producer in one process; `flush` returns once every record sent is persisted."""
+
+    def __init__(self, client: pulsar.Client, topic: str):
+        self.topic = topic
+        self._client = client
+        # No send timeout: a record is never dropped while the broker is away; the ack waits for it.
+        self._producer = client.create_producer(topic, block_if_queue_full=True, batching_enabled=True,
+                                                batching_max_publish_delay_ms=1, send_timeout_millis=0)
+        self._lock = threading.Lock()
+        self._failed: pulsar.Result | None = None
+        self.records = self.bytes = 0
+
+    def _done(self, result, _msg_id) -> None:
+        if result != pulsar.Result.Ok:
+            self._failed = result
+
+    def send(self, records: list[Record]) -> None:
+        """Enqueue in order (one producer keeps the order of what it is given)."""
+        with self._lock:
+            for r in records:
+                payload, kwargs = r.encode()
+                self._producer.send_async(payload, self._done, **kwargs)
+                self.records += 1
+                self.bytes += len(payload)
+
+    def flush(self) -> None:
+        self._producer.flush()
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise pulsar.PulsarException(f"changelog {self.topic}: a record was not persisted: {failed}")
+
+    def mark(self) -> bytes:
+        """Persist a marker after everything sent so far; its serialized id is a position in the changelog."""
+        with self._lock:
+            msg_id = self._producer.send(uuid.uuid4().hex.encode(), partition_key=MARKER_KEY)
+        self.flush()
+        return msg_id.serialize()
+
+    def close(self) -> None:
+        try:
+            self._producer.flush()
+            self._producer.close()
+        except pulsar.PulsarException:
+            pass
+
+
+@dataclass
+class ReadStats:
+    records: int = 0
+    bytes: int = 0
+
+
+def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
+                   stats: ReadStats | None = None) -> Iterator[Record]:
+    """Every record from `after` (a position from `mark`, exclusive) or the start, up to now.
+
+    "Now" is a marker this call publishes first: everything persisted before it is read. Apache
+    Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
+    """
+    nonce = uuid.uuid4().hex.encode()
+    producer = client.create_producer(topic)
+    try:
+        producer.send(nonce, partition_key=MARKER_KEY)
+    finally:
+        producer.close()
+    start = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
+    reader = client.create_reader(topic, start, receiver_queue_size=5000)
+    try:
+        while True:
+            try:
+                msg = reader.read_next(READ_TIMEOUT_MS)
+            except pulsar.Timeout:
+                raise TimeoutError(f"changelog {topic}: no record for {READ_TIMEOUT_MS} ms before the end "
+                                   f"marker; the broker may be down") from None
+            record = Record.decode(msg)
+            if record is None:
+                if msg.data() == nonce:
+                    return
+                continue
+            if stats is not None:
+                stats.records += 1
+                stats.bytes += len(msg.data())
+            yield record
+    finally:
+        reader.close()

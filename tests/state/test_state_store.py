@@ -1,0 +1,114 @@
+"""The key-grouped store and its changelog on a real pulsar-lite broker: restore, release/open, EFFECTIVELY_ONCE."""
+
+from __future__ import annotations
+
+import uuid
+
+import pulsar
+import pytest
+
+from pulsar_autoscale.functions.changelog import COUNTER, ChangelogWriter, Record
+from pulsar_autoscale.functions.keygroups import key_group
+from pulsar_autoscale.functions.state import NONE_KEY, NotOwnedError, StateStore
+
+G = 16
+
+
+@pytest.fixture
+def changelog():
+    return f"persistent://public/default/__state-t{uuid.uuid4().hex[:10]}-changelog"
+
+
+def store(tmp_path, client, changelog, name="a", owned=None) -> StateStore:
+    s = StateStore(tmp_path / name / "state.sqlite", G, owned)
+    s.attach_changelog(client, changelog)
+    return s
+
+
+def process(s: StateStore, key: str, updates, msg_id: str | None = None) -> bool:
+    """What an instance does for one message: its state calls in its key's group, commit, flush."""
+    view = s.for_key(key)
+    if not s.begin(view.group, msg_id):
+        return False
+    for verb, *args in updates:
+        getattr(view, verb)(*args)
+    s.commit()
+    s.flush()
+    return True
+
+
+def contents(s: StateStore) -> dict:
+    rows = s._conn().execute("SELECT kind, key, kg, ival, bval FROM kv WHERE dead = 0").fetchall()
+    return {(kind, key, kg): (ival, bval) for kind, key, kg, ival, bval in rows}
+
+
+def test_a_restore_from_the_changelog_gives_the_same_state(tmp_path, client, changelog):
+    a = store(tmp_path, client, changelog)
+    for i in range(300):
+        process(a, f"k{i % 37}", [("incr_counter", f"c{i % 11}", 1 + i % 3), ("put_state", f"s{i % 5}", f"v{i}")])
+    process(a, "k1", [("del_counter", "c1")])
+    a.put_state("rest-key", b"\xff\x00")          # a write outside a message (REST putstate)
+    a.set_counter("rest-counter", 41)
+    b = store(tmp_path, client, changelog, "b")
+    stats = b.open(set(range(G)))
+    assert contents(b) == contents(a) and contents(a)
+    assert b.get_state("rest-key") == b"\xff\x00" and b.get_counter("rest-counter") == 41
+    assert b.for_key("k1").get_counter("c1") == 0
+    assert stats.records >= 600 and stats.bytes > 0 and stats.from_snapshot == 0
+
+
+def test_release_snapshots_and_open_replays_only_the_tail(tmp_path, client, changelog):
+    a = store(tmp_path, client, changelog)
+    for i in range(200):
+        process(a, f"k{i}", [("incr_counter", "n", 1)])
+    groups = {key_group("k7", G), key_group("k8", G)}
+    before = {g: a.group(g).get_counter("n") for g in groups}
+    a.release(groups)
+    assert a.owned() == set(range(G)) - groups
+    with pytest.raises(NotOwnedError):
+        a.for_key("k7").get_counter("n")
+    b = store(tmp_path, client, changelog, "b", owned=set())       # the new owner: full replay
+    b.open(groups)
+    assert {g: b.group(g).get_counter("n") for g in groups} == before
+    process(b, "k7", [("incr_counter", "n", 100)])
+    b.release(groups)
+    stats = a.open(groups)                                          # back: snapshot + the tail after it
+    assert stats.from_snapshot == len(groups) and stats.records == 1
+    assert a.for_key("k7").get_counter("n") == before[key_group("k7", G)] + 100
+
+
+def test_effectively_once_skips_an_applied_message_also_after_a_restore(tmp_path, client, changelog):
+    a = store(tmp_path, client, changelog)
+    assert process(a, "k", [("incr_counter", "n", 1), ("incr_counter", "m", 2)], "(1,1,-1,-1)")
+    assert not process(a, "k", [("incr_counter", "n", 1)], "(1,1,-1,-1)")     # a redelivery
+    view = a.for_key("k")
+    a.begin(view.group, "(1,2,-1,-1)")
+    view.incr_counter("n", 5)
+    a.abort()                                                                     # the function raised
+    assert (view.get_counter("n"), view.get_counter("m")) == (1, 2)
+    b = store(tmp_path, client, changelog, "b")
+    b.open(set(range(G)))
+    assert not process(b, "k", [("incr_counter", "n", 1)], "(1,1,-1,-1)")
+    assert process(b, "k", [("incr_counter", "n", 1)], "(1,2,-1,-1)")
+    assert b.for_key("k").get_counter("n") == 2
+
+
+def test_a_message_whose_records_did_not_all_arrive_is_not_restored(tmp_path, client, changelog):
+    writer = ChangelogWriter(client, changelog)
+    g = key_group(NONE_KEY, G)
+    writer.send([Record(g, COUNTER, "n", 1, 1, msg_id="m1", part=0, parts=1),
+                 Record(g, COUNTER, "n", 2, 2, msg_id="m2", part=0, parts=2)])   # m2's second record was lost
+    writer.flush()
+    b = store(tmp_path, client, changelog, "b")
+    b.open({g})
+    assert b.for_key(None).get_counter("n") == 1
+    assert not process(b, None, [("incr_counter", "n", 1)], "m1") and process(b, None, [("incr_counter", "n", 1)], "m2")
+    writer.close()
+
+
+def test_rest_reads_find_a_key_in_whichever_group_holds_it(tmp_path, client, changelog):
+    a = store(tmp_path, client, changelog)
+    process(a, None, [("incr_counter", "hello", 3)])          # a message without a key: NONE_KEY's group
+    assert a.get_counter("hello") == 3 and a.has_counter("hello") and a.counters() == {"hello": 3}
+    a.incr_counter("hello", 1)                                # REST-side writes go where the key lives
+    assert a.for_key(None).get_counter("hello") == 4
