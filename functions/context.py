@@ -64,12 +64,12 @@ class InstanceContext(PulsarContext):
 
     def begin_message(self, message) -> bool:
         """Take a message; False under EFFECTIVELY_ONCE when its id is applied in its group already (its
-        ack was lost): the caller acks it without processing. A redelivery is counted (the user metric
-        `state_redeliveries`), since under ATLEAST_ONCE it may count a second time."""
+        ack was lost): the caller acks it without processing. A redelivery is counted (the instance's
+        `redeliveredTotal` in function stats): under ATLEAST_ONCE its state changes may apply twice."""
         self.set_message(message)
         redeliveries = getattr(message, "redelivery_count", None)
         if redeliveries is not None and redeliveries() > 0:
-            self._stats.record_metric("state_redeliveries", 1)
+            self._stats.redelivered += 1
         if self._state.begin(self._group_state.group, str(message.message_id()) if self._once else None):
             return True
         self.set_message(None)

@@ -89,6 +89,7 @@ class StateStore:
         self._topic: str | None = None
         self._attach_lock = threading.Lock()
         self._applied_since_prune = 0
+        self.duplicates_skipped = 0   # EFFECTIVELY_ONCE: messages whose id was applied already (in this process)
         self.restore_stats = RestoreStats()
         c = self._conn()
         # (kind, key, kg): a key's lookup is a prefix of the primary key, in its group or in any.
@@ -163,6 +164,7 @@ class StateStore:
         if conn.execute("SELECT 1 FROM applied WHERE kg = ? AND mid = ?", (group, msg_id)).fetchone():
             conn.execute("ROLLBACK")
             self._local.scope = None
+            self.duplicates_skipped += 1
             return False
         return True
 

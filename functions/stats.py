@@ -47,6 +47,7 @@ class InstanceFigures:
     connected: bool = True        # the input consumer's connection to the broker
     stalled_since_ms: int = 0     # in-flight work (process() or unacked outputs) without progress since; 0: none
     output_error: str = ""        # the last output failed (send timeout: a hung broker) and none has succeeded since
+    redelivered: int = 0          # messages received again (redelivery count > 0): ATLEAST_ONCE state may count them twice
 
     @property
     def avg_latency_ms(self) -> float:
@@ -66,7 +67,7 @@ class InstanceStats:
         # Not running until the loop has its input: a status that says "running" earlier
         # invites a producer to send before the subscription exists (it starts at the latest message).
         self.running, self.error = False, ""
-        self.received = self.processed = self.outputs = 0
+        self.received = self.processed = self.outputs = self.redelivered = 0
         self.user_exceptions = self.system_exceptions = 0
         self.busy_s = self.busy_sq_s2 = 0.0
         self.interarrival_n, self.interarrival_s, self.interarrival_sq_s2 = 0, 0.0, 0.0
@@ -97,7 +98,8 @@ class InstanceStats:
                 first_processed_ms=self.first_processed_ms,
                 last_invocation_ms=self.last_invocation_ms, latest_user_exceptions=tuple(self._user_exc),
                 latest_system_exceptions=tuple(self._system_exc), user_metrics=dict(self._metrics),
-                connected=self.connected, stalled_since_ms=self._stalled_since_ms(), output_error=self.output_error)
+                connected=self.connected, stalled_since_ms=self._stalled_since_ms(), output_error=self.output_error,
+                redelivered=self.redelivered)
 
     def _stalled_since_ms(self) -> int:
         since = self.busy_since_ms

@@ -92,7 +92,7 @@ def instance_metrics(fig: InstanceFigures) -> dict:
     svc_mean, svc_var = _moments(fig.processed, fig.busy_s, fig.busy_sq_s2)
     ia_mean, ia_var = _moments(fig.interarrival_n, fig.interarrival_s, fig.interarrival_sq_s2)
     block = _window_block(fig.received, fig.processed, fig.system_exceptions, fig.user_exceptions, fig.busy_s)
-    return {**block, "1min": block, "lastInvocation": fig.last_invocation_ms,
+    return {**block, "1min": block, "lastInvocation": fig.last_invocation_ms, "redeliveredTotal": fig.redelivered,
             "userMetrics": {k: s / c for k, (s, c) in fig.user_metrics.items() if c},
             "autoscale": {"processTimeMean": svc_mean, "processTimeVariance": svc_var,
                           "interArrivalMean": ia_mean, "interArrivalVariance": ia_var,
