@@ -37,3 +37,34 @@ def test_apache_full_topic_names():
     assert m.in_messages == {"persistent://t/ns/x": 42}
     assert m.backlog_messages("persistent://t/ns/x", "t/ns/g") == 7
     assert m.messages_per_entry == 1.0
+
+
+def _lite_metrics(topics: int) -> str:
+    """A pulsar-lite /metrics page with many topics, one subscription each."""
+    lines = ["# TYPE pulsar_broker_in_messages_total gauge", f"pulsar_broker_in_messages_total {topics * 10}",
+             "pulsar_entry_size_count " + str(topics)]
+    for i in range(topics):
+        base = 'cluster="pulsar-lite",namespace="public/default",partition="-1"'
+        labels, sub = f'{base},topic="t{i}"', f'{base},subscription="public/default/f{i}",topic="t{i}"'
+        lines += [f"pulsar_in_messages_total{{{labels}}} {i}", f"pulsar_rate_in{{{labels}}} 0",
+                  f"pulsar_subscription_back_log{{{sub}}} {i % 7}", f"pulsar_out_bytes_total{{{sub}}} 5"]
+    return "\n".join(lines) + "\n"
+
+
+def test_only_the_asked_topics_are_parsed_and_their_figures_are_the_same():
+    text = _lite_metrics(2000)
+    asked = {"persistent://public/default/t8", "persistent://public/default/t1999"}
+    every, some = parse(text, now=1.0), parse(text, now=1.0, topics=asked)
+    assert set(some.in_messages) == asked and len(every.in_messages) == 2000
+    assert {t: some.in_messages[t] for t in asked} == {t: every.in_messages[t] for t in asked}
+    assert some.backlog_messages("persistent://public/default/t8", "public/default/f8") == \
+        every.backlog_messages("persistent://public/default/t8", "public/default/f8") == 1 * 10   # 8 % 7 entries
+    assert some.messages_per_entry == every.messages_per_entry == 10.0
+    # names that only share a prefix are not confused: t1 is not t17 or t1999
+    assert parse(text, now=1.0, topics={"persistent://public/default/t1"}).in_messages == \
+        {"persistent://public/default/t1": 1}
+
+
+def test_apache_full_names_are_filtered_too():
+    assert parse(APACHE, now=1.0, topics={"persistent://t/ns/x"}).in_messages == {"persistent://t/ns/x": 42}
+    assert parse(APACHE, now=1.0, topics={"persistent://t/ns/y"}).in_messages == {}

@@ -7,6 +7,7 @@ short name plus a namespace label; both are normalised to the full name here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Collection
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,11 +34,29 @@ def _topic(labels: dict) -> str:
     return f"persistent://{labels.get('namespace', 'public/default')}/{topic}"
 
 
-def parse(text: str, now: float) -> BrokerMetrics:
+PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_subscription_back_log{")
+BROKER_WIDE = ("pulsar_broker_in_messages_total", "pulsar_entry_size_count")
+
+
+def relevant(text: str, topics: Collection[str]) -> str:
+    """Only the samples parse() reads, and of the per-topic ones only those of `topics`.
+
+    A broker's /metrics grows with every topic and subscription (about 30 lines each): a session broker
+    with a few thousand of them answered with 10^5 lines, and parsing all of them with the Prometheus
+    parser made one controller period take more than 10 s on 2 cores. String tests on each line cost
+    little; the parser then sees a few lines per input topic."""
+    needles = tuple({f'topic="{n}' for t in topics for n in (t, t.rsplit("/", 1)[-1])})   # a superset: parse() resolves names
+    return "\n".join(line for line in text.splitlines()
+                     if line.startswith(BROKER_WIDE)
+                     or (line.startswith(PER_TOPIC) and any(n in line for n in needles)))
+
+
+def parse(text: str, now: float, topics: Collection[str] | None = None) -> BrokerMetrics:
+    """The broker's counters and backlogs; with `topics` (full names), of those topics only."""
     in_messages: dict[str, float] = {}
     backlog: dict[tuple[str, str], float] = {}
     totals = {"messages": 0.0, "entries": 0.0}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(text if topics is None else relevant(text, topics)):
         for sample in family.samples:
             name, labels = sample.name, sample.labels
             if name == "pulsar_in_messages_total" and "topic" in labels:
@@ -51,13 +70,17 @@ def parse(text: str, now: float) -> BrokerMetrics:
             elif name == "pulsar_entry_size_count":
                 totals["entries"] += sample.value
     ratio = totals["messages"] / totals["entries"] if totals["entries"] > 0 and totals["messages"] > 0 else 1.0
+    if topics is not None:   # relevant() kept a superset (names sharing a prefix)
+        in_messages = {t: v for t, v in in_messages.items() if t in topics}
+        backlog = {k: v for k, v in backlog.items() if k[0] in topics}
     return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0))
 
 
-def fetch(metrics_url: str, now: float, timeout_s: float = 5.0) -> BrokerMetrics:
+def fetch(metrics_url: str, now: float, timeout_s: float = 5.0, topics: Collection[str] | None = None
+          ) -> BrokerMetrics:
     try:
         resp = requests.get(metrics_url, timeout=timeout_s)
         resp.raise_for_status()
     except requests.RequestException as exc:
         raise BrokerError(f"cannot read broker metrics at {metrics_url}: {exc}") from exc
-    return parse(resp.text, now)
+    return parse(resp.text, now, topics)

@@ -37,12 +37,14 @@ from pulsar_autoscale.controller.rest import build_app
 from pulsar_autoscale.controller.planner import FunctionPlan, PlanConfig, Planner, apply_caps, restart_aware
 from pulsar_autoscale.controller.wake import WakeWatcher
 from pulsar_autoscale.controller.warm_sizing import WarmPoolSizer
+from pulsar_autoscale.controller.watchdog import IterationWatchdog
 from pulsar_autoscale.policies import Policy, load_policy
 from pulsar_autoscale.security.redact import redact_url
 from pulsar_autoscale.security.serving import ServerSecurity
 
 log = logging.getLogger(__name__)
 ELECTION_INTERVAL_S = 1.0
+STUCK_AFTER_PERIODS, STUCK_AFTER_MIN_S = 3, 10.0   # an iteration longer than this is reported with its stack
 
 
 class ControllerMetrics:
@@ -162,6 +164,9 @@ class Controller:
         self.history: deque[Iteration] = deque(maxlen=20)
         self.last_observation = None  # for live views: the graph and snapshot of the last period
         self._iter_lock = threading.Lock()
+        self.watchdog = IterationWatchdog(
+            lambda: max(STUCK_AFTER_MIN_S, STUCK_AFTER_PERIODS * self.config.period_s),
+            on_stuck=lambda what: self.metrics.errors.labels("stuck").inc())
         self._scheduler: BackgroundScheduler | None = None
         self._http = None
         self.http_port = config.http_port
@@ -500,14 +505,16 @@ class Controller:
 
     def _safe_iterate(self) -> None:
         try:
-            self.iterate()
+            with self.watchdog.watch("MAPE iteration"):
+                self.iterate()
         except Exception:  # the loop must go on; the error is counted and logged with its traceback
             self.metrics.errors.labels("iteration").inc()
             log.exception("MAPE iteration failed")
 
     def _safe_fast(self) -> None:
         try:
-            self.fast_iterate()
+            with self.watchdog.watch("fast check"):
+                self.fast_iterate()
         except Exception:
             self.metrics.errors.labels("fast").inc()
             log.exception("fast check failed")

@@ -80,7 +80,7 @@ class Monitor:
         errors: list[str] = []
         infos = self._discover(errors)
         graph = AppGraph.build(info.node for info in infos)
-        broker = self._broker(now, errors)
+        broker = self._broker(now, errors, {t for i in infos for t in i.node.inputs})
         functions: dict[str, FunctionSnapshot] = {}
         for info in infos:
             functions[info.node.name] = self._function(info, broker, now, errors)
@@ -112,11 +112,11 @@ class Monitor:
                     errors.append(f"{ns}/{name}: config unreadable: {exc}")
         return infos
 
-    def _broker(self, now: float, errors: list[str]) -> BrokerMetrics | None:
+    def _broker(self, now: float, errors: list[str], topics: set[str]) -> BrokerMetrics | None:
         if not self.metrics_url:
             return None
         try:
-            return fetch_broker_metrics(self.metrics_url, now)
+            return fetch_broker_metrics(self.metrics_url, now, topics=topics)
         except PulsarAutoscaleError as exc:
             errors.append(str(exc))
             return None
