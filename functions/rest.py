@@ -140,7 +140,9 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"burst: {key} must be a positive integer, got {value!r}")
         fence()
-        record, started = worker.burst(f"{tenant}/{namespace}/{name}", *args.values())
+        fqfn = f"{tenant}/{namespace}/{name}"
+        record, started = worker.burst(fqfn, *args.values(),
+                                       function=cluster.function_source(fqfn) if cluster is not None else None)
         return jsonify(started=started, **asdict(record)), 202 if started else 200
 
     # Not in Pulsar's API: the warm pool of a process-runtime function (functions/warm_pool.py), sized by

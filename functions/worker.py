@@ -525,12 +525,16 @@ class Worker:
                 raise Conflict(f"Function {data.get('name')} already exists")
             self.stages.create(data)
 
-    def burst(self, fqfn: str, messages: int, partitions: int, threads: int = 1) -> tuple[BurstRecord, bool]:
+    def burst(self, fqfn: str, messages: int, partitions: int, threads: int = 1,
+              function: tuple[FunctionConfig, str | None] | None = None) -> tuple[BurstRecord, bool]:
         """Hand up to `messages` of the function's backlog to a Spark burst drain (functions/bursts.py);
-        False with the running drain when one is still running."""
-        with self._lock:
-            fn = self._get(fqfn)
-            cfg, code_path = fn.config, fn.code_path
+        False with the running drain when one is still running. `function`: (config, code path) from a
+        cluster's metadata, so a worker that runs none of the function's instances drains it too."""
+        if function is None:
+            with self._lock:
+                fn = self._get(fqfn)
+                function = fn.config, fn.code_path
+        cfg, code_path = function
         return self.bursts.start(cfg, code_path, str(self._fn_dir(cfg) / "state.sqlite"), messages, partitions,
                                  threads)
 

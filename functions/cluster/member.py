@@ -249,6 +249,11 @@ class ClusterMember:
     def rebalance(self) -> str:
         return self.metadata.request_rebalance()
 
+    def function_source(self, fqfn: str) -> tuple[FunctionConfig, str | None]:
+        """The config and this worker's copy of the code (from the package topic), hosted here or not."""
+        rec = self.metadata.get(fqfn)
+        return rec.config, self.metadata.code_path(rec)
+
     def control(self, fqfn: str, action: str, instance_id: int | None) -> None:
         """start/stop/restart, accepted by any worker; the worker that runs the instance acts."""
         self.metadata.control(fqfn, action, instance_id)
