@@ -89,14 +89,19 @@ def _kill_under_load_then_recover(broker, topic: str, service_url: str) -> tuple
     dead.proc.kill()
     dead.join(5)
     producer.join(30)
-    acked_by_dead = set(dead.got())
+    return _recover(broker, topic, n, set(dead.got()), timeout_s=15)
+
+
+def _recover(broker, topic: str, n: int, acked_by_dead: set[int], timeout_s: float) -> tuple[int, int]:
+    """A fresh client drains the subscription until every message was acked by someone or timeout_s
+    passed. Returns (lost, recovered)."""
     recovered: set[int] = set()
     with client(broker.service_url) as c:
-        # ids above anything the dead client used: this test is about its messages, not its ids
+        # ids above anything the dead client used: these tests are about its messages, not its ids
         for i in range(8):
             c.subscribe(topic + "-pad", f"pad-{i}").close()
         consumer = c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and len(acked_by_dead | recovered) < n:
             try:
                 msg = consumer.receive(1000)
@@ -204,21 +209,7 @@ def _stream_ends_mid_frame_then_recover(broker, topic: str, upstream_port: int) 
         dead.join(5)
     finally:
         proxy.close()
-    acked_by_dead = set(dead.got())
-    recovered: set[int] = set()
-    with client(broker.service_url) as c:
-        for i in range(8):  # ids above the dead client's: this test is about its messages, not its ids
-            c.subscribe(topic + "-pad", f"pad-{i}").close()
-        consumer = c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(acked_by_dead | recovered) < n:
-            try:
-                msg = consumer.receive(1000)
-            except pulsar.Timeout:
-                continue
-            recovered.add(int(msg.data()))
-            consumer.acknowledge(msg)
-    return n - len(acked_by_dead | recovered), len(recovered)
+    return _recover(broker, topic, n, set(dead.got()), timeout_s=10)
 
 
 def test_a_stream_ending_inside_a_frame_through_the_relay_loses_nothing(broker, topic):
