@@ -21,12 +21,16 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Protocol
+
+import pulsar
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
 
-from .keygroups import KeyGroupAssignment, moves, subscales
+from .keygroups import KeyGroupAssignment, key_group, moves, subscales
 from .routing import KeyedRouter
+from .state import RestoreStats, StateStore
 
 log = logging.getLogger(__name__)
 DEFAULT_SUBSCALE = 4
@@ -107,15 +111,45 @@ def _put_down(router: KeyedRouter, groups: set[int], timeout_s: float) -> None:
                              f"{timeout_s:.0f} s")
 
 
-class SharedLocalStore:
-    """InstanceStores of instances that share one local store (the worker's StateStore): a move between
-    them moves no state, so release and open have nothing to do."""
+class InstanceStateStores:
+    """One StateStore per instance of a keyed function on this worker, owning exactly its key groups.
+
+    Their snapshots share one directory (the worker's disk), so a group released by one instance opens
+    in another from its snapshot plus the changelog after it; on a worker without the snapshot (another
+    worker, a lost disk) open replays the whole changelog (functions/state.py).
+    """
+
+    def __init__(self, directory: Path, num_key_groups: int, owners: Callable[[], KeyGroupAssignment],
+                 client: Callable[[], pulsar.Client], changelog: str):
+        self._dir = directory
+        self._num_key_groups = num_key_groups
+        self._owners = owners
+        self._client = client
+        self._changelog = changelog
+        self._stores: dict[int, StateStore] = {}
+        self._lock = threading.Lock()
+        self.restores: list[RestoreStats] = []
+
+    def store(self, instance_id: int) -> StateStore:
+        with self._lock:
+            store = self._stores.get(instance_id)
+            if store is None:
+                store = StateStore(self._dir / f"instance-{instance_id}.sqlite", self._num_key_groups,
+                                   owned=set(self._owners().groups_of(instance_id)))
+                store.snapshot_dir = self._dir / "snapshots"
+                self._stores[instance_id] = store
+            return store
+
+    def for_key(self, key: str) -> StateStore:
+        """The store of the instance that owns the key's group (REST querystate/putstate)."""
+        return self.store(self._owners().owners[key_group(key, self._num_key_groups)])
 
     def release(self, instance_id: int, groups: set[int]) -> None:
-        pass
+        self.store(instance_id).release(groups)
 
     def open(self, instance_id: int, groups: set[int]) -> None:
-        pass
+        self.restores.append(self.store(instance_id).open(groups, restore=True, client=self._client(),
+                                                          topic=self._changelog))
 
 
 class KeyedScaler:

@@ -48,7 +48,7 @@ def register(app: Flask, worker: Worker, admin) -> None:
 
     @app.get(FN + "/state/<path:key>")
     def get_state(tenant, namespace, name, key):
-        store = worker.state_store(f"{tenant}/{namespace}/{name}")
+        store = worker.state_store(f"{tenant}/{namespace}/{name}", key)
         if store.has_counter(key):
             return jsonify(key=key, numberValue=store.get_counter(key))
         value = store.get_state(key)
@@ -61,7 +61,7 @@ def register(app: Flask, worker: Worker, admin) -> None:
 
     @app.post(FN + "/state/<path:key>")
     def put_state(tenant, namespace, name, key):
-        store = worker.state_store(f"{tenant}/{namespace}/{name}")
+        store = worker.state_store(f"{tenant}/{namespace}/{name}", key)
         raw = request.form.get("state")
         if raw is None and request.files.get("state") is not None:
             raw = request.files["state"].read().decode("utf-8", "replace")

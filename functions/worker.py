@@ -38,7 +38,8 @@ from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import subscribe
 from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
-from .migration import KeyedScaler, SharedLocalStore
+from .changelog import changelog_topic
+from .migration import InstanceStateStores, KeyedScaler
 from .routing import KeyedRouter
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
 from .warm_pool import Standby, WarmPool
@@ -375,10 +376,13 @@ class Worker:
             with self._lock:
                 self._drain(fn, ids)
 
+        cfg = fn.config
         router = KeyedRouter(assignment, lambda: subscribe(
-            self._client, lite_quirks.keyed_input_config(fn.config, self.broker_kind), fn.config.fqfn))
+            self._client, lite_quirks.keyed_input_config(cfg, self.broker_kind), cfg.fqfn))
+        stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
+                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name))
         save(assignment)
-        return KeyedScaler(router, SharedLocalStore(), start, drain, save)
+        return KeyedScaler(router, stores, start, drain, save)
 
     def _fence_input(self, fn: HostedFunction) -> None:
         """On pulsar-lite, process instances receive through the worker's one consumer (lite_quirks, B2);
@@ -592,10 +596,12 @@ class Worker:
         with self._lock:
             return self._get(fqfn).code_path
 
-    def state_store(self, fqfn: str) -> StateStore:
-        """The function's state (querystate/putstate); 404 for a function not hosted here."""
+    def state_store(self, fqfn: str, key: str) -> StateStore:
+        """The store that holds `key` of the function's state (querystate/putstate): a keyedState
+        function's is its owning instance's; 404 for a function not hosted here."""
         with self._lock:
-            return self._get(fqfn).state
+            fn = self._get(fqfn)
+            return fn.state if fn.keyed is None else fn.keyed.stores.for_key(key)
 
     def list(self, tenant: str, namespace: str) -> list[str]:
         with self._lock:
@@ -674,9 +680,10 @@ class Worker:
                 cfg, i, self.client_settings, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
                 fn.shared_input, standby=fn.warm_pool.take() if fn.warm_pool is not None else None)
         else:
-            open_input = (lambda: fn.keyed.router.attach(i)) if fn.keyed is not None else None
-            handle = ThreadInstance(cfg, i, self._client, fn.code_path, fn.state, lambda: fn.num_instances.value,
-                                    open_input=open_input)
+            keyed = fn.keyed
+            handle = ThreadInstance(cfg, i, self._client, fn.code_path,
+                                    fn.state if keyed is None else keyed.stores.store(i), lambda: fn.num_instances.value,
+                                    open_input=None if keyed is None else (lambda: keyed.router.attach(i)))
         fn.instances[i] = handle
         fn.restarts.setdefault(i, 0)
         log.info("started %s instance %d (%s)", cfg.fqfn, i, fn.runtime(self.default_runtime))
