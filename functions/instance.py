@@ -41,9 +41,10 @@ COMPRESSION = {"NONE": pulsar.CompressionType.NONE, "LZ4": pulsar.CompressionTyp
 log = logging.getLogger(__name__)
 
 
-def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str) -> pulsar.Consumer:
-    """The function's consumer with Pulsar's semantics for its config: subscription type and position,
-    dead-letter policy (maxMessageRetries, deadLetterTopic), ack timeout (timeoutMs), topicsPattern."""
+def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str,
+              subscription_type: str | None = None) -> pulsar.Consumer:
+    """The function's consumer with Pulsar's semantics for its config: subscription type (unless given) and
+    position, dead-letter policy (maxMessageRetries, deadLetterTopic), ack timeout (timeoutMs), topicsPattern."""
     kwargs: dict = {}
     if cfg.maxMessageRetries is not None:
         kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(
@@ -52,7 +53,7 @@ def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str) ->
         kwargs["unacked_messages_timeout_ms"] = cfg.timeoutMs
     return client.subscribe(
         re.compile(cfg.topicsPattern) if cfg.topicsPattern else list(cfg.inputs), cfg.subscription_name,
-        consumer_type=SUBSCRIPTION_TYPES[cfg.subscription_type],
+        consumer_type=SUBSCRIPTION_TYPES[subscription_type or cfg.subscription_type],
         receiver_queue_size=cfg.receiverQueueSize,
         consumer_name=consumer_name,
         negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS,

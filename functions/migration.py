@@ -10,7 +10,10 @@ subscales of a few groups (default 4), one after the other. For each subscale:
 3. the new owners open them (the store's `open`: local snapshot or changelog replay);
 4. the router serves them from the new owners; the records that waited go first, in order.
 
-`stop_the_world=True` is the baseline it is measured against (bench/state_migration.py):
+Subscales are paced (`duty`, default 0.5: after a subscale that took t, the next starts t later), so
+that migration work, which competes with processing for the worker's CPU, never takes more than that
+share of it: the load's spare capacity drains what the moving groups held meanwhile, and unaffected
+keys keep their latency. `stop_the_world=True` is the baseline it is measured against (bench/state_migration.py):
 every group pauses, all moves happen as one batch, then everything resumes.
 """
 
@@ -34,7 +37,9 @@ from .state import RestoreStats, StateStore
 
 log = logging.getLogger(__name__)
 DEFAULT_SUBSCALE = 4
+DEFAULT_DUTY = 0.5
 PUT_DOWN_TIMEOUT_S = 30.0
+CLEAN_MARKER = "clean-stop"
 
 
 class MigrationError(PulsarAutoscaleError):
@@ -58,14 +63,21 @@ class MigrationReport:
     duration_s: float
     stop_the_world: bool
     subscale_s: list[float] = field(default_factory=list)   # trigger -> served, per subscale
+    put_down_s: float = 0.0                                   # summed over subscales: waiting for records in hand
+    release_s: float = 0.0                                    # old owners' flush + snapshot + forget
+    open_s: float = 0.0                                       # new owners' restore
 
 
 def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
-            subscale_size: int = DEFAULT_SUBSCALE, stop_the_world: bool = False,
-            put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S) -> MigrationReport:
-    """Move the router's groups to `target`'s owners (the instances of both must be attached)."""
+            subscale_size: int = DEFAULT_SUBSCALE, stop_the_world: bool = False, duty: float = DEFAULT_DUTY,
+            put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S,
+            on_served: Callable[[KeyGroupAssignment], None] = lambda _a: None) -> MigrationReport:
+    """Move the router's groups to `target`'s owners (the instances of both must be attached).
+    `on_served` gets the effective assignment after each subscale (the worker saves it)."""
     if subscale_size < 1:
         raise ValueError(f"subscale size must be at least 1 key group, got {subscale_size}")
+    if not 0 < duty <= 1:
+        raise ValueError(f"duty must be in (0, 1], got {duty}")
     if target.num_key_groups != router.num_key_groups:
         raise ValueError(f"target has {target.num_key_groups} key groups, the function {router.num_key_groups}")
     todo = moves(router.assignment, target)
@@ -78,12 +90,15 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         batches = [todo] if todo else []
     else:
         batches = subscales(todo, subscale_size)
-    for batch in batches:
+    for n, batch in enumerate(batches):
+        if n and duty < 1:
+            time.sleep(report.subscale_s[-1] * (1 - duty) / duty)   # pacing, not synchronisation
         t0 = time.monotonic()
         groups = {m.group for m in batch}
         if not stop_the_world:
             router.stop_serving(groups)
             _put_down(router, groups, put_down_timeout_s)
+        t1 = time.monotonic()
         by_src: dict[int, set[int]] = defaultdict(set)
         by_dst: dict[int, set[int]] = defaultdict(set)
         for m in batch:
@@ -91,14 +106,21 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
             by_dst[m.dst].add(m.group)
         for src, gs in by_src.items():
             stores.release(src, gs)
+        t2 = time.monotonic()
         for dst, gs in by_dst.items():
             stores.open(dst, gs)
+        t3 = time.monotonic()
+        report.put_down_s += t1 - t0
+        report.release_s += t2 - t1
+        report.open_s += t3 - t2
         if not stop_the_world:
             router.serve({m.group: m.dst for m in batch})
+            on_served(router.assignment)
         report.subscale_s.append(time.monotonic() - t0)
         report.subscales += 1
     if stop_the_world:
         router.serve({g: target.owners[g] for g in range(router.num_key_groups)})
+        on_served(router.assignment)
     report.duration_s = time.monotonic() - start
     log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
              report.duration_s, " (stop-the-world)" if stop_the_world else "")
@@ -117,6 +139,11 @@ class InstanceStateStores:
     Their snapshots share one directory (the worker's disk), so a group released by one instance opens
     in another from its snapshot plus the changelog after it; on a worker without the snapshot (another
     worker, a lost disk) open replays the whole changelog (functions/state.py).
+
+    The changelog is the truth: after a clean stop (close_clean: every group snapshotted) the local
+    files are used as they are; after anything else (kill -9, a crash in a migration) each instance's
+    groups are restored from their snapshot and the changelog when its store opens, so changes never
+    acked (local only) are dropped and come back with the redelivered input.
     """
 
     def __init__(self, directory: Path, num_key_groups: int, owners: Callable[[], KeyGroupAssignment],
@@ -129,6 +156,9 @@ class InstanceStateStores:
         self._stores: dict[int, StateStore] = {}
         self._lock = threading.Lock()
         self.restores: list[RestoreStats] = []
+        marker = directory / CLEAN_MARKER
+        self._trust_local = marker.exists()
+        marker.unlink(missing_ok=True)
 
     def store(self, instance_id: int) -> StateStore:
         with self._lock:
@@ -137,8 +167,21 @@ class InstanceStateStores:
                 store = StateStore(self._dir / f"instance-{instance_id}.sqlite", self._num_key_groups,
                                    owned=set(self._owners().groups_of(instance_id)))
                 store.snapshot_dir = self._dir / "snapshots"
+                owned = store.owned()
+                if owned and not self._trust_local:
+                    self.restores.append(store.open(owned, restore=True, client=self._client(),
+                                                    topic=self._changelog))
                 self._stores[instance_id] = store
             return store
+
+    def close_clean(self) -> None:
+        """A clean stop (the instances drained): snapshot every group, so the next start trusts the files."""
+        with self._lock:
+            for store in self._stores.values():
+                store.snapshot(store.owned())
+                store.close()
+            self._dir.mkdir(parents=True, exist_ok=True)
+            (self._dir / CLEAN_MARKER).touch()
 
     def for_key(self, key: str) -> StateStore:
         """The store of the instance that owns the key's group (REST querystate/putstate)."""
@@ -168,6 +211,7 @@ class KeyedScaler:
         self.stores = stores
         self._start, self._drain, self._save = start, drain, save
         self.subscale_size = subscale_size
+        self.duty = DEFAULT_DUTY
         self.stop_the_world = False              # the baseline (bench/state_migration.py)
         self.reports: list[MigrationReport] = []
         self.failure = ""
@@ -208,8 +252,8 @@ class KeyedScaler:
         for i in range(target):
             self._start(i)               # a no-op for a running instance
         new = self.router.assignment.rescale(target)
-        self.reports.append(migrate(self.router, self.stores, new, self.subscale_size, self.stop_the_world))
-        self._save(self.router.assignment)
+        self.reports.append(migrate(self.router, self.stores, new, self.subscale_size, self.stop_the_world,
+                                    self.duty, on_served=self._save))
         surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)
         if surplus:
             self._drain(surplus)

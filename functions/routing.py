@@ -36,6 +36,13 @@ def record_key(msg) -> str:
     return msg.partition_key() or ""
 
 
+def keyed_subscription_type(cfg) -> str:
+    """A keyedState function's worker consumer: KEY_SHARED for retainKeyOrdering, else SHARED, whatever its
+    processingGuarantees (Pulsar's FAILOVER for EFFECTIVELY_ONCE would give one worker every record; here
+    exactly-once is per message id and key group in the store, functions/state.py)."""
+    return "KEY_SHARED" if cfg.retainKeyOrdering else "SHARED"
+
+
 def sticky_ranges(groups: set[int], num_key_groups: int) -> list[tuple[int, int]]:
     """The Key_Shared sticky hash ranges (inclusive) that cover exactly `groups`: contiguous groups merge."""
     out: list[tuple[int, int]] = []

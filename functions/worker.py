@@ -40,7 +40,7 @@ from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
 from .changelog import changelog_topic
 from .migration import InstanceStateStores, KeyedScaler
-from .routing import KeyedRouter
+from .routing import KeyedRouter, keyed_subscription_type
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
 from .warm_pool import Standby, WarmPool
 from .stages import StageHost
@@ -378,7 +378,8 @@ class Worker:
 
         cfg = fn.config
         router = KeyedRouter(assignment, lambda: subscribe(
-            self._client, lite_quirks.keyed_input_config(cfg, self.broker_kind), cfg.fqfn))
+            self._client, cfg, cfg.fqfn,
+            lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind)))
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
                                      lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name))
         save(assignment)
@@ -790,6 +791,11 @@ class Worker:
     def close(self) -> None:
         self._closing.set()
         with self._lock:
+            keyed = [fn.keyed for fn in self._functions.values() if fn.keyed is not None]
+        for k in keyed:   # a live migration under way finishes first (its groups are half moved)
+            if not k.idle(self.drain_timeout_s):
+                log.error("a live migration did not finish within %.0f s of close", self.drain_timeout_s)
+        with self._lock:
             for fn in self._functions.values():
                 if fn.warm_pool is not None:
                     fn.warm_pool.close()
@@ -797,6 +803,11 @@ class Worker:
             retirers = list(self._retirers)
         for t in retirers:
             t.join(self.drain_timeout_s + 5)
+        for k in keyed:
+            try:
+                k.stores.close_clean()
+            except Exception:   # the next start restores from the changelog instead
+                log.exception("could not snapshot the key groups on close")
         self._supervisor.join(5)
         self.stages.close()
         if self._client is not None:

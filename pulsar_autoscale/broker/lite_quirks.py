@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import pulsar
@@ -389,15 +389,13 @@ def _pad_consumer_ids(client: pulsar.Client, count: int, chunk: int = 256) -> No
 
 # ---- keyedState functions (functions/routing.py) -------------------------------------------------
 
-def keyed_input_config(cfg, broker_kind: str):
-    """The config a keyedState function's worker consumer subscribes with.
+def keyed_subscription_type(subscription_type: str, broker_kind: str) -> str:
+    """The subscription type of a keyedState function's worker consumer (routing.keyed_subscription_type).
 
-    On pulsar-lite it is Shared, never Key_Shared: Key_Shared leaves a closed consumer's unacked
+    On pulsar-lite it is SHARED, never KEY_SHARED: Key_Shared leaves a closed consumer's unacked
     messages stuck (B4: a worker that leaves would strand them), and sticky hash ranges aligned to
     key groups lose messages of pipelined producers (B11: 183-253 of 400). Shared redelivers a
     closed consumer's messages (tests/broker_conformance/test_shared.py), and the worker's router
-    keeps each key's records in receive order on the worker. On Apache Pulsar the config is unchanged.
+    keeps each key's records in receive order on the worker. On Apache Pulsar it is unchanged.
     """
-    if broker_kind == "pulsar-lite" and cfg.retainKeyOrdering:
-        return replace(cfg, retainKeyOrdering=False)
-    return cfg
+    return "SHARED" if broker_kind == "pulsar-lite" else subscription_type

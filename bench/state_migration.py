@@ -1,0 +1,220 @@
+"""Live migration of key groups vs stop-migrate-restart, on the same keyed workload in the same run (issue 13).
+
+A keyed windowed count (functions/examples/windowed_count.py, keyedState) over 128 key groups and
+10,000 keys, each key's state padded to state_mb / keys bytes, fed at 70% of the measured capacity of
+2 instances. For each mode (live: subscales of 4 groups; stop-the-world: every group pauses, all moves
+as one batch, then all resume) the function scales 2 -> 3 and 3 -> 2. Per change: peak and mean
+end-to-end latency of the records sent during it (from its PUT until 1 s after it finished), its
+duration, and the p99 of keys whose group does not move, during the change vs the steady period before.
+
+    .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4]
+
+Prints one JSON object. Runs one worker process with thread instances (one state store per instance,
+snapshots on the worker's disk): not a 3-worker cluster (see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "functions" / "examples"
+CHANGE_TAIL_S = 1.0
+
+
+def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, stop, started, sent, out_path: str
+          ) -> None:
+    """Child process: send keyed records at `rate`/s until `stop`, collect the outputs' latencies."""
+    import pulsar
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    consumer = client.subscribe(dst, f"bench-{uuid.uuid4().hex[:6]}", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2,
+                                      block_if_queue_full=True)
+    arrivals: list[tuple[int, int, str]] = []
+    done = threading.Event()
+
+    def collect():
+        while not done.is_set():
+            try:
+                msg = consumer.receive(200)
+            except pulsar.Timeout:
+                continue
+            arrivals.append((int(time.time() * 1000), msg.event_timestamp(), msg.data().decode().split(":", 1)[0]))
+            consumer.acknowledge(msg)
+
+    collector = threading.Thread(target=collect, daemon=True)
+    collector.start()
+    started.set()
+    rnd = random.Random(7)
+    t0 = time.monotonic()
+    i = 0
+    while not stop.is_set():
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        producer.send_async(b"x", None, partition_key=rnd.choice(keys), event_timestamp=int(time.time() * 1000))
+        i += 1
+        if i % 50 == 0:
+            sent.value = i
+    producer.flush()
+    time.sleep(5.0)   # outputs still in flight
+    done.set()
+    collector.join(5)
+    Path(out_path).write_text(json.dumps({"sent": i, "arrivals": arrivals}))
+    client.close()
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state-mb", type=float, default=50.0)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--groups", type=int, default=128)
+    ap.add_argument("--service-ms", type=float, default=4.0, help="work per record (sleep): sets the capacity")
+    ap.add_argument("--load", type=float, default=0.7, help="share of the 2-instance capacity to feed")
+    ap.add_argument("--subscale", type=int, default=4)
+    ap.add_argument("--duty", type=float, default=0.5, help="share of the time migration work may take")
+    ap.add_argument("--steady-s", type=float, default=10.0)
+    args = ap.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    import pulsar
+
+    from pulsar_autoscale.broker.embedded import EmbeddedBroker
+    from pulsar_autoscale.functions.config import FunctionConfig
+    from pulsar_autoscale.functions.keygroups import key_group, moves
+    from pulsar_autoscale.functions.worker import Worker
+
+    state_bytes = int(args.state_mb * 1e6 / args.keys)
+    keys = [f"key-{i}" for i in range(args.keys)]
+    tmp = tempfile.mkdtemp(prefix="bench-state-migration-")
+    out: dict = {"keys": args.keys, "key_groups": args.groups, "state_bytes_per_key": state_bytes,
+                 "service_ms": args.service_ms, "subscale": args.subscale, "duty": args.duty, "worker": "one process, thread instances"}
+    with EmbeddedBroker(data_dir=os.path.join(tmp, "broker"), log_level="warn") as broker:
+        worker = Worker(broker.service_url, os.path.join(tmp, "worker"), broker_kind="pulsar-lite")
+        name = f"wc-{uuid.uuid4().hex[:6]}"
+        src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+        cfg = worker.create(FunctionConfig.from_dict({
+            "tenant": "public", "namespace": "default", "name": name, "className": "windowed_count.WindowedCount",
+            "inputs": [src], "output": dst, "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups,
+            "receiverQueueSize": 100,
+            "userConfig": {"window_s": 10, "state_bytes": state_bytes, "service_ms": args.service_ms}}),
+            (EXAMPLES / "windowed_count.py").read_bytes(), "windowed_count.py")
+        fn = worker._functions[cfg.fqfn]
+        fn.keyed.subscale_size, fn.keyed.duty = args.subscale, args.duty
+        _wait(lambda: fn.keyed.router.attached() == {0, 1}, 60, "2 instances")
+
+        # Preload: one record per key (the state's full size), as fast as 2 instances go: their capacity.
+        client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                          block_if_queue_full=True)
+        t0 = time.monotonic()
+        for k in keys:
+            producer.send_async(b"x", None, partition_key=k, event_timestamp=int(time.time() * 1000))
+        producer.flush()
+        _wait(lambda: (worker.counters(cfg.fqfn).processed or 0) >= args.keys, 600, "the preload")
+        capacity = args.keys / (time.monotonic() - t0)
+        producer.close()
+        client.close()
+        state_files = list((worker._fn_dir(cfg) / "keyed-state").glob("instance-*.sqlite*"))
+        out["state_mb_on_disk"] = round(sum(p.stat().st_size for p in state_files) / 1e6, 1)
+        out["capacity_2_instances_per_s"] = round(capacity, 1)
+        rate = args.load * capacity
+        out["rate_per_s"] = round(rate, 1)
+
+        ctx = mp.get_context("spawn")
+        stop, started, sent = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
+        result_path = os.path.join(tmp, "arrivals.json")
+        loader = ctx.Process(target=_load, args=(broker.service_url, src, dst, keys, rate, stop, started, sent, result_path))
+        loader.start()
+        started.wait(60)
+        changes = []
+        for mode in ("live", "stop-the-world"):
+            fn.keyed.stop_the_world = mode == "stop-the-world"
+            for target in (3, 2):
+                # caught up (the previous change's backlog is gone), then the steady period it is compared with
+                backlog_end = sent.value
+                _wait(lambda: (worker.counters(cfg.fqfn).processed or 0) - args.keys >= backlog_end, 300,
+                      "the backlog to drain")
+                time.sleep(args.steady_s)
+                before = fn.keyed.router.assignment
+                t_put = time.time() * 1000
+                worker.update(cfg.fqfn, {"parallelism": target})
+                if not fn.keyed.idle(300):
+                    raise SystemExit(f"{mode} change to {target} did not finish: {fn.keyed.failure}")
+                t_done = time.time() * 1000
+                report = fn.keyed.reports[-1]
+                changes.append({"mode": mode, "change": f"{len(set(before.owners))}->{target}", "t_put": t_put,
+                                "t_done": t_done, "moved_groups": report.moved_groups,
+                                "subscales": report.subscales, "duration_s": round(report.duration_s, 3),
+                                "put_down_s": round(report.put_down_s, 3), "release_s": round(report.release_s, 3),
+                                "open_s": round(report.open_s, 3),
+                                "moving": sorted({m.group for m in moves(before, fn.keyed.router.assignment)})})
+        time.sleep(args.steady_s)
+        stop.set()
+        loader.join(120)
+        restores = fn.keyed.stores.restores
+        worker.close()
+    data = json.loads(Path(result_path).read_text())
+    arrivals = data["arrivals"]
+    out["sent"] = data["sent"]
+    out["received"] = len(arrivals)
+    for c in changes:
+        moving = set(c.pop("moving"))
+        lo, hi = c.pop("t_put"), c.pop("t_done")
+        during = [(r - e, k) for r, e, k in arrivals if lo <= e <= hi + CHANGE_TAIL_S * 1000]
+        steady = [(r - e, k) for r, e, k in arrivals if lo - args.steady_s * 1000 + 1000 <= e < lo]
+        unmoved = lambda rows: [lat for lat, k in rows if key_group(k, args.groups) not in moving]  # noqa: E731
+        c.update({
+            "records_during": len(during),
+            "peak_ms": max((lat for lat, _ in during), default=None),
+            "mean_ms": round(statistics.fmean(lat for lat, _ in during), 1) if during else None,
+            "steady_mean_ms": round(statistics.fmean(lat for lat, _ in steady), 1) if steady else None,
+            "unaffected_p99_before_ms": _pct(unmoved(steady), 0.99),
+            "unaffected_p99_during_ms": _pct(unmoved(during), 0.99),
+        })
+    out["changes"] = changes
+    for change in ("2->3", "3->2"):
+        live = next(c for c in changes if c["mode"] == "live" and c["change"] == change)
+        stw = next(c for c in changes if c["mode"] == "stop-the-world" and c["change"] == change)
+        out[f"ratio_{change}"] = {
+            "peak_live_over_stw": round(live["peak_ms"] / stw["peak_ms"], 3),
+            "mean_live_over_stw": round(live["mean_ms"] / stw["mean_ms"], 3),
+            "unaffected_p99_during_over_before": round(live["unaffected_p99_during_ms"]
+                                                        / live["unaffected_p99_before_ms"], 3),
+        }
+    moved = [r for r in restores if r.groups]
+    out["restores"] = {"opens": len(moved), "groups": sum(r.groups for r in moved),
+                       "from_snapshot": sum(r.from_snapshot for r in moved),
+                       "mb": round(sum(r.bytes for r in moved) / 1e6, 2),
+                       "seconds": round(sum(r.seconds for r in moved), 3)}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
