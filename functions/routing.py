@@ -2,7 +2,7 @@
 
 One `KeyedRouter` per keyed function per worker holds the worker's input (one consumer, as
 lite_quirks.SharedInput does for process instances) and a mailbox per local instance. Its
-dispatcher thread receives, maps the record's key to its group (keygroups.key_group: the hash
+dispatcher thread receives, maps the record's key to its group (state.message_group: the hash
 Pulsar's Key_Shared uses) and appends the record to the mailbox of the group's owner, so records
 of one key stay in receive order on the worker. A group in transit (live migration,
 functions/migration.py) is served by nobody: its records wait in the router's hold list and go
@@ -25,15 +25,11 @@ from typing import Callable
 
 import pulsar
 
-from .keygroups import KEY_HASH_RANGE, KeyGroupAssignment, hash_range, key_group
+from .keygroups import KEY_HASH_RANGE, KeyGroupAssignment, hash_range
+from .state import message_group
 
 log = logging.getLogger(__name__)
 RECEIVE_TIMEOUT_MS = 100
-
-
-def record_key(msg) -> str:
-    """The key a record is routed by: its partition key (a keyless record routes as the empty key)."""
-    return msg.partition_key() or ""
 
 
 def keyed_subscription_type(cfg) -> str:
@@ -144,7 +140,7 @@ class KeyedRouter:
 
     def _place(self, msg, rerouted: bool) -> None:
         """Under the lock: the record goes to its group's owner, or waits while the group is in transit."""
-        g = key_group(record_key(msg), self.num_key_groups)
+        g = message_group(msg, self.num_key_groups)
         if rerouted:
             self.counters.rerouted += 1
         if g in self._moving:
@@ -180,7 +176,7 @@ class KeyedRouter:
             while True:
                 while box.items:
                     msg = box.items.popleft()
-                    g = key_group(record_key(msg), self.num_key_groups)
+                    g = message_group(msg, self.num_key_groups)
                     if g in self._moving or self.assignment.owners[g] != instance_id:
                         self._place(msg, rerouted=True)
                         continue
@@ -200,7 +196,7 @@ class KeyedRouter:
             for box in self._boxes.values():
                 keep = deque()
                 for msg in box.items:
-                    g = key_group(record_key(msg), self.num_key_groups)
+                    g = message_group(msg, self.num_key_groups)
                     if g in groups:
                         self._held.setdefault(g, deque()).append((msg, time.monotonic()))
                         self.counters.held += 1

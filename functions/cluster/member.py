@@ -18,6 +18,7 @@ from pathlib import Path
 import requests
 
 from pulsar_autoscale.controller.leader import LeaderElector, Term
+from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 from pulsar_autoscale.snapshot import FunctionCounters
@@ -227,6 +228,9 @@ class ClusterMember:
 
     # ---- the cluster-wide admin answers -----------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
+        if cfg.keyedState:
+            raise ConfigError("keyedState is not supported on a worker cluster yet (records are routed to their "
+                              "key group's owner within one worker only): run it on a single worker (docs/state.md)")
         return self.metadata.create(cfg, code, filename)
 
     def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None
