@@ -116,6 +116,32 @@ def test_pause_leaves_the_operator_parallelism_and_survives_a_failover(broker, w
         second.stop()
 
 
+def test_why_asked_of_a_standby_replica_answers_with_the_leaders_records(broker, worker, tmp_path, capsys):
+    name = make_function(worker)
+    fqfn = f"public/default/{name}"
+    leader = start(broker, worker, tmp_path)
+    standby = None
+    try:
+        wait_until(lambda: len(leader.why(fqfn, 5)) >= 2, 20, "two evaluations by the leader")
+        standby = start(broker, worker, tmp_path)
+        assert not standby.elector.is_leader() and standby.why(fqfn, 5) == []   # it has no records of its own
+        url = f"http://127.0.0.1:{standby.http_port}"
+        assert cli_main(["autoscaler", "why", fqfn, "--limit", "3", "--json", "--controller-url", url]) == 0
+        out = capsys.readouterr()
+        records = json.loads(out.out)
+        assert len(records) == 3 and {r["controller"] for r in records} == {leader.identity}, records
+        assert "warning" not in out.err
+        leader._http.shutdown()    # the leader still holds the lock but its REST API is gone
+        assert cli_main(["autoscaler", "why", fqfn, "--controller-url", url]) == 0
+        out = capsys.readouterr()
+        assert f"the leader {leader.identity} at http://127.0.0.1:{leader.http_port} did not answer" in out.err
+        assert "this replica's records only" in out.err and "no evaluations" in out.out
+    finally:
+        if standby is not None:
+            standby.stop()
+        leader.stop()
+
+
 def test_bounds_policy_and_dry_run_per_function(broker, worker, tmp_path):
     declared = make_function(worker, autoscale={"max": 1})    # travels with the function's config
     other = make_function(worker)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import requests
 
+from pulsar_autoscale.controller.rest import PARTIAL_HEADER
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.pulsar_client import add_auth_arguments, settings_from_args
 from pulsar_autoscale.sim.cli import parse_params
@@ -69,13 +71,15 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "get":
         return _print(args, _call(session, "GET", url))
     if args.action == "why":
-        records = _call(session, "GET", f"{url}/why", params={"limit": args.limit})
+        records, resp = _answer(session, "GET", f"{url}/why", params={"limit": args.limit})
+        if PARTIAL_HEADER in resp.headers:
+            print(f"warning: {resp.headers[PARTIAL_HEADER]}", file=sys.stderr)
         if args.json:
             return _print(args, records)
         for r in records:
             print(format_record(r))
         if not records:
-            print(f"no evaluations of {_fqfn(args.function)} in this replica's decision log yet")
+            print(f"no evaluations of {_fqfn(args.function)} in the decision log yet")
         return 0
     if args.clear:
         return _print(args, _call(session, "DELETE", url))
@@ -100,6 +104,11 @@ def _fqfn(function: str) -> str:
 
 
 def _call(session: requests.Session, method: str, url: str, **kwargs):
+    return _answer(session, method, url, **kwargs)[0]
+
+
+def _answer(session: requests.Session, method: str, url: str, **kwargs) -> tuple[object, requests.Response]:
+    """The controller's JSON answer and its response; an error status is a PulsarAutoscaleError with its reason."""
     try:
         resp = session.request(method, url, timeout=30, **kwargs)
     except requests.RequestException as exc:
@@ -112,7 +121,7 @@ def _call(session: requests.Session, method: str, url: str, **kwargs):
     if resp.status_code >= 400:
         reason = body.get("reason", body) if isinstance(body, dict) else body
         raise PulsarAutoscaleError(f"{method} {url} -> {resp.status_code}: {reason}")
-    return body
+    return body, resp
 
 
 def _print(args: argparse.Namespace, body) -> int:

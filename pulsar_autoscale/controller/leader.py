@@ -33,6 +33,7 @@ DEFAULT_LOCK_TOPIC = "persistent://public/default/__pulsar_autoscale_leader"
 class Term:
     epoch: int
     holder: str
+    url: str | None = None   # the holder's REST API, as it advertised it: other replicas point there
 
 
 class LeaderElector:
@@ -48,6 +49,7 @@ class LeaderElector:
         self._lock_consumer = None
         self._term: Term | None = None
         self._mutex = threading.Lock()
+        self.url: str | None = None   # this replica's REST API, advertised with each term it wins
 
     @property
     def term(self) -> Term | None:
@@ -70,13 +72,14 @@ class LeaderElector:
                 self._drop_client()
                 return None
             self._lock_consumer = consumer
-            epoch = self._last_epoch(client) + 1
+            last = self._latest(client)
+            term = Term((last.epoch if last else 0) + 1, self.identity, self.url)
             producer = client.create_producer(self.epoch_topic)
-            producer.send(f"{epoch} {self.identity}".encode())
+            producer.send(" ".join(str(f) for f in (term.epoch, term.holder, term.url) if f).encode())
             producer.close()
-            self._term = Term(epoch, self.identity)
-            log.info("%s is leader with epoch %d", self.identity, epoch)
-            return self._term
+            self._term = term
+            log.info("%s is leader with epoch %d", self.identity, term.epoch)
+            return term
 
     def check(self) -> bool:
         """Still leader? The lock consumer must be connected; a lost connection ends the term."""
@@ -95,14 +98,23 @@ class LeaderElector:
             self._term = None
             self._drop_client()
 
-    def _last_epoch(self, client: pulsar.Client) -> int:
+    def latest(self) -> Term | None:
+        """The newest term on the epoch topic, whoever holds it (None before the first election)."""
+        client = open_client(self.client_settings, operation_timeout_seconds=self._timeout)
+        try:
+            return self._latest(client)
+        finally:
+            client.close()
+
+    def _latest(self, client: pulsar.Client) -> Term | None:
         # Read to the end with a short timeout: has_message_available() fails on an empty topic on pulsar-lite.
         reader = client.create_reader(self.epoch_topic, pulsar.MessageId.earliest)
-        last = 0
+        last: Term | None = None
         try:
             while True:
-                msg = reader.read_next(timeout_millis=EPOCH_READ_TIMEOUT_MS)
-                last = max(last, int(msg.data().split()[0]))
+                fields = reader.read_next(timeout_millis=EPOCH_READ_TIMEOUT_MS).data().decode().split()
+                if last is None or int(fields[0]) > last.epoch:
+                    last = Term(int(fields[0]), fields[1], fields[2] if len(fields) > 2 else None)
         except pulsar.Timeout:
             pass
         finally:

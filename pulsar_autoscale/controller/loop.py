@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import socket
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
 import pulsar
+import requests
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -445,7 +447,33 @@ class Controller:
         return self.controls_of(fn)
 
     def why(self, fn: str, limit: int = 10) -> list[dict]:
+        """This replica's evaluations of fn (a replica logs only the terms it led)."""
         return self.log.recent(fn, limit)
+
+    def why_with_leader(self, fn: str, limit: int = 10, authorization: str | None = None
+                        ) -> tuple[list[dict], str | None]:
+        """Asked of a replica that does not lead: its own records merged with the leader's, fetched from
+        the URL the leader advertised with its term (the caller's credentials go along). The second
+        value says why only this replica's records could be given, else None."""
+        own = self.why(fn, limit)
+        if self.elector.is_leader():
+            return own, None
+        try:
+            term = self.elector.latest()
+        except pulsar.PulsarException as exc:
+            return own, f"the broker did not say who leads ({exc}): this replica's records only"
+        if term is None or term.holder == self.identity or not term.url:
+            return own, None
+        try:
+            resp = requests.get(f"{term.url}/autoscaler/functions/{fn}/why", params={"limit": limit}, timeout=5,
+                                headers={"Authorization": authorization} if authorization else None)
+            resp.raise_for_status()
+            theirs = resp.json()
+        except (requests.RequestException, ValueError) as exc:
+            return own, (f"the leader {term.holder} at {term.url} did not answer ({redact_url(str(exc))}): "
+                         f"this replica's records only")
+        merged = {(r["time"], r["controller"], r.get("kind")): r for r in own + theirs}
+        return sorted(merged.values(), key=lambda r: r["time"])[-limit:], None
 
     def reload(self) -> dict:
         """Re-read the config file; everything is built before anything is swapped, so a bad file
@@ -540,6 +568,8 @@ class Controller:
     def _start_http(self) -> None:
         self.http_port = self.config.http_port or free_port(self.config.http_host)
         self._http = self.security.make_server(self.config.http_host, self.http_port, build_app(self))
+        host = self.config.http_host if self.config.http_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        self.elector.url = f"{self.security.scheme}://{host}:{self.http_port}"   # advertised with each term
         threading.Thread(target=self._http.serve_forever, name="controller-http", daemon=True).start()
 
 

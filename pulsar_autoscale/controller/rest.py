@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pulsar_autoscale.controller.loop import Controller
 
 FN = "/autoscaler/functions/<tenant>/<namespace>/<name>"
+PARTIAL_HEADER = "X-Pulsar-Autoscale-Partial"   # why: the leader's records could not be added, and why
 
 
 def build_app(controller: "Controller") -> Flask:
@@ -89,7 +90,12 @@ def build_app(controller: "Controller") -> Flask:
         raw = request.args.get("limit", "10")
         if not raw.isdigit() or int(raw) < 1:
             raise ConfigError(f"limit must be a positive integer, got {raw!r}")
-        return jsonify(controller.why(known(tenant, namespace, name), int(raw)))
+        records, note = controller.why_with_leader(known(tenant, namespace, name), int(raw),
+                                                   request.headers.get("Authorization"))
+        resp = jsonify(records)
+        if note:
+            resp.headers[PARTIAL_HEADER] = note
+        return resp
 
     @app.post("/autoscaler/reload")
     def reload():
