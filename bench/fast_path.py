@@ -4,7 +4,10 @@ paper-image under `paper` and `burst`, regular period 30 s, seeds 0-4: mean, p99
 their ratio to clairvoyant's (per seed, then the mean), scaling actions per hour, and on `paper`
 the actions per hour of the steady stretches (more than STEADY_AFTER_S after a rate step), where
 noise alone could make a policy scale. Prints one JSON object; writes the markdown table.
+`--restart-cost S`: stock Pulsar (every update restarts all instances for S s; the controller's
+restart-aware Plan settings; the fast check reads the input's topic stats, as live in stock mode).
 Usage: python bench/fast_path.py [--workers 1] [--fast-period 1] [--fast-window 2] [--seeds 0,1,2,3,4]
+       [--restart-cost S]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pulsar_autoscale.controller.fast import FastConfig
+from pulsar_autoscale.controller.planner import restart_aware
 from pulsar_autoscale.sim.apps import load_app
 from pulsar_autoscale.sim.cli import build_autoscaler
 from pulsar_autoscale.sim.engine import SimConfig, simulate
@@ -34,13 +38,14 @@ APP, SLO_S, PERIOD_S, STEP_S, STEADY_AFTER_S = "paper-image", 2.0, 30.0, 600.0, 
 
 
 def one(job: tuple) -> dict:
-    policy, workload, seed, fast_period, fast_window, fast_rho = job
+    policy, workload, seed, fast_period, fast_window, fast_rho, restart_s = job
     app, w = load_app(APP), load_workload(workload)
     fast = FastConfig(enabled=True, period_s=fast_period, window_s=fast_window, rho=fast_rho) if fast_period else None
     started = time.perf_counter()
     name, params = CONFIGURED.get(policy, (policy, {}))
-    autoscaler = build_autoscaler(name, params, 15, None, fast, PERIOD_S, (app, w, SLO_S, SimConfig.start_s))
-    r = simulate(app, w, autoscaler, SimConfig(period_s=PERIOD_S, seed=seed))
+    plan = restart_aware({}, PERIOD_S) if restart_s else None
+    autoscaler = build_autoscaler(name, params, 15, plan, fast, PERIOD_S, (app, w, SLO_S, SimConfig.start_s))
+    r = simulate(app, w, autoscaler, SimConfig(period_s=PERIOD_S, seed=seed, restart_s=restart_s))
     hours = r.sim_time_s / 3600
     row = {"policy": policy, "workload": workload, "seed": seed, "fast": bool(fast_period), **r.summary(),
            "actions_per_hour": r.scaling_actions / hours, "wall_s": round(time.perf_counter() - started, 2)}
@@ -97,13 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--best", default="predictive-fast-in", help="the policy the targets are checked for")
+    ap.add_argument("--restart-cost", type=float, default=0.0, help="stock Pulsar: seconds every update stops all "
+                    "instances (0: our restart-free worker)")
     ap.add_argument("--table", default="bench/results/fast_path.md")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     policies = args.policies.split(",")
     if "clairvoyant" not in policies:
         policies.append("clairvoyant")
-    jobs = [(p, w, s, f, args.fast_window, args.fast_rho) for w in WORKLOADS for p in policies for s in seeds
+    jobs = [(p, w, s, f, args.fast_window, args.fast_rho, args.restart_cost) for w in WORKLOADS for p in policies for s in seeds
             for f in ((0.0,) if p == "clairvoyant" else (0.0, args.fast_period))]
     started = time.perf_counter()
     if args.workers > 1:
@@ -130,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/fast_path.py " + " ".join(argv if argv is not None else sys.argv[1:])
     Path(args.table).parent.mkdir(parents=True, exist_ok=True)
     Path(args.table).write_text(
-        f"# Fast path vs clairvoyant: {APP}, period {PERIOD_S:g} s, seeds {args.seeds}\n\n"
+        f"# Fast path vs clairvoyant: {APP}, period {PERIOD_S:g} s, seeds {args.seeds}"
+        + (f", stock Pulsar (restart cost {args.restart_cost:g} s, restart-aware Plan)" if args.restart_cost else "")
+        + "\n\n"
         f"Produced by `{command.strip()}` ({time.perf_counter() - started:.0f} s wall). Fast path: every "
         f"{args.fast_period:g} s, window {args.fast_window:g} s, rho {args.fast_rho:g}. Means over seeds; '/ clairvoyant' is the mean "
         f"of per-seed ratios of instance-seconds.\n\n" + md + "\n```json\n" + json.dumps(targets, indent=1)

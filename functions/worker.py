@@ -41,7 +41,7 @@ from .keygroups import KeyGroupAssignment
 from .changelog import changelog_topic
 from .migration import InstanceStateStores, KeyedScaler
 from .routing import KeyedRouter, keyed_subscription_type
-from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance
+from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance, start_process_server
 from .warm_pool import Standby, WarmPool
 from .stages import StageHost
 from .state import StateStore
@@ -161,6 +161,8 @@ class Worker:
         shutil.rmtree(self._trash_dir(), ignore_errors=True)  # deletes a previous run did not finish
         self._closing = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
+        if default_runtime == "process":
+            start_process_server()   # booting meanwhile: restored instances then start by a fork, not a spawn
         self._restore()
         threading.Thread(target=self._connect, name="worker-connect", daemon=True).start()
         self._supervisor.start()

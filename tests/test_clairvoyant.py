@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pulsar_autoscale.controller.fast import FastConfig
+from pulsar_autoscale.controller.planner import restart_aware
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.sim.apps import load_app
 from pulsar_autoscale.sim.clairvoyant import evaluate, intervals, plan
@@ -62,3 +63,19 @@ def test_warm_pool_costs_its_weight_and_starts_faster():
                warm_pool=4, standby_weight=0.25)
     assert warm.standby_instance_seconds == pytest.approx(3 * 4 * 0.25 * warm.sim_time_s)
     assert warm.p99_rt_s < cold.p99_rt_s
+
+
+def test_stock_mode_fast_path_reads_topic_stats_and_cuts_the_burst_tail():
+    """Stock Pulsar in the simulator (every update restarts all instances for 3 s, restart-aware Plan): the
+    fast check has no consumer counters there and reads the input's topic stats (controller.fast.topic_window),
+    as the live controller does in stock mode."""
+    w = load_workload("burst")
+
+    def stock(fast):
+        a = build_autoscaler("predictive", {}, 15, restart_aware({}, 30.0), fast, 30.0, (APP, w, SLO, 1.0))
+        return simulate(APP, w, a, SimConfig(seed=0, restart_s=3.0))
+
+    slow, fast = stock(None), stock(FastConfig(enabled=True, period_s=1.0, window_s=2.0))
+    assert fast.fast_actions > 0 and slow.fast_actions == 0 and fast.lost == 0
+    assert fast.p99_rt_s < 0.7 * slow.p99_rt_s
+    assert fast.instance_seconds < 1.3 * slow.instance_seconds

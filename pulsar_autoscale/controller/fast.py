@@ -128,6 +128,16 @@ def topic_snapshot(fs: FunctionSnapshot, prev: InputReading | None, cur: InputRe
     return replace(fs, arrival_rate=rate, backlog=cur.backlog)
 
 
+def topic_window(fs: FunctionSnapshot, readings: deque, cur: InputReading | None, now: float,
+                 config: FastConfig) -> FunctionSnapshot:
+    """topic_snapshot against the newest of a function's past input readings (oldest first) at or before
+    one window ago, which it then trims and extends with `cur` (stock mode: the live FastMonitor, the simulator)."""
+    prev = _windowed(readings, now, config.window_s, config.window_s)[0]
+    if cur is not None:
+        readings.append(cur)
+    return topic_snapshot(fs, prev, cur)
+
+
 def _windowed(readings: deque, now: float, keep_s: float, window_s: float):
     """Drop readings older than `keep_s` (keeping one at or before it); the newest reading at or
     before `window_s` ago, else the oldest (a shorter first window), and the oldest; None if none."""
@@ -187,11 +197,8 @@ class FastMonitor:
             readings = self._history.setdefault(fn, deque())
             functions[fn] = window_readings(fn, k, readings, cur, running, self.config)
             if stock:
-                topics = self._inputs.setdefault(fn, deque())
-                prev = _windowed(topics, now, self.config.window_s, self.config.window_s)[0]
-                functions[fn] = topic_snapshot(functions[fn], prev, reading)
-                if reading is not None:
-                    topics.append(reading)
+                functions[fn] = topic_window(functions[fn], self._inputs.setdefault(fn, deque()), reading, now,
+                                             self.config)
         for history in (self._history, self._inputs):
             for gone in set(history) - set(current):
                 del history[gone]

@@ -19,6 +19,10 @@ Fast path (the autoscaler's FastConfig enabled): every `fast.period_s` the consu
 counters (received, publish-to-receive wait, newest publish time: exact and current, as the
 worker's are) over `fast.window_s` become a `check="fast"` Snapshot through
 controller.fast.consumer_snapshot, the code the live Monitor uses; the broker's gauges play no part.
+In stock mode (`restart_s` > 0) there are no such consumer counters: as the live FastMonitor does
+there (controller.fast.topic_window), the arrival rate comes from the input's msgInCounter over the
+fast window and the backlog from its subscription's msgBacklog, both counted by the broker at each
+request (exact here); msgRateIn, used only for a first reading, is the mean rate since the start.
 
 Warm pool (`warm_pool` > 0): each function keeps that many standby instances; a scale-out takes
 them first, and they serve after `warm_start_s` instead of `start_s`; a taken standby is replaced
@@ -44,9 +48,9 @@ import simpy
 
 from pulsar_autoscale.sim.apps import SimApp, SimFunction
 from pulsar_autoscale.controller.autoscaler import Autoscaler
-from pulsar_autoscale.controller.fast import window_readings
+from pulsar_autoscale.controller.fast import topic_window, window_readings
 from pulsar_autoscale.graph import AppGraph, FunctionNode
-from pulsar_autoscale.snapshot import FunctionCounters, Snapshot, window_snapshot
+from pulsar_autoscale.snapshot import FunctionCounters, InputReading, Snapshot, window_snapshot
 from pulsar_autoscale.sim.workloads import Workload
 
 _DRAW_BLOCK = 4096
@@ -409,6 +413,7 @@ class Simulation:
         instants the regular period runs)."""
         fast, period = self.autoscaler.fast, self.config.period_s
         history = {name: deque([st.counters(0.0)]) for name, st in self.stations.items()}
+        topics = {name: deque() for name in self.stations} if self.config.restart_s > 0 else None
         while True:
             yield self.env.timeout(fast.period_s)
             now = self.env.now
@@ -416,6 +421,10 @@ class Simulation:
             for name, st in self.stations.items():
                 functions[name] = window_readings(name, st.parallelism, history[name], st.counters(now), st.running,
                                                   fast)
+                if topics is not None:   # stock mode: the broker's topic stats of the input
+                    reading = InputReading(now, rate_in=st.arrived / now, in_counter=float(st.arrived),
+                                           backlog=float(len(st.queue) + st.in_flight))
+                    functions[name] = topic_window(functions[name], topics[name], reading, now, fast)
             if abs(now / period - round(now / period)) > 1e-9:
                 self._check(Snapshot(time=now, window_s=fast.window_s, functions=functions, check="fast"))
 
