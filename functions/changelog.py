@@ -15,15 +15,18 @@ pulsar-lite, docs/broker.md) and no seek (B5).
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
+from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pulsar
 
 COUNTER, VALUE, DELETED = "c", "s", "d"
 MARKER_KEY = "__marker__"
+log = logging.getLogger(__name__)
 READ_TIMEOUT_MS = 10_000
 
 
@@ -90,19 +93,44 @@ class ChangelogWriter:
         self._lock = threading.Lock()
         self._failed: pulsar.Result | None = None
         self.records = self.bytes = 0
+        # Records persisted so far (callbacks of one producer come in order), and what waits for a count.
+        self._persisted = 0
+        self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
+        self._waiting_lock = threading.Lock()
 
     def _done(self, result, _msg_id) -> None:
         if result != pulsar.Result.Ok:
             self._failed = result
+        ready = []
+        with self._waiting_lock:
+            self._persisted += 1
+            while self._waiting and self._waiting[0][0] <= self._persisted:
+                ready.append(self._waiting.popleft()[1])
+        if self._failed is not None:
+            return   # a record was lost: nothing after it is acked, so its input comes again
+        for callback in ready:
+            try:
+                callback()
+            except Exception:  # an ack on a consumer closed meanwhile: the message is redelivered
+                log.warning("changelog %s: a callback after persistence failed", self.topic, exc_info=True)
 
     def send(self, records: list[Record]) -> None:
         """Enqueue in order (one producer keeps the order of what it is given)."""
         with self._lock:
             for r in records:
                 payload, kwargs = r.encode()
-                self._producer.send_async(payload, self._done, **kwargs)
                 self.records += 1
                 self.bytes += len(payload)
+                self._producer.send_async(payload, self._done, **kwargs)
+
+    def when_persisted(self, callback: Callable[[], None]) -> None:
+        """Call back (now, or on the client's thread) once every record sent so far is persisted: how the
+        instance acks an input after its state changes without waiting for them."""
+        with self._waiting_lock:
+            if self._persisted < self.records:
+                self._waiting.append((self.records, callback))
+                return
+        callback()
 
     def flush(self) -> None:
         self._producer.flush()

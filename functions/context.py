@@ -77,15 +77,16 @@ class InstanceContext(PulsarContext):
 
     def end_message(self, ok: bool) -> None:
         """The function returned (ok) or raised: commit or abort the message's state changes; they go to the
-        changelog, persisted by flush_state() before the input is acked."""
+        changelog; the input is acked through when_state_persisted()."""
         if ok:
             self._state.commit()
         else:
             self._state.abort()
         self.set_message(None)
 
-    def flush_state(self) -> None:
-        self._state.flush()
+    def when_state_persisted(self, callback) -> None:
+        """Ack through this: the message's state changes reach the changelog before its ack."""
+        self._state.when_persisted(callback)
 
     # ---- current message -------------------------------------------------------------------
     def get_message_id(self):

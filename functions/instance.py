@@ -205,6 +205,7 @@ class Instance:
             self.stats.set_running(True)
             self._loop(consumer, producer, ctx, process)
             self._wait_pending(DRAIN_TIMEOUT_S)
+            self._state.flush(everything=True)   # the acks waiting for state changes go out before the close
             self.stats.set_running(False)
         except Exception as exc:  # a system failure: record it where status shows it
             self.logger.exception("instance failed")
@@ -271,24 +272,23 @@ class Instance:
             finally:
                 ctx.end_message(ok)
                 stats.busy_since_ms = 0
-            ctx.flush_state()   # the state changes are in the changelog before the input is acked
             stats.on_processed(time.perf_counter() - start, ok=True)
             if payload is None:
-                if auto_ack:
-                    consumer.acknowledge(msg)
+                if auto_ack:   # once the message's state changes are in the changelog
+                    ctx.when_state_persisted(lambda m=msg: consumer.acknowledge(m))
                 continue
             self._produce(consumer, producer, msg, payload, auto_ack, not at_most_once)
 
     def _produce(self, consumer, producer, msg, payload: bytes, ack: bool, nack_on_failure: bool) -> None:
-        """ATLEAST_ONCE: the input is acked only once the output is persisted."""
+        """ATLEAST_ONCE: the input is acked only once the output and its state changes are persisted."""
         self._sent += 1
 
         def done(result, _msg_id):
             try:
                 if result == pulsar.Result.Ok:
                     self.stats.on_output()
-                    if ack:
-                        consumer.acknowledge(msg)
+                    if ack:   # and once the message's state changes are in the changelog
+                        self._state.when_persisted(lambda: consumer.acknowledge(msg))
                 else:
                     self.stats.on_output_failed(result)
                     if nack_on_failure:

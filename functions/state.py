@@ -211,11 +211,19 @@ class StateStore:
             scope.pending.clear()
         self.flush()
 
-    def flush(self) -> None:
-        """Return once every change sent is persisted in the changelog: call before acking the input."""
-        if getattr(self._local, "dirty", False):
+    def flush(self, everything: bool = False) -> None:
+        """Return once every change this thread sent (everything: any thread) is persisted in the changelog."""
+        if getattr(self._local, "dirty", False) or (everything and self._changelog is not None):
             self._local.dirty = False
             self._changelog.flush()
+
+    def when_persisted(self, callback) -> None:
+        """Run callback (an input's ack) once the changes sent so far are in the changelog, without waiting
+        here: the instance goes on with the next message meanwhile."""
+        if self._changelog is None:
+            callback()
+        else:
+            self._changelog.when_persisted(callback)
 
     def _take_scope(self) -> _Scope | None:
         scope = getattr(self._local, "scope", None)
