@@ -175,11 +175,13 @@ def _last_snapshot(flow: Flow, cluster_name: str) -> Snapshot:
     return last
 
 
-def test_kill9_of_the_leader_in_the_middle_of_a_rebalance_and_a_scale_out(broker, cluster):
-    """The leader is frozen (SIGSTOP) before a rebalance request and a scale 6 -> 8 reach the metadata
-    topic through the other workers, so it never acts on them, then killed with -9. The next leader
-    finishes both from the topics: its first snapshots carry the rebalance, every instance runs on the
-    survivors, nothing is lost, and no instance on a surviving worker restarts."""
+@pytest.mark.parametrize("moment", ["before-it-acts", "after-it-published"])
+def test_kill9_of_the_leader_in_the_middle_of_a_rebalance_and_a_scale_out(broker, cluster, moment):
+    """A rebalance request and a scale 6 -> 8 reach the metadata topic through other workers, and the
+    leader is killed with -9 either before it acts on them (frozen with SIGSTOP first) or right after it
+    published the assignment that carries them out, while the moves (make-before-break) are under way.
+    The next leader finishes from the topics: the rebalance is in its snapshot, every instance runs on
+    the survivors, nothing is lost, and no instance that stays on a surviving worker restarts."""
     flow = Flow(broker.service_url, [w.url for w in cluster.live()], rate=RATE, parallelism=6)
     try:
         flow.create()
@@ -195,12 +197,20 @@ def test_kill9_of_the_leader_in_the_middle_of_a_rebalance_and_a_scale_out(broker
         flow.start_producing(MESSAGES)
         time.sleep(2.0)
 
-        os.kill(victim.pid, signal.SIGSTOP)  # the leader sees nothing from here on
+        if moment == "before-it-acts":
+            os.kill(victim.pid, signal.SIGSTOP)  # the leader sees nothing from here on
         t0 = time.monotonic()
         request = requests.put(followers[0].url + "/admin/v2/worker/rebalance", timeout=20).json()["request"]
         flow.scale(8, via=1)
-        assert _last_snapshot(flow, cluster.name) == placed_before, "the frozen leader published a snapshot"
+        if moment == "before-it-acts":
+            assert _last_snapshot(flow, cluster.name) == placed_before, "the frozen leader published a snapshot"
+        else:
+            def published():
+                placed = _assignment(followers[0].url)
+                return sum(map(len, placed.values())) == 8 and placed.get(joined.worker_id)
+            wait_until(published, 20, "the leader's assignment with the rebalance and the scale-out", interval_s=0.02)
         cluster.kill(victim)
+        killed_s = time.monotonic() - t0
 
         st = flow.wait_running(8, timeout_s=30)
         done_s = time.monotonic() - t0
@@ -209,12 +219,12 @@ def test_kill9_of_the_leader_in_the_middle_of_a_rebalance_and_a_scale_out(broker
         now = {s["instanceId"]: s["status"] for s in st["instances"]}
         stayed = [i for i in before if before[i]["workerId"] != victim.worker_id
                   and now[i]["workerId"] == before[i]["workerId"]]
-        print(f"\nleader {victim.worker_id} (epoch {old['epoch']}) frozen, rebalance + scale 6 -> 8 requested, "
-              f"killed: new leader {snap.leader} (epoch {snap.epoch}) ran all 8 on {per_worker(st)} "
-              f"{done_s:.2f} s after the requests; lost {lost}, duplicates {dups}; {len(stayed)} instances stayed "
-              "on their worker")
+        print(f"\nrebalance + scale 6 -> 8, leader {victim.worker_id} (epoch {old['epoch']}) killed {moment} "
+              f"({killed_s:.2f} s after the requests): new leader {snap.leader} (epoch {snap.epoch}) ran all 8 on "
+              f"{per_worker(st)} {done_s:.2f} s after the requests; lost {lost}, duplicates {dups}; {len(stayed)} "
+              "instances stayed on their worker")
         assert snap.epoch > old["epoch"] and snap.leader != victim.worker_id
-        assert request in snap.rebalanced, "the new leader did not carry out the pending rebalance"
+        assert request in snap.rebalanced, "the rebalance request is not in the new leader's snapshot"
         assert victim.worker_id not in per_worker(st) and per_worker(st).get(joined.worker_id)
         assert lost == 0, f"{lost} of {MESSAGES} lost: {flow.missing(MESSAGES)[:50]}"
         assert stayed, "every instance moved"
