@@ -4,6 +4,7 @@ controller that scales a process-runtime function out and then asks its worker f
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 
@@ -94,13 +95,19 @@ def test_the_pool_refills_once_and_resizes_without_overshoot(monkeypatch):
     assert all(s.closed for s in made if s not in taken)
 
 
-def test_the_worker_keeps_the_size_it_is_told(broker, tmp_path):
+@contextlib.contextmanager
+def process_worker_with_a_function(broker, tmp_path):
+    """A process-runtime worker (no --warm-pool) hosting a noop function: (server, admin, name)."""
     with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
                       runtime="process") as server:
-        admin = FunctionsAdmin(server.url)
-        name = f"wp-{uuid.uuid4().hex[:6]}"
+        admin, name = FunctionsAdmin(server.url), f"wp-{uuid.uuid4().hex[:6]}"
         admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
                       "className": "pulsar_autoscale.functions.examples.noop.noop"})
+        yield server, admin, name
+
+
+def test_the_worker_keeps_the_size_it_is_told(broker, tmp_path):
+    with process_worker_with_a_function(broker, tmp_path) as (server, admin, name):
         assert admin.warm_pool("public", "default", name) == {"size": 0, "held": 0, "ready": 0, "runtime": "process"}
         assert admin.set_warm_pool("public", "default", name, 2)["size"] == 2
         wait_until(lambda: admin.warm_pool("public", "default", name)["ready"] == 2, 60, "two warm standbys")
@@ -120,12 +127,7 @@ def test_the_worker_keeps_the_size_it_is_told(broker, tmp_path):
 def test_the_controller_sizes_the_pool_after_a_scale_out(broker, tmp_path):
     policy = tmp_path / "toggle.py"
     policy.write_text(TOGGLE)   # 1 -> 2 -> 1 ...: a scale-out step of 1 every other period
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
-                      runtime="process") as server:
-        admin = FunctionsAdmin(server.url)
-        name = f"wps-{uuid.uuid4().hex[:6]}"
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
-                      "className": "pulsar_autoscale.functions.examples.noop.noop"})
+    with process_worker_with_a_function(broker, tmp_path) as (server, admin, name):
         controller = Controller(config(broker, server, tmp_path, policy=str(policy), period_s=1.0,
                                        warm_pool={"enabled": True, "max": 3})).start()
         try:
