@@ -2,9 +2,13 @@
 
 Both read the same N-message backlog from the same embedded broker in the same run. Spark's
 session start and first Python batch (~20 s together) are paid before timing, as a long-lived
-job would. Prints one JSON object; the ratio is Spark msg/s over Reader msg/s.
+job would. The raw Reader and the Spark reads alternate, round after round, so a change in the
+machine's load hits both; each query's time includes its planning. Prints one JSON object:
+`ratio_vs_raw_reader` is best Reader time over best Spark time, `ratio_median` the median of the
+rounds' own ratios, `cpu_s` the median CPU seconds of this process tree (broker, relay, Spark's
+JVM and Python workers included) per read, and the load average around each round.
 
-    .venv/bin/python bench/spark_bridge.py --messages 200000 --size 1024
+    .venv/bin/python bench/spark_bridge.py --messages 100000 --repeat 3
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -40,6 +45,32 @@ def raw_reader_seconds(client: pulsar.Client, topic: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process and its live descendants (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parent[int(pid)], cpu[int(pid)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+    mine, grew = {os.getpid()}, True
+    while grew:
+        new = {p for p, pp in parent.items() if pp in mine} - mine
+        mine |= new
+        grew = bool(new)
+    return sum(cpu[p] for p in mine)
+
+
+def timed(read) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process tree) of one read."""
+    cpu0, t0 = tree_cpu_seconds(), time.perf_counter()
+    read()
+    return time.perf_counter() - t0, tree_cpu_seconds() - cpu0
+
+
 def spark_seconds(spark, service_url: str, topic: str, n: int, partitions: int) -> float:
     t0 = time.perf_counter()
     df = (spark.read.format("pulsar").option("service.url", service_url).option("topic", topic)
@@ -56,7 +87,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=1024, help="payload bytes")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 2], help="minPartitions values to time")
-    ap.add_argument("--repeat", type=int, default=2, help="best of this many timed runs each")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; each times every read once")
     args = ap.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import the installed package
@@ -68,7 +99,6 @@ def main() -> None:
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         topic = f"persistent://public/default/bench-spark-{uuid.uuid4().hex[:8]}"
         produce(client, topic, args.messages, args.size)
-        raw = min(raw_reader_seconds(client, topic, args.messages) for _ in range(args.repeat))
 
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                  .config("spark.sql.shuffle.partitions", "2").getOrCreate())
@@ -78,18 +108,37 @@ def main() -> None:
         produce(client, warm, 100, args.size)
         spark_seconds(spark, broker.service_url, warm, 100, 2)
 
+        reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages)}
+        for parts in args.partitions:
+            reads[f"minPartitions={parts}"] = (
+                lambda parts=parts: spark_seconds(spark, broker.service_url, topic, args.messages, parts))
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
+        loads = []
+        for _ in range(args.repeat):
+            loads.append(round(os.getloadavg()[0], 2))
+            for name, read in reads.items():
+                runs[name].append(timed(read))
+        loads.append(round(os.getloadavg()[0], 2))
+        spark.stop()
+
+        def summary(name: str) -> dict:
+            wall = [w for w, _ in runs[name]]
+            return {"seconds": round(min(wall), 3), "msg_per_s": round(args.messages / min(wall)),
+                    "seconds_per_round": [round(w, 3) for w in wall],
+                    "cpu_s": round(statistics.median(c for _, c in runs[name]), 2)}
+
+        raw = runs["raw_reader"]
         result = {
             "messages": args.messages, "payload_bytes": args.size, "cores": os.cpu_count(),
-            "raw_reader": {"seconds": round(raw, 3), "msg_per_s": round(args.messages / raw)},
-            "spark": {},
+            "load_average_1m_by_round": loads, "raw_reader": summary("raw_reader"), "spark": {},
         }
-        for parts in args.partitions:
-            secs = min(spark_seconds(spark, broker.service_url, topic, args.messages, parts) for _ in range(args.repeat))
-            result["spark"][f"minPartitions={parts}"] = {
-                "seconds": round(secs, 3), "msg_per_s": round(args.messages / secs),
-                "ratio_vs_raw_reader": round(raw / secs, 3),
-            }
-        spark.stop()
+        for name in reads:
+            if name != "raw_reader":
+                result["spark"][name] = {
+                    **summary(name),
+                    "ratio_vs_raw_reader": round(min(w for w, _ in raw) / min(w for w, _ in runs[name]), 3),
+                    "ratio_median": round(statistics.median(r[0] / s[0] for r, s in zip(raw, runs[name])), 3),
+                }
         client.close()
     print(json.dumps(result, indent=2))
 

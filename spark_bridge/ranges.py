@@ -135,6 +135,14 @@ class Chunk:
         return len(self.values)
 
 
+def _native_id(pos: Position):
+    """`pos` as the client's native MessageId, which compares by (ledger, entry, batch index) in
+    C++ with `<` (its `==` also compares the partition, so only `<` is used)."""
+    import _pulsar
+
+    return _pulsar.MessageId(-1, *pos.key())
+
+
 def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_data_loss: bool,
                chunk: int = 8192) -> Iterator[Chunk]:
     """Yield the messages of (start, end] exactly once each, in id order, in Chunks of up to `chunk`.
@@ -142,58 +150,67 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
     A Reader that delivers nothing for STALL_REOPEN_MS is replaced by a new one started after
     the last message read (pulsar-lite's Readers stall now and then under load; on Apache
     Pulsar a reopen is only a reconnect); the range counts as lost only when nothing came for
-    `poll_timeout_ms` in all. The per-message loop is the source's hot path: it stays plain.
+    `poll_timeout_ms` in all.
+
+    The per-message loop is the source's hot path (Spark's cost per message is mostly here): it
+    calls the client's native Reader and Message (pulsar-client's Python wrappers add a frame
+    and an object per call) and compares native ids, so a message costs one call per field.
     """
     import pulsar
 
-    # Plain tuples in the per-message loop: dataclass comparisons cost more than the read.
-    last, end = rng.start.key(), rng.end.key()
-    end_entry = end[:2] if rng.end.batch == BATCH_END else None
+    if rng.empty:
+        return
+    last, end = _native_id(rng.start), _native_id(rng.end)
+    # A message at or past `tail` is in the end's entry: it ends the range when its canonical
+    # position is the end (the entry's last message, for an end at an entry boundary).
+    tail = _native_id(Position(rng.end.ledger, rng.end.entry)) if rng.end.batch == BATCH_END else end
     reader = conn.client.create_reader(rng.topic, rng.start.message_id(), receiver_queue_size=RECEIVER_QUEUE)
-    out = Chunk()
-    waited_ms = 0
+    waited_ms, done = 0, False
     try:
-        while last < end:
-            wait_ms = min(STALL_REOPEN_MS, poll_timeout_ms - waited_ms)
-            try:
-                msg = reader.read_next(wait_ms)
-            except pulsar.Timeout:
-                waited_ms += wait_ms
-                if waited_ms < poll_timeout_ms:
-                    log.info("topic %s: nothing after %s for %d ms; reopening the reader", rng.topic, last, waited_ms)
-                    reader.close()
-                    reader = conn.client.create_reader(rng.topic, Position(*last).message_id(),
-                                                       receiver_queue_size=RECEIVER_QUEUE)
-                    continue
-                problem = (
-                    f"topic {rng.topic}: no message after {last} within {poll_timeout_ms} ms while "
-                    f"reading up to {end}; the range was deleted (retention) or the broker lost it"
-                )
-                if fail_on_data_loss:
-                    raise DataLossError(problem + " (set failOnDataLoss=false to skip it)") from None
-                log.warning("%s; skipping the rest of the range", problem)
-                break
-            waited_ms = 0
-            mid = msg.message_id()
-            pos = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-            if pos[:2] == end_entry:
-                pos = Position.of(mid).key()  # the entry's last message reaches the end
-            if pos <= last:
-                continue  # before the range, or a duplicate delivery (B1)
-            if pos > end:
-                break
-            last = pos
-            out.keys.append(msg.partition_key() or None)
-            out.values.append(msg.data())
-            out.ids.append(mid.serialize())
-            out.publish_ms.append(msg.publish_timestamp())
-            out.event_ms.append(msg.event_timestamp() or None)
-            out.properties.append(msg.properties())
-            if len(out) >= chunk:
-                yield out
-                out = Chunk()
-        if len(out):
-            yield out
+        while not done:
+            keys, values, ids, publish_ms, event_ms, properties = [], [], [], [], [], []
+            read_next = reader._reader.read_next  # the native reader (a reopen replaces it)
+            while len(values) < chunk:
+                wait_ms = min(STALL_REOPEN_MS, poll_timeout_ms - waited_ms)
+                try:
+                    msg = read_next(wait_ms)
+                except pulsar.Timeout:
+                    waited_ms += wait_ms
+                    if waited_ms < poll_timeout_ms:
+                        log.info("topic %s: nothing after %s for %d ms; reopening the reader", rng.topic, last, waited_ms)
+                        reader.close()
+                        after = Position(last.ledger_id(), last.entry_id(), last.batch_index())
+                        reader = conn.client.create_reader(rng.topic, after.message_id(), receiver_queue_size=RECEIVER_QUEUE)
+                        read_next = reader._reader.read_next
+                        continue
+                    problem = (
+                        f"topic {rng.topic}: no message after {last} within {poll_timeout_ms} ms while "
+                        f"reading up to {rng.end}; the range was deleted (retention) or the broker lost it"
+                    )
+                    if fail_on_data_loss:
+                        raise DataLossError(problem + " (set failOnDataLoss=false to skip it)") from None
+                    log.warning("%s; skipping the rest of the range", problem)
+                    done = True
+                    break
+                waited_ms = 0
+                mid = msg.message_id()
+                if not last < mid:
+                    continue  # before the range, or a duplicate delivery (B1)
+                if end < mid:
+                    done = True
+                    break
+                last = mid
+                keys.append(msg.partition_key() or None)
+                values.append(msg.data())
+                ids.append(mid.serialize())
+                publish_ms.append(msg.publish_timestamp())
+                event_ms.append(msg.event_timestamp() or None)
+                properties.append(msg.properties())
+                if not mid < tail and Position.of(mid) >= rng.end:
+                    done = True
+                    break
+            if values:
+                yield Chunk(keys, values, ids, publish_ms, event_ms, properties)
     finally:
         reader.close()
 

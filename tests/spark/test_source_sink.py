@@ -35,19 +35,27 @@ def read_topic(client, topic: str, expected: int, timeout_s: float = 60.0) -> li
 
     A Reader is an Exclusive subscription: pulsar-lite may deliver a message twice (B1,
     docs/broker.md); a second copy of one message id is not a sink replay, so it is dropped.
+    A Reader that delivers nothing for 2 s short of `expected` is replaced by a fresh one from
+    the start (pulsar-lite's Readers stall now and then under load, as the source's do: seen
+    here stuck at 5,000 of 10,000); the ids already seen keep each message once, in order.
     """
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
-    got, seen, deadline = [], set(), time.monotonic() + timeout_s
+    got, seen, deadline, idle_since = [], set(), time.monotonic() + timeout_s, time.monotonic()
     try:
         while time.monotonic() < deadline:
             try:
                 msg = reader.read_next(500 if len(got) < expected else 200)
+                idle_since = time.monotonic()
                 if msg.message_id().serialize() not in seen:
                     seen.add(msg.message_id().serialize())
                     got.append(msg)
             except pulsar.Timeout:
                 if len(got) >= expected:
                     return got
+                if time.monotonic() - idle_since >= 2.0:
+                    reader.close()
+                    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+                    idle_since = time.monotonic()
     finally:
         reader.close()
     raise AssertionError(f"{topic}: {len(got)} of {expected} messages within {timeout_s:.0f}s")
