@@ -50,7 +50,7 @@ def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, st
                 msg = consumer.receive(200)
             except pulsar.Timeout:
                 continue
-            arrivals.append((int(time.time() * 1000), msg.event_timestamp(), msg.data().decode().split(":", 1)[0]))
+            arrivals.append((int(time.time() * 1000), msg.event_timestamp(), msg.partition_key()))
             consumer.acknowledge(msg)
 
     collector = threading.Thread(target=collect, daemon=True)

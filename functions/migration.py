@@ -147,7 +147,9 @@ class InstanceStateStores:
     """
 
     def __init__(self, directory: Path, num_key_groups: int, owners: Callable[[], KeyGroupAssignment],
-                 client: Callable[[], pulsar.Client], changelog: str):
+                 client: Callable[[], pulsar.Client], changelog: str, new: bool = False):
+        """`new`: a function just created, whose state starts empty (a changelog left by a deleted
+        function of the same name is not its state)."""
         self._dir = directory
         self._num_key_groups = num_key_groups
         self._owners = owners
@@ -157,7 +159,7 @@ class InstanceStateStores:
         self._lock = threading.Lock()
         self.restores: list[RestoreStats] = []
         marker = directory / CLEAN_MARKER
-        self._trust_local = marker.exists()
+        self._trust_local = new or marker.exists()
         marker.unlink(missing_ok=True)
 
     def store(self, instance_id: int) -> StateStore:

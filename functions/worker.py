@@ -357,7 +357,8 @@ class Worker:
     def _keyed(self, fn: HostedFunction) -> KeyedScaler:
         """The key-group router and scaler of a keyedState function; its assignment survives restarts."""
         path = self._fn_dir(fn.config) / "keygroups.json"
-        if path.exists():
+        new = not path.exists()
+        if not new:
             saved = json.loads(path.read_text())
             assignment = KeyGroupAssignment(saved["num_key_groups"], tuple(saved["owners"]))
         else:
@@ -383,7 +384,7 @@ class Worker:
             self._client, cfg, cfg.fqfn,
             lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind)))
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
-                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name))
+                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name), new)
         save(assignment)
         return KeyedScaler(router, stores, start, drain, save)
 
