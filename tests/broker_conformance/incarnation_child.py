@@ -2,6 +2,8 @@
 
     consume URL TOPIC 0          a plain client (ids from 0), runs until killed
     hold URL TOPIC N             a plain client that acks N messages, then holds what it prefetched until killed
+    publish-big URL TOPIC 0      a plain client that holds what it prefetched from TOPIC and publishes 512 KB
+                                 messages to TOPIC-big until killed (a kill lands in the middle of a frame)
     incarnation URL TOPIC IDLE_S a lite_quirks.incarnation_client; prints FLOOR n, exits after IDLE_S
                                  without a message or on SIGTERM (closing its client cleanly)
 """
@@ -28,6 +30,11 @@ def main(mode: str, url: str, topic: str, idle_s: str) -> None:
         client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     consumer = client.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
     print("READY", flush=True)
+    if mode == "publish-big":
+        producer = client.create_producer(topic + "-big", batching_enabled=False, block_if_queue_full=True)
+        big = bytes(512 * 1024)
+        while True:
+            producer.send_async(big, None)
     last, acked = time.monotonic(), 0
     while not stop.is_set() and (mode in ("consume", "hold") or time.monotonic() - last < float(idle_s)):
         if mode == "hold" and acked >= int(idle_s):

@@ -225,6 +225,28 @@ def test_a_stream_ending_inside_a_frame_loses_nothing(broker, topic):
     assert lost == 0, f"{lost} messages stuck with the cut-off client's consumer ({recovered} recovered)"
 
 
+def test_a_client_killed_while_publishing_large_messages_loses_nothing_through_the_relay(broker, topic):
+    """The same form from a real kill: a client that holds 300 prefetched messages and publishes 512 KB
+    messages is killed with -9; its last frame is usually half written. Measured directly against
+    pulsar-lite: 'bytes remaining on stream' in 3 of 5 kills (and a reset in 1), 300 stuck each time."""
+    n, kills = 300, 3
+    for k in range(kills):
+        t = f"{topic}-{k}"
+        with client(broker.service_url) as c:
+            c.subscribe(t, "fn", consumer_type=pulsar.ConsumerType.Shared).close()
+            p = c.create_producer(t, batching_enabled=False)
+            for i in range(n):
+                p.send_async(b"%d" % i, None)
+            p.flush()
+        dead = _Lines(_child("publish-big", broker.service_url, t, "0"))
+        wait_for(lambda: "READY" in dead.lines, 10, "the child to subscribe")
+        time.sleep(1.0)  # publishing large messages
+        dead.proc.kill()
+        dead.join(5)
+        lost, recovered = _recover(broker, t, n, set(), timeout_s=10)
+        assert lost == 0, f"kill {k + 1}: {lost} messages stuck with the killed client's consumer ({recovered} recovered)"
+
+
 def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(broker, topic):
     """Four incarnation clients in separate processes on one Shared subscription: two from the start,
     a third joins mid-stream, the first leaves and a fourth joins (taking the freed floor). Every
