@@ -161,8 +161,6 @@ class Worker:
         shutil.rmtree(self._trash_dir(), ignore_errors=True)  # deletes a previous run did not finish
         self._closing = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
-        if default_runtime == "process":
-            start_process_server()   # booting meanwhile: restored instances then start by a fork, not a spawn
         self._restore()
         threading.Thread(target=self._connect, name="worker-connect", daemon=True).start()
         self._supervisor.start()
@@ -343,6 +341,8 @@ class Worker:
     def _hosted(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
                 failure: str = "") -> HostedFunction:
         runtime = cfg.instanceRuntime or self.default_runtime
+        if runtime == "process":   # the fork server boots meanwhile (restore, validation, connecting)
+            start_process_server()
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else _Counter(cfg.parallelism)
         fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite", cfg.numKeyGroups), num_instances=num,
                             code_digest=digest, failure=failure)
