@@ -147,9 +147,11 @@ class InstanceStateStores:
     """
 
     def __init__(self, directory: Path, num_key_groups: int, owners: Callable[[], KeyGroupAssignment],
-                 client: Callable[[], pulsar.Client], changelog: str, new: bool = False):
-        """`new`: a function just created, whose state starts empty (a changelog left by a deleted
-        function of the same name is not its state)."""
+                 client: Callable[[], pulsar.Client], changelog: str, new: bool = False,
+                 restore_always: bool = False):
+        """`new`: a function just created here, whose state starts empty (a changelog left by a deleted
+        function of the same name is not its state). `restore_always` (a cluster, where the function may
+        have run elsewhere since this worker's files were written): restore every group when it opens."""
         self._dir = directory
         self._num_key_groups = num_key_groups
         self._owners = owners
@@ -159,7 +161,7 @@ class InstanceStateStores:
         self._lock = threading.Lock()
         self.restores: list[RestoreStats] = []
         marker = directory / CLEAN_MARKER
-        self._trust_local = new or marker.exists()
+        self._trust_local = not restore_always and (new or marker.exists())
         marker.unlink(missing_ok=True)
 
     def store(self, instance_id: int) -> StateStore:
@@ -175,6 +177,14 @@ class InstanceStateStores:
                                                     topic=self._changelog))
                 self._stores[instance_id] = store
             return store
+
+    def forget(self) -> None:
+        """The function's instances left this worker (a cluster moved them): when they come back, their
+        stores open anew and restore, since the function ran elsewhere meanwhile."""
+        with self._lock:
+            for store in self._stores.values():
+                store.close()
+            self._stores.clear()
 
     def close_clean(self) -> None:
         """A clean stop (the instances drained): snapshot every group, so the next start trusts the files."""

@@ -155,6 +155,9 @@ class Worker:
         self.bursts = BurstRunner(self.client_settings, broker_kind, spark)          # spark: --spark-master (default local[*])
         self.stages = StageHost(self.data_dir, self.client_settings, worker_id, spark)
         self._max_epoch = 0
+        # A cluster member sets it: a keyedState function's state is always restored (snapshot + changelog)
+        # when its instances start here, since they may come from another worker (docs/keyed-state.md).
+        self.keyed_restore_always = False
         self._lock = threading.RLock()
         self._creating: set[str] = set()                 # names reserved while their code is validated
         self._retirers: list[threading.Thread] = []      # background drains
@@ -384,7 +387,8 @@ class Worker:
             self._client, cfg, cfg.fqfn,
             lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind)))
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
-                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name), new)
+                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name), new,
+                                     self.keyed_restore_always)
         save(assignment)
         return KeyedScaler(router, stores, start, drain, save)
 
@@ -449,6 +453,12 @@ class Worker:
                 self._drain(fn, sorted(fn.instances, reverse=True))
                 fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
             fn.config, fn.code_path = cfg, code_path
+            if fn.keyed is not None and ids:   # all its instances are here (scheduler: colocated)
+                self._scale(fn, cfg.parallelism)
+                return
+            if fn.keyed is not None and fn.instances:   # all of them moved to another worker
+                self._drain(fn, sorted(fn.instances, reverse=True), then=fn.keyed.stores.forget)
+                return
             fn.num_instances.value = cfg.parallelism
             self._drain(fn, sorted((i for i in fn.instances if i not in ids), reverse=True))
             for i in sorted(ids):

@@ -18,7 +18,6 @@ from pathlib import Path
 import requests
 
 from pulsar_autoscale.controller.leader import LeaderElector, Term
-from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 from pulsar_autoscale.snapshot import FunctionCounters
@@ -65,6 +64,7 @@ class ClusterMember:
         self.settings = settings
         self.topics = ClusterTopics(settings.name)
         self._client = open_client(client, operation_timeout_seconds=10)
+        worker.keyed_restore_always = True   # a keyedState function may arrive from another worker
         self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
                                                 worker.max_parallelism)
         self.assignments = AssignmentTailer(self._client, self.topics, self.me)
@@ -126,8 +126,16 @@ class ClusterMember:
             if fqfn not in snap.assignment and fqfn not in hosted:
                 continue  # not scheduled yet
             want = {i for i, w in snap.assignment.get(fqfn, {}).items() if w == self.me}
-            keep = {i for i in hosted.get(fqfn, set()) - want
-                    if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
+            if rec.config.keyedState:
+                # Break before make: the state of a keyedState function is restored from its changelog by
+                # the worker that takes it over, so the old one stops first (its changes flushed) and the
+                # new one starts only once no other live worker runs any of its instances.
+                keep: set[int] = set()
+                if want and not hosted.get(fqfn) and self._running_elsewhere(fqfn):
+                    continue
+            else:
+                keep = {i for i in hosted.get(fqfn, set()) - want
+                        if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
             target = frozenset((want | keep) - rec.stopped)
             if self._applied.get(fqfn) != (rec.version, target) or not hosted.get(fqfn, set()) >= target:
                 self.worker.host_instances(rec.config, self.metadata.code_path(rec), set(target))
@@ -154,6 +162,11 @@ class ClusterMember:
                     self.worker.restart(fqfn, i)
                 except PulsarAutoscaleError as exc:
                     log.warning("%s: restart of %s instance %d failed: %s", self.me, fqfn, i, exc)
+
+    def _running_elsewhere(self, fqfn: str) -> bool:
+        prefix = f"{fqfn}:"
+        return any(r.startswith(prefix) for m in self.membership.alive() if m.worker_id != self.me
+                   for r in m.running)
 
     def _handed_over(self, snap: Snapshot, fqfn: str, i: int, now: float) -> bool:
         """Make-before-break: an instance assigned away keeps running here until its new owner runs it
@@ -214,11 +227,13 @@ class ClusterMember:
             self.elector.release()
             return
         eligible = [WorkerLoad(m.worker_id, m.capacity, m.busy_rate) for m in self.membership.alive() if not m.leaving]
-        parallelism = {f: r.config.parallelism for f, r in self.metadata.functions().items()}
-        nxt, unplaced = schedule(snap.assignment, parallelism, eligible, self.settings.scheduler)
+        records = self.metadata.functions()
+        parallelism = {f: r.config.parallelism for f, r in records.items()}
+        colocated = frozenset(f for f, r in records.items() if r.config.keyedState)
+        nxt, unplaced = schedule(snap.assignment, parallelism, eligible, self.settings.scheduler, colocated)
         pending = tuple(r for r in self.metadata.rebalances() if r not in snap.rebalanced)
         if pending:
-            nxt = rebalance(nxt, eligible)
+            nxt = rebalance(nxt, eligible, colocated)
         new = Snapshot(term.epoch, self.me, nxt, snap.rebalanced + pending, unplaced)
         if new == snap:
             return
@@ -228,9 +243,6 @@ class ClusterMember:
 
     # ---- the cluster-wide admin answers -----------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
-        if cfg.keyedState:
-            raise ConfigError("keyedState is not supported on a worker cluster yet (records are routed to their "
-                              "key group's owner within one worker only): run it on a single worker (docs/state.md)")
         return self.metadata.create(cfg, code, filename)
 
     def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None

@@ -32,6 +32,20 @@ def test_a_dead_workers_instances_go_to_survivors_only():
     assert all(after["f"][i] == w for i, w in six["f"].items() if w != "c")
 
 
+def test_colocated_functions_keep_every_instance_on_one_worker_through_scaling_loss_and_rebalance():
+    """keyedState functions: records are routed within one worker, so all their instances live there."""
+    keyed = frozenset({"k"})
+    two, _ = schedule({}, {"k": 2, "f": 3}, W, colocated=keyed)
+    assert len(set(two["k"].values())) == 1 and sum(counts(two).values()) == 5
+    home = two["k"][0]
+    three, _ = schedule(two, {"k": 3, "f": 3}, W, colocated=keyed)
+    assert set(three["k"].values()) == {home}
+    survivors = [w for w in W if w.worker_id != home]
+    moved, _ = schedule(three, {"k": 3, "f": 3}, survivors, colocated=keyed)
+    assert len(set(moved["k"].values())) == 1 and home not in moved["k"].values()
+    assert rebalance(moved, W, keyed)["k"] == moved["k"]
+
+
 def test_a_joining_worker_gets_nothing_until_rebalance():
     six, _ = schedule({}, {"f": 6}, W[:2])
     joined, _ = schedule(six, {"f": 6}, W)

@@ -1,0 +1,82 @@
+"""keyedState on a 3-worker cluster: the function's instances live on one worker (its router); a kill -9
+of that worker makes a survivor restore every key group from the changelog, a SIGTERM hands them over
+(break before make), a scale-out migrates live. Counts stay exact under EFFECTIVELY_ONCE."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from scenario import EXAMPLES, wait_until
+
+from cluster.harness import WorkerCluster
+from state_migration.test_property import PRODUCER
+
+pytestmark = pytest.mark.slow
+KEYS, RECORDS, RATE = 30, 1500, 150.0
+
+
+def _home(admin: FunctionsAdmin, name: str, parallelism: int) -> str | None:
+    """The one worker running all `parallelism` instances, else None."""
+    try:
+        st = admin.status("public", "default", name)
+    except AdminError:
+        return None
+    workers = {s["status"]["workerId"] for s in st["instances"] if s["status"]["running"]}
+    return workers.pop() if st["numRunning"] == parallelism and len(workers) == 1 else None
+
+
+def test_kill9_sigterm_and_scale_out_keep_counts_exact(broker, tmp_path):
+    name = f"kc-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        admin = FunctionsAdmin(",".join(w.url for w in cluster.live()))
+        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+                      "inputs": [src], "parallelism": 2, "keyedState": True,
+                      "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest"},
+                     str(EXAMPLES / "keyed_count.py"))
+        home = wait_until(lambda: _home(admin, name, 2), 60, "2 instances on one worker")
+        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
+                                     str(KEYS), str(RATE)])
+        try:
+            time.sleep(3)   # the load schedule: about 450 records in
+            victim = cluster.by_id(home)
+            cluster.kill(victim)
+            killed = time.monotonic()
+            admin = FunctionsAdmin(",".join(w.url for w in cluster.live()))
+            home = wait_until(lambda: _home(admin, name, 2), 60, "the instances running on a survivor")
+            takeover_s = time.monotonic() - killed
+            assert home != victim.worker_id
+            admin.set_parallelism("public", "default", name, 3)
+            home = wait_until(lambda: _home(admin, name, 3), 60, "3 instances on one worker")
+            time.sleep(1)
+            leaving = cluster.by_id(home)
+            cluster.terminate(leaving)
+            admin = FunctionsAdmin(",".join(w.url for w in cluster.live()))
+            home = wait_until(lambda: _home(admin, name, 3), 60, "the instances on the last worker")
+            assert home != leaving.worker_id
+            assert producer.wait(60) == 0
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        local = FunctionsAdmin(cluster.by_id(home).url)
+        expected = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
+
+        def counts():
+            out = {}
+            for k in range(KEYS):
+                try:
+                    out[f"k{k}"] = local.get_state("public", "default", name, f"k{k}")["numberValue"]
+                except AdminError:
+                    out[f"k{k}"] = 0
+            return out
+
+        wait_until(lambda: counts() == expected, 120, lambda: f"exact counts {expected[f'k0']} per key: {counts()}")
+        print(f"\nkill -9 of the home worker: instances running on {home} after {takeover_s:.2f} s; counts exact")
