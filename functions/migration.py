@@ -173,8 +173,11 @@ class InstanceStateStores:
                 store.snapshot_dir = self._dir / "snapshots"
                 owned = store.owned()
                 if owned and not self._trust_local:
-                    self.restores.append(store.open(owned, restore=True, client=self._client(),
-                                                    topic=self._changelog))
+                    stats = store.open(owned, restore=True, client=self._client(), topic=self._changelog)
+                    self.restores.append(stats)
+                    log.info("%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, "
+                             "%.1f MB in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot,
+                             stats.records, stats.bytes / 1e6, stats.seconds)
                 self._stores[instance_id] = store
             return store
 

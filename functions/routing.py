@@ -16,7 +16,6 @@ to the broker, which redelivers them (docs/state.md).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -25,10 +24,9 @@ from typing import Callable
 
 import pulsar
 
-from .keygroups import KEY_HASH_RANGE, KeyGroupAssignment, hash_range
+from .keygroups import KeyGroupAssignment
 from .state import message_group
 
-log = logging.getLogger(__name__)
 RECEIVE_TIMEOUT_MS = 100
 
 
@@ -37,19 +35,6 @@ def keyed_subscription_type(cfg) -> str:
     processingGuarantees (Pulsar's FAILOVER for EFFECTIVELY_ONCE would give one worker every record; here
     exactly-once is per message id and key group in the store, functions/state.py)."""
     return "KEY_SHARED" if cfg.retainKeyOrdering else "SHARED"
-
-
-def sticky_ranges(groups: set[int], num_key_groups: int) -> list[tuple[int, int]]:
-    """The Key_Shared sticky hash ranges (inclusive) that cover exactly `groups`: contiguous groups merge."""
-    out: list[tuple[int, int]] = []
-    for g in sorted(groups):
-        start, end = hash_range(g, num_key_groups)
-        if out and out[-1][1] + 1 == start:
-            out[-1] = (out[-1][0], end)
-        else:
-            out.append((start, end))
-    assert all(0 <= s <= e < KEY_HASH_RANGE for s, e in out)
-    return out
 
 
 @dataclass
@@ -64,10 +49,6 @@ class RoutingCounters:
 class _Mailbox:
     items: deque = field(default_factory=deque)
     in_hand: int | None = None     # the group of the record the instance is processing
-
-
-class NotOwner(Exception):
-    """A group was asked of an instance that does not own it (a protocol error, never expected)."""
 
 
 class KeyedRouter:

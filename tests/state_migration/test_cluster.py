@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
-from scenario import EXAMPLES, wait_until
+from scenario import EXAMPLES, single_home, wait_until
 
 from cluster.harness import WorkerCluster
 from state_migration.test_property import PRODUCER
@@ -20,15 +20,6 @@ from state_migration.test_property import PRODUCER
 pytestmark = pytest.mark.slow
 KEYS, RECORDS, RATE = 30, 1500, 150.0
 
-
-def _home(admin: FunctionsAdmin, name: str, parallelism: int) -> str | None:
-    """The one worker running all `parallelism` instances, else None."""
-    try:
-        st = admin.status("public", "default", name)
-    except AdminError:
-        return None
-    workers = {s["status"]["workerId"] for s in st["instances"] if s["status"]["running"]}
-    return workers.pop() if st["numRunning"] == parallelism and len(workers) == 1 else None
 
 
 def test_kill9_sigterm_and_scale_out_keep_counts_exact(broker, tmp_path):
@@ -41,7 +32,7 @@ def test_kill9_sigterm_and_scale_out_keep_counts_exact(broker, tmp_path):
                       "inputs": [src], "parallelism": 2, "keyedState": True,
                       "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest"},
                      str(EXAMPLES / "keyed_count.py"))
-        home = wait_until(lambda: _home(admin, name, 2), 60, "2 instances on one worker")
+        home = wait_until(lambda: single_home(admin, name, 2), 60, "2 instances on one worker")
         producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
                                      str(KEYS), str(RATE)])
         try:
@@ -50,16 +41,16 @@ def test_kill9_sigterm_and_scale_out_keep_counts_exact(broker, tmp_path):
             cluster.kill(victim)
             killed = time.monotonic()
             admin = FunctionsAdmin(",".join(w.url for w in cluster.live()))
-            home = wait_until(lambda: _home(admin, name, 2), 60, "the instances running on a survivor")
+            home = wait_until(lambda: single_home(admin, name, 2), 60, "the instances running on a survivor")
             takeover_s = time.monotonic() - killed
             assert home != victim.worker_id
             admin.set_parallelism("public", "default", name, 3)
-            home = wait_until(lambda: _home(admin, name, 3), 60, "3 instances on one worker")
+            home = wait_until(lambda: single_home(admin, name, 3), 60, "3 instances on one worker")
             time.sleep(1)
             leaving = cluster.by_id(home)
             cluster.terminate(leaving)
             admin = FunctionsAdmin(",".join(w.url for w in cluster.live()))
-            home = wait_until(lambda: _home(admin, name, 3), 60, "the instances on the last worker")
+            home = wait_until(lambda: single_home(admin, name, 3), 60, "the instances on the last worker")
             assert home != leaving.worker_id
             assert producer.wait(60) == 0
         finally:
