@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,18 +65,31 @@ def detect_broker_kind(metrics_url: str | None, timeout_s: float = 2.0, stop: th
 
 
 class SharedInput:
-    """One consumer for all instances of a function on this worker, opened on first use, closed after the last."""
+    """One consumer for all instances of a function on this worker, opened on first use, closed after the last.
+
+    One pump thread receives for all of them and hands each message to the longest-waiting receive,
+    except that an instance that has had no message yet goes first: a just-started instance serves at
+    once instead of queueing behind the idle ones (with every instance's thread blocked in the client's
+    receive, 8 waiters on 200 msg/s, a new instance's first message came 100-180 ms after it was ready).
+    """
 
     def __init__(self, open_consumer: Callable[[], pulsar.Consumer]):
         self._open = open_consumer
         self._consumer: pulsar.Consumer | None = None
         self._users = 0
         self._lock = threading.Lock()
+        self._wanted = threading.Condition(self._lock)   # the pump waits here until someone receives
+        self._receivers: list[_Receiver] = []             # waiting receives, oldest first
+        self._held: deque = deque()                       # received after its receiver had timed out
+        self._pump_stop = threading.Event()
 
     def lease(self) -> "InputLease":
         with self._lock:
             if self._consumer is None:
                 self._consumer = self._open()
+                self._pump_stop = threading.Event()
+                threading.Thread(target=self._pump, args=(self._consumer, self._pump_stop), daemon=True,
+                                 name="shared-input").start()
             self._users += 1
             return InputLease(self, self._consumer)
 
@@ -83,8 +97,59 @@ class SharedInput:
         with self._lock:
             self._users -= 1
             if self._users == 0 and self._consumer is not None:
+                self._pump_stop.set()
+                self._wanted.notify_all()
+                self._held.clear()    # unacknowledged: the broker redelivers them once the consumer closes
                 self._consumer.close()
                 self._consumer = None
+
+    def receive(self, timeout_millis: int, first: bool = False):
+        """`first`: the lease has had no message yet (it is served before the others)."""
+        receiver = _Receiver(first)
+        with self._lock:
+            if self._held:
+                return self._held.popleft()
+            self._receivers.append(receiver)
+            self._wanted.notify()
+        if not receiver.served.wait(timeout_millis / 1000.0):
+            with self._lock:
+                if receiver.msg is None:
+                    self._receivers.remove(receiver)
+                    raise pulsar.Timeout()
+        return receiver.msg
+
+    def _pump(self, consumer: pulsar.Consumer, stop: threading.Event) -> None:
+        while True:
+            with self._lock:
+                while not self._receivers and not stop.is_set():
+                    self._wanted.wait()
+            if stop.is_set():
+                return
+            try:
+                msg = consumer.receive(timeout_millis=100)
+            except pulsar.Timeout:
+                continue
+            except Exception as exc:  # closed under the pump (the last lease released)
+                if stop.is_set():
+                    return
+                log.warning("shared input: receive failed (%s); retrying", exc)
+                stop.wait(0.1)
+                continue
+            with self._lock:
+                if self._receivers:
+                    receiver = next((r for r in self._receivers if r.first), self._receivers[0])
+                    self._receivers.remove(receiver)
+                    receiver.msg = msg
+                    receiver.served.set()
+                elif not stop.is_set():
+                    self._held.append(msg)
+
+
+class _Receiver:
+    __slots__ = ("served", "msg", "first")
+
+    def __init__(self, first: bool):
+        self.served, self.msg, self.first = threading.Event(), None, first
 
 
 class InputLease:
@@ -94,9 +159,12 @@ class InputLease:
         self._shared = shared
         self._consumer = consumer
         self._closed = False
+        self._received = False
 
     def receive(self, timeout_millis: int):
-        return self._consumer.receive(timeout_millis=timeout_millis)
+        msg = self._shared.receive(timeout_millis, first=not self._received)
+        self._received = True
+        return msg
 
     def acknowledge(self, msg) -> None:
         self._consumer.acknowledge(msg)
