@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--state-mb", type=float, default=50.0)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=20.0, help="probe records/s after the preload")
+    ap.add_argument("--log", action="store_true", help="add the survivor's log lines about the function")
     args = ap.parse_args()
     state_bytes = int(args.state_mb * 1e6 / args.keys)
     keys = [f"key-{i}" for i in range(args.keys)]
@@ -104,6 +105,10 @@ def main() -> None:
         # the survivor's restores (no snapshot on its disk: the whole changelog), from its log
         out["survivor_restores"] = [line.split("restored ", 1)[1].strip() for line in
                                     cluster.by_id(survivor).log_path.read_text().splitlines() if " restored " in line]
+        if args.log:
+            out["survivor_log"] = [line[:160] for line in cluster.by_id(survivor).log_path.read_text().splitlines()
+                                   if name in line or "lead" in line][-20:]
+            out["kill_time"] = time.strftime("%H:%M:%S", time.gmtime(kill_ms[0] / 1000))
         client.close()
     print(json.dumps(out, indent=1))
 

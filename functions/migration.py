@@ -158,6 +158,8 @@ class InstanceStateStores:
         self._client = client
         self._changelog = changelog
         self._stores: dict[int, StateStore] = {}
+        self._unrestored: set[int] = set()
+        self._restoring: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
         self.restores: list[RestoreStats] = []
         marker = directory / CLEAN_MARKER
@@ -171,15 +173,26 @@ class InstanceStateStores:
                 store = StateStore(self._dir / f"instance-{instance_id}.sqlite", self._num_key_groups,
                                    owned=set(self._owners().groups_of(instance_id)))
                 store.snapshot_dir = self._dir / "snapshots"
-                owned = store.owned()
-                if owned and not self._trust_local:
-                    stats = store.open(owned, restore=True, client=self._client(), topic=self._changelog)
-                    self.restores.append(stats)
-                    log.info("%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, "
-                             "%.1f MB in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot,
-                             stats.records, stats.bytes / 1e6, stats.seconds)
+                if store.owned() and not self._trust_local:
+                    self._unrestored.add(instance_id)
                 self._stores[instance_id] = store
             return store
+
+    def restore(self, instance_id: int) -> None:
+        """Restore the instance's groups if its store needs it (see the class); the instance's own thread
+        calls it before it takes records, so the worker's lock is not held and instances restore in parallel."""
+        store = self.store(instance_id)
+        with self._lock:
+            gate = self._restoring.setdefault(instance_id, threading.Lock())
+        with gate:   # a migration's release/open waits for the instance's restore, and the other way round
+            if instance_id not in self._unrestored:
+                return
+            stats = store.open(store.owned(), restore=True, client=self._client(), topic=self._changelog)
+            self._unrestored.discard(instance_id)
+        self.restores.append(stats)
+        log.info("%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, "
+                 "%.1f MB in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot,
+                 stats.records, stats.bytes / 1e6, stats.seconds)
 
     def forget(self) -> None:
         """The function's instances left this worker (a cluster moved them): when they come back, their
@@ -188,24 +201,29 @@ class InstanceStateStores:
             for store in self._stores.values():
                 store.close()
             self._stores.clear()
+            self._unrestored.clear()
 
     def close_clean(self) -> None:
         """A clean stop (the instances drained): snapshot every group, so the next start trusts the files."""
         with self._lock:
-            for store in self._stores.values():
-                store.snapshot(store.owned())
+            for i, store in self._stores.items():
+                if i not in self._unrestored:   # never restored here: its files are not its state
+                    store.snapshot(store.owned())
                 store.close()
-            self._dir.mkdir(parents=True, exist_ok=True)
-            (self._dir / CLEAN_MARKER).touch()
+            if not self._unrestored:
+                self._dir.mkdir(parents=True, exist_ok=True)
+                (self._dir / CLEAN_MARKER).touch()
 
     def for_key(self, key: str) -> StateStore:
         """The store of the instance that owns the key's group (REST querystate/putstate)."""
         return self.store(self._owners().owners[key_group(key, self._num_key_groups)])
 
     def release(self, instance_id: int, groups: set[int]) -> None:
+        self.restore(instance_id)
         self.store(instance_id).release(groups)
 
     def open(self, instance_id: int, groups: set[int]) -> None:
+        self.restore(instance_id)
         self.restores.append(self.store(instance_id).open(groups, restore=True, client=self._client(),
                                                           topic=self._changelog))
 
@@ -234,6 +252,12 @@ class KeyedScaler:
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
+
+    def open_input(self, instance_id: int):
+        """What a keyed instance's thread opens instead of a consumer: its groups' state restored first
+        (records of its groups wait in the router meanwhile), then its mailbox."""
+        self.stores.restore(instance_id)
+        return self.router.attach(instance_id)
 
     def scale(self, target: int) -> None:
         """Ask for `target` instances; returns at once (idle() says when it is done)."""

@@ -697,7 +697,7 @@ class Worker:
             keyed = fn.keyed
             handle = ThreadInstance(cfg, i, self._client, fn.code_path,
                                     fn.state if keyed is None else keyed.stores.store(i), lambda: fn.num_instances.value,
-                                    open_input=None if keyed is None else (lambda: keyed.router.attach(i)))
+                                    open_input=None if keyed is None else (lambda: keyed.open_input(i)))
         fn.instances[i] = handle
         fn.restarts.setdefault(i, 0)
         log.info("started %s instance %d (%s)", cfg.fqfn, i, fn.runtime(self.default_runtime))
