@@ -11,11 +11,12 @@ a group it no longer owns (it was in its mailbox when the group moved) hands it 
 router, which re-routes it: never dropped, never processed by a non-owner.
 
 Acks go to the one consumer the record came from; a worker that dies leaves its unacked records
-to the broker, which redelivers them (docs/state.md).
+to the broker, which redelivers them (docs/keyed-state.md).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -27,6 +28,7 @@ import pulsar
 from .keygroups import KeyGroupAssignment
 from .state import message_group
 
+log = logging.getLogger(__name__)
 RECEIVE_TIMEOUT_MS = 100
 
 
@@ -111,10 +113,12 @@ class KeyedRouter:
                 msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
             except pulsar.Timeout:
                 continue
-            except pulsar.PulsarException:
+            except pulsar.PulsarException as exc:   # the client reconnects by itself: keep receiving
                 if self._closing.is_set():
                     return
-                raise
+                log.warning("keyed input: receive failed (%s); retrying", exc)
+                self._closing.wait(RECEIVE_TIMEOUT_MS / 1000)
+                continue
             with self._cond:
                 self.counters.received += 1
                 self._place(msg, rerouted=False)
