@@ -16,6 +16,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -91,6 +92,7 @@ def main() -> None:
         stage.stop()
         spark.stop()
     data = json.loads(Path(result_path).read_text())
+    shutil.rmtree(tmp, ignore_errors=True)
     arrivals = data["arrivals"]
     out["sent"], out["outputs"] = data["sent"], len(arrivals)
     for c in changes:

@@ -20,6 +20,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -181,6 +182,7 @@ def main() -> None:
         restores = fn.keyed.stores.restores
         worker.close()
     data = json.loads(Path(result_path).read_text())
+    shutil.rmtree(tmp, ignore_errors=True)
     arrivals = data["arrivals"]
     out["sent"] = data["sent"]
     out["received"] = len(arrivals)
