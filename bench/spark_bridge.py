@@ -105,7 +105,8 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         warm = f"{topic}-warmup"
-        produce(client, warm, 100, args.size)
+        for _ in range(2):  # two entries, so the warm-up query has two tasks and warms two Python workers
+            produce(client, warm, 50, args.size)
         spark_seconds(spark, broker.service_url, warm, 100, 2)
 
         reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages)}

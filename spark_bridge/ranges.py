@@ -166,16 +166,17 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
     tail = _native_id(Position(rng.end.ledger, rng.end.entry)) if rng.end.batch == BATCH_END else end
     reader = conn.client.create_reader(rng.topic, rng.start.message_id(), receiver_queue_size=RECEIVER_QUEUE)
     waited_ms, done = 0, False
+    wait_ms = min(STALL_REOPEN_MS, poll_timeout_ms)
     try:
         while not done:
             keys, values, ids, publish_ms, event_ms, properties = [], [], [], [], [], []
             read_next = reader._reader.read_next  # the native reader (a reopen replaces it)
             while len(values) < chunk:
-                wait_ms = min(STALL_REOPEN_MS, poll_timeout_ms - waited_ms)
                 try:
                     msg = read_next(wait_ms)
                 except pulsar.Timeout:
                     waited_ms += wait_ms
+                    wait_ms = min(STALL_REOPEN_MS, poll_timeout_ms - waited_ms)
                     if waited_ms < poll_timeout_ms:
                         log.info("topic %s: nothing after %s for %d ms; reopening the reader", rng.topic, last, waited_ms)
                         reader.close()
@@ -192,11 +193,13 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
                     log.warning("%s; skipping the rest of the range", problem)
                     done = True
                     break
-                waited_ms = 0
+                if waited_ms:
+                    waited_ms, wait_ms = 0, min(STALL_REOPEN_MS, poll_timeout_ms)
                 mid = msg.message_id()
                 if not last < mid:
                     continue  # before the range, or a duplicate delivery (B1)
-                if end < mid:
+                in_tail = not mid < tail  # a native comparison costs a call: two per message before the end entry
+                if in_tail and end < mid:
                     done = True
                     break
                 last = mid
@@ -206,7 +209,7 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
                 publish_ms.append(msg.publish_timestamp())
                 event_ms.append(msg.event_timestamp() or None)
                 properties.append(msg.properties())
-                if not mid < tail and Position.of(mid) >= rng.end:
+                if in_tail and Position.of(mid) >= rng.end:
                     done = True
                     break
             if values:
