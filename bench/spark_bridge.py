@@ -3,7 +3,8 @@
 Both read the same N-message backlog from the same embedded broker in the same run. Spark's
 session start and first Python batch (~20 s together) are paid before timing, as a long-lived
 job would. The raw Reader and the Spark reads alternate, round after round, so a change in the
-machine's load hits both; each query's time includes its planning. Prints one JSON object:
+machine's load hits both; each query's time includes its planning, and the JVM collects the
+previous read's garbage before each timed read (untimed), so no read pays for another's. Prints one JSON object:
 `ratio_vs_raw_reader` is best Reader time over best Spark time, `ratio_median` the median of the
 rounds' own ratios, `cpu_s` the median CPU seconds of this process tree (broker, relay, Spark's
 JVM and Python workers included) per read, and the load average around each round.
@@ -115,9 +116,11 @@ def main() -> None:
                 lambda parts=parts: spark_seconds(spark, broker.service_url, topic, args.messages, parts))
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
         loads = []
+        jvm = spark.sparkContext._jvm
         for _ in range(args.repeat):
             loads.append(round(os.getloadavg()[0], 2))
             for name, read in reads.items():
+                jvm.System.gc()  # the last query's garbage is collected now, not during the next timed read
                 runs[name].append(timed(read))
         loads.append(round(os.getloadavg()[0], 2))
         spark.stop()
