@@ -268,6 +268,16 @@ class KeyedScaler:
                 self._thread = threading.Thread(target=self._run, name="keyed-scaler", daemon=True)
                 self._thread.start()
 
+    def view(self) -> dict:
+        """What status shows: whether groups are moving, who owns how many, the last migration, a failure."""
+        owners = self.router.assignment.owners
+        last = self.reports[-1] if self.reports else None
+        return {"migrating": self._busy, "groupsPerInstance": {str(i): owners.count(i) for i in sorted(set(owners))},
+                "lastMigration": None if last is None else {
+                    "movedGroups": last.moved_groups, "subscales": last.subscales,
+                    "seconds": round(last.duration_s, 3), "stopTheWorld": last.stop_the_world},
+                **({"failure": self.failure} if self.failure else {})}
+
     def idle(self, timeout_s: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: not self._busy, timeout=timeout_s)

@@ -199,8 +199,12 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
     def status_of(fqfn: str) -> dict:
         cfg, figs, restarts = worker.instance_figures(fqfn)
         failure, abandoned = worker.health(fqfn)
-        return function_status(cfg, figs, restarts, worker.worker_id, worker.stall_after_s, failure, abandoned,
-                               worker.broker_problem())
+        out = function_status(cfg, figs, restarts, worker.worker_id, worker.stall_after_s, failure, abandoned,
+                              worker.broker_problem())
+        keyed = worker.keyed_view(fqfn)
+        if keyed is not None:
+            out["autoscale"]["keyedState"] = keyed
+        return out
 
     @app.get(FN + "/<int:instance_id>/status")
     def instance_status_view(tenant, namespace, name, instance_id):

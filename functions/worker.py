@@ -784,6 +784,12 @@ class Worker:
             fn = self._get(fqfn)
             return fn.failure, fn.abandoned
 
+    def keyed_view(self, fqfn: str) -> dict | None:
+        """A keyedState function's routing and migration state (status), else None."""
+        with self._lock:
+            keyed = self._get(fqfn).keyed
+        return None if keyed is None else keyed.view()
+
     def counters(self, fqfn: str) -> FunctionCounters:
         """Cumulative since the function was created, drained instances included (for the controller)."""
         with self._lock:

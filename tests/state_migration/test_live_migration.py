@@ -83,6 +83,9 @@ def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, w
         assert counts == list(range(1, len(counts) + 1)), f"key {key}: counts {counts[:10]}... not 1..n"
         last = max(seen)[1]
         assert last == owners[key_group(key, 128)], f"key {key} last counted by {last}, owner is {owners[key_group(key, 128)]}"
+    view = worker.keyed_view(cfg.fqfn)
+    assert view["groupsPerInstance"] == {"0": 64, "1": 64} and not view["migrating"] and "failure" not in view
+    assert view["lastMigration"]["movedGroups"] == 42
     stats = fn.keyed.router.counters
     print(f"\nsent {sent}, reports {[(r.moved_groups, r.subscales, round(r.duration_s, 3)) for r in reports]}, "
           f"held {stats.held}, rerouted {stats.rerouted}, longest hold {stats.max_hold_s * 1000:.1f} ms")

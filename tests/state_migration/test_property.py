@@ -126,6 +126,8 @@ def test_counts_survive_any_sequence_of_scaling_and_worker_failures(broker, tmp_
         time.sleep(1.0)   # redeliveries still in flight would show as a count above `expected`
         counts = _counts(admin, name)
         excess = sum(counts.values()) - RECORDS
+        keyed = admin.status("public", "default", name)["autoscale"]["keyedState"]
+        assert sum(keyed["groupsPerInstance"].values()) == 128 and "failure" not in keyed, keyed
         print(f"\n{guarantee} ops={ops}: {RECORDS} records, redeliveries counted {excess}")
         if guarantee == "EFFECTIVELY_ONCE":
             assert counts == {f"k{k}": expected for k in range(KEYS)}, f"not exact: excess {excess}"
