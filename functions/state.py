@@ -13,7 +13,6 @@ version, so a replay that sees an older value of the key cannot bring it back.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -80,6 +79,7 @@ class StateStore:
                  owned: set[int] | None = None):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._path = str(path)
+        # Local snapshots of every group: one SQLite file in this directory (stores may share one).
         self.snapshot_dir = Path(f"{path}.snapshots")
         self.num_key_groups = num_key_groups
         self._owned = None if owned is None else set(owned)
@@ -248,9 +248,7 @@ class StateStore:
         if self._applied_since_prune < _PRUNE_EVERY:
             return
         self._applied_since_prune = 0
-        self._conn().execute(
-            "DELETE FROM applied WHERE kg = ? AND rowid <= (SELECT rowid FROM applied WHERE kg = ? "
-            "ORDER BY rowid DESC LIMIT 1 OFFSET ?)", (group, group, DEDUPE_WINDOW))
+        _prune_applied(self._conn(), group)
 
     # ---- reads and writes in a group -------------------------------------------------------------
     def _write(self, sql: str, args: tuple, kind: str, key: str, group: int, deleted: bool = False):
@@ -324,36 +322,37 @@ class StateStore:
         return out
 
     # ---- release and open: snapshots and the changelog -------------------------------------------
-    def _snapshot_path(self, group: int) -> Path:
-        return self.snapshot_dir / f"kg-{group}.sqlite"
+    @property
+    def snapshot_path(self) -> Path:
+        return self.snapshot_dir / "groups.sqlite"
 
     def snapshot(self, groups: set[int]) -> None:
-        """Flush, then write each group's rows and EFFECTIVELY_ONCE ids with the changelog position they
-        cover, so opening the group here again replays only the changelog after it."""
+        """Flush, then write the groups' rows and EFFECTIVELY_ONCE ids with the changelog position they cover,
+        so opening a group here again replays only the changelog after it. Atomic per call."""
         writer = self.changelog
         position = writer.mark() if writer is not None else None   # after everything sent: flushed too
+        conn = self._conn()
         self.snapshot_dir.mkdir(parents=True, exist_ok=True)
-        for g in sorted(groups):
-            path = self._snapshot_path(g)
-            tmp = path.with_suffix(".tmp")
-            tmp.unlink(missing_ok=True)
-            snap = sqlite3.connect(tmp)
-            snap.execute("PRAGMA journal_mode=OFF")
-            snap.execute("PRAGMA synchronous=OFF")
-            snap.execute("CREATE TABLE kv (kind TEXT, key TEXT, ival INTEGER, bval BLOB, ver INTEGER, dead INTEGER)")
-            snap.execute("CREATE TABLE applied (mid TEXT)")
-            snap.execute("CREATE TABLE meta (position BLOB)")
-            conn = self._conn()
-            snap.executemany("INSERT INTO kv VALUES (?, ?, ?, ?, ?, ?)", conn.execute(
-                "SELECT kind, key, ival, bval, ver, dead FROM kv WHERE kg = ?", (g,)))
-            snap.executemany("INSERT INTO applied VALUES (?)", conn.execute(
-                "SELECT mid FROM applied WHERE kg = ? ORDER BY rowid", (g,)))
-            snap.execute("INSERT INTO meta VALUES (?)", (position,))
-            snap.commit()
-            snap.close()
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+        conn.execute("ATTACH DATABASE ? AS snap", (str(self.snapshot_path),))
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS snap.kv (kg INTEGER, kind TEXT, key TEXT, ival INTEGER, "
+                         "bval BLOB, ver INTEGER, dead INTEGER)")
+            conn.execute("CREATE INDEX IF NOT EXISTS snap.kv_kg ON kv(kg)")
+            conn.execute("CREATE TABLE IF NOT EXISTS snap.applied (kg INTEGER, mid TEXT)")
+            conn.execute("CREATE INDEX IF NOT EXISTS snap.applied_kg ON applied(kg)")
+            conn.execute("CREATE TABLE IF NOT EXISTS snap.meta (kg INTEGER PRIMARY KEY, position BLOB)")
+            conn.execute("BEGIN IMMEDIATE")
+            for chunk, marks in _chunks(groups):
+                conn.execute(f"DELETE FROM snap.kv WHERE kg IN ({marks})", chunk)
+                conn.execute(f"DELETE FROM snap.applied WHERE kg IN ({marks})", chunk)
+                conn.execute(f"INSERT INTO snap.kv SELECT kg, kind, key, ival, bval, ver, dead FROM main.kv "
+                             f"WHERE kg IN ({marks})", chunk)
+                conn.execute(f"INSERT INTO snap.applied SELECT kg, mid FROM main.applied WHERE kg IN ({marks}) "
+                             f"ORDER BY rowid", chunk)
+            conn.executemany("INSERT OR REPLACE INTO snap.meta VALUES (?, ?)", ((g, position) for g in groups))
+            conn.execute("COMMIT")
+        finally:
+            conn.execute("DETACH DATABASE snap")
 
     def release(self, groups: set[int]) -> None:
         """Give groups up: flush, snapshot, forget them here (their owner is elsewhere from now on)."""
@@ -361,9 +360,7 @@ class StateStore:
         self.snapshot(groups)
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
-        for g in groups:
-            conn.execute("DELETE FROM kv WHERE kg = ?", (g,))
-            conn.execute("DELETE FROM applied WHERE kg = ?", (g,))
+        _delete_groups(conn, groups)
         conn.execute("COMMIT")
         self._owned = self.owned() - groups
 
@@ -387,50 +384,81 @@ class StateStore:
         return stats
 
     def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats) -> None:
-        rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
-        applied: dict[int, list[str]] = {g: [] for g in groups}
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        _delete_groups(conn, groups)
+        conn.execute("COMMIT")
         starts: dict[bytes | None, set[int]] = {}
-        for g in groups:
-            position = None
-            path = self._snapshot_path(g)
-            if path.exists():
-                snap = sqlite3.connect(path)
-                for kind, key, ival, bval, ver, dead in snap.execute("SELECT * FROM kv"):
-                    rows[(kind, key, g)] = (ival, bval, ver, dead)
-                    stats.snapshot_rows += 1
-                applied[g] = [m for (m,) in snap.execute("SELECT mid FROM applied")]
-                position = snap.execute("SELECT position FROM meta").fetchone()[0]
-                snap.close()
-                stats.from_snapshot += 1
-            starts.setdefault(position, set()).add(g)
+        if self.snapshot_path.exists():   # local snapshots are copied by SQLite itself, not row by row
+            conn.execute("ATTACH DATABASE ? AS snap", (str(self.snapshot_path),))
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for chunk, marks in _chunks(groups):
+                    for g, position in conn.execute(f"SELECT kg, position FROM snap.meta WHERE kg IN ({marks})",
+                                                    chunk).fetchall():
+                        starts.setdefault(position, set()).add(g)
+                        stats.from_snapshot += 1
+                    stats.snapshot_rows += conn.execute(
+                        f"INSERT INTO kv(kind, key, kg, ival, bval, ver, dead) SELECT kind, key, kg, ival, bval, "
+                        f"ver, dead FROM snap.kv WHERE kg IN ({marks})", chunk).rowcount
+                    conn.execute(f"INSERT INTO applied(kg, mid) SELECT kg, mid FROM snap.applied "
+                                 f"WHERE kg IN ({marks}) ORDER BY rowid", chunk)
+                conn.execute("COMMIT")
+            finally:
+                conn.execute("DETACH DATABASE snap")
+        without = groups - set().union(*starts.values())
+        if without:
+            starts.setdefault(None, set()).update(without)   # no snapshot here: the whole changelog
+        rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
+        applied: list[tuple[int, str]] = []
         for position, wanted in starts.items():
             read = ReadStats()
-            partial: dict[tuple[int, str], list[Record]] = {}
+            partial: dict[tuple[int, str], dict[int, Record]] = {}
             for r in read_changelog(client, topic, position, read):
                 if r.group not in wanted:
                     continue
                 if r.msg_id is None:
                     _apply(rows, r)
                     continue
-                parts = partial.setdefault((r.group, r.msg_id), [])
-                parts.append(r)
+                parts = partial.setdefault((r.group, r.msg_id), {})
+                parts[r.part] = r             # by index: a record read twice is one part
                 if len(parts) == r.parts:     # every record of the message arrived: apply them together
                     del partial[(r.group, r.msg_id)]
-                    for p in parts:
+                    for p in parts.values():
                         _apply(rows, p)
-                    applied[r.group].append(r.msg_id)
+                    applied.append((r.group, r.msg_id))
             stats.records += read.records
             stats.bytes += read.bytes
-        conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT OR IGNORE INTO applied(kg, mid) VALUES (?, ?)", applied)
+        conn.executemany(   # over a snapshot's row only when newer
+            "INSERT INTO kv(kind, key, kg, ival, bval, ver, dead) VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT DO UPDATE SET ival = excluded.ival, bval = excluded.bval, ver = excluded.ver, "
+            "dead = excluded.dead WHERE excluded.ver > kv.ver", (k + v for k, v in rows.items()))
         for g in groups:
-            conn.execute("DELETE FROM kv WHERE kg = ?", (g,))
-            conn.execute("DELETE FROM applied WHERE kg = ?", (g,))
-            conn.executemany("INSERT INTO applied(kg, mid) VALUES (?, ?)",
-                             ((g, m) for m in dict.fromkeys(applied[g][-DEDUPE_WINDOW:])))
-        conn.executemany("INSERT INTO kv(kind, key, kg, ival, bval, ver, dead) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (k + v for k, v in rows.items()))
+            _prune_applied(conn, g)
         conn.execute("COMMIT")
+
+
+def _prune_applied(conn: sqlite3.Connection, group: int) -> None:
+    """Keep the newest DEDUPE_WINDOW applied ids of a group."""
+    conn.execute("DELETE FROM applied WHERE kg = ? AND rowid <= (SELECT rowid FROM applied WHERE kg = ? "
+                 "ORDER BY rowid DESC LIMIT 1 OFFSET ?)", (group, group, DEDUPE_WINDOW))
+
+
+def _chunks(groups: set[int]):
+    """Groups in chunks of at most 500 with their `?,?,...`: many groups in few statements (kv is keyed by
+    key first, so a statement on groups is one scan)."""
+    ordered = sorted(groups)
+    for i in range(0, len(ordered), 500):
+        chunk = ordered[i:i + 500]
+        yield chunk, ",".join("?" * len(chunk))
+
+
+def _delete_groups(conn: sqlite3.Connection, groups: set[int]) -> None:
+    for chunk, marks in _chunks(groups):
+        conn.execute(f"DELETE FROM kv WHERE kg IN ({marks})", chunk)
+        conn.execute(f"DELETE FROM applied WHERE kg IN ({marks})", chunk)
 
 
 def _apply(rows: dict, r: Record) -> None:
