@@ -83,7 +83,8 @@ def replay(client, tmp: Path, state_mb: float, value_bytes: int, groups: int, ta
     def figures(s) -> dict:
         return {"seconds": round(s.seconds, 3), "key_groups_per_s": round(s.groups_per_s, 1),
                 "changelog_mb_per_s": round(s.mb_per_s, 1), "records": s.records,
-                "changelog_mb": round(s.bytes / 1e6, 1), "groups_from_snapshot": s.from_snapshot,
+                "changelog_mb": round(s.bytes / 1e6, 1), "duplicates_skipped": s.duplicates,
+                "groups_from_snapshot": s.from_snapshot,
                 "snapshot_rows": s.snapshot_rows}
     return {"state_mb": round(keys * value_bytes / 1e6, 1), "keys": keys, "key_groups": groups, "rewrites": rewrites,
             "tail_keys": tail, "write_s": round(write_s, 2),

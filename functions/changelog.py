@@ -159,6 +159,7 @@ class ChangelogWriter:
 class ReadStats:
     records: int = 0
     bytes: int = 0
+    duplicates: int = 0   # delivered again by the reader, skipped
 
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
@@ -175,7 +176,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
     finally:
         producer.close()
     position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
-    reopened = 0
+    reopened, read_any = 0, False
     reader = client.create_reader(topic, position, receiver_queue_size=READER_QUEUE)
     try:
         while True:
@@ -191,7 +192,12 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
                 reader.close()
                 reader = client.create_reader(topic, position, receiver_queue_size=READER_QUEUE)
                 continue
-            position = msg.message_id()
+            msg_id = msg.message_id()
+            if read_any and not position < msg_id:
+                if stats is not None:
+                    stats.duplicates += 1
+                continue          # a pulsar-lite reader delivered it again: ids only grow in a topic
+            position, read_any = msg_id, True
             record = Record.decode(msg)
             if record is None:
                 if msg.data() == nonce:

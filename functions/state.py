@@ -52,6 +52,7 @@ class RestoreStats:
     snapshot_rows: int = 0
     records: int = 0
     bytes: int = 0
+    duplicates: int = 0      # records a pulsar-lite reader delivered again (skipped)
     seconds: float = 0.0
 
     @property
@@ -429,6 +430,7 @@ class StateStore:
                     applied.append((r.group, r.msg_id))
             stats.records += read.records
             stats.bytes += read.bytes
+            stats.duplicates += read.duplicates
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany("INSERT OR IGNORE INTO applied(kg, mid) VALUES (?, ?)", applied)
         conn.executemany(   # over a snapshot's row only when newer
