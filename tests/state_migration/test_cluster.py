@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import FunctionsAdmin
 from scenario import EXAMPLES, single_home, wait_until
 
 from cluster.harness import WorkerCluster
-from state_migration.test_property import PRODUCER
+from state_migration.test_property import PRODUCER, _counts
 
 pytestmark = pytest.mark.slow
 KEYS, RECORDS, RATE = 30, 1500, 150.0
@@ -60,14 +60,6 @@ def test_kill9_sigterm_and_scale_out_keep_counts_exact(broker, tmp_path):
         local = FunctionsAdmin(cluster.by_id(home).url)
         expected = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
 
-        def counts():
-            out = {}
-            for k in range(KEYS):
-                try:
-                    out[f"k{k}"] = local.get_state("public", "default", name, f"k{k}")["numberValue"]
-                except AdminError:
-                    out[f"k{k}"] = 0
-            return out
-
-        wait_until(lambda: counts() == expected, 120, lambda: f"exact counts {expected[f'k0']} per key: {counts()}")
+        wait_until(lambda: _counts(local, name, KEYS) == expected, 120,
+                   lambda: f"exact counts {expected['k0']} per key: {_counts(local, name, KEYS)}")
         print(f"\nkill -9 of the home worker: instances running on {home} after {takeover_s:.2f} s; counts exact")
