@@ -26,7 +26,7 @@ import pytest
 from pulsar_autoscale.broker.relay import frame_ends, rewrite_lookup
 from pulsar_autoscale.netutil import free_port
 
-from .helpers import client, wait_for
+from .helpers import client, produce, wait_for
 
 CHILD = "tests/broker_conformance/incarnation_child.py"
 
@@ -195,10 +195,7 @@ def _stream_ends_mid_frame_then_recover(broker, topic: str, upstream_port: int) 
     n = 600
     with client(broker.service_url) as c:
         c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()
-        p = c.create_producer(topic, batching_enabled=False)
-        for i in range(n):
-            p.send_async(b"%d" % i, None)
-        p.flush()
+        produce(c, topic, n)
     proxy = _CuttingProxy(upstream_port)
     try:
         dead = _Lines(_child("hold", proxy.service_url, topic, "50"))
@@ -234,10 +231,7 @@ def test_a_client_killed_while_publishing_large_messages_loses_nothing_through_t
         t = f"{topic}-{k}"
         with client(broker.service_url) as c:
             c.subscribe(t, "fn", consumer_type=pulsar.ConsumerType.Shared).close()
-            p = c.create_producer(t, batching_enabled=False)
-            for i in range(n):
-                p.send_async(b"%d" % i, None)
-            p.flush()
+            produce(c, t, n)
         dead = _Lines(_child("publish-big", broker.service_url, t, "0"))
         wait_for(lambda: "READY" in dead.lines, 10, "the child to subscribe")
         time.sleep(1.0)  # publishing large messages
