@@ -42,9 +42,10 @@ log = logging.getLogger(__name__)
 
 
 def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str,
-              subscription_type: str | None = None) -> pulsar.Consumer:
-    """The function's consumer with Pulsar's semantics for its config: subscription type (unless given) and
-    position, dead-letter policy (maxMessageRetries, deadLetterTopic), ack timeout (timeoutMs), topicsPattern."""
+              subscription_type: str | None = None, receiver_queue_size: int | None = None) -> pulsar.Consumer:
+    """The function's consumer with Pulsar's semantics for its config: subscription type and receiver queue
+    (unless given) and position, dead-letter policy (maxMessageRetries, deadLetterTopic), ack timeout
+    (timeoutMs), topicsPattern."""
     kwargs: dict = {}
     if cfg.maxMessageRetries is not None:
         kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(
@@ -54,7 +55,7 @@ def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str,
     return client.subscribe(
         re.compile(cfg.topicsPattern) if cfg.topicsPattern else list(cfg.inputs), cfg.subscription_name,
         consumer_type=SUBSCRIPTION_TYPES[subscription_type or cfg.subscription_type],
-        receiver_queue_size=cfg.receiverQueueSize,
+        receiver_queue_size=receiver_queue_size or cfg.receiverQueueSize,
         consumer_name=consumer_name,
         negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS,
         initial_position=getattr(pulsar.InitialPosition, cfg.subscriptionPosition),

@@ -35,7 +35,7 @@ from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .bursts import BurstRecord, BurstRunner
 from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
-from .instance import subscribe
+from .instance import NACK_REDELIVERY_DELAY_MS, subscribe
 from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
 from .changelog import changelog_topic
@@ -392,11 +392,17 @@ class Worker:
         save(assignment)
         return KeyedScaler(router, stores, start, drain, save)
 
+    def _subscribe(self, cfg: FunctionConfig, consumer_name: str):
+        """The function's input consumer, fenced against pulsar-lite's Failover defects (lite_quirks: B1, B13)."""
+        consumer = subscribe(self._client, cfg, consumer_name,
+                             receiver_queue_size=lite_quirks.failover_receiver_queue(cfg, self.broker_kind))
+        return lite_quirks.fence_nacks(consumer, cfg, self._client, self.broker_kind, NACK_REDELIVERY_DELAY_MS / 1000)
+
     def _fence_input(self, fn: HostedFunction) -> None:
         """On pulsar-lite, process instances receive through the worker's one consumer (lite_quirks, B2);
         the warm standbys are made for that input. Again once _connect has learnt the broker's kind."""
         if self.broker_kind == "pulsar-lite" and fn.shared_input is None:
-            fn.shared_input = lite_quirks.SharedInput(lambda: subscribe(self._client, fn.config, fn.config.fqfn))
+            fn.shared_input = lite_quirks.SharedInput(lambda: self._subscribe(fn.config, fn.config.fqfn))
         self._renew_pool(fn)
 
     def _renew_pool(self, fn: HostedFunction) -> None:
@@ -697,7 +703,8 @@ class Worker:
             keyed = fn.keyed
             handle = ThreadInstance(cfg, i, self._client, fn.code_path,
                                     fn.state if keyed is None else keyed.stores.store(i), lambda: fn.num_instances.value,
-                                    open_input=None if keyed is None else (lambda: keyed.open_input(i)))
+                                    open_input=(lambda: self._subscribe(cfg, f"{cfg.fqfn}:{i}")) if keyed is None
+                                    else (lambda: keyed.open_input(i)))
         fn.instances[i] = handle
         fn.restarts.setdefault(i, 0)
         log.info("started %s instance %d (%s)", cfg.fqfn, i, fn.runtime(self.default_runtime))

@@ -39,10 +39,13 @@ def deliveries(worker, name: str, payload: str) -> int:
     return worker.worker._functions[f"public/default/{name}"].state.get_counter(f"deliveries:{payload}")
 
 
-def test_poison_message_is_delivered_three_times_then_dead_lettered(admin, client, worker):
+@pytest.mark.parametrize("ordering", [False, True], ids=["shared", "failover"])
+def test_poison_message_is_delivered_three_times_then_dead_lettered(admin, client, worker, ordering):
+    """retainOrdering: a FAILOVER subscription, whose nacks pulsar-lite never redelivers (B13): the fence in
+    lite_quirks must give the same retries and dead letter as Shared."""
     name = unique("poison")
     out, dlq = f"persistent://public/default/{name}-out", f"persistent://public/default/{name}-dlq"
-    create(admin, name, output=out, maxMessageRetries=2, deadLetterTopic=dlq)
+    create(admin, name, output=out, maxMessageRetries=2, deadLetterTopic=dlq, retainOrdering=ordering)
     outputs, dead = OutputCollector(client, out), OutputCollector(client, dlq)
     payloads = [f"m{i}" for i in range(10)]
     payloads.insert(3, "poison")

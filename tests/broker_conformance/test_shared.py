@@ -63,3 +63,16 @@ def test_single_active_consumer_gets_each_message_once(broker, topic, sub_type):
     assert sorted(set(got)) == list(range(n)), f"lost {n - len(set(got))} messages"
     assert dups == 0, f"{dups} duplicate deliveries out of {n} ({100 * dups / n:.0f}%)"
 
+
+
+@pytest.mark.parametrize("sub_type", ["Exclusive", "Failover"])
+def test_single_active_consumer_with_a_small_receiver_queue_gets_each_message_once(broker, topic, sub_type):
+    """B1's fence (lite_quirks.failover_receiver_queue): with a receiver queue of 10 the duplicates do not occur."""
+    n = 2000
+    with client(broker.service_url) as c:
+        consumer = c.subscribe(topic, "s", consumer_type=getattr(pulsar.ConsumerType, sub_type), receiver_queue_size=1)
+        produce(c, topic, n)
+        got = payloads(drain(consumer))
+    dups = len(got) - len(set(got))
+    assert sorted(set(got)) == list(range(n)), f"lost {n - len(set(got))} messages"
+    assert dups == 0, f"{dups} duplicate deliveries out of {n} ({100 * dups / n:.0f}%)"
