@@ -4,10 +4,17 @@ Both read the same N-message backlog from the same embedded broker in the same r
 session start and first Python batch (~20 s together) are paid before timing, as a long-lived
 job would. The raw Reader and the Spark reads alternate, round after round, so a change in the
 machine's load hits both; each query's time includes its planning, and the JVM collects the
-previous read's garbage before each timed read (untimed), so no read pays for another's. Prints one JSON object:
+previous read's garbage before each timed read (untimed), so no read pays for another's; one
+untimed round of every read (`--warmup`) comes first. Prints one JSON object:
 `ratio_vs_raw_reader` is best Reader time over best Spark time, `ratio_median` the median of the
 rounds' own ratios, `cpu_s` the median CPU seconds of this process tree (broker, relay, Spark's
 JVM and Python workers included) per read, and the load average around each round.
+
+Like with like: both read through the embedded broker's relay (`broker.service_url`), with the
+same receiver queue (the source's `RECEIVER_QUEUE`). The Spark query is `count(*)` and
+`sum(length(value))` (`--query value`): the source builds and ships all seven columns, the JVM
+reads `value`; `--query all` makes the JVM read every column (lengths of key, value, topic and
+messageId, size of properties, max of both times).
 
     .venv/bin/python bench/spark_bridge.py --messages 100000 --repeat 3
 """
@@ -25,6 +32,13 @@ import uuid
 import pulsar
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
+from pulsar_autoscale.spark_bridge.ranges import RECEIVER_QUEUE
+
+QUERIES = {
+    "value": ["count(*) AS n", "sum(length(value)) AS bytes"],
+    "all": ["count(*) AS n", "sum(coalesce(length(key), 0) + length(value) + length(topic) + length(messageId)"
+            " + size(properties)) AS bytes", "max(publishTime) AS p", "max(eventTime) AS e"],
+}
 
 
 def produce(client: pulsar.Client, topic: str, n: int, size: int) -> None:
@@ -39,7 +53,7 @@ def produce(client: pulsar.Client, topic: str, n: int, size: int) -> None:
 def raw_reader_seconds(client: pulsar.Client, topic: str, n: int) -> float:
     """The baseline: one Reader, one thread, reading the backlog to its end."""
     t0 = time.perf_counter()
-    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=5000)
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE)
     for _ in range(n):
         reader.read_next(10_000)
     reader.close()
@@ -72,11 +86,11 @@ def timed(read) -> tuple[float, float]:
     return time.perf_counter() - t0, tree_cpu_seconds() - cpu0
 
 
-def spark_seconds(spark, service_url: str, topic: str, n: int, partitions: int) -> float:
+def spark_seconds(spark, service_url: str, topic: str, n: int, partitions: int, query: str = "value") -> float:
     t0 = time.perf_counter()
     df = (spark.read.format("pulsar").option("service.url", service_url).option("topic", topic)
           .option("minPartitions", str(partitions)).load())
-    rows = df.selectExpr("count(*) AS n", "sum(length(value)) AS bytes").collect()[0]
+    rows = df.selectExpr(*QUERIES[query]).collect()[0]
     elapsed = time.perf_counter() - t0
     if rows.n != n:
         raise SystemExit(f"spark read {rows.n} of {n} messages")
@@ -89,6 +103,9 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024, help="payload bytes")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 2], help="minPartitions values to time")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; each times every read once")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of every read before the timed ones")
+    ap.add_argument("--query", choices=sorted(QUERIES), default="value",
+                    help="value: count and sum(length(value)); all: the JVM reads every column")
     args = ap.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import the installed package
@@ -113,10 +130,14 @@ def main() -> None:
         reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages)}
         for parts in args.partitions:
             reads[f"minPartitions={parts}"] = (
-                lambda parts=parts: spark_seconds(spark, broker.service_url, topic, args.messages, parts))
+                lambda parts=parts: spark_seconds(spark, broker.service_url, topic, args.messages, parts, args.query))
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
         loads = []
         jvm = spark.sparkContext._jvm
+        for _ in range(args.warmup):  # untimed: JIT and caches as warm for every read as in a long-lived job
+            for read in reads.values():
+                jvm.System.gc()
+                read()
         for _ in range(args.repeat):
             loads.append(round(os.getloadavg()[0], 2))
             for name, read in reads.items():
@@ -133,7 +154,7 @@ def main() -> None:
 
         raw = runs["raw_reader"]
         result = {
-            "messages": args.messages, "payload_bytes": args.size, "cores": os.cpu_count(),
+            "messages": args.messages, "payload_bytes": args.size, "query": QUERIES[args.query], "warmup_rounds": args.warmup, "cores": os.cpu_count(),
             "load_average_1m_by_round": loads, "raw_reader": summary("raw_reader"), "spark": {},
         }
         for name in reads:
