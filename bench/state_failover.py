@@ -1,13 +1,15 @@
-"""kill -9 of the worker that runs a keyedState function on a 3-worker cluster: how long until its key
-groups serve again on a survivor, which restores them from the changelog (issue 13, "Show").
+"""kill -9 of a worker that runs instances of a keyedState function spread over a 3-worker cluster: how long
+until their key groups serve again on a survivor, which restores them from the changelog (issue 13, "Show").
 
-A keyed windowed count (functions/examples/windowed_count.py), 128 key groups, `--keys` keys with
-state of `--state-mb` in all; the state is loaded through the function (one record per key), then
-probe records flow at `--rate`/s and the home worker is killed with -9. Reported: the time from the
-kill until the survivor's instances run, and until the first output of a record sent after the kill
-(its key groups restored), with the changelog size the survivor had to read. Prints one JSON object.
+A keyed windowed count (functions/examples/windowed_count.py), 128 key groups, parallelism 3 (one
+instance per worker, fed by the front on instance 0's worker), `--keys` keys with state of `--state-mb`
+in all; the state is loaded through the function (one record per key), then probe records flow at
+`--rate`/s and the worker of instance `--kill` (0: the front's, else another) is killed with -9.
+Reported: the time from the kill until the instance runs on a survivor, and until the first output of
+a record sent after the kill whose key group that instance owns (restored), with the changelog size the
+survivor had to read. Prints one JSON object.
 
-    .venv/bin/python bench/state_failover.py [--state-mb 50] [--keys 10000]
+    .venv/bin/python bench/state_failover.py [--state-mb 50] [--keys 10000] [--kill 1]
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
-from scenario import EXAMPLES, single_home, wait_until  # noqa: E402
+from pulsar_autoscale.functions.keyed_cluster import KeyedTopics, read_assignment  # noqa: E402
+from pulsar_autoscale.functions.keygroups import key_group  # noqa: E402
+from scenario import EXAMPLES, wait_until  # noqa: E402
+from state_migration.test_cluster import _placement, _spread  # noqa: E402
 from tests.cluster.harness import WorkerCluster  # noqa: E402
 
 
@@ -38,11 +43,13 @@ def main() -> None:
     ap.add_argument("--state-mb", type=float, default=50.0)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=20.0, help="probe records/s after the preload")
+    ap.add_argument("--kill", type=int, default=1, help="kill the worker of this instance (0: the front's)")
     ap.add_argument("--log", action="store_true", help="add the survivor's log lines about the function")
     args = ap.parse_args()
     state_bytes = int(args.state_mb * 1e6 / args.keys)
     keys = [f"key-{i}" for i in range(args.keys)]
-    out: dict = {"keys": args.keys, "state_bytes_per_key": state_bytes, "workers": 3, "parallelism": 2}
+    out: dict = {"keys": args.keys, "state_bytes_per_key": state_bytes, "workers": 3, "parallelism": 3,
+                 "killed_instance": args.kill}
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as d, \
             EmbeddedBroker(data_dir=str(Path(d) / "broker"), log_level="warn") as broker, \
             WorkerCluster(broker.service_url, broker.metrics_url, Path(d)) as cluster:
@@ -52,10 +59,10 @@ def main() -> None:
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
         admin.create({"tenant": "public", "namespace": "default", "name": name,
                       "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
-                      "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest",
+                      "parallelism": 3, "keyedState": True, "subscriptionPosition": "Earliest",
                       "userConfig": {"window_s": 3600, "state_bytes": state_bytes}},
                      str(EXAMPLES / "windowed_count.py"))
-        home = wait_until(lambda: single_home(admin, name, 2), 60, "2 instances on one worker")
+        placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 workers")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         outputs = client.subscribe(dst, "bench", consumer_type=pulsar.ConsumerType.Shared)
         producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
@@ -83,17 +90,21 @@ def main() -> None:
         sender = threading.Thread(target=probe, daemon=True)
         sender.start()
         time.sleep(2)
-        victim = cluster.by_id(home)
+        owners = read_assignment(client, KeyedTopics("public", "default", name).assignment)
+        victim = cluster.by_id(placed[args.kill])
+        lost = {i for i, w in placed.items() if w == victim.worker_id}
         kill_ms.append(time.time() * 1000)
         killed = time.monotonic()
         cluster.kill(victim)
-        admin = FunctionsAdmin([w.url for w in cluster.live()])
-        survivor = wait_until(lambda: single_home(admin, name, 2), 300, "the instances on a survivor")
+        placed = wait_until(lambda: (lambda p: p if all(p.get(i) not in (None, victim.worker_id) for i in lost)
+                                     else None)(_placement(cluster, name)), 300, f"instances {lost} on a survivor")
+        survivor = placed[args.kill]
         out["instances_running_after_s"] = round(time.monotonic() - killed, 2)
-        while True:   # the first output of a record sent after the kill: its groups serve again
+        while True:   # the first output, of a record sent after the kill, from a group the victim owned
             msg = outputs.receive(300_000)
             outputs.acknowledge(msg)
-            if msg.event_timestamp() > kill_ms[0]:
+            key = msg.data().decode().split(":", 1)[0]
+            if msg.event_timestamp() > kill_ms[0] and owners.owners[key_group(key, owners.num_key_groups)] in lost:
                 out["serving_again_after_s"] = round(time.time() - kill_ms[0] / 1000, 2)
                 # key:window:count; every key was loaded once, so a count of 1 would be lost state
                 out["first_output_after_kill"] = msg.data().decode()
@@ -101,7 +112,7 @@ def main() -> None:
                 break
         stop.set()
         sender.join(5)
-        out["survivor_is_another_worker"] = survivor != home
+        out["survivor_is_another_worker"] = survivor != victim.worker_id
         # the survivor's restores (no snapshot on its disk: the whole changelog), from its log
         out["survivor_restores"] = [line.split("restored ", 1)[1].strip() for line in
                                     cluster.by_id(survivor).log_path.read_text().splitlines() if " restored " in line]

@@ -194,14 +194,23 @@ class InstanceStateStores:
                  "%.1f MB in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot,
                  stats.records, stats.bytes / 1e6, stats.seconds)
 
-    def forget(self) -> None:
-        """The function's instances left this worker (a cluster moved them): when they come back, their
-        stores open anew and restore, since the function ran elsewhere meanwhile."""
+    def forget(self, instance_ids: set[int] | None = None) -> None:
+        """The function's instances (these, or all) left this worker (a cluster moved them): when they come
+        back, their stores open anew and restore, since the function ran elsewhere meanwhile."""
         with self._lock:
-            for store in self._stores.values():
-                store.close()
-            self._stores.clear()
-            self._unrestored.clear()
+            for i in list(self._stores) if instance_ids is None else instance_ids & set(self._stores):
+                self._stores.pop(i).close()
+                self._unrestored.discard(i)
+
+    def instances(self) -> list[int]:
+        with self._lock:
+            return sorted(self._stores)
+
+    def held(self, instance_id: int) -> set[int]:
+        """The groups this worker's store of the instance holds now (none if it has no store here)."""
+        with self._lock:
+            store = self._stores.get(instance_id)
+        return store.owned() if store is not None else set()
 
     def close_clean(self) -> None:
         """A clean stop (the instances drained): snapshot every group, so the next start trusts the files."""
@@ -239,11 +248,14 @@ class KeyedScaler:
 
     def __init__(self, router: KeyedRouter, stores: InstanceStores, start: Callable[[int], None],
                  drain: Callable[[list[int]], None], save: Callable[[KeyGroupAssignment], None],
-                 subscale_size: int = DEFAULT_SUBSCALE):
+                 subscale_size: int = DEFAULT_SUBSCALE, retry_s: float | None = None):
+        """`retry_s`: retry a failed migration after this long (on a cluster an instance that died meanwhile
+        comes back on another worker); None: the next scale() retries."""
         self.router = router
         self.stores = stores
         self._start, self._drain, self._save = start, drain, save
         self.subscale_size = subscale_size
+        self.retry_s = retry_s
         self.duty = DEFAULT_DUTY
         self.stop_the_world = False              # the baseline (bench/state_migration.py)
         self.reports: list[MigrationReport] = []
@@ -252,6 +264,11 @@ class KeyedScaler:
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def stop(self) -> None:
+        """No more retries: this scaler's router is closing (a cluster's front moved)."""
+        self._stopped = True
 
     def open_input(self, instance_id: int):
         """What a keyed instance's thread opens instead of a consumer: its groups' state restored first
@@ -296,11 +313,19 @@ class KeyedScaler:
             except Exception as exc:   # status shows it; the next scale() retries from where it stopped
                 log.exception("live migration to %d instances failed", target)
                 self.failure = f"live migration to {target} instances failed: {type(exc).__name__}: {exc}"
+                if self.retry_s is not None and not self._stopped:
+                    time.sleep(self.retry_s)   # pacing the retry, not synchronisation
+                    with self._cond:
+                        self._wanted = target if self._wanted is None else self._wanted
 
     def _apply(self, target: int) -> None:
         for i in range(target):
             self._start(i)               # a no-op for a running instance
         new = self.router.assignment.rescale(target)
+        # groups a failed migration left in transit that this one does not move: back to their owner
+        stale = self.router.moving() - {m.group for m in moves(self.router.assignment, new)}
+        if stale:
+            self.router.serve({g: self.router.assignment.owners[g] for g in stale})
         self.reports.append(migrate(self.router, self.stores, new, self.subscale_size, self.stop_the_world,
                                     self.duty, on_served=self._save))
         surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)

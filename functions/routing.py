@@ -56,10 +56,14 @@ class _Mailbox:
 class KeyedRouter:
     """Ownership of key groups by the worker's instances, and the dispatch of records to them."""
 
-    def __init__(self, assignment: KeyGroupAssignment, open_consumer: Callable[[], pulsar.Consumer]):
+    def __init__(self, assignment: KeyGroupAssignment, open_consumer: Callable[[], pulsar.Consumer],
+                 forward: Callable[[int, object], None] | None = None):
+        """`forward(instance_id, record)`: where records of instances without a mailbox here go (a cluster's
+        front, functions/keyed_cluster.py); called under the router's lock, in receive order."""
         self.assignment = assignment              # effective owners: changes group by group in a migration
         self.counters = RoutingCounters()
         self._open_consumer = open_consumer
+        self._forward = forward
         self._consumer: pulsar.Consumer | None = None
         self._boxes: dict[int, _Mailbox] = {}
         self._moving: set[int] = set()            # groups in transit: served by nobody
@@ -77,13 +81,21 @@ class KeyedRouter:
         """The input of a local instance (its mailbox). The worker's consumer opens with the first one."""
         with self._cond:
             self._boxes.setdefault(instance_id, _Mailbox())
-            if self._consumer is None:
-                self._consumer = self._open_consumer()
-                self._closing.clear()
-                self._dispatcher = threading.Thread(target=self._dispatch, name="keyed-dispatch", daemon=True)
-                self._dispatcher.start()
+            self._start()
             self._release_waiting_for_present_owners(time.monotonic())
         return KeyedInput(self, instance_id)
+
+    def start(self) -> None:
+        """Open the input with no local instance (a cluster's front forwards every record)."""
+        with self._cond:
+            self._start()
+
+    def _start(self) -> None:
+        if self._consumer is None:
+            self._consumer = self._open_consumer()
+            self._closing.clear()
+            self._dispatcher = threading.Thread(target=self._dispatch, name="keyed-dispatch", daemon=True)
+            self._dispatcher.start()
 
     def detach(self, instance_id: int) -> None:
         """An instance stopped: whatever waited in its mailbox goes to the owners (re-routed), and the
@@ -94,7 +106,16 @@ class KeyedRouter:
                 for item in box.items:
                     self._place(item, rerouted=True)
             last = not self._boxes
-            consumer, self._consumer = (self._consumer, None) if last else (None, self._consumer)
+        if last:
+            self.close()
+
+    def close(self) -> None:
+        """Close the input unless a local instance still takes from it: records held here go back to the
+        broker, which redelivers them."""
+        with self._cond:
+            if self._boxes:
+                return
+            consumer, self._consumer = self._consumer, None
         if consumer is not None:
             self._closing.set()
             if self._dispatcher is not None:
@@ -132,7 +153,11 @@ class KeyedRouter:
             self.counters.held += 1
             self._held.setdefault(g, deque()).append((msg, time.monotonic()))
             return
-        box = self._boxes.get(self.assignment.owners[g])
+        owner = self.assignment.owners[g]
+        box = self._boxes.get(owner)
+        if box is None and self._forward is not None:
+            self._forward(owner, msg)
+            return
         if box is None:   # owned by an instance that is not here (yet): wait for it like a group in transit
             self.counters.held += 1
             self._held.setdefault(g, deque()).append((msg, time.monotonic()))
@@ -142,10 +167,14 @@ class KeyedRouter:
 
     # ---- acks on the one consumer ----------------------------------------------------------------------
     def acknowledge(self, msg) -> None:
-        self._consumer.acknowledge(msg)
+        consumer = self._consumer
+        if consumer is not None:   # else closed: the broker redelivers the record to the next consumer
+            consumer.acknowledge(msg)
 
     def negative_acknowledge(self, msg) -> None:
-        self._consumer.negative_acknowledge(msg)
+        consumer = self._consumer
+        if consumer is not None:
+            consumer.negative_acknowledge(msg)
 
     # ---- what an instance takes ------------------------------------------------------------------------
     def take(self, instance_id: int, timeout_s: float):
@@ -216,6 +245,10 @@ class KeyedRouter:
             for msg, since in self._held.pop(g):
                 self.counters.max_hold_s = max(self.counters.max_hold_s, now - since)
                 self._place(msg, rerouted=False)
+
+    def moving(self) -> set[int]:
+        with self._cond:
+            return set(self._moving)
 
     def attached(self) -> set[int]:
         with self._cond:

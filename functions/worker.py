@@ -38,6 +38,7 @@ from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
 from .instance import NACK_REDELIVERY_DELAY_MS, subscribe
 from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
+from .keyed_cluster import ClusterKeyed
 from .changelog import changelog_topic
 from .migration import InstanceStateStores, KeyedScaler
 from .routing import KeyedRouter, keyed_subscription_type
@@ -100,7 +101,7 @@ class HostedFunction:
     failure: str = ""                                            # why the function cannot run (no instances run)
     draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
     abandoned: int = 0                                           # drains that did not finish within the bound
-    keyed: KeyedScaler | None = None                             # keyedState: key-group routing + live migration
+    keyed: KeyedScaler | ClusterKeyed | None = None              # keyedState: key-group routing + live migration
 
     def runtime(self, default: str) -> str:
         return self.config.instanceRuntime or default
@@ -155,9 +156,9 @@ class Worker:
         self.bursts = BurstRunner(self.client_settings, broker_kind, spark)          # spark: --spark-master (default local[*])
         self.stages = StageHost(self.data_dir, self.client_settings, worker_id, spark)
         self._max_epoch = 0
-        # A cluster member sets it: a keyedState function's state is always restored (snapshot + changelog)
-        # when its instances start here, since they may come from another worker (docs/keyed-state.md).
-        self.keyed_restore_always = False
+        # A cluster member sets it: a keyedState function's instances are spread over the cluster's workers,
+        # fed through route topics by one front (functions/keyed_cluster.py, docs/keyed-state.md).
+        self.keyed_spread = False
         self._lock = threading.RLock()
         self._creating: set[str] = set()                 # names reserved while their code is validated
         self._retirers: list[threading.Thread] = []      # background drains
@@ -357,8 +358,16 @@ class Worker:
         self._fence_input(fn)
         return fn
 
-    def _keyed(self, fn: HostedFunction) -> KeyedScaler:
-        """The key-group router and scaler of a keyedState function; its assignment survives restarts."""
+    def _keyed(self, fn: HostedFunction) -> KeyedScaler | ClusterKeyed:
+        """The key-group router and scaler of a keyedState function; its assignment survives restarts.
+        On a cluster: its part on this worker (route inputs; the front while instance 0 runs here)."""
+        cfg = fn.config
+        open_consumer = lambda: subscribe(   # noqa: E731
+            self._client, cfg, cfg.fqfn,
+            lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind))
+        if self.keyed_spread:
+            return ClusterKeyed(cfg, self._fn_dir(cfg) / "keyed-state", lambda: self._client, open_consumer,
+                                self.broker_kind)
         path = self._fn_dir(fn.config) / "keygroups.json"
         new = not path.exists()
         if not new:
@@ -382,13 +391,9 @@ class Worker:
             with self._lock:
                 self._drain(fn, ids)
 
-        cfg = fn.config
-        router = KeyedRouter(assignment, lambda: subscribe(
-            self._client, cfg, cfg.fqfn,
-            lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind)))
+        router = KeyedRouter(assignment, open_consumer)
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
-                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name), new,
-                                     self.keyed_restore_always)
+                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name), new)
         save(assignment)
         return KeyedScaler(router, stores, start, drain, save)
 
@@ -459,17 +464,25 @@ class Worker:
                 self._drain(fn, sorted(fn.instances, reverse=True))
                 fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
             fn.config, fn.code_path = cfg, code_path
-            if fn.keyed is not None and ids:   # all its instances are here (scheduler: colocated)
-                self._scale(fn, cfg.parallelism)
-                return
-            if fn.keyed is not None and fn.instances:   # all of them moved to another worker
-                self._drain(fn, sorted(fn.instances, reverse=True), then=fn.keyed.stores.forget)
-                return
             fn.num_instances.value = cfg.parallelism
-            self._drain(fn, sorted((i for i in fn.instances if i not in ids), reverse=True))
+            leaving = sorted((i for i in fn.instances if i not in ids), reverse=True)
+            keyed = fn.keyed
+            # a keyedState instance that leaves this worker forgets its stores: it restores when it comes back
+            self._drain(fn, leaving, then=None if keyed is None else lambda: keyed.stores.forget(set(leaving)))
             for i in sorted(ids):
                 if i not in fn.instances:
                     self._start_instance(fn, i)
+            if keyed is not None:   # the front: where instance 0 runs
+                if 0 in ids:
+                    keyed.start_front(cfg.parallelism)
+                else:
+                    keyed.stop_front()
+
+    def keyed_holds_groups(self, fqfn: str, instance_id: int) -> bool:
+        """Cluster: whether this worker's instance of a keyedState function still holds key groups."""
+        with self._lock:
+            fn = self._functions.get(fqfn)
+            return fn is not None and isinstance(fn.keyed, ClusterKeyed) and fn.keyed.holds_groups(instance_id)
 
     def hosted_ids(self) -> dict[str, set[int]]:
         with self._lock:
@@ -621,6 +634,11 @@ class Worker:
         function's is its owning instance's; 404 for a function not hosted here."""
         with self._lock:
             fn = self._get(fqfn)
+            if isinstance(fn.keyed, ClusterKeyed):
+                store = fn.keyed.local_store_for(key)
+                if store is None:
+                    raise NotFound(f"the key group of {key!r} of {fqfn} is held by no instance on this worker")
+                return store
             return fn.state if fn.keyed is None else fn.keyed.stores.for_key(key)
 
     def list(self, tenant: str, namespace: str) -> list[str]:
@@ -830,6 +848,8 @@ class Worker:
         for t in retirers:
             t.join(self.drain_timeout_s + 5)
         for k in keyed:
+            if isinstance(k, ClusterKeyed):
+                k.stop_front()
             try:
                 k.stores.close_clean()
             except Exception:   # the next start restores from the changelog instead

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pulsar
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import FunctionsAdmin
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
 
@@ -24,17 +24,6 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02)
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what() if callable(what) else what}")
-
-
-def single_home(admin: FunctionsAdmin, name: str, parallelism: int) -> str | None:
-    """The one worker running all `parallelism` instances of public/default/name (a keyedState function on
-    a cluster), else None."""
-    try:
-        st = admin.status("public", "default", name)
-    except AdminError:
-        return None
-    workers = {s["status"]["workerId"] for s in st["instances"] if s["status"]["running"]}
-    return workers.pop() if st["numRunning"] == parallelism and len(workers) == 1 else None
 
 
 class OutputCollector:

@@ -64,7 +64,7 @@ class ClusterMember:
         self.settings = settings
         self.topics = ClusterTopics(settings.name)
         self._client = open_client(client, operation_timeout_seconds=10)
-        worker.keyed_restore_always = True   # a keyedState function may arrive from another worker
+        worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed_cluster.py)
         self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
                                                 worker.max_parallelism)
         self.assignments = AssignmentTailer(self._client, self.topics, self.me)
@@ -127,12 +127,14 @@ class ClusterMember:
                 continue  # not scheduled yet
             want = {i for i, w in snap.assignment.get(fqfn, {}).items() if w == self.me}
             if rec.config.keyedState:
-                # Break before make: the state of a keyedState function is restored from its changelog by
-                # the worker that takes it over, so the old one stops first (its changes flushed) and the
-                # new one starts only once no other live worker runs any of its instances.
-                keep: set[int] = set()
-                if want and not hosted.get(fqfn) and self._running_elsewhere(fqfn):
-                    continue
+                # Break before make, per instance: an instance's key groups are restored from the changelog
+                # by the worker that takes it over, and its route topic has one consumer, so the old worker
+                # stops it first (its changes flushed) and the new one starts it only once no other live
+                # worker runs it. A surplus instance (scale-in) runs until the front has moved its groups off.
+                here = hosted.get(fqfn, set())
+                want = {i for i in want if i in here or not self._running_elsewhere(fqfn, i)}
+                keep = {i for i in here - want
+                        if i >= rec.config.parallelism and self.worker.keyed_holds_groups(fqfn, i)}
             else:
                 keep = {i for i in hosted.get(fqfn, set()) - want
                         if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
@@ -163,10 +165,9 @@ class ClusterMember:
                 except PulsarAutoscaleError as exc:
                     log.warning("%s: restart of %s instance %d failed: %s", self.me, fqfn, i, exc)
 
-    def _running_elsewhere(self, fqfn: str) -> bool:
-        prefix = f"{fqfn}:"
-        return any(r.startswith(prefix) for m in self.membership.alive() if m.worker_id != self.me
-                   for r in m.running)
+    def _running_elsewhere(self, fqfn: str, instance_id: int) -> bool:
+        name = f"{fqfn}:{instance_id}"
+        return any(name in m.running for m in self.membership.alive() if m.worker_id != self.me)
 
     def _handed_over(self, snap: Snapshot, fqfn: str, i: int, now: float) -> bool:
         """Make-before-break: an instance assigned away keeps running here until its new owner runs it
@@ -229,11 +230,10 @@ class ClusterMember:
         eligible = [WorkerLoad(m.worker_id, m.capacity, m.busy_rate) for m in self.membership.alive() if not m.leaving]
         records = self.metadata.functions()
         parallelism = {f: r.config.parallelism for f, r in records.items()}
-        colocated = frozenset(f for f, r in records.items() if r.config.keyedState)
-        nxt, unplaced = schedule(snap.assignment, parallelism, eligible, self.settings.scheduler, colocated)
+        nxt, unplaced = schedule(snap.assignment, parallelism, eligible, self.settings.scheduler)
         pending = tuple(r for r in self.metadata.rebalances() if r not in snap.rebalanced)
-        if pending:
-            nxt = rebalance(nxt, eligible, colocated)
+        if pending:   # keyedState instances stay where they are (a move would be a hand-over of their groups)
+            nxt = rebalance(nxt, eligible, frozenset(f for f, r in records.items() if r.config.keyedState))
         new = Snapshot(term.epoch, self.me, nxt, snap.rebalanced + pending, unplaced)
         if new == snap:
             return

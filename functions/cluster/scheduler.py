@@ -31,12 +31,8 @@ def counts(assignment: Assignment) -> dict[str, int]:
 
 
 def schedule(current: Assignment, parallelism: dict[str, int], workers: list[WorkerLoad],
-             policy: str = "round-robin", colocated: frozenset[str] = frozenset()) -> tuple[Assignment, int]:
+             policy: str = "round-robin") -> tuple[Assignment, int]:
     """The next assignment and how many instances found no worker (the cluster is full).
-
-    `colocated` functions (keyedState: their records are routed within one worker) keep all their
-    instances on one worker: the one that already runs some, else the one this policy picks for
-    their first instance.
 
     round-robin is Apache Pulsar's default: each instance goes to the worker with the fewest
     instances. least-loaded goes by measured busy time: each instance goes to the worker with
@@ -60,9 +56,6 @@ def schedule(current: Assignment, parallelism: dict[str, int], workers: list[Wor
             if i in nxt[fqfn]:
                 continue
             free = [w for w in eligible.values() if load.get(w.worker_id, 0) < w.capacity]
-            if fqfn in colocated and nxt[fqfn]:
-                home = next(iter(nxt[fqfn].values()))
-                free = [w for w in free if w.worker_id == home]
             if not free:
                 unplaced += 1
                 continue
@@ -77,10 +70,10 @@ def schedule(current: Assignment, parallelism: dict[str, int], workers: list[Wor
     return nxt, unplaced
 
 
-def rebalance(current: Assignment, workers: list[WorkerLoad], colocated: frozenset[str] = frozenset()
+def rebalance(current: Assignment, workers: list[WorkerLoad], pinned: frozenset[str] = frozenset()
               ) -> Assignment:
-    """Even out instance counts (within capacity) by moving as few instances as possible; `colocated`
-    functions' instances stay where they are (schedule keeps them together)."""
+    """Even out instance counts (within capacity) by moving as few instances as possible; `pinned`
+    functions' instances (keyedState: a move hands their key groups over) stay where they are."""
     if not workers:
         return current
     nxt = {fqfn: dict(placed) for fqfn, placed in current.items()}
@@ -91,7 +84,7 @@ def rebalance(current: Assignment, workers: list[WorkerLoad], colocated: frozens
         dst = min((wid for wid in cap if load[wid] < cap[wid]), key=lambda wid: (load[wid], wid), default=None)
         if dst is None or load[src] - load[dst] <= 1:
             return nxt
-        movable = [(f, i) for f, placed in nxt.items() if f not in colocated for i, wid in placed.items()
+        movable = [(f, i) for f, placed in nxt.items() if f not in pinned for i, wid in placed.items()
                    if wid == src]
         if not movable:
             return nxt

@@ -553,3 +553,13 @@ def keyed_subscription_type(subscription_type: str, broker_kind: str) -> str:
     keeps each key's records in receive order on the worker. On Apache Pulsar it is unchanged.
     """
     return "SHARED" if broker_kind == "pulsar-lite" else subscription_type
+
+
+def route_subscription_type(broker_kind: str) -> str:
+    """The subscription of a keyedState instance's route topic on a cluster (functions/keyed_cluster.py):
+    one consumer at a time, in order. On Apache Pulsar FAILOVER (a dead consumer's unacked messages go
+    to the next one, in order). On pulsar-lite SHARED with its one consumer: a Failover subscription
+    there delivers messages twice with a receiver queue of 10 or more (B1) and never redelivers a nacked
+    message (B13), while Shared redelivers both a nacked message and a closed consumer's unacked ones
+    (tests/broker_conformance/test_shared.py). Break before make keeps one consumer per route topic."""
+    return "Shared" if broker_kind == "pulsar-lite" else "Failover"

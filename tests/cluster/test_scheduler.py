@@ -32,18 +32,16 @@ def test_a_dead_workers_instances_go_to_survivors_only():
     assert all(after["f"][i] == w for i, w in six["f"].items() if w != "c")
 
 
-def test_colocated_functions_keep_every_instance_on_one_worker_through_scaling_loss_and_rebalance():
-    """keyedState functions: records are routed within one worker, so all their instances live there."""
+def test_rebalance_leaves_pinned_functions_where_they_are():
+    """keyedState functions: their instances spread like any other's, but a rebalance does not move them
+    (a move would hand their key groups over)."""
     keyed = frozenset({"k"})
-    two, _ = schedule({}, {"k": 2, "f": 3}, W, colocated=keyed)
-    assert len(set(two["k"].values())) == 1 and sum(counts(two).values()) == 5
-    home = two["k"][0]
-    three, _ = schedule(two, {"k": 3, "f": 3}, W, colocated=keyed)
-    assert set(three["k"].values()) == {home}
-    survivors = [w for w in W if w.worker_id != home]
-    moved, _ = schedule(three, {"k": 3, "f": 3}, survivors, colocated=keyed)
-    assert len(set(moved["k"].values())) == 1 and home not in moved["k"].values()
-    assert rebalance(moved, W, keyed)["k"] == moved["k"]
+    lopsided = {"k": {0: "a", 1: "a", 2: "a"}, "f": {0: "a", 1: "a"}}
+    balanced = rebalance(lopsided, W, keyed)
+    assert balanced["k"] == lopsided["k"]
+    assert set(balanced["f"].values()) == {"b", "c"}
+    spread, _ = schedule({}, {"k": 3}, W)
+    assert sorted(spread["k"].values()) == ["a", "b", "c"]
 
 
 def test_a_joining_worker_gets_nothing_until_rebalance():

@@ -1,0 +1,411 @@
+"""A keyedState function spread over the workers of a cluster (issue 13): route topics and remote hand-over.
+
+One **front** per function, on the worker that hosts instance 0, holds the function's input (one
+consumer, routing.KeyedRouter) and the key-group assignment. It forwards each record to the route
+topic of the instance that owns the record's group (one persistent topic per instance, `route_topic`),
+keeping its keys, event time and properties, with the original message id and topic as properties,
+and acks the input record once the forward is persisted. Each instance, wherever it runs, consumes
+its route topic with one consumer (`RouteInput`), so a key's records stay in order end to end, and
+EFFECTIVELY_ONCE dedupes on the original message id (a record forwarded twice applies once).
+
+A live migration keeps migration.migrate's protocol with `RoutedStores`: release(src, groups) is a
+RELEASE marker in src's route topic after the last forwarded record of those groups (src puts them
+down when it reaches it: flush, snapshot, forget, then answers on the control topic); open(dst,
+groups) an OPEN marker in dst's route topic (dst restores them from the changelog and answers).
+Every wait is bounded. The assignment is saved to a per-function topic after each subscale (the
+latest wins), so a new front (instance 0 moved) resumes from it and redoes an interrupted subscale:
+a release of groups not owned is a no-op, an open restores from the changelog, the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pulsar
+
+from pulsar_autoscale.broker import lite_quirks
+
+from .changelog import changelog_topic
+from .keygroups import KeyGroupAssignment, key_group, moves
+from .migration import InstanceStateStores, KeyedScaler, MigrationError
+from .routing import KeyedRouter
+from .state import StateStore, message_group
+
+log = logging.getLogger(__name__)
+ROUTE_SUBSCRIPTION = "keyed-route"
+MARKER_TIMEOUT_S = 60.0     # an instance may have to start on another worker and restore first
+RETRY_S = 2.0               # a failed migration (an instance died meanwhile) is retried after this
+READ_TIMEOUT_MS = 5_000
+# properties of a forwarded record and of a marker
+ORIGINAL_ID, ORIGINAL_TOPIC, ORIGINAL_PUBLISH = "kg-mid", "kg-topic", "kg-pub"
+OP, GROUPS, NONCE, INSTANCE = "kg-op", "kg-groups", "kg-nonce", "kg-instance"
+RELEASE, OPEN = "release", "open"
+
+
+@dataclass(frozen=True)
+class KeyedTopics:
+    """The topics of one keyedState function on a cluster, named in one place (next to its changelog)."""
+
+    tenant: str
+    namespace: str
+    name: str
+
+    def route(self, instance_id: int) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/__state-{self.name}-route-{instance_id}"
+
+    @property
+    def control(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/__state-{self.name}-control"
+
+    @property
+    def assignment(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/__state-{self.name}-assignment"
+
+    @property
+    def changelog(self) -> str:
+        return changelog_topic(self.tenant, self.namespace, self.name)
+
+
+def save_assignment(producer: pulsar.Producer, a: KeyGroupAssignment) -> None:
+    producer.send(json.dumps({"seq": time.time_ns(), "num_key_groups": a.num_key_groups,
+                              "owners": list(a.owners)}).encode())
+
+
+def read_assignment(client: pulsar.Client, topic: str) -> KeyGroupAssignment | None:
+    """The latest saved assignment (highest seq), None when none was saved. The end is a marker this call
+    publishes first (no has_message_available: unreliable on pulsar-lite, see functions/changelog.py)."""
+    nonce = uuid.uuid4().hex.encode()
+    producer = client.create_producer(topic)
+    try:
+        producer.send(nonce)
+    finally:
+        producer.close()
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    best: tuple[int, KeyGroupAssignment] | None = None
+    try:
+        while True:
+            msg = reader.read_next(READ_TIMEOUT_MS)
+            if msg.data() == nonce:
+                return None if best is None else best[1]
+            try:
+                saved = json.loads(msg.data())
+                a = KeyGroupAssignment(saved["num_key_groups"], tuple(saved["owners"]))
+            except (ValueError, KeyError, TypeError):
+                continue   # another reader's end marker
+            if best is None or saved["seq"] > best[0]:
+                best = (saved["seq"], a)
+    finally:
+        reader.close()
+
+
+class RoutedMessageId(str):
+    """The original input message's id (str() is what EFFECTIVELY_ONCE and acks by id compare)."""
+
+
+class RoutedMessage:
+    """A record taken from a route topic, seen by the instance as the original input message."""
+
+    def __init__(self, msg):
+        self.route_msg = msg
+        props = msg.properties()
+        self._id = RoutedMessageId(props.get(ORIGINAL_ID, str(msg.message_id())))
+        self._topic = props.get(ORIGINAL_TOPIC, msg.topic_name())
+        self._publish = int(props.get(ORIGINAL_PUBLISH, msg.publish_timestamp()))
+        self._props = {k: v for k, v in props.items() if not k.startswith("kg-")}
+
+    def message_id(self):
+        return self._id
+
+    def topic_name(self) -> str:
+        return self._topic
+
+    def publish_timestamp(self) -> int:
+        return self._publish
+
+    def properties(self) -> dict:
+        return dict(self._props)
+
+    def __getattr__(self, name):   # data, partition_key, ordering_key, event_timestamp, redelivery_count ...
+        return getattr(self.route_msg, name)
+
+
+class RouteInput:
+    """What an instance of a spread keyedState function holds instead of a consumer: its route topic.
+
+    Markers are carried out in the instance's own thread between two records, so a RELEASE finds the
+    groups put down (every record before it processed) and an OPEN restores before the next record."""
+
+    def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
+                 reply: Callable[[dict], None], subscription_type: str):
+        self._client, self._topics, self._id = client, topics, instance_id
+        self._stores, self._reply = stores, reply
+        self._consumer = client.subscribe(
+            topics.route(instance_id), ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
+            consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
+            receiver_queue_size=100)
+
+    @property
+    def store(self) -> StateStore:
+        return self._stores.store(self._id)
+
+    def receive(self, timeout_millis: int):
+        deadline = time.monotonic() + timeout_millis / 1000
+        while True:
+            msg = self._consumer.receive(timeout_millis=max(int((deadline - time.monotonic()) * 1000), 1))
+            props = msg.properties()
+            op = props.get(OP)
+            if op is None:
+                self._own(message_group(msg, self.store.num_key_groups))
+                return RoutedMessage(msg)
+            groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
+            if op == RELEASE:   # only what it owns: releasing a group again would snapshot it empty
+                self._stores.release(self._id, groups & self.store.owned())
+            elif op == OPEN:
+                self._stores.open(self._id, groups)
+            self._reply({"nonce": props.get(NONCE), "op": op, "instance": self._id})
+            self._consumer.acknowledge(msg)
+            if time.monotonic() >= deadline:
+                raise pulsar.Timeout()
+
+    def _own(self, group: int) -> None:
+        """The front sends a group's records only to its owner: a record of a group this store does not hold
+        (its assignment was read before the front saved the latest) opens the group from the changelog."""
+        if group not in self.store.owned():
+            log.warning("%s instance %d: a record of key group %d, not open here: restoring it", self._topics.name,
+                        self._id, group)
+            self._stores.open(self._id, {group})
+
+    def acknowledge(self, msg) -> None:
+        self._consumer.acknowledge(msg.route_msg)
+
+    def negative_acknowledge(self, msg) -> None:
+        self._consumer.negative_acknowledge(msg.route_msg)
+
+    def is_connected(self) -> bool:
+        return self._consumer.is_connected()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class RoutedStores:
+    """migration.InstanceStores for instances anywhere in the cluster: markers in their route topics, answers
+    on the control topic. The local stores (this worker's instances) answer everything else."""
+
+    def __init__(self, client: Callable[[], pulsar.Client], topics: KeyedTopics, local: InstanceStateStores,
+                 route_subscription_type: str):
+        self._client, self._topics, self.local = client, topics, local
+        self._subscription_type = route_subscription_type
+        self._producers: dict[int, pulsar.Producer] = {}
+        self._replies: dict[str, dict] = {}
+        self._cond = threading.Condition()
+        self._listener: pulsar.Consumer | None = None
+        self._lock = threading.Lock()
+
+    # ---- the front's side --------------------------------------------------------------------------
+    def producer(self, instance_id: int) -> pulsar.Producer:
+        """The one producer of an instance's route topic (records and markers, in order). Its subscription
+        is made first, from the earliest message, so nothing forwarded before the instance runs is lost."""
+        with self._lock:
+            p = self._producers.get(instance_id)
+            if p is None:
+                topic = self._topics.route(instance_id)
+                self._client().subscribe(topic, ROUTE_SUBSCRIPTION,
+                                         consumer_type=getattr(pulsar.ConsumerType, self._subscription_type),
+                                         initial_position=pulsar.InitialPosition.Earliest).close()
+                p = self._producers[instance_id] = self._client().create_producer(
+                    topic, batching_enabled=False, block_if_queue_full=True, send_timeout_millis=0)
+            return p
+
+    def listen(self) -> None:
+        """Start taking answers (before the first marker is sent)."""
+        with self._lock:
+            if self._listener is None:
+                self._listener = self._client().subscribe(
+                    self._topics.control, f"front-{uuid.uuid4().hex[:12]}", consumer_type=pulsar.ConsumerType.Exclusive,
+                    initial_position=pulsar.InitialPosition.Latest, message_listener=self._on_reply)
+
+    def _on_reply(self, consumer, msg) -> None:
+        consumer.acknowledge(msg)
+        try:
+            reply = json.loads(msg.data())
+        except ValueError:
+            return
+        with self._cond:
+            self._replies[reply.get("nonce")] = reply
+            self._cond.notify_all()
+
+    def _ask(self, op: str, instance_id: int, groups: set[int]) -> None:
+        nonce = uuid.uuid4().hex
+        self.producer(instance_id).send(b"", properties={OP: op, GROUPS: ",".join(map(str, sorted(groups))),
+                                                          NONCE: nonce, INSTANCE: str(instance_id)})
+        with self._cond:
+            if not self._cond.wait_for(lambda: nonce in self._replies, MARKER_TIMEOUT_S):
+                raise MigrationError(f"{self._topics.name}: instance {instance_id} did not confirm the {op} of key "
+                                     f"groups {sorted(groups)} within {MARKER_TIMEOUT_S:.0f} s")
+            del self._replies[nonce]
+
+    def release(self, instance_id: int, groups: set[int]) -> None:
+        self._ask(RELEASE, instance_id, groups)
+
+    def open(self, instance_id: int, groups: set[int]) -> None:
+        self._ask(OPEN, instance_id, groups)
+
+    def close_front(self) -> None:
+        with self._lock:
+            producers, self._producers = list(self._producers.values()), {}
+            listener, self._listener = self._listener, None
+        for p in producers:
+            try:
+                p.flush()
+                p.close()
+            except pulsar.PulsarException:
+                pass
+        if listener is not None:
+            try:
+                listener.unsubscribe()
+            except pulsar.PulsarException:
+                listener.close()
+
+    # ---- this worker's instances (worker.py uses these, as with migration.InstanceStateStores) --------
+    def store(self, instance_id: int) -> StateStore:
+        return self.local.store(instance_id)
+
+    def restore(self, instance_id: int) -> None:
+        self.local.restore(instance_id)
+
+    def forget(self, instance_ids: set[int] | None = None) -> None:
+        self.local.forget(instance_ids)
+
+    def close_clean(self) -> None:
+        self.close_front()
+        self.local.close_clean()
+
+
+class ClusterKeyed:
+    """A keyedState function's part on one cluster worker: its local instances' stores and route inputs, and
+    the front (router + scaler) while instance 0 runs here."""
+
+    def __init__(self, cfg, directory: Path, client: Callable[[], pulsar.Client],
+                 open_input_consumer: Callable[[], pulsar.Consumer], broker_kind: str):
+        self.topics = KeyedTopics(cfg.tenant, cfg.namespace, cfg.name)
+        self._client = client
+        self._subscription_type = lite_quirks.route_subscription_type(broker_kind)
+        # a cluster worker restores every group it opens: the function may have run elsewhere since
+        local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, self.topics.changelog,
+                                    restore_always=True)
+        self.stores = RoutedStores(client, self.topics, local, self._subscription_type)
+        self.router = KeyedRouter(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)),
+                                  open_input_consumer, forward=self._forward)
+        self.scaler: KeyedScaler | None = None
+        self._saver: pulsar.Producer | None = None
+        self._reply_producer: pulsar.Producer | None = None
+        self._lock = threading.Lock()
+
+    # ---- instances here -------------------------------------------------------------------------------
+    def open_input(self, instance_id: int) -> RouteInput:
+        """An instance's input: its groups restored (the saved assignment says which), then its route topic."""
+        self.stores.restore(instance_id)
+        return RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
+                          self._subscription_type)
+
+    def owners(self) -> KeyGroupAssignment:
+        """The saved assignment (what the front last served), or the uniform one before any was saved."""
+        if self.scaler is not None:
+            return self.router.assignment
+        return read_assignment(self._client(), self.topics.assignment) or self.router.assignment
+
+    def _send_reply(self, reply: dict) -> None:
+        with self._lock:
+            if self._reply_producer is None:
+                self._reply_producer = self._client().create_producer(self.topics.control)
+            producer = self._reply_producer
+        producer.send(json.dumps(reply).encode())
+
+    # ---- the front ------------------------------------------------------------------------------------
+    def start_front(self, parallelism: int) -> None:
+        """Instance 0 runs here: take the input over from the saved assignment. The groups an interrupted
+        (or a pending) migration still has to move wait from the start; every other group is served."""
+        if self.scaler is None:
+            saved = read_assignment(self._client(), self.topics.assignment)
+            if saved is not None:
+                self.router.assignment = saved
+            target = self.router.assignment.rescale(max(parallelism, 1))
+            self.router.stop_serving({m.group for m in moves(self.router.assignment, target)})
+            self._saver = self._client().create_producer(self.topics.assignment)
+            save_assignment(self._saver, self.router.assignment)
+            self.stores.listen()
+            self.scaler = KeyedScaler(self.router, self.stores, start=lambda _i: None, drain=lambda _ids: None,
+                                      save=lambda a: save_assignment(self._saver, a), retry_s=RETRY_S)
+            self.router.start()
+            log.info("%s: front started here with %s groups per instance", self.topics.name,
+                     self.scaler.view()["groupsPerInstance"])
+        self.scaler.scale(max(parallelism, 1))
+
+    def stop_front(self) -> None:
+        """Instance 0 left this worker: a migration under way ends (bounded), then the input closes (its
+        unacked records go to the next front). In the background: the caller holds the worker's lock."""
+        scaler, self.scaler = self.scaler, None
+        if scaler is None:
+            return
+        scaler.stop()
+        saver, self._saver = self._saver, None
+
+        def stop():
+            scaler.idle(MARKER_TIMEOUT_S)
+            self.router.close()
+            self.stores.close_front()
+            if saver is not None:
+                saver.close()
+        threading.Thread(target=stop, name=f"front-stop-{self.topics.name}", daemon=True).start()
+
+    def _forward(self, instance_id: int, msg) -> None:
+        """Under the router's lock (so records keep their order per route topic): forward, ack once persisted."""
+        props = {**msg.properties(), ORIGINAL_ID: str(msg.message_id()), ORIGINAL_TOPIC: msg.topic_name(),
+                 ORIGINAL_PUBLISH: str(msg.publish_timestamp())}
+        kwargs: dict = {"properties": props}
+        if msg.partition_key():
+            kwargs["partition_key"] = msg.partition_key()
+        ordering = getattr(msg, "ordering_key", None)
+        if ordering is not None and ordering():
+            kwargs["ordering_key"] = ordering()
+        if msg.event_timestamp():
+            kwargs["event_timestamp"] = msg.event_timestamp()
+
+        def done(result, _msg_id):
+            if result == pulsar.Result.Ok:
+                self.router.acknowledge(msg)
+            else:
+                self.router.negative_acknowledge(msg)
+
+        self.stores.producer(instance_id).send_async(msg.data(), done, **kwargs)
+
+    # ---- what worker.py asks of fn.keyed ----------------------------------------------------------------
+    def scale(self, parallelism: int) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(max(parallelism, 1))
+
+    def idle(self, timeout_s: float) -> bool:
+        return self.scaler is None or self.scaler.idle(timeout_s)
+
+    def view(self) -> dict:
+        if self.scaler is not None:
+            return {**self.scaler.view(), "front": True}
+        return {"front": False}
+
+    def local_store_for(self, key: str) -> StateStore | None:
+        """The store of this worker's instance that holds the key's group (REST querystate), else None."""
+        group = key_group(key, self.router.num_key_groups)
+        return next((self.stores.store(i) for i in self.stores.local.instances() if group in self.stores.local.held(i)),
+                    None)
+
+    def holds_groups(self, instance_id: int) -> bool:
+        """Whether this worker's instance still holds key groups (a surplus instance runs until they left)."""
+        return bool(self.stores.local.held(instance_id))
