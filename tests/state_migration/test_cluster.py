@@ -1,7 +1,8 @@
 """keyedState spread over a 3-worker cluster (functions/keyed_cluster.py): instances on 3 workers fed by one
 front through route topics; scale 3 -> 2 -> 3 through REST on different workers (live migrations between
 workers), kill -9 of a worker without the front, then of the front's worker. Counts stay exact under
-EFFECTIVELY_ONCE, every record counted; prints how long the killed workers' groups took to serve again."""
+EFFECTIVELY_ONCE, every record counted; prints how long the killed workers' groups took to serve again.
+The same through SIGTERM of a worker and of the front's worker."""
 
 from __future__ import annotations
 
@@ -63,17 +64,27 @@ def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str
     return placed if all(placed.get(i) not in (None, victim) for i in ids) else None
 
 
+def _create(cluster: WorkerCluster, url: str, name: str, src: str) -> dict[int, str]:
+    FunctionsAdmin(url).create(
+        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+         "inputs": [src], "parallelism": 3, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+         "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+    return wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 different workers")
+
+
+def _assert_exact(cluster: WorkerCluster, name: str) -> None:
+    expected = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
+    wait_until(lambda: _counts(cluster, name) == expected, 120,
+               lambda: f"exact counts {expected['k0']} per key: {_counts(cluster, name)}")
+
+
 def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_path):
     name = f"ks-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
         a, b, _ = cluster.live()
-        FunctionsAdmin(a.url).create(
-            {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-             "inputs": [src], "parallelism": 3, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-             "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
-        placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 different workers")
+        placed = _create(cluster, a.url, name, src)
         producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
                                      str(KEYS), str(RATE)])
         timings = {}
@@ -109,7 +120,31 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
             if producer.poll() is None:
                 producer.kill()
                 producer.wait()
-        expected = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
-        wait_until(lambda: _counts(cluster, name) == expected, 120,
-                   lambda: f"exact counts {expected['k0']} per key: {_counts(cluster, name)}")
+        _assert_exact(cluster, name)
         print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
+
+
+def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_counts(broker, tmp_path):
+    """Break before make per instance: the leaving worker drains its instances (changes flushed), their new
+    hosts restore from the changelog and consume the route topics; the front moves with instance 0."""
+    name = f"kt-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        placed = _create(cluster, cluster.live()[0].url, name, src)
+        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
+                                     str(KEYS), str(RATE)])
+        try:
+            for instance in (1, 0):   # a worker without the front, then the front's
+                time.sleep(3)
+                leaving = cluster.by_id(placed[instance])
+                moving = {i for i, w in placed.items() if w == leaving.worker_id}
+                cluster.terminate(leaving)
+                placed = wait_until(lambda: _serving_again(cluster, name, moving, leaving.worker_id), 60,
+                                    f"instances {moving} of {leaving.worker_id} (SIGTERM) serving on a survivor")
+            assert producer.wait(90) == 0
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        _assert_exact(cluster, name)
