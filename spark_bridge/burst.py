@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+import pulsar
+
 from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.config import FunctionConfig
@@ -90,8 +92,6 @@ class BurstResult:
 # ---- joining the function's subscription ----------------------------------------------------------
 
 def _subscribe(client, cfg: FunctionConfig, consumer_name: str, receiver_queue: int):
-    import pulsar
-
     return client.subscribe(
         list(cfg.inputs), cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared,
         receiver_queue_size=receiver_queue, consumer_name=consumer_name,
@@ -168,7 +168,6 @@ class _TaskSpec:
 def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, instance_id: int, client, producer,
                    results: list) -> None:
     """One thread: process its records with its own function object and Context."""
-    import pulsar
 
     from pulsar_autoscale.functions.context import InstanceContext, identity_deserialize, load_serde, source_event_time
     from pulsar_autoscale.functions.changelog import changelog_topic
@@ -220,7 +219,6 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
 
 def process_partition(spec: _TaskSpec, records: Iterable[PipedMessage]) -> Iterator[tuple[int, bool, int]]:
     """Spark task: (slice index, ok, outputs) per record; ok only once the output is persisted."""
-    import pulsar
     from pyspark import TaskContext
 
     records = list(records)
@@ -311,24 +309,39 @@ class BurstDrain:
     def _join(self):
         name = f"{self.config.fqfn}:burst-{uuid.uuid4().hex[:8]}"
         queue = max(1, self.receiver_queue)
+        what = (f"joining subscription {self.config.subscription_name!r} of {', '.join(self.config.inputs)} "
+                f"as consumer {name!r}")
         if self.broker_kind == "pulsar-lite":
             try:
                 return lite_quirks.join_shared_subscription(
-                    self.client, lambda client: _subscribe(client, self.config, name, queue))
+                    self.client, lambda client: _subscribe(client, self.config, name, queue), what)
             except lite_quirks.LiteJoinError as exc:
-                raise BurstDrainError(f"burst drain: {exc}") from exc
+                raise BurstDrainError(f"burst drain of {self.config.fqfn}: {exc}") from exc
         client = open_client(self.client)
         try:
             return client, _subscribe(client, self.config, name, queue)
+        except pulsar.PulsarException as exc:
+            client.close()
+            raise BurstDrainError(f"burst drain of {self.config.fqfn}: {what} failed: "
+                                  f"{type(exc).__name__} {exc}") from exc
         except Exception:
             client.close()
             raise
 
+    def _leave(self, client, consumer) -> None:
+        """Close the drain's consumer and client. A failure is logged, not raised: the slice was acked
+        (or nacked) already; acks the client had not flushed yet come back as duplicates, never lost."""
+        for label, close in (("consumer", consumer.close), ("client", client.close)):
+            try:
+                close()
+            except pulsar.PulsarException as exc:
+                log.warning("burst drain of %s: closing its %s on subscription %r of %s failed (%s %s); "
+                            "acks not flushed yet come back as duplicates", self.config.fqfn, label,
+                            self.config.subscription_name, ", ".join(self.config.inputs), type(exc).__name__, exc)
+
     def _take(self, consumer, max_messages: int) -> list:
         """Receive max_messages (completed to an entry boundary, see _ends_entry); stops early
         once none arrives within receive_timeout_ms."""
-        import pulsar
-
         taken = []
         while len(taken) < max_messages or not _ends_entry(taken[-1]):
             try:
@@ -390,8 +403,7 @@ class BurstDrain:
                                seconds=time.monotonic() - t0, partitions=partitions, timings=timings)
         finally:
             t2 = time.monotonic()
-            consumer.close()  # flushes grouped acks; prefetched messages beyond the slice go back
-            client.close()
+            self._leave(client, consumer)  # flushes grouped acks; prefetched messages beyond the slice go back
             timings["close_s"] = time.monotonic() - t2
 
     def _spark_job(self, taken: list, partitions: int, threads: int) -> list[tuple[int, bool, int]]:

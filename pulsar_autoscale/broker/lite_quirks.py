@@ -24,7 +24,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -391,10 +390,14 @@ PROBE_BATCH = 4
 SETTLE_S = 0.05
 SLOT_TOPIC = "persistent://public/default/__pulsar_autoscale_idslot-{}"
 SLOT_SUBSCRIPTION = "holder"
+# A join's client: the worker's timeout (functions/worker.py). A 5 s one, left from a design that retried
+# id collisions, was passed by padding under load (docs/spark-burst.md).
+JOIN_OPERATION_TIMEOUT_S = 30
+JOIN_ATTEMPTS = 3
 
 
 class LiteJoinError(PulsarAutoscaleError):
-    """No consumer-id floor was free (MAX_SLOTS live clients on one pulsar-lite)."""
+    """A client could not get consumer ids of its own, or could not join with them: says which step failed."""
 
 
 class _SlotLock:
@@ -454,7 +457,9 @@ def _take_slot(settings: ClientSettings | str) -> _SlotLock:
                 extra.release()
             threading.Thread(target=_release_late, args=(results, PROBE_BATCH - answered), daemon=True).start()
             return got[0]
-    raise LiteJoinError(f"all {MAX_SLOTS} consumer-id floors of this pulsar-lite are held by live clients")
+    raise LiteJoinError(f"no consumer-id floor could be taken: all {MAX_SLOTS} slot locks "
+                        f"({SLOT_TOPIC.format('*')}) refused or did not answer within 1 s (held by live clients, "
+                        "or the broker is that slow)")
 
 
 def _release_late(results: queue.Queue, pending: int) -> None:
@@ -500,8 +505,14 @@ def incarnation_client(settings: ClientSettings | str, broker_kind: str, **clien
     client._slot = slot
     if slot is not None:
         client.floor = slot.slot * ID_BLOCK
+        subscription = PAD_SUBSCRIPTION.format(slot.slot)
         try:
-            _pad_consumer_ids(client, client.floor)
+            _pad_consumer_ids(client, client.floor, subscription)
+        except pulsar.PulsarException as exc:
+            client.close()
+            raise LiteJoinError(f"moving this client's consumer ids to its floor {client.floor} (slot {slot.slot}: "
+                                f"subscribes as {subscription} on {PAD_TOPIC.format('*')}) failed: "
+                                f"{type(exc).__name__} {exc}") from exc
         except Exception:
             client.close()
             raise
@@ -510,30 +521,58 @@ def incarnation_client(settings: ClientSettings | str, broker_kind: str, **clien
 
 
 def join_shared_subscription(settings: ClientSettings | str, subscribe: Callable[[pulsar.Client], pulsar.Consumer],
-                             operation_timeout_s: int = 5) -> tuple[pulsar.Client, pulsar.Consumer]:
+                             what: str, operation_timeout_s: int = JOIN_OPERATION_TIMEOUT_S,
+                             attempts: int = JOIN_ATTEMPTS) -> tuple[pulsar.Client, pulsar.Consumer]:
     """A second client on a Shared subscription (the burst drain's driver) on pulsar-lite: an
     incarnation client, so its consumer ids differ from every other live client's. Returns
-    (client, consumer); closing the client frees its floor.
+    (client, consumer); closing the client frees its floor. `what` names the subscription in errors.
 
-    tests/spark/test_burst.py counts every message of repeated joins next to a consuming
-    instance, and tests/broker_conformance/test_incarnations.py N processes joining and leaving.
+    A join that times out (a slot probe, the padding or the subscribe, under CPU load) is retried on a
+    fresh client, `attempts` in all; then LiteJoinError says which step of `what` timed out.
+
+    tests/spark/test_burst.py counts every message of repeated joins next to a consuming instance, and
+    tests/broker_conformance/test_incarnations.py N processes joining and leaving.
     """
-    client = incarnation_client(settings, "pulsar-lite", operation_timeout_seconds=operation_timeout_s)
-    try:
-        return client, subscribe(client)
-    except Exception:
-        client.close()
-        raise
+    for attempt in range(1, attempts + 1):
+        try:
+            client = incarnation_client(settings, "pulsar-lite", operation_timeout_seconds=operation_timeout_s)
+        except LiteJoinError as exc:
+            error = exc
+        else:
+            try:
+                return client, subscribe(client)
+            except pulsar.Timeout as exc:
+                error = LiteJoinError(f"subscribing (consumer ids from {client.floor}) timed out after "
+                                      f"{operation_timeout_s} s ({exc})")
+                client.close()
+            except Exception:
+                client.close()
+                raise
+        if attempt < attempts:
+            log.warning("pulsar-lite: %s, attempt %d of %d: %s; retrying on a fresh client", what, attempt,
+                        attempts, error)
+    raise LiteJoinError(f"pulsar-lite: {what}: {attempts} attempts failed, the last: {error}")
 
 
-def _pad_consumer_ids(client: pulsar.Client, count: int, chunk: int = 256) -> None:
-    """Use up `count` consumer ids of `client`: subscribe to scratch topics, then unsubscribe."""
+# The scratch topics that padding subscribes to, and the subscription of slot k on them.
+PAD_TOPIC = "persistent://public/default/__burst-idpad-{}"
+PAD_SUBSCRIPTION = "__idpad-slot{}"
+
+
+def _pad_consumer_ids(client: pulsar.Client, count: int, subscription: str, chunk: int = 256) -> None:
+    """Use up `count` consumer ids of `client`: subscribe to scratch topics, then unsubscribe.
+
+    `subscription` is the slot's own (PAD_SUBSCRIPTION): pulsar-lite never forgets a subscription name
+    (B14: its series stay, and creating a new one slows as they pile up), so a fresh name per client
+    added 256 at every join, and padding slowed with them (1.7 s to 5.3 s over 12 joins under load)
+    until a subscribe passed the drain's 5 s operation timeout. One name per slot bounds them to 256
+    per slot; only the slot's holder pads on it, so two paddings never share consumer ids on it (B2).
+    """
     done = 0
-    sub = f"__idpad-{uuid.uuid4().hex[:12]}"
     while done < count:
         n = min(chunk, count - done)
-        topics = [f"persistent://public/default/__burst-idpad-{i}" for i in range(n)]
-        pad = client.subscribe(topics, sub, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
+        pad = client.subscribe([PAD_TOPIC.format(i) for i in range(n)], subscription,
+                               consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
         try:
             pad.unsubscribe()
         except pulsar.PulsarException:

@@ -272,3 +272,55 @@ def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(brok
     assert len(set(floors[1:])) == 3, f"live incarnations shared a floor: {floors}"
     assert first[0].got() and third.got(), "the first or the mid-stream joiner received nothing"
     assert lost == 0 and duplicates == 0
+
+
+# ---- lite_quirks.join_shared_subscription: what a join leaves behind, what a failed one says ---------------
+
+def test_joins_pad_consumer_ids_on_one_subscription_per_slot(broker, topic):
+    """B14: a fresh padding subscription per join left 256 series on the scratch topics each time and
+    made every later padding slower, until a drain's join timed out (issue 10). Three joins next to a
+    holder of slot 0 (so each pads) leave only slot subscriptions there."""
+    from pulsar_autoscale.broker.lite_quirks import (PAD_TOPIC, MAX_SLOTS, _SlotLock, join_shared_subscription)
+
+    from .helpers import scrape, topic_label
+
+    try:
+        zero = _SlotLock(broker.service_url, 0)
+    except pulsar.PulsarException:
+        zero = None   # a live client of this session holds slot 0: the joins pad all the same
+    floors = []
+    try:
+        for i in range(3):
+            c, consumer = join_shared_subscription(
+                broker.service_url, lambda c: c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared),
+                f"join {i}")
+            floors.append(c.floor)
+            consumer.close()
+            c.close()
+    finally:
+        if zero is not None:
+            zero.release()
+    assert all(f >= 1024 for f in floors), f"a join took slot 0 and padded nothing: floors {floors}"
+    scratch = topic_label(PAD_TOPIC.format(0))
+    subs = {dict(labels)["subscription"] for (name, labels) in scrape(broker.metrics_url)
+            if name == "pulsar_subscription_back_log" and dict(labels).get("topic") == scratch}
+    assert f"__idpad-slot{floors[0] // 1024}" in subs, subs
+    assert len(subs) <= MAX_SLOTS and all(s.startswith("__idpad-slot") for s in subs), \
+        f"paddings left subscriptions of their own on {scratch}: {sorted(subs)}"
+
+
+def test_a_join_that_times_out_says_what_timed_out(broker):
+    """A bare pulsar.Timeout ('Pulsar error: TimeOut') once ended a burst drain on a loaded machine; a join
+    retries on a fresh client, then names the join and the step."""
+    from pulsar_autoscale.broker.lite_quirks import LiteJoinError, join_shared_subscription
+
+    calls = []
+
+    def times_out(client):
+        calls.append(client.floor)
+        raise pulsar.Timeout()
+
+    with pytest.raises(LiteJoinError, match=r"pulsar-lite: joining 'fn' of t: 2 attempts failed, the last: "
+                                            r"subscribing \(consumer ids from \d+\) timed out after 30 s"):
+        join_shared_subscription(broker.service_url, times_out, "joining 'fn' of t", attempts=2)
+    assert len(calls) == 2

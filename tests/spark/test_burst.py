@@ -175,7 +175,7 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
         taken = []
         for i in range(drains):
             client, consumer = join_shared_subscription(
-                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100))
+                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100), f"drain {i}")
             got = []
             while len(got) < per_drain or not _ends_entry(got[-1]):
                 try:

@@ -86,9 +86,6 @@ def test_register_says_what_to_set_when_python_workers_cannot_import_us(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.spark
-@pytest.mark.xfail(strict=False, reason="open bug: in 1 of 3 full runs of 2026-11-23 (idle fresh clone) the burst "
-                   "drain on the Spark cluster ended with 'Timeout: Pulsar error: TimeOut' and 0 outputs; the stage "
-                   "part passed; cause not found yet (closing note of stop 11, issue 10)")
 def test_a_worker_runs_a_stage_and_a_burst_drain_on_a_spark_cluster(broker, pulsar_client, tmp_path):
     timings = {}
     t0 = time.monotonic()
