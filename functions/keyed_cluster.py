@@ -91,7 +91,11 @@ def read_assignment(client: pulsar.Client, topic: str) -> KeyGroupAssignment | N
     best: tuple[int, KeyGroupAssignment] | None = None
     try:
         while True:
-            msg = reader.read_next(READ_TIMEOUT_MS)
+            try:
+                msg = reader.read_next(READ_TIMEOUT_MS)
+            except pulsar.Timeout:
+                raise TimeoutError(f"{topic}: no message for {READ_TIMEOUT_MS} ms before the end marker while "
+                                   "reading the saved key-group assignment; the broker may be down") from None
             if msg.data() == nonce:
                 return None if best is None else best[1]
             try:

@@ -1,0 +1,74 @@
+"""A spread keyedState function's parts in one process (functions/keyed_cluster.py), driven as a cluster member
+drives them: the front forwards records to the instances' route topics, a record forwarded twice applies once
+under EFFECTIVELY_ONCE (deduped on the original message id), and scale 2 -> 3 -> 2 migrates groups through
+RELEASE/OPEN markers with exact counts."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import pulsar
+
+from pulsar_autoscale.functions.config import FunctionConfig
+from pulsar_autoscale.functions.keyed_cluster import ORIGINAL_ID, KeyedTopics, read_assignment
+from pulsar_autoscale.functions.worker import NotFound, Worker
+from scenario import EXAMPLES, wait_until
+
+KEYS, PER_KEY = 20, 10
+
+
+def _counts(worker: Worker, fqfn: str) -> dict[str, int]:
+    out = {}
+    for k in range(KEYS):
+        try:
+            out[f"k{k}"] = worker.state_store(fqfn, f"k{k}").for_key(f"k{k}").get_counter(f"k{k}")
+        except NotFound:
+            out[f"k{k}"] = -1
+    return out
+
+
+def _send(producer: pulsar.Producer, n: int) -> None:
+    for i in range(n):
+        producer.send_async(b"x", None, partition_key=f"k{i % KEYS}")
+    producer.flush()
+
+
+def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tmp_path):
+    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
+    worker.keyed_spread = True
+    try:
+        name = f"kr-{uuid.uuid4().hex[:6]}"
+        src = f"persistent://public/default/{name}-in"
+        code = shutil.copy(EXAMPLES / "keyed_count.py", tmp_path / "keyed_count.py")
+        cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
+                                        "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
+                                        "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+                                        "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+        worker.host_instances(cfg, str(code), {0, 1})
+        topics = KeyedTopics("public", "default", name)
+        probe = client.subscribe(topics.route(1), "probe", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(src)
+        _send(producer, KEYS * PER_KEY // 2)
+        wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
+                   lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
+
+        # a front that forwarded a record, died before the input ack and forwarded it again
+        forwarded = probe.receive(5000)
+        assert ORIGINAL_ID in forwarded.properties()
+        client.create_producer(topics.route(1)).send(forwarded.data(), properties=forwarded.properties(),
+                                                      partition_key=forwarded.partition_key())
+
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), str(code), {0, 1, 2})
+        wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2 given key groups (OPEN)")
+        _send(producer, KEYS * PER_KEY // 2)
+        worker.host_instances(cfg, str(code), {0, 1, 2})   # the member keeps the surplus while it holds groups
+        wait_until(lambda: not worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2's groups moved off (RELEASE)")
+        worker.host_instances(cfg, str(code), {0, 1})
+        expected = {f"k{k}": PER_KEY for k in range(KEYS)}
+        wait_until(lambda: _counts(worker, cfg.fqfn) == expected, 30,
+                   lambda: f"exact counts (the duplicate applied once): {_counts(worker, cfg.fqfn)}")
+        saved = read_assignment(client, topics.assignment)
+        assert saved is not None and set(saved.owners) == {0, 1}
+    finally:
+        worker.close()
