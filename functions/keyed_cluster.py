@@ -353,22 +353,27 @@ class ClusterKeyed:
                      self.scaler.view()["groupsPerInstance"])
         self.scaler.scale(max(parallelism, 1))
 
-    def stop_front(self) -> None:
+    def stop_front(self) -> threading.Thread | None:
         """Instance 0 left this worker: a migration under way ends (bounded), then the input closes (its
-        unacked records go to the next front). In the background: the caller holds the worker's lock."""
+        unacked records go to the next front). In a thread (returned): the caller holds the worker's lock."""
         scaler, self.scaler = self.scaler, None
         if scaler is None:
-            return
+            return None
         scaler.stop()
         saver, self._saver = self._saver, None
 
         def stop():
             scaler.idle(MARKER_TIMEOUT_S)
-            self.router.close()
-            self.stores.close_front()
-            if saver is not None:
-                saver.close()
-        threading.Thread(target=stop, name=f"front-stop-{self.topics.name}", daemon=True).start()
+            try:
+                self.router.close()
+                self.stores.close_front()
+                if saver is not None:
+                    saver.close()
+            except pulsar.PulsarException as exc:   # the broker is gone: it redelivers what was not acked
+                log.warning("%s: closing the front: %s", self.topics.name, exc)
+        thread = threading.Thread(target=stop, name=f"front-stop-{self.topics.name}", daemon=True)
+        thread.start()
+        return thread
 
     def _forward(self, instance_id: int, msg) -> None:
         """Under the router's lock (so records keep their order per route topic): forward, ack once persisted."""

@@ -848,8 +848,9 @@ class Worker:
         for t in retirers:
             t.join(self.drain_timeout_s + 5)
         for k in keyed:
-            if isinstance(k, ClusterKeyed):
-                k.stop_front()
+            stopping = k.stop_front() if isinstance(k, ClusterKeyed) else None
+            if stopping is not None:
+                stopping.join(self.drain_timeout_s)
             try:
                 k.stores.close_clean()
             except Exception:   # the next start restores from the changelog instead
