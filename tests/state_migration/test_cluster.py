@@ -122,6 +122,7 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
                 producer.wait()
         _assert_exact(cluster, name)
         print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
+        print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
 
 
 def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_counts(broker, tmp_path):
@@ -134,17 +135,21 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
         placed = _create(cluster, cluster.live()[0].url, name, src)
         producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
                                      str(KEYS), str(RATE)])
+        timings = {}
         try:
             for instance in (1, 0):   # a worker without the front, then the front's
                 time.sleep(3)
                 leaving = cluster.by_id(placed[instance])
                 moving = {i for i, w in placed.items() if w == leaving.worker_id}
+                t0 = time.monotonic()
                 cluster.terminate(leaving)
                 placed = wait_until(lambda: _serving_again(cluster, name, moving, leaving.worker_id), 60,
                                     f"instances {moving} of {leaving.worker_id} (SIGTERM) serving on a survivor")
+                timings[f"SIGTERM of instance {instance}'s worker: serving again"] = time.monotonic() - t0
             assert producer.wait(90) == 0
         finally:
             if producer.poll() is None:
                 producer.kill()
                 producer.wait()
         _assert_exact(cluster, name)
+        print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
