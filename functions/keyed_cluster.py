@@ -262,6 +262,13 @@ class RoutedStores:
     def open(self, instance_id: int, groups: set[int]) -> None:
         self._ask(OPEN, instance_id, groups)
 
+    def flush_front(self) -> None:
+        """Every forward sent so far persisted (and its input record acked by its callback)."""
+        with self._lock:
+            producers = list(self._producers.values())
+        for p in producers:
+            p.flush()
+
     def close_front(self) -> None:
         with self._lock:
             producers, self._producers = list(self._producers.values()), {}
@@ -365,7 +372,7 @@ class ClusterKeyed:
         def stop():
             scaler.idle(MARKER_TIMEOUT_S)
             try:
-                self.router.close()
+                self.router.close(before_close=self.stores.flush_front)
                 self.stores.close_front()
                 if saver is not None:
                     saver.close()
@@ -388,11 +395,18 @@ class ClusterKeyed:
         if msg.event_timestamp():
             kwargs["event_timestamp"] = msg.event_timestamp()
 
+        consumer = self.router.input   # the one the record came from, open until the forwards are flushed
+        if consumer is None:           # the input closed: the broker redelivers the record to the next front
+            return
+
         def done(result, _msg_id):
-            if result == pulsar.Result.Ok:
-                self.router.acknowledge(msg)
-            else:
-                self.router.negative_acknowledge(msg)
+            try:
+                if result == pulsar.Result.Ok:
+                    consumer.acknowledge(msg)
+                else:
+                    consumer.negative_acknowledge(msg)
+            except pulsar.PulsarException as exc:   # closed meanwhile: the broker redelivers the record
+                log.debug("%s: no ack for a forwarded record: %s", self.topics.name, exc)
 
         self.stores.producer(instance_id).send_async(msg.data(), done, **kwargs)
 

@@ -109,9 +109,10 @@ class KeyedRouter:
         if last:
             self.close()
 
-    def close(self) -> None:
+    def close(self, before_close: Callable[[], None] = lambda: None) -> None:
         """Close the input unless a local instance still takes from it: records held here go back to the
-        broker, which redelivers them."""
+        broker, which redelivers them. `before_close` runs once nothing is received any more, with the
+        consumer still open (a front flushes its forwards there, so their acks still go out)."""
         with self._cond:
             if self._boxes:
                 return
@@ -120,6 +121,7 @@ class KeyedRouter:
             self._closing.set()
             if self._dispatcher is not None:
                 self._dispatcher.join(2 * RECEIVE_TIMEOUT_MS / 1000 + 1)
+            before_close()
             with self._cond:  # records nobody can take any more: the broker redelivers them
                 orphans = [m for q in self._held.values() for m, _ in q]
                 self._held = {g: deque() for g in self._held}
@@ -166,15 +168,16 @@ class KeyedRouter:
         self._cond.notify_all()
 
     # ---- acks on the one consumer ----------------------------------------------------------------------
+    @property
+    def input(self) -> pulsar.Consumer | None:
+        """The consumer records come from now (a forward acks on the one its record came from)."""
+        return self._consumer
+
     def acknowledge(self, msg) -> None:
-        consumer = self._consumer
-        if consumer is not None:   # else closed: the broker redelivers the record to the next consumer
-            consumer.acknowledge(msg)
+        self._consumer.acknowledge(msg)
 
     def negative_acknowledge(self, msg) -> None:
-        consumer = self._consumer
-        if consumer is not None:
-            consumer.negative_acknowledge(msg)
+        self._consumer.negative_acknowledge(msg)
 
     # ---- what an instance takes ------------------------------------------------------------------------
     def take(self, instance_id: int, timeout_s: float):
