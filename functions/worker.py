@@ -147,7 +147,8 @@ class Worker:
         self.validate_timeout_s = VALIDATE_TIMEOUT_S
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self.stall_after_s = STALL_AFTER_S
-        self._metrics_url = metrics_url  # read for broker_kind "auto"
+        self._metrics_url = metrics_url  # read for broker_kind "auto", and by the B12 fence on pulsar-lite
+        self._stall_fence: lite_quirks.StallFence | None = None   # set by _connect once the broker's kind is known
         self._client: pulsar.Client | None = None  # this incarnation's, opened by _connect once the broker answers
         self._connected = threading.Event()
         self._broker_watch: BrokerWatch | None = None   # started with the client (functions/broker_watch.py)
@@ -178,6 +179,7 @@ class Worker:
             self._waiting_for = f"the broker's metrics at {self._metrics_url} (to tell pulsar-lite from Apache Pulsar)"
             self.broker_kind = lite_quirks.detect_broker_kind(self._metrics_url, stop=self._closing)
             self.bursts.broker_kind = self.broker_kind
+        self._stall_fence = lite_quirks.StallFence.for_broker(self.broker_kind, self._metrics_url)
         self._waiting_for = f"the broker at {self.service_url}"
         client = None
         while client is None and not self._closing.is_set():
@@ -362,9 +364,10 @@ class Worker:
         """The key-group router and scaler of a keyedState function; its assignment survives restarts.
         On a cluster: its part on this worker (route inputs; the front while instance 0 runs here)."""
         cfg = fn.config
-        open_consumer = lambda: subscribe(   # noqa: E731
+        open_consumer = lambda: lite_quirks.fence_stalls(lambda: subscribe(   # noqa: E731
             self._client, cfg, cfg.fqfn,
-            lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind))
+            lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind)),
+            cfg.inputs, cfg.subscription_name, self._stall_fence)
         if self.keyed_spread:
             return ClusterKeyed(cfg, self._fn_dir(cfg) / "keyed-state", lambda: self._client, open_consumer,
                                 self.broker_kind)
@@ -398,10 +401,14 @@ class Worker:
         return KeyedScaler(router, stores, start, drain, save)
 
     def _subscribe(self, cfg: FunctionConfig, consumer_name: str):
-        """The function's input consumer, fenced against pulsar-lite's Failover defects (lite_quirks: B1, B13)."""
-        consumer = subscribe(self._client, cfg, consumer_name,
-                             receiver_queue_size=lite_quirks.failover_receiver_queue(cfg, self.broker_kind))
-        return lite_quirks.fence_nacks(consumer, cfg, self._client, self.broker_kind, NACK_REDELIVERY_DELAY_MS / 1000)
+        """The function's input consumer, fenced against pulsar-lite's defects (lite_quirks): Failover's (B1,
+        B13), and a broker that stops dispatching to it (B12)."""
+        def open_consumer():
+            consumer = subscribe(self._client, cfg, consumer_name,
+                                 receiver_queue_size=lite_quirks.failover_receiver_queue(cfg, self.broker_kind))
+            return lite_quirks.fence_nacks(consumer, cfg, self._client, self.broker_kind,
+                                           NACK_REDELIVERY_DELAY_MS / 1000)
+        return lite_quirks.fence_stalls(open_consumer, cfg.inputs, cfg.subscription_name, self._stall_fence)
 
     def _fence_input(self, fn: HostedFunction) -> None:
         """On pulsar-lite, process instances receive through the worker's one consumer (lite_quirks, B2);

@@ -21,6 +21,7 @@ class BrokerMetrics:
     in_messages: dict[str, float] = field(default_factory=dict)              # topic -> cumulative messages in
     backlog: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> entries
     messages_per_entry: float = 1.0   # broker-wide: backlogs count entries (batches), not messages
+    unacked: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> messages
 
     def backlog_messages(self, topic: str, subscription: str) -> float | None:
         entries = self.backlog.get((topic, subscription))
@@ -34,7 +35,7 @@ def _topic(labels: dict) -> str:
     return f"persistent://{labels.get('namespace', 'public/default')}/{topic}"
 
 
-PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_subscription_back_log{")
+PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_subscription_back_log{", "pulsar_subscription_unacked_messages{")
 BROKER_WIDE = ("pulsar_broker_in_messages_total", "pulsar_entry_size_count")
 
 
@@ -55,6 +56,7 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
     """The broker's counters and backlogs; with `topics` (full names), of those topics only."""
     in_messages: dict[str, float] = {}
     backlog: dict[tuple[str, str], float] = {}
+    unacked: dict[tuple[str, str], float] = {}
     totals = {"messages": 0.0, "entries": 0.0}
     for family in text_string_to_metric_families(text if topics is None else relevant(text, topics)):
         for sample in family.samples:
@@ -65,6 +67,9 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
             elif name == "pulsar_subscription_back_log" and "subscription" in labels:
                 key = (_topic(labels), labels["subscription"])
                 backlog[key] = backlog.get(key, 0.0) + sample.value
+            elif name == "pulsar_subscription_unacked_messages" and "subscription" in labels:
+                key = (_topic(labels), labels["subscription"])
+                unacked[key] = unacked.get(key, 0.0) + sample.value
             elif name == "pulsar_broker_in_messages_total":
                 totals["messages"] = sample.value
             elif name == "pulsar_entry_size_count":
@@ -73,7 +78,8 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
     if topics is not None:   # relevant() kept a superset (names sharing a prefix)
         in_messages = {t: v for t, v in in_messages.items() if t in topics}
         backlog = {k: v for k, v in backlog.items() if k[0] in topics}
-    return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0))
+        unacked = {k: v for k, v in unacked.items() if k[0] in topics}
+    return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0), unacked)
 
 
 def fetch(metrics_url: str, now: float, timeout_s: float = 5.0, topics: Collection[str] | None = None
