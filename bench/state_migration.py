@@ -10,7 +10,7 @@ duration, and the p99 of keys whose group does not move, during the change vs th
     .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4]
 
 Prints one JSON object. Runs one worker process with thread instances (one state store per instance,
-snapshots on the worker's disk): not a 3-worker cluster (see BENCHMARKS.md).
+each key group its own file on the worker's disk): not a 3-worker cluster (see BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main() -> None:
         capacity = args.keys / (time.monotonic() - t0)
         producer.close()
         client.close()
-        state_files = list((worker._fn_dir(cfg) / "keyed-state").glob("instance-*.sqlite*"))
+        state_files = [p for p in (worker._fn_dir(cfg) / "keyed-state").rglob("*.sqlite*") if p.is_file()]
         out["state_mb_on_disk"] = round(sum(p.stat().st_size for p in state_files) / 1e6, 1)
         out["capacity_2_instances_per_s"] = round(capacity, 1)
         rate = args.load * capacity

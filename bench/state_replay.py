@@ -45,11 +45,6 @@ def _put(store: StateStore, key: str, value: bytes) -> None:
     store.commit()
 
 
-def _rows(store: StateStore) -> dict:
-    return dict(((kind, key, kg), (ival, bval)) for kind, key, kg, ival, bval in store._conn().execute(
-        "SELECT kind, key, kg, ival, bval FROM kv WHERE dead = 0"))
-
-
 def replay(client, tmp: Path, state_mb: float, value_bytes: int, groups: int, tail_fraction: float,
            rewrites: int) -> dict:
     topic = changelog_topic("public", "default", f"replay-{uuid.uuid4().hex[:8]}")
@@ -72,13 +67,13 @@ def replay(client, tmp: Path, state_mb: float, value_bytes: int, groups: int, ta
     for i in range(tail):
         _put(new_owner, f"key-{i * keys // max(tail, 1)}", os.urandom(value_bytes))
     new_owner.flush()
-    expected = _rows(new_owner)
+    expected = new_owner.rows()
 
     full = StateStore(tmp / "full" / "state.sqlite", groups, owned=set())
     full_stats = full.open(everything, client=client, topic=topic)
-    assert _rows(full) == expected, "full replay differs from the state it replays"
+    assert full.rows() == expected, "full replay differs from the state it replays"
     snap_stats = first.open(everything)             # back on `first`: its snapshots + the tail
-    assert _rows(first) == expected, "snapshot + tail differs from the state it restores"
+    assert first.rows() == expected, "snapshot + tail differs from the state it restores"
 
     def figures(s) -> dict:
         return {"seconds": round(s.seconds, 3), "key_groups_per_s": round(s.groups_per_s, 1),

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_MS = 5_000
 READ_REOPENS = 3
 READER_QUEUE = 5000   # pulsar-lite readers with small queues deliver more duplicates
+# A record not persisted within this fails its flush (an error naming the topic) instead of blocking a drain
+# forever while the broker is away; nothing after it is acked, so its input comes again.
+SEND_TIMEOUT_MS = 30_000
 
 
 def changelog_topic(tenant: str, namespace: str, name: str) -> str:
@@ -89,9 +92,8 @@ class ChangelogWriter:
     def __init__(self, client: pulsar.Client, topic: str):
         self.topic = topic
         self._client = client
-        # No send timeout: a record is never dropped while the broker is away; the ack waits for it.
         self._producer = client.create_producer(topic, block_if_queue_full=True, batching_enabled=True,
-                                                batching_max_publish_delay_ms=1, send_timeout_millis=0)
+                                                batching_max_publish_delay_ms=1, send_timeout_millis=SEND_TIMEOUT_MS)
         self._lock = threading.Lock()
         self._failed: pulsar.Result | None = None
         self.records = self.bytes = 0
@@ -135,7 +137,11 @@ class ChangelogWriter:
         callback()
 
     def flush(self) -> None:
-        self._producer.flush()
+        try:
+            self._producer.flush()
+        except pulsar.PulsarException as exc:
+            raise pulsar.PulsarException(f"changelog {self.topic}: records were not persisted within "
+                                         f"{SEND_TIMEOUT_MS} ms: {exc}") from exc
         if self._failed is not None:
             failed, self._failed = self._failed, None
             raise pulsar.PulsarException(f"changelog {self.topic}: a record was not persisted: {failed}")
@@ -143,7 +149,11 @@ class ChangelogWriter:
     def mark(self) -> bytes:
         """Persist a marker after everything sent so far; its serialized id is a position in the changelog."""
         with self._lock:
-            msg_id = self._producer.send(uuid.uuid4().hex.encode(), partition_key=MARKER_KEY)
+            try:
+                msg_id = self._producer.send(uuid.uuid4().hex.encode(), partition_key=MARKER_KEY)
+            except pulsar.PulsarException as exc:
+                raise pulsar.PulsarException(f"changelog {self.topic}: a marker was not persisted within "
+                                             f"{SEND_TIMEOUT_MS} ms: {exc}") from exc
         self.flush()
         return msg_id.serialize()
 

@@ -1,11 +1,15 @@
 """A function's state on one worker: key-grouped, local, and durable through its changelog.
 
 Context.incr_counter/get_counter/put_state/get_state/del_counter for a message go to the key group
-of the message's key (docs/state.md). Rows live in one SQLite file per function per worker (WAL:
-shared by the function's thread and process instances on the worker, atomic increments without a
-state server), tagged with their group, so a group is released (flushed, snapshotted, forgotten) and
-opened elsewhere (snapshot + changelog tail, or the whole changelog) as a unit. Every change is also
-a changelog record (functions/changelog.py) sent before the input message is acked.
+of the message's key (docs/state.md). Each key group is its own SQLite file (WAL) in the store's
+group directory, which the function's stores on one worker share (its thread and process instances,
+and on a keyedState function every instance's store), so a group moves between stores on one worker
+without a copy (ScalaSSC: state stays where it is served): release flushes the changelog, records in
+the group's file the changelog position the file covers and closes it; open reopens the file and
+applies the changelog after that position. A group whose file is missing, or was not closed by a
+release (kill -9 while it was served: it may hold changes the changelog never got), is rebuilt from
+the whole changelog. Every change is also a changelog record (functions/changelog.py) sent before
+the input message is acked.
 
 Rows are never deleted while their group is owned: a deletion leaves a tombstone with the next
 version, so a replay that sees an older value of the key cannot bring it back.
@@ -48,7 +52,7 @@ class RestoreStats:
     """The last open(restore=True): what was replayed and how fast (bench/state_replay.py)."""
 
     groups: int = 0
-    from_snapshot: int = 0
+    from_snapshot: int = 0   # groups reopened from their released file (only the changelog after it replayed)
     snapshot_rows: int = 0
     records: int = 0
     bytes: int = 0
@@ -79,9 +83,10 @@ class StateStore:
     def __init__(self, path: str | Path, num_key_groups: int = DEFAULT_NUM_KEY_GROUPS,
                  owned: set[int] | None = None):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._path = str(path)
-        # Local snapshots of every group: one SQLite file in this directory (stores may share one).
-        self.snapshot_dir = Path(f"{path}.snapshots")
+        # The group files `kg-N.sqlite` (a released group's file is its snapshot): stores of one function
+        # on one worker may share this directory (functions/migration.py sets it), so a group moves
+        # between them without a copy.
+        self.snapshot_dir = Path(f"{path}.groups")
         self.num_key_groups = num_key_groups
         self._owned = None if owned is None else set(owned)
         self._local = threading.local()
@@ -89,28 +94,59 @@ class StateStore:
         self._client: pulsar.Client | None = None
         self._topic: str | None = None
         self._attach_lock = threading.Lock()
+        # One connection per open group, shared by the threads (a group's lock serialises them; an
+        # EFFECTIVELY_ONCE message holds it from begin to commit): release closes it.
+        self._conns: dict[int, sqlite3.Connection] = {}
+        self._locks: dict[int, threading.RLock] = {}
+        self._conns_lock = threading.Lock()
         self._applied_since_prune = 0
         self.duplicates_skipped = 0   # EFFECTIVELY_ONCE: messages whose id was applied already (in this process)
         self.restore_stats = RestoreStats()
-        c = self._conn()
-        # (kind, key, kg): a key's lookup is a prefix of the primary key, in its group or in any.
-        c.execute("CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, kg INTEGER NOT NULL, "
-                  "ival INTEGER, bval BLOB, ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, "
-                  "PRIMARY KEY (kind, key, kg)) WITHOUT ROWID")
-        c.execute("CREATE TABLE IF NOT EXISTS applied (kg INTEGER NOT NULL, mid TEXT NOT NULL, "
-                  "PRIMARY KEY (kg, mid))")
-        c.execute("CREATE INDEX IF NOT EXISTS applied_kg ON applied(kg)")
-        # release/snapshot/open select a group's rows: without this index each is a scan of every row here
-        c.execute("CREATE INDEX IF NOT EXISTS kv_kg ON kv(kg)")
 
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            self._local.conn = conn
+    # ---- group files -----------------------------------------------------------------------------
+    def group_path(self, group: int) -> Path:
+        return self.snapshot_dir / f"kg-{group}.sqlite"
+
+    def _lock(self, group: int) -> threading.RLock:
+        lock = self._locks.get(group)
+        if lock is None:
+            with self._conns_lock:
+                lock = self._locks.setdefault(group, threading.RLock())
+        return lock
+
+    def _connect(self, group: int) -> sqlite3.Connection:
+        """A new connection to the group's file (created with its tables if missing)."""
+        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.group_path(group), timeout=30, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "
+                     "ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (kind, key)) WITHOUT ROWID")
+        conn.execute("CREATE TABLE IF NOT EXISTS applied (mid TEXT NOT NULL UNIQUE)")   # rowid: the order applied
+        # position: the changelog position the file covers; clean: closed by a release (nothing after it here)
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), position BLOB, "
+                     "clean INTEGER NOT NULL)")
         return conn
+
+    def _conn(self, group: int) -> sqlite3.Connection:
+        """The group's connection (the caller holds its lock). Opening it for use marks the file as served:
+        from now on it may hold changes the changelog has not persisted, so a crash makes it untrusted."""
+        conn = self._conns.get(group)
+        if conn is None:
+            conn = self._connect(group)
+            conn.execute("INSERT INTO meta VALUES (0, NULL, 0) ON CONFLICT DO UPDATE SET clean = 0 WHERE clean")
+            self._conns[group] = conn
+        return conn
+
+    def _close(self, group: int) -> None:
+        with self._lock(group):
+            conn = self._conns.pop(group, None)
+            if conn is not None:
+                conn.close()
+
+    def _existing(self) -> list[int]:
+        """The owned groups that have a file here (reads by key alone look only in those)."""
+        return [g for g in sorted(self.owned()) if g in self._conns or self.group_path(g).exists()]
 
     # ---- the changelog ---------------------------------------------------------------------------
     def attach_changelog(self, client: pulsar.Client, topic: str) -> None:
@@ -132,6 +168,8 @@ class StateStore:
         if self._changelog is not None:
             self._changelog.close()
             self._changelog = None
+        for g in list(self._conns):
+            self._close(g)
 
     # ---- groups --------------------------------------------------------------------------------
     def owned(self) -> set[int]:
@@ -150,25 +188,37 @@ class StateStore:
 
     def _group_of(self, kind: str, key: str) -> int:
         """A key addressed without a message (REST, putstate): the group that holds it, else its own group."""
-        row = self._conn().execute("SELECT kg FROM kv WHERE kind = ? AND key = ? AND dead = 0 ORDER BY kg LIMIT 1",
-                                   (kind, key)).fetchone()
-        return row[0] if row else key_group(key, self.num_key_groups)
+        for g in self._existing():
+            with self._lock(g):
+                if self._conn(g).execute("SELECT 1 FROM kv WHERE kind = ? AND key = ? AND dead = 0",
+                                         (kind, key)).fetchone():
+                    return g
+        return key_group(key, self.num_key_groups)
 
     # ---- message scope: EFFECTIVELY_ONCE and flush-before-ack ------------------------------------
     def begin(self, group: int, msg_id: str | None = None) -> bool:
         """Start a message's state calls in `group`. With msg_id (EFFECTIVELY_ONCE) they become one
-        transaction with the id; False: that id is applied in this group already (skip the message)."""
+        transaction with the id (holding the group until commit/abort); False: that id is applied in this
+        group already (skip the message)."""
         self._check_owned(group)
         self._local.scope = _Scope(group, msg_id)
         if msg_id is None:
             return True
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        if conn.execute("SELECT 1 FROM applied WHERE kg = ? AND mid = ?", (group, msg_id)).fetchone():
-            conn.execute("ROLLBACK")
+        lock = self._lock(group)
+        lock.acquire()
+        try:
+            conn = self._conn(group)
+            conn.execute("BEGIN IMMEDIATE")
+            if conn.execute("SELECT 1 FROM applied WHERE mid = ?", (msg_id,)).fetchone():
+                conn.execute("ROLLBACK")
+                self._local.scope = None
+                self.duplicates_skipped += 1
+                lock.release()
+                return False
+        except BaseException:
             self._local.scope = None
-            self.duplicates_skipped += 1
-            return False
+            lock.release()
+            raise
         return True
 
     def apply_once(self, msg_id: str, group: int) -> bool:
@@ -182,14 +232,17 @@ class StateStore:
             return
         records = list(scope.pending.values())
         if scope.msg_id is not None:
-            conn = self._conn()
-            if records:
-                conn.execute("INSERT INTO applied(kg, mid) VALUES (?, ?)", (scope.group, scope.msg_id))
-                records = [Record(r.group, r.kind, r.key, r.value, r.version, r.deleted, scope.msg_id, i,
-                                  len(records)) for i, r in enumerate(records)]
-            conn.execute("COMMIT")
-            if records:
-                self._prune(scope.group)
+            try:
+                conn = self._conn(scope.group)
+                if records:
+                    conn.execute("INSERT INTO applied(mid) VALUES (?)", (scope.msg_id,))
+                    records = [Record(r.group, r.kind, r.key, r.value, r.version, r.deleted, scope.msg_id, i,
+                                      len(records)) for i, r in enumerate(records)]
+                conn.execute("COMMIT")
+                if records:
+                    self._prune(conn)
+            finally:
+                self._lock(scope.group).release()
         self._send(records)
 
     def abort(self) -> None:
@@ -199,7 +252,10 @@ class StateStore:
         if scope is None:
             return
         if scope.msg_id is not None:
-            self._conn().execute("ROLLBACK")
+            try:
+                self._conn(scope.group).execute("ROLLBACK")
+            finally:
+                self._lock(scope.group).release()
         else:
             self._send(list(scope.pending.values()))
 
@@ -244,17 +300,18 @@ class StateStore:
             self._send([record])
             self.flush()
 
-    def _prune(self, group: int) -> None:
+    def _prune(self, conn: sqlite3.Connection) -> None:
         self._applied_since_prune += 1
         if self._applied_since_prune < _PRUNE_EVERY:
             return
         self._applied_since_prune = 0
-        _prune_applied(self._conn(), group)
+        _prune_applied(conn)
 
     # ---- reads and writes in a group -------------------------------------------------------------
     def _write(self, sql: str, args: tuple, kind: str, key: str, group: int, deleted: bool = False):
         self._check_owned(group)
-        row = self._conn().execute(sql, args).fetchone()
+        with self._lock(group):
+            row = self._conn(group).execute(sql, args).fetchone()
         if row is None:
             return None
         value, version = row
@@ -263,32 +320,33 @@ class StateStore:
 
     def incr(self, group: int, key: str, amount: int) -> int:
         return self._write(
-            "INSERT INTO kv(kind, key, kg, ival, ver) VALUES('c', ?, ?, ?, 1) ON CONFLICT DO UPDATE SET "
+            "INSERT INTO kv(kind, key, ival, ver) VALUES('c', ?, ?, 1) ON CONFLICT DO UPDATE SET "
             "ival = CASE WHEN dead THEN excluded.ival ELSE ival + excluded.ival END, ver = ver + 1, dead = 0 "
-            "RETURNING ival, ver", (key, group, int(amount)), COUNTER, key, group)
+            "RETURNING ival, ver", (key, int(amount)), COUNTER, key, group)
 
     def put(self, group: int, key: str, value) -> None:
         if isinstance(value, str):
             value = value.encode()
-        self._write("INSERT INTO kv(kind, key, kg, bval, ver) VALUES('s', ?, ?, ?, 1) ON CONFLICT DO UPDATE SET "
+        self._write("INSERT INTO kv(kind, key, bval, ver) VALUES('s', ?, ?, 1) ON CONFLICT DO UPDATE SET "
                     "bval = excluded.bval, ver = ver + 1, dead = 0 RETURNING bval, ver",
-                    (key, group, value), VALUE, key, group)
+                    (key, value), VALUE, key, group)
 
     def set_count(self, group: int, key: str, value: int) -> None:
         self._delete(group, VALUE, key)
-        self._write("INSERT INTO kv(kind, key, kg, ival, ver) VALUES('c', ?, ?, ?, 1) ON CONFLICT DO UPDATE SET "
+        self._write("INSERT INTO kv(kind, key, ival, ver) VALUES('c', ?, ?, 1) ON CONFLICT DO UPDATE SET "
                     "ival = excluded.ival, ver = ver + 1, dead = 0 RETURNING ival, ver",
-                    (key, group, int(value)), COUNTER, key, group)
+                    (key, int(value)), COUNTER, key, group)
 
     def _delete(self, group: int, kind: str, key: str) -> None:
         self._write("UPDATE kv SET ival = NULL, bval = NULL, ver = ver + 1, dead = 1 "
-                    "WHERE kind = ? AND key = ? AND kg = ? AND dead = 0 RETURNING ival, ver",
-                    (kind, key, group), kind, key, group, deleted=True)
+                    "WHERE kind = ? AND key = ? AND dead = 0 RETURNING ival, ver",
+                    (kind, key), kind, key, group, deleted=True)
 
     def _read(self, group: int, kind: str, key: str):
         self._check_owned(group)
-        row = self._conn().execute("SELECT ival, bval FROM kv WHERE kind = ? AND key = ? AND kg = ? AND dead = 0",
-                                   (kind, key, group)).fetchone()
+        with self._lock(group):
+            row = self._conn(group).execute("SELECT ival, bval FROM kv WHERE kind = ? AND key = ? AND dead = 0",
+                                            (kind, key)).fetchone()
         return None if row is None else row[0] if kind == COUNTER else row[1]
 
     # ---- by key alone: REST querystate/putstate, and callers without a message -------------------
@@ -317,58 +375,50 @@ class StateStore:
     def counters(self) -> dict[str, int]:
         """Every live counter of the owned groups (a key in several groups: their sum)."""
         out: dict[str, int] = {}
-        for key, kg, value in self._conn().execute("SELECT key, kg, ival FROM kv WHERE kind = 'c' AND dead = 0"):
-            if self._owned is None or kg in self._owned:
+        for g in self._existing():
+            with self._lock(g):
+                rows = self._conn(g).execute("SELECT key, ival FROM kv WHERE kind = 'c' AND dead = 0").fetchall()
+            for key, value in rows:
                 out[key] = out.get(key, 0) + value
         return out
 
-    # ---- release and open: snapshots and the changelog -------------------------------------------
-    @property
-    def snapshot_path(self) -> Path:
-        return self.snapshot_dir / "groups.sqlite"
+    def rows(self) -> dict[tuple[str, str, int], tuple]:
+        """Every live row of the owned groups: (kind, key, group) -> (ival, bval) (tests, bench/state_replay.py)."""
+        out = {}
+        for g in self._existing():
+            with self._lock(g):
+                for kind, key, ival, bval in self._conn(g).execute(
+                        "SELECT kind, key, ival, bval FROM kv WHERE dead = 0"):
+                    out[(kind, key, g)] = (ival, bval)
+        return out
 
+    # ---- release and open: the group files and the changelog -------------------------------------
     def snapshot(self, groups: set[int]) -> None:
-        """Flush, then write the groups' rows and EFFECTIVELY_ONCE ids with the changelog position they cover,
-        so opening a group here again replays only the changelog after it. Atomic per call."""
+        """Flush, then record in each group's file the changelog position it covers and close it, so
+        opening the group here again replays only the changelog after it (its next use marks it served)."""
         writer = self.changelog
         position = writer.mark() if writer is not None else None   # after everything sent: flushed too
-        conn = self._conn()
-        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
-        conn.execute("ATTACH DATABASE ? AS snap", (str(self.snapshot_path),))
-        try:
-            conn.execute("CREATE TABLE IF NOT EXISTS snap.kv (kg INTEGER, kind TEXT, key TEXT, ival INTEGER, "
-                         "bval BLOB, ver INTEGER, dead INTEGER)")
-            conn.execute("CREATE INDEX IF NOT EXISTS snap.kv_kg ON kv(kg)")
-            conn.execute("CREATE TABLE IF NOT EXISTS snap.applied (kg INTEGER, mid TEXT)")
-            conn.execute("CREATE INDEX IF NOT EXISTS snap.applied_kg ON applied(kg)")
-            conn.execute("CREATE TABLE IF NOT EXISTS snap.meta (kg INTEGER PRIMARY KEY, position BLOB)")
-            conn.execute("BEGIN IMMEDIATE")
-            for chunk, marks in _chunks(groups):
-                conn.execute(f"DELETE FROM snap.kv WHERE kg IN ({marks})", chunk)
-                conn.execute(f"DELETE FROM snap.applied WHERE kg IN ({marks})", chunk)
-                conn.execute(f"INSERT INTO snap.kv SELECT kg, kind, key, ival, bval, ver, dead FROM main.kv "
-                             f"WHERE kg IN ({marks})", chunk)
-                conn.execute(f"INSERT INTO snap.applied SELECT kg, mid FROM main.applied WHERE kg IN ({marks}) "
-                             f"ORDER BY rowid", chunk)
-            conn.executemany("INSERT OR REPLACE INTO snap.meta VALUES (?, ?)", ((g, position) for g in groups))
-            conn.execute("COMMIT")
-        finally:
-            conn.execute("DETACH DATABASE snap")
+        for g in sorted(groups):
+            with self._lock(g):
+                self._close(g)
+                conn = self._connect(g)
+                try:
+                    conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
+                finally:
+                    conn.close()
 
     def release(self, groups: set[int]) -> None:
-        """Give groups up: flush, snapshot, forget them here (their owner is elsewhere from now on)."""
+        """Give groups up: flush, record the position and close their files (no copy: their file stays on
+        this worker's disk for whichever store opens them next)."""
         groups = set(groups)
         self.snapshot(groups)
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        _delete_groups(conn, groups)
-        conn.execute("COMMIT")
         self._owned = self.owned() - groups
 
     def open(self, groups: set[int], restore: bool = True, client: pulsar.Client | None = None,
              topic: str | None = None) -> RestoreStats:
-        """Own groups from now on. restore: rebuild them from their local snapshot (if any) and the changelog
-        after it, else from the whole changelog (the attached one, or `client`/`topic`)."""
+        """Own groups from now on. restore: reopen a group's released file and apply the changelog after its
+        position; a group without one (or whose file was in use when its worker died) replays the whole
+        changelog (the attached one, or `client`/`topic`)."""
         groups = set(groups)
         stats = RestoreStats(groups=len(groups))
         started = time.perf_counter()
@@ -385,33 +435,28 @@ class StateStore:
         return stats
 
     def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats) -> None:
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        _delete_groups(conn, groups)
-        conn.execute("COMMIT")
         starts: dict[bytes | None, set[int]] = {}
-        if self.snapshot_path.exists():   # local snapshots are copied by SQLite itself, not row by row
-            conn.execute("ATTACH DATABASE ? AS snap", (str(self.snapshot_path),))
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                for chunk, marks in _chunks(groups):
-                    for g, position in conn.execute(f"SELECT kg, position FROM snap.meta WHERE kg IN ({marks})",
-                                                    chunk).fetchall():
-                        starts.setdefault(position, set()).add(g)
-                        stats.from_snapshot += 1
-                    stats.snapshot_rows += conn.execute(
-                        f"INSERT INTO kv(kind, key, kg, ival, bval, ver, dead) SELECT kind, key, kg, ival, bval, "
-                        f"ver, dead FROM snap.kv WHERE kg IN ({marks})", chunk).rowcount
-                    conn.execute(f"INSERT INTO applied(kg, mid) SELECT kg, mid FROM snap.applied "
-                                 f"WHERE kg IN ({marks}) ORDER BY rowid", chunk)
-                conn.execute("COMMIT")
-            finally:
-                conn.execute("DETACH DATABASE snap")
-        without = groups - set().union(*starts.values())
-        if without:
-            starts.setdefault(None, set()).update(without)   # no snapshot here: the whole changelog
+        for g in groups:
+            self._close(g)
+            path = self.group_path(g)
+            meta = None
+            if path.exists():
+                conn = self._connect(g)
+                try:
+                    meta = conn.execute("SELECT position, clean FROM meta").fetchone()
+                    if meta is not None and meta[1]:
+                        stats.snapshot_rows += conn.execute("SELECT count(*) FROM kv").fetchone()[0]
+                finally:
+                    conn.close()
+            if meta is not None and meta[1]:
+                starts.setdefault(meta[0], set()).add(g)
+                stats.from_snapshot += 1
+            else:   # never released here: its rows may be ahead of the changelog, or it is not there at all
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+                starts.setdefault(None, set()).add(g)
         rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
-        applied: list[tuple[int, str]] = []
+        applied: dict[int, list[str]] = {}
         for position, wanted in starts.items():
             read = ReadStats()
             partial: dict[tuple[int, str], dict[int, Record]] = {}
@@ -427,40 +472,30 @@ class StateStore:
                     del partial[(r.group, r.msg_id)]
                     for p in parts.values():
                         _apply(rows, p)
-                    applied.append((r.group, r.msg_id))
+                    applied.setdefault(r.group, []).append(r.msg_id)
             stats.records += read.records
             stats.bytes += read.bytes
             stats.duplicates += read.duplicates
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("INSERT OR IGNORE INTO applied(kg, mid) VALUES (?, ?)", applied)
-        conn.executemany(   # over a snapshot's row only when newer
-            "INSERT INTO kv(kind, key, kg, ival, bval, ver, dead) VALUES (?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT DO UPDATE SET ival = excluded.ival, bval = excluded.bval, ver = excluded.ver, "
-            "dead = excluded.dead WHERE excluded.ver > kv.ver", (k + v for k, v in rows.items()))
-        for g in groups:
-            _prune_applied(conn, g)
-        conn.execute("COMMIT")
+        by_group: dict[int, list[tuple]] = {}
+        for (kind, key, g), v in rows.items():
+            by_group.setdefault(g, []).append((kind, key) + v)
+        for g in sorted(groups):
+            with self._lock(g):
+                conn = self._conn(g)
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany("INSERT OR IGNORE INTO applied(mid) VALUES (?)", ((m,) for m in applied.get(g, ())))
+                conn.executemany(   # over the file's row only when newer
+                    "INSERT INTO kv(kind, key, ival, bval, ver, dead) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT DO UPDATE SET ival = excluded.ival, bval = excluded.bval, ver = excluded.ver, "
+                    "dead = excluded.dead WHERE excluded.ver > kv.ver", by_group.get(g, ()))
+                _prune_applied(conn)
+                conn.execute("COMMIT")
 
 
-def _prune_applied(conn: sqlite3.Connection, group: int) -> None:
+def _prune_applied(conn: sqlite3.Connection) -> None:
     """Keep the newest DEDUPE_WINDOW applied ids of a group."""
-    conn.execute("DELETE FROM applied WHERE kg = ? AND rowid <= (SELECT rowid FROM applied WHERE kg = ? "
-                 "ORDER BY rowid DESC LIMIT 1 OFFSET ?)", (group, group, DEDUPE_WINDOW))
-
-
-def _chunks(groups: set[int]):
-    """Groups in chunks of at most 500 with their `?,?,...`: many groups in few statements (kv is keyed by
-    key first, so a statement on groups is one scan)."""
-    ordered = sorted(groups)
-    for i in range(0, len(ordered), 500):
-        chunk = ordered[i:i + 500]
-        yield chunk, ",".join("?" * len(chunk))
-
-
-def _delete_groups(conn: sqlite3.Connection, groups: set[int]) -> None:
-    for chunk, marks in _chunks(groups):
-        conn.execute(f"DELETE FROM kv WHERE kg IN ({marks})", chunk)
-        conn.execute(f"DELETE FROM applied WHERE kg IN ({marks})", chunk)
+    conn.execute("DELETE FROM applied WHERE rowid <= (SELECT rowid FROM applied ORDER BY rowid DESC LIMIT 1 "
+                 "OFFSET ?)", (DEDUPE_WINDOW,))
 
 
 def _apply(rows: dict, r: Record) -> None:

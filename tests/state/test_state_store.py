@@ -38,8 +38,7 @@ def process(s: StateStore, key: str, updates, msg_id: str | None = None) -> bool
 
 
 def contents(s: StateStore) -> dict:
-    rows = s._conn().execute("SELECT kind, key, kg, ival, bval FROM kv WHERE dead = 0").fetchall()
-    return {(kind, key, kg): (ival, bval) for kind, key, kg, ival, bval in rows}
+    return s.rows()
 
 
 def test_a_restore_from_the_changelog_gives_the_same_state(tmp_path, client, changelog):
