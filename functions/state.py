@@ -4,9 +4,9 @@ Context.incr_counter/get_counter/put_state/get_state/del_counter for a message g
 of the message's key (docs/state.md). Each key group is its own SQLite file (WAL) in the store's
 group directory, which the function's stores on one worker share (its thread and process instances,
 and on a keyedState function every instance's store), so a group moves between stores on one worker
-without a copy (ScalaSSC: state stays where it is served): release flushes the changelog, records in
-the group's file the changelog position the file covers and closes it; open reopens the file and
-applies the changelog after that position. A group whose file is missing, or was not closed by a
+without a copy (ScalaSSC: state stays where it is served): release flushes the changelog and records
+in the group's file the changelog position the file covers (its connection stays open, shared in the
+process); open reads that position and applies the changelog after it. A group whose file is missing, or was not closed by a
 release (kill -9 while it was served: it may hold changes the changelog never got), is rebuilt from
 the whole changelog. Every change is also a changelog record (functions/changelog.py) sent before
 the input message is acked.
@@ -17,6 +17,7 @@ version, so a replay that sees an older value of the key cannot bring it back.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -34,6 +35,28 @@ NONE_KEY = "NONE_KEY"
 # EFFECTIVELY_ONCE remembers this many applied message ids per key group (why it is enough: docs/state.md).
 DEDUPE_WINDOW = 10_000
 _PRUNE_EVERY = 1_000
+
+
+# WAL of a group file: checkpointed every 128 pages and cut back to 512 KB (128 files per function).
+_WAL_PAGES = 128
+_WAL_BYTES = 512 * 1024
+_CACHE_KIB = 512   # SQLite's page cache per group connection (the OS caches the files too)
+
+
+@dataclass
+class _GroupFile:
+    """An open group file, shared by every store of this process that uses it (a group moving between two
+    instances on one worker keeps its connection: no close, no checkpoint, no reopen). `lock` serialises
+    its threads; `clean`: the file holds nothing after its recorded changelog position."""
+
+    conn: sqlite3.Connection
+    lock: threading.RLock
+    clean: bool
+    inode: int
+
+
+_FILES: dict[str, _GroupFile] = {}
+_FILES_LOCK = threading.Lock()
 
 
 class NotOwnedError(RuntimeError):
@@ -94,11 +117,9 @@ class StateStore:
         self._client: pulsar.Client | None = None
         self._topic: str | None = None
         self._attach_lock = threading.Lock()
-        # One connection per open group, shared by the threads (a group's lock serialises them; an
-        # EFFECTIVELY_ONCE message holds it from begin to commit): release closes it.
-        self._conns: dict[int, sqlite3.Connection] = {}
-        self._locks: dict[int, threading.RLock] = {}
-        self._conns_lock = threading.Lock()
+        # The group files this store used (their connections are shared in the process: _FILES); an
+        # EFFECTIVELY_ONCE message holds its group's lock from begin to commit.
+        self._used: set[int] = set()
         self._applied_since_prune = 0
         self.duplicates_skipped = 0   # EFFECTIVELY_ONCE: messages whose id was applied already (in this process)
         self.restore_stats = RestoreStats()
@@ -107,12 +128,25 @@ class StateStore:
     def group_path(self, group: int) -> Path:
         return self.snapshot_dir / f"kg-{group}.sqlite"
 
+    def _file(self, group: int) -> _GroupFile:
+        path = str(self.group_path(group))
+        f = _FILES.get(path)
+        if f is None or group not in self._used:
+            with _FILES_LOCK:
+                f = _FILES.get(path)
+                if f is not None and group not in self._used and _inode(path) != f.inode:
+                    del _FILES[path]   # its file was deleted (a deleted function): a new one is not its state
+                    f.conn.close()
+                    f = None
+                if f is None:
+                    conn = self._connect(group)
+                    row = conn.execute("SELECT clean FROM meta").fetchone()
+                    f = _FILES[path] = _GroupFile(conn, threading.RLock(), bool(row and row[0]), _inode(path))
+            self._used.add(group)
+        return f
+
     def _lock(self, group: int) -> threading.RLock:
-        lock = self._locks.get(group)
-        if lock is None:
-            with self._conns_lock:
-                lock = self._locks.setdefault(group, threading.RLock())
-        return lock
+        return self._file(group).lock
 
     def _connect(self, group: int) -> sqlite3.Connection:
         """A new connection to the group's file (created with its tables if missing)."""
@@ -120,33 +154,43 @@ class StateStore:
         conn = sqlite3.connect(self.group_path(group), timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
+        conn.execute(f"PRAGMA journal_size_limit={_WAL_BYTES}")
+        conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
         conn.execute("CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "
                      "ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (kind, key)) WITHOUT ROWID")
         conn.execute("CREATE TABLE IF NOT EXISTS applied (mid TEXT NOT NULL UNIQUE)")   # rowid: the order applied
-        # position: the changelog position the file covers; clean: closed by a release (nothing after it here)
+        # position: the changelog position the file covers; clean: nothing after it here (a release wrote it)
         conn.execute("CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), position BLOB, "
                      "clean INTEGER NOT NULL)")
         return conn
 
     def _conn(self, group: int) -> sqlite3.Connection:
-        """The group's connection (the caller holds its lock). Opening it for use marks the file as served:
-        from now on it may hold changes the changelog has not persisted, so a crash makes it untrusted."""
-        conn = self._conns.get(group)
-        if conn is None:
-            conn = self._connect(group)
-            conn.execute("INSERT INTO meta VALUES (0, NULL, 0) ON CONFLICT DO UPDATE SET clean = 0 WHERE clean")
-            self._conns[group] = conn
-        return conn
+        """The group's connection, for reading (the caller holds its lock)."""
+        return self._file(group).conn
+
+    def _served(self, group: int) -> sqlite3.Connection:
+        """The group's connection, for a change (the caller holds its lock): the first change after a release
+        marks the file as served, since from now on it may hold changes the changelog has not persisted,
+        so a crash makes it untrusted (open replays the group's whole changelog)."""
+        f = self._file(group)
+        if f.clean:
+            f.conn.execute("INSERT INTO meta VALUES (0, NULL, 0) ON CONFLICT DO UPDATE SET clean = 0")
+            f.clean = False
+        return f.conn
 
     def _close(self, group: int) -> None:
-        with self._lock(group):
-            conn = self._conns.pop(group, None)
-            if conn is not None:
-                conn.close()
+        path = str(self.group_path(group))
+        with _FILES_LOCK:
+            f = _FILES.pop(path, None)
+        if f is not None:
+            with f.lock:
+                f.conn.close()
+        self._used.discard(group)
 
     def _existing(self) -> list[int]:
         """The owned groups that have a file here (reads by key alone look only in those)."""
-        return [g for g in sorted(self.owned()) if g in self._conns or self.group_path(g).exists()]
+        return [g for g in sorted(self.owned()) if g in self._used or self.group_path(g).exists()]
 
     # ---- the changelog ---------------------------------------------------------------------------
     def attach_changelog(self, client: pulsar.Client, topic: str) -> None:
@@ -168,7 +212,7 @@ class StateStore:
         if self._changelog is not None:
             self._changelog.close()
             self._changelog = None
-        for g in list(self._conns):
+        for g in list(self._used):
             self._close(g)
 
     # ---- groups --------------------------------------------------------------------------------
@@ -207,7 +251,7 @@ class StateStore:
         lock = self._lock(group)
         lock.acquire()
         try:
-            conn = self._conn(group)
+            conn = self._served(group)
             conn.execute("BEGIN IMMEDIATE")
             if conn.execute("SELECT 1 FROM applied WHERE mid = ?", (msg_id,)).fetchone():
                 conn.execute("ROLLBACK")
@@ -311,7 +355,7 @@ class StateStore:
     def _write(self, sql: str, args: tuple, kind: str, key: str, group: int, deleted: bool = False):
         self._check_owned(group)
         with self._lock(group):
-            row = self._conn(group).execute(sql, args).fetchone()
+            row = self._served(group).execute(sql, args).fetchone()
         if row is None:
             return None
         value, version = row
@@ -394,22 +438,19 @@ class StateStore:
 
     # ---- release and open: the group files and the changelog -------------------------------------
     def snapshot(self, groups: set[int]) -> None:
-        """Flush, then record in each group's file the changelog position it covers and close it, so
-        opening the group here again replays only the changelog after it (its next use marks it served)."""
+        """Flush, then record in each group's file the changelog position it covers (nothing is copied),
+        so opening the group on this worker again replays only the changelog after it."""
         writer = self.changelog
         position = writer.mark() if writer is not None else None   # after everything sent: flushed too
         for g in sorted(groups):
-            with self._lock(g):
-                self._close(g)
-                conn = self._connect(g)
-                try:
-                    conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
-                finally:
-                    conn.close()
+            f = self._file(g)
+            with f.lock:
+                f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
+                f.clean = True
 
     def release(self, groups: set[int]) -> None:
-        """Give groups up: flush, record the position and close their files (no copy: their file stays on
-        this worker's disk for whichever store opens them next)."""
+        """Give groups up: flush and record the position in their files (no copy: a file stays on this
+        worker's disk, its connection open in this process, for whichever store opens the group next)."""
         groups = set(groups)
         self.snapshot(groups)
         self._owned = self.owned() - groups
@@ -437,21 +478,19 @@ class StateStore:
     def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats) -> None:
         starts: dict[bytes | None, set[int]] = {}
         for g in groups:
-            self._close(g)
             path = self.group_path(g)
             meta = None
-            if path.exists():
-                conn = self._connect(g)
-                try:
-                    meta = conn.execute("SELECT position, clean FROM meta").fetchone()
+            if path.exists() or str(path) in _FILES:
+                f = self._file(g)
+                with f.lock:
+                    meta = f.conn.execute("SELECT position, clean FROM meta").fetchone()
                     if meta is not None and meta[1]:
-                        stats.snapshot_rows += conn.execute("SELECT count(*) FROM kv").fetchone()[0]
-                finally:
-                    conn.close()
+                        stats.snapshot_rows += f.conn.execute("SELECT count(*) FROM kv").fetchone()[0]
             if meta is not None and meta[1]:
                 starts.setdefault(meta[0], set()).add(g)
                 stats.from_snapshot += 1
             else:   # never released here: its rows may be ahead of the changelog, or it is not there at all
+                self._close(g)
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
                 starts.setdefault(None, set()).add(g)
@@ -481,7 +520,7 @@ class StateStore:
             by_group.setdefault(g, []).append((kind, key) + v)
         for g in sorted(groups):
             with self._lock(g):
-                conn = self._conn(g)
+                conn = self._served(g)
                 conn.execute("BEGIN IMMEDIATE")
                 conn.executemany("INSERT OR IGNORE INTO applied(mid) VALUES (?)", ((m,) for m in applied.get(g, ())))
                 conn.executemany(   # over the file's row only when newer
@@ -490,6 +529,13 @@ class StateStore:
                     "dead = excluded.dead WHERE excluded.ver > kv.ver", by_group.get(g, ()))
                 _prune_applied(conn)
                 conn.execute("COMMIT")
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _prune_applied(conn: sqlite3.Connection) -> None:

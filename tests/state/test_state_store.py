@@ -111,3 +111,46 @@ def test_rest_reads_find_a_key_in_whichever_group_holds_it(tmp_path, client, cha
     assert a.get_counter("hello") == 3 and a.has_counter("hello") and a.counters() == {"hello": 3}
     a.incr_counter("hello", 1)                                # REST-side writes go where the key lives
     assert a.for_key(None).get_counter("hello") == 4
+
+
+def shared(tmp_path, client, changelog, name, owned) -> StateStore:
+    """An instance's store on a worker whose instances share one group directory (functions/migration.py)."""
+    s = store(tmp_path, client, changelog, name, owned)
+    s.snapshot_dir = tmp_path / "groups"
+    return s
+
+
+def test_a_move_between_stores_of_one_worker_copies_nothing(tmp_path, client, changelog):
+    g = key_group("k", G)
+    a = shared(tmp_path, client, changelog, "a", set(range(G)))
+    b = shared(tmp_path, client, changelog, "b", set())
+    process(a, "k", [("incr_counter", "n", 3)])
+    inode = a.group_path(g).stat().st_ino
+    a.release({g})
+    stats = b.open({g})
+    assert stats.from_snapshot == 1 and stats.records == 0          # the same file, only its (empty) tail read
+    assert b.group_path(g).stat().st_ino == inode
+    process(b, "k", [("incr_counter", "n", 1)])
+    assert b.for_key("k").get_counter("n") == 4
+
+
+def test_a_file_in_use_when_its_worker_died_is_rebuilt_from_the_changelog(tmp_path, client, changelog):
+    g = key_group("k", G)
+    a = shared(tmp_path, client, changelog, "a", set(range(G)))
+    process(a, "k", [("incr_counter", "n", 3)])
+    a.release({g})
+    a.open({g})
+    a.begin(g)
+    a.for_key("k").incr_counter("n", 100)        # changed here, never sent: killed before the message's end
+    b = shared(tmp_path, client, changelog, "b", set())
+    stats = b.open({g})                          # the file was served after its release: not trusted
+    assert stats.from_snapshot == 0 and b.for_key("k").get_counter("n") == 3
+
+
+def test_a_group_file_deleted_with_its_function_is_not_the_next_ones_state(tmp_path, client, changelog):
+    import shutil
+    a = store(tmp_path, client, changelog)
+    process(a, "k", [("incr_counter", "n", 3)])
+    shutil.rmtree(tmp_path / "a")
+    again = store(tmp_path, client, changelog)
+    assert again.for_key("k").get_counter("n") == 0 and again.counters() == {}
