@@ -148,7 +148,7 @@ class RouteInput:
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
                  reply: Callable[[dict], None], subscription_type: str):
-        self._client, self._topics, self._id = client, topics, instance_id
+        self._topics, self._id = topics, instance_id
         self._stores, self._reply = stores, reply
         self._consumer = client.subscribe(
             topics.route(instance_id), ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
@@ -169,8 +169,9 @@ class RouteInput:
                 self._own(message_group(msg, self.store.num_key_groups))
                 return RoutedMessage(msg)
             groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
-            if op == RELEASE:   # only what it owns: releasing a group again would snapshot it empty
-                self._stores.release(self._id, groups & self.store.owned())
+            held = groups & self.store.owned()
+            if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
+                self._stores.release(self._id, held)
             elif op == OPEN:
                 self._stores.open(self._id, groups)
             self._reply({"nonce": props.get(NONCE), "op": op, "instance": self._id})
@@ -418,10 +419,9 @@ class ClusterKeyed:
     def idle(self, timeout_s: float) -> bool:
         return self.scaler is None or self.scaler.idle(timeout_s)
 
-    def view(self) -> dict:
-        if self.scaler is not None:
-            return {**self.scaler.view(), "front": True}
-        return {"front": False}
+    def view(self) -> dict | None:
+        """The front's routing and migration state (status, autoscale.keyedState); None on other workers."""
+        return None if self.scaler is None else self.scaler.view()
 
     def local_store_for(self, key: str) -> StateStore | None:
         """The store of this worker's instance that holds the key's group (REST querystate), else None."""

@@ -293,9 +293,13 @@ class ClusterMember:
     def local_status(self, fqfn: str) -> dict[int, dict]:
         try:
             _, figs, restarts = self.worker.instance_figures(fqfn)
+            front = self.worker.keyed_view(fqfn)   # a keyedState function's front (instance 0's worker): migrations
         except NotFound:
             return {}
-        return {i: instance_status(i, f, restarts.get(i, 0), self.me) for i, f in figs.items()}
+        out = {i: instance_status(i, f, restarts.get(i, 0), self.me) for i, f in figs.items()}
+        if front is not None and 0 in out:
+            out[0]["keyedState"] = front
+        return out
 
     def local_stats(self, fqfn: str) -> dict | None:
         try:
@@ -342,8 +346,9 @@ class ClusterMember:
                 st = {"instanceId": i, "status": {"running": False, "error": error, "numRestarts": 0,
                                                   "workerId": wid or ""}}
             instances.append(st)
+        keyed = next((st.pop("keyedState") for st in instances if "keyedState" in st), None)
         return {"numInstances": cfg.parallelism, "numRunning": sum(1 for s in instances if s["status"]["running"]),
-                "instances": instances}
+                "instances": instances, **({"autoscale": {"keyedState": keyed}} if keyed is not None else {})}
 
     def stats(self, fqfn: str) -> dict:
         """Sums over every live worker: cumulative counters include instances drained there. A worker

@@ -95,6 +95,10 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
             wait_until(lambda: sorted(_placement(cluster, name)) == [0, 1], 60,
                        lambda: f"instance 2 drained once its groups left: {_placement(cluster, name)}")
             timings["scale 3->2 (instance 2 drained)"] = time.monotonic() - t0
+            front_view = lambda: FunctionsAdmin(b.url).status("public", "default", name).get("autoscale")  # noqa: E731
+            wait_until(lambda: (front_view() or {}).get("keyedState", {}).get("groupsPerInstance") == {"0": 64, "1": 64},
+                       30, lambda: f"status from the front: 64 groups on each of 2 instances: {front_view()}")
+            assert front_view()["keyedState"]["lastMigration"]["movedGroups"] == 42
             FunctionsAdmin(b.url).set_parallelism("public", "default", name, 3)
             t0 = time.monotonic()
             placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 workers again")
