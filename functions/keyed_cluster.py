@@ -33,6 +33,7 @@ import pulsar
 from pulsar_autoscale.broker import lite_quirks
 
 from .changelog import changelog_topic
+from .instance import NACK_REDELIVERY_DELAY_MS
 from .keygroups import KeyGroupAssignment, key_group, moves
 from .migration import InstanceStateStores, KeyedScaler, MigrationError
 from .routing import KeyedRouter
@@ -147,13 +148,17 @@ class RouteInput:
     groups put down (every record before it processed) and an OPEN restores before the next record."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
-                 reply: Callable[[dict], None], subscription_type: str):
+                 reply: Callable[[dict], None], subscription_type: str, cfg):
         self._topics, self._id = topics, instance_id
         self._stores, self._reply = stores, reply
+        kwargs: dict = {}
+        if cfg.maxMessageRetries is not None:   # the function's retries and dead-letter topic (its first input's),
+            kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(   # not the route topic's
+                max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=(cfg.dead_letter_topics() or [None])[0])
         self._consumer = client.subscribe(
             topics.route(instance_id), ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
             consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=100)
+            receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs)
 
     @property
     def store(self) -> StateStore:
@@ -306,8 +311,10 @@ class ClusterKeyed:
     the front (router + scaler) while instance 0 runs here."""
 
     def __init__(self, cfg, directory: Path, client: Callable[[], pulsar.Client],
-                 open_input_consumer: Callable[[], pulsar.Consumer], broker_kind: str):
+                 open_input_consumer: Callable[[], pulsar.Consumer], broker_kind: str, config: Callable[[], object]):
+        """`config`: the function's current config (an update restarts the instances with it)."""
         self.topics = KeyedTopics(cfg.tenant, cfg.namespace, cfg.name)
+        self._config = config
         self._client = client
         self._subscription_type = lite_quirks.route_subscription_type(broker_kind)
         # a cluster worker restores every group it opens: the function may have run elsewhere since
@@ -326,7 +333,7 @@ class ClusterKeyed:
         """An instance's input: its groups restored (the saved assignment says which), then its route topic."""
         self.stores.restore(instance_id)
         return RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
-                          self._subscription_type)
+                          self._subscription_type, self._config())
 
     def owners(self) -> KeyGroupAssignment:
         """The saved assignment (what the front last served), or the uniform one before any was saved."""

@@ -72,3 +72,29 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
                    lambda: f"the saved assignment without instance 2: {read_assignment(client, topics.assignment)}")
     finally:
         worker.close()
+
+
+def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_message_retries(broker, client, tmp_path):
+    """The front acks the input once a record is forwarded, so retries and the dead-letter topic apply on the
+    route topic: maxMessageRetries redeliveries, then the function's dead-letter topic."""
+    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
+    worker.keyed_spread = True
+    try:
+        name = f"kp-{uuid.uuid4().hex[:6]}"
+        src, dlq = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-dlq"
+        code = shutil.copy(EXAMPLES / "poison.py", tmp_path / "poison.py")
+        cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
+                                        "className": "poison.Poison", "inputs": [src], "parallelism": 2,
+                                        "keyedState": True, "maxMessageRetries": 2, "deadLetterTopic": dlq,
+                                        "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+        dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
+        worker.host_instances(cfg, str(code), {0, 1})
+        producer = client.create_producer(src)
+        producer.send(b"poison", partition_key="p")
+        producer.send(b"fine", partition_key="p")
+        msg = dead.receive(30_000)
+        assert msg.data() == b"poison"
+        deliveries = worker.state_store(cfg.fqfn, "p").for_key("p").get_counter("deliveries:poison")
+        assert deliveries == 3, f"{deliveries} deliveries: 1 + maxMessageRetries 2"
+    finally:
+        worker.close()
