@@ -38,7 +38,7 @@ _PRUNE_EVERY = 1_000
 
 
 # WAL of a group file: checkpointed every 128 pages and cut back to 512 KB (128 files per function).
-_WAL_PAGES = 128
+_WAL_PAGES = 1000
 _WAL_BYTES = 512 * 1024
 _CACHE_KIB = 512   # SQLite's page cache per group connection (the OS caches the files too)
 
@@ -49,10 +49,11 @@ class _GroupFile:
     instances on one worker keeps its connection: no close, no checkpoint, no reopen). `lock` serialises
     its threads; `clean`: the file holds nothing after its recorded changelog position."""
 
+    path: str
     conn: sqlite3.Connection
     lock: threading.RLock
     clean: bool
-    inode: int
+    inode: int | None
 
 
 _FILES: dict[str, _GroupFile] = {}
@@ -119,7 +120,7 @@ class StateStore:
         self._attach_lock = threading.Lock()
         # The group files this store used (their connections are shared in the process: _FILES); an
         # EFFECTIVELY_ONCE message holds its group's lock from begin to commit.
-        self._used: set[int] = set()
+        self._files: dict[int, _GroupFile] = {}
         self._applied_since_prune = 0
         self.duplicates_skipped = 0   # EFFECTIVELY_ONCE: messages whose id was applied already (in this process)
         self.restore_stats = RestoreStats()
@@ -129,20 +130,21 @@ class StateStore:
         return self.snapshot_dir / f"kg-{group}.sqlite"
 
     def _file(self, group: int) -> _GroupFile:
+        f = self._files.get(group)
+        if f is not None and _FILES.get(f.path) is f:
+            return f
         path = str(self.group_path(group))
-        f = _FILES.get(path)
-        if f is None or group not in self._used:
-            with _FILES_LOCK:
-                f = _FILES.get(path)
-                if f is not None and group not in self._used and _inode(path) != f.inode:
-                    del _FILES[path]   # its file was deleted (a deleted function): a new one is not its state
-                    f.conn.close()
-                    f = None
-                if f is None:
-                    conn = self._connect(group)
-                    row = conn.execute("SELECT clean FROM meta").fetchone()
-                    f = _FILES[path] = _GroupFile(conn, threading.RLock(), bool(row and row[0]), _inode(path))
-            self._used.add(group)
+        with _FILES_LOCK:
+            f = _FILES.get(path)
+            if f is not None and _inode(path) != f.inode:
+                del _FILES[path]   # its file was deleted (a deleted function): a new one is not its state
+                f.conn.close()
+                f = None
+            if f is None:
+                conn = self._connect(group)
+                row = conn.execute("SELECT clean FROM meta").fetchone()
+                f = _FILES[path] = _GroupFile(path, conn, threading.RLock(), bool(row and row[0]), _inode(path))
+        self._files[group] = f
         return f
 
     def _lock(self, group: int) -> threading.RLock:
@@ -157,12 +159,14 @@ class StateStore:
         conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
         conn.execute(f"PRAGMA journal_size_limit={_WAL_BYTES}")
         conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-        conn.execute("CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "
-                     "ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (kind, key)) WITHOUT ROWID")
-        conn.execute("CREATE TABLE IF NOT EXISTS applied (mid TEXT NOT NULL UNIQUE)")   # rowid: the order applied
-        # position: the changelog position the file covers; clean: nothing after it here (a release wrote it)
-        conn.execute("CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), position BLOB, "
-                     "clean INTEGER NOT NULL)")
+        # One transaction: a new group file costs one commit. applied's rowid is the order ids were applied;
+        # meta: the changelog position the file covers, and clean: nothing after it here (a release wrote it).
+        conn.executescript(
+            "BEGIN; CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "
+            "ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (kind, key)) WITHOUT ROWID; "
+            "CREATE TABLE IF NOT EXISTS applied (mid TEXT NOT NULL UNIQUE); "
+            "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), position BLOB, "
+            "clean INTEGER NOT NULL); COMMIT;")
         return conn
 
     def _conn(self, group: int) -> sqlite3.Connection:
@@ -186,11 +190,11 @@ class StateStore:
         if f is not None:
             with f.lock:
                 f.conn.close()
-        self._used.discard(group)
+        self._files.pop(group, None)
 
     def _existing(self) -> list[int]:
         """The owned groups that have a file here (reads by key alone look only in those)."""
-        return [g for g in sorted(self.owned()) if g in self._used or self.group_path(g).exists()]
+        return [g for g in sorted(self.owned()) if g in self._files or self.group_path(g).exists()]
 
     # ---- the changelog ---------------------------------------------------------------------------
     def attach_changelog(self, client: pulsar.Client, topic: str) -> None:
@@ -212,7 +216,7 @@ class StateStore:
         if self._changelog is not None:
             self._changelog.close()
             self._changelog = None
-        for g in list(self._used):
+        for g in list(self._files):
             self._close(g)
 
     # ---- groups --------------------------------------------------------------------------------
