@@ -260,7 +260,11 @@ class Scout:
                 try:
                     pos = Position.of(self._reader.read_next(self.poll_timeout_ms).message_id())
                 except pulsar.Timeout:
-                    break
+                    # The topic has more (upto), yet nothing came: a stalled reader (pulsar-lite, docs/spark.md)
+                    # would keep every later trigger empty; the next call reopens it at the position reached.
+                    reached = self._pos
+                    self.close()
+                    return reached, count
             if pos <= self._pos:
                 continue
             if pos > upto:
