@@ -126,7 +126,6 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
                 producer.wait()
         _assert_exact(cluster, name)
         print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
-        print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
 
 
 def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_counts(broker, tmp_path):
