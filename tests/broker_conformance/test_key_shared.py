@@ -126,9 +126,13 @@ def test_key_shared_sticky_ranges_give_each_consumer_exactly_its_hash_ranges(bro
 
 
 @pytest.mark.xfail(strict=True, reason="pulsar-lite B11: sticky Key_Shared consumers lose messages of pipelined "
-                                       "producers (183-253 of 400 never delivered, batched by key or unbatched)")
+                                       "producers (105-361 of 400 never delivered, batched by key or unbatched)")
 @pytest.mark.parametrize("batching", ["none", "key-based"])
 def test_key_shared_sticky_ranges_with_pipelined_producers(broker, topic, batching):
+    """The loss shows in 7-8 of 10 rounds of 400 messages (idle machine), not in all: one round alone
+    passed 3 of 10 times, which made the strict xfail flaky. Ten rounds, each on its own topic, miss the
+    defect with a probability of about 0.3**10, so an XPASS here means lite was fixed."""
     kw = {"batching_enabled": False} if batching == "none" else {
         "batching_type": pulsar.BatchingType.KeyBased, "batching_max_publish_delay_ms": 5}
-    _check_sticky(_sticky_receive(broker, topic, 400, STICKY, **kw), STICKY, 400)
+    for round_ in range(10):
+        _check_sticky(_sticky_receive(broker, f"{topic}-{round_}", 400, STICKY, **kw), STICKY, 400)
