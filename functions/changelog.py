@@ -170,6 +170,7 @@ class ReadStats:
     records: int = 0
     bytes: int = 0
     duplicates: int = 0   # delivered again by the reader, skipped
+    end: bytes | None = None   # the end marker's position: everything before it was read
 
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
@@ -211,6 +212,8 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
             record = Record.decode(msg)
             if record is None:
                 if msg.data() == nonce:
+                    if stats is not None:
+                        stats.end = msg_id.serialize()
                     return
                 continue
             if stats is not None:

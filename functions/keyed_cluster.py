@@ -42,12 +42,13 @@ from .state import StateStore, message_group
 log = logging.getLogger(__name__)
 ROUTE_SUBSCRIPTION = "keyed-route"
 MARKER_TIMEOUT_S = 60.0     # an instance may have to start on another worker and restore first
+PREPARE_TIMEOUT_S = 300.0   # a pre-copy replays the whole changelog (500 MB: about 10 s here); best effort
 RETRY_S = 2.0               # a failed migration (an instance died meanwhile) is retried after this
 READ_TIMEOUT_MS = 5_000
 # properties of a forwarded record and of a marker
 ORIGINAL_ID, ORIGINAL_TOPIC, ORIGINAL_PUBLISH = "kg-mid", "kg-topic", "kg-pub"
 OP, GROUPS, NONCE, INSTANCE = "kg-op", "kg-groups", "kg-nonce", "kg-instance"
-RELEASE, OPEN = "release", "open"
+RELEASE, OPEN, PREPARE = "release", "open", "prepare"
 
 
 @dataclass(frozen=True)
@@ -175,14 +176,31 @@ class RouteInput:
                 return RoutedMessage(msg)
             groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
             held = groups & self.store.owned()
-            if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
-                self._stores.release(self._id, held)
-            elif op == OPEN:
-                self._stores.open(self._id, groups)
-            self._reply({"nonce": props.get(NONCE), "op": op, "instance": self._id})
+            if op == PREPARE:   # a replay of the changelog: in its own thread, so this instance's records go on
+                threading.Thread(target=self._prepare, args=(groups, props.get(NONCE)), daemon=True,
+                                 name=f"prepare-{self._topics.name}-{self._id}").start()
+            else:
+                if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
+                    self._stores.release(self._id, held)
+                elif op == OPEN:
+                    self._stores.open(self._id, groups)
+                self._reply({"nonce": props.get(NONCE), "op": op, "instance": self._id})
             self._consumer.acknowledge(msg)
             if time.monotonic() >= deadline:
                 raise pulsar.Timeout()
+
+    def _prepare(self, groups: set[int], nonce: str | None) -> None:
+        reply = {"nonce": nonce, "op": PREPARE, "instance": self._id}
+        try:
+            self._stores.prepare(self._id, groups)
+        except Exception as exc:   # best effort: the open restores instead; the front logs the reason
+            log.warning("%s instance %d: pre-copy of key groups %s failed: %s", self._topics.name, self._id,
+                        sorted(groups), exc)
+            reply["error"] = f"{type(exc).__name__}: {exc}"
+        try:
+            self._reply(reply)
+        except pulsar.PulsarException as exc:
+            log.warning("%s instance %d: no answer to the pre-copy request: %s", self._topics.name, self._id, exc)
 
     def _own(self, group: int) -> None:
         """The front sends a group's records only to its owner: a record of a group this store does not hold
@@ -252,21 +270,33 @@ class RoutedStores:
             self._replies[reply.get("nonce")] = reply
             self._cond.notify_all()
 
-    def _ask(self, op: str, instance_id: int, groups: set[int]) -> None:
-        nonce = uuid.uuid4().hex
-        self.producer(instance_id).send(b"", properties={OP: op, GROUPS: ",".join(map(str, sorted(groups))),
-                                                          NONCE: nonce, INSTANCE: str(instance_id)})
+    def _ask_all(self, op: str, groups: dict[int, set[int]], timeout_s: float = MARKER_TIMEOUT_S) -> None:
+        """A marker to each instance, then wait for every answer: the instances work in parallel."""
+        asked: dict[str, tuple[int, set[int]]] = {}
+        for instance_id, gs in groups.items():
+            nonce = uuid.uuid4().hex
+            self.producer(instance_id).send(b"", properties={OP: op, GROUPS: ",".join(map(str, sorted(gs))),
+                                                              NONCE: nonce, INSTANCE: str(instance_id)})
+            asked[nonce] = (instance_id, gs)
         with self._cond:
-            if not self._cond.wait_for(lambda: nonce in self._replies, MARKER_TIMEOUT_S):
-                raise MigrationError(f"{self._topics.name}: instance {instance_id} did not confirm the {op} of key "
-                                     f"groups {sorted(groups)} within {MARKER_TIMEOUT_S:.0f} s")
-            del self._replies[nonce]
+            self._cond.wait_for(lambda: all(n in self._replies for n in asked), timeout_s)
+            replies = {n: self._replies.pop(n, None) for n in asked}
+        missing = [asked[n] for n, r in replies.items() if r is None]
+        if missing:
+            raise MigrationError(f"{self._topics.name}: no confirmation of the {op} within {timeout_s:.0f} s from "
+                                 + ", ".join(f"instance {i} (key groups {sorted(gs)})" for i, gs in missing))
+        failed = [f"instance {asked[n][0]}: {r['error']}" for n, r in replies.items() if r.get("error")]
+        if failed:
+            raise MigrationError(f"{self._topics.name}: the {op} failed on " + "; ".join(failed))
 
-    def release(self, instance_id: int, groups: set[int]) -> None:
-        self._ask(RELEASE, instance_id, groups)
+    def prepare_all(self, groups: dict[int, set[int]]) -> None:
+        self._ask_all(PREPARE, groups, PREPARE_TIMEOUT_S)
 
-    def open(self, instance_id: int, groups: set[int]) -> None:
-        self._ask(OPEN, instance_id, groups)
+    def release_all(self, groups: dict[int, set[int]]) -> None:
+        self._ask_all(RELEASE, groups)
+
+    def open_all(self, groups: dict[int, set[int]]) -> None:
+        self._ask_all(OPEN, groups)
 
     def flush_front(self) -> None:
         """Every forward sent so far persisted (and its input record acked by its callback)."""

@@ -20,6 +20,7 @@ every group pauses, all moves happen as one batch, then everything resumes.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections import defaultdict
@@ -47,12 +48,18 @@ class MigrationError(PulsarAutoscaleError):
 
 
 class InstanceStores(Protocol):
-    """The state of each instance's key groups (functions/state.py's key-grouped store per instance)."""
+    """The state of each instance's key groups (functions/state.py's key-grouped store per instance).
+    Each call takes {instance id: groups} and returns once every instance has done its part (in parallel
+    where the instances are on several workers)."""
 
-    def release(self, instance_id: int, groups: set[int]) -> None:
-        """Flush + snapshot + forget: the old owner's confirm."""
+    def prepare_all(self, groups: dict[int, set[int]]) -> None:
+        """Pre-copy: the new owners bring groups they will receive up to now from the changelog, while the
+        old owners still serve them; best effort (an open restores whatever a prepare did not)."""
 
-    def open(self, instance_id: int, groups: set[int]) -> None:
+    def release_all(self, groups: dict[int, set[int]]) -> None:
+        """Flush + snapshot + forget: the old owners' confirm."""
+
+    def open_all(self, groups: dict[int, set[int]]) -> None:
         """Restore the groups (local snapshot + changelog tail, else a full changelog replay)."""
 
 
@@ -66,6 +73,7 @@ class MigrationReport:
     put_down_s: float = 0.0                                   # summed over subscales: waiting for records in hand
     release_s: float = 0.0                                    # old owners' flush + snapshot + forget
     open_s: float = 0.0                                       # new owners' restore
+    prepare_s: float = 0.0                                    # pre-copy before the first subscale (live only)
 
 
 def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
@@ -83,6 +91,12 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     todo = moves(router.assignment, target)
     start = time.monotonic()
     report = MigrationReport(len(todo), 0, 0.0, stop_the_world)
+    if todo and not stop_the_world:
+        try:
+            stores.prepare_all(_by(todo, "dst"))
+        except (MigrationError, pulsar.PulsarException, TimeoutError, OSError, sqlite3.Error) as exc:
+            log.warning("pre-copy of %d key groups failed (%s); their opens restore them instead", len(todo), exc)
+        report.prepare_s = time.monotonic() - start
     if stop_the_world:
         everything = set(range(router.num_key_groups))
         router.stop_serving(everything)
@@ -99,16 +113,9 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
             router.stop_serving(groups)
             _put_down(router, groups, put_down_timeout_s)
         t1 = time.monotonic()
-        by_src: dict[int, set[int]] = defaultdict(set)
-        by_dst: dict[int, set[int]] = defaultdict(set)
-        for m in batch:
-            by_src[m.src].add(m.group)
-            by_dst[m.dst].add(m.group)
-        for src, gs in by_src.items():
-            stores.release(src, gs)
+        stores.release_all(_by(batch, "src"))
         t2 = time.monotonic()
-        for dst, gs in by_dst.items():
-            stores.open(dst, gs)
+        stores.open_all(_by(batch, "dst"))
         t3 = time.monotonic()
         report.put_down_s += t1 - t0
         report.release_s += t2 - t1
@@ -125,6 +132,14 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
              report.duration_s, " (stop-the-world)" if stop_the_world else "")
     return report
+
+
+def _by(batch, end: str) -> dict[int, set[int]]:
+    """{instance: groups} of a batch of moves, by their source or their destination."""
+    out: dict[int, set[int]] = defaultdict(set)
+    for m in batch:
+        out[getattr(m, end)].add(m.group)
+    return dict(out)
 
 
 def _put_down(router: KeyedRouter, groups: set[int], timeout_s: float) -> None:
@@ -235,6 +250,31 @@ class InstanceStateStores:
         self.restore(instance_id)
         self.restores.append(self.store(instance_id).open(groups, restore=True, client=self._client(),
                                                           topic=self._changelog))
+
+    def prepare(self, instance_id: int, groups: set[int]) -> None:
+        """Pre-copy the groups whose files no store here uses (on one worker a moving group's file is in use
+        by its old owner, and a release makes it current anyway: nothing to do)."""
+        with self._lock:
+            in_use = set().union(*(s.owned() for s in self._stores.values()))
+        todo = set(groups) - in_use
+        if not todo:
+            return
+        stats = self.store(instance_id).prepare(todo, self._client(), self._changelog)
+        log.info("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "
+                 "in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
+                 stats.bytes / 1e6, stats.seconds)
+
+    def prepare_all(self, groups: dict[int, set[int]]) -> None:
+        for i, gs in groups.items():
+            self.prepare(i, gs)
+
+    def release_all(self, groups: dict[int, set[int]]) -> None:
+        for i, gs in groups.items():
+            self.release(i, gs)
+
+    def open_all(self, groups: dict[int, set[int]]) -> None:
+        for i, gs in groups.items():
+            self.open(i, gs)
 
 
 class KeyedScaler:

@@ -479,8 +479,29 @@ class StateStore:
         self.restore_stats = stats
         return stats
 
-    def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats) -> None:
+    def prepare(self, groups: set[int], client: pulsar.Client, topic: str) -> RestoreStats:
+        """Pre-copy groups another worker serves, before they move here: bring their files up to now from the
+        changelog and record that position, as a release does, so the later open replays only what changed
+        meanwhile (a short tail) while the groups' records wait. The caller makes sure no store of this process
+        uses their files."""
+        groups = set(groups) - self.owned()
+        stats = RestoreStats(groups=len(groups))
+        started = time.perf_counter()
+        for position, covered in self._restore(groups, client, topic, stats).items():
+            for g in covered:
+                f = self._file(g)
+                with f.lock:
+                    if g not in self.owned():   # opened meanwhile (a prepare that outlived its wait): served now
+                        f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
+                        f.clean = True
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats
+                 ) -> dict[bytes | None, set[int]]:
+        """Bring the groups' files up to now; returns which groups each replay's end position covers."""
         starts: dict[bytes | None, set[int]] = {}
+        ends: dict[bytes | None, set[int]] = {}
         for g in groups:
             path = self.group_path(g)
             meta = None
@@ -519,6 +540,7 @@ class StateStore:
             stats.records += read.records
             stats.bytes += read.bytes
             stats.duplicates += read.duplicates
+            ends.setdefault(read.end, set()).update(wanted)
         by_group: dict[int, list[tuple]] = {}
         for (kind, key, g), v in rows.items():
             by_group.setdefault(g, []).append((kind, key) + v)
@@ -533,6 +555,7 @@ class StateStore:
                     "dead = excluded.dead WHERE excluded.ver > kv.ver", by_group.get(g, ()))
                 _prune_applied(conn)
                 conn.execute("COMMIT")
+        return ends
 
 
 def _inode(path: str) -> int | None:

@@ -76,6 +76,28 @@ def test_release_snapshots_and_open_replays_only_the_tail(tmp_path, client, chan
     assert a.for_key("k7").get_counter("n") == before[key_group("k7", G)] + 100
 
 
+def test_a_pre_copied_group_opens_from_its_copy_and_replays_only_what_changed_since(tmp_path, client, changelog):
+    """A live migration to another worker pre-copies the moving groups (the whole changelog, while the old
+    owner still serves them); the open at hand-over then reads only the changes made after the copy."""
+    a = store(tmp_path, client, changelog)
+    for i in range(300):
+        process(a, f"k{i % 50}", [("incr_counter", "n", 1), ("put_state", "s", f"v{i}")], msg_id=f"m{i}")
+    groups = {key_group("k7", G), key_group("k8", G)}
+    b = store(tmp_path, client, changelog, "b", owned=set())        # another worker's disk
+    copied = b.prepare(groups, client, changelog)
+    assert copied.records >= 600 and copied.from_snapshot == 0 and b.owned() == set()
+    process(a, "k7", [("incr_counter", "n", 100)], msg_id="late")    # still served by a after the copy
+    expected = {g: a.group(g).get_counter("n") for g in groups}
+    value = a.for_key("k8").get_state("s")
+    a.release(groups)
+    stats = b.open(groups)
+    assert stats.from_snapshot == len(groups) and stats.records == 1, stats   # the late change only
+    assert {g: b.group(g).get_counter("n") for g in groups} == expected
+    assert b.for_key("k8").get_state("s") == value and value, "the copy lost a value"
+    assert not process(b, "k7", [("incr_counter", "n", 1)], msg_id="late"), "an applied id was not copied"
+    assert not process(b, "k8", [("incr_counter", "n", 1)], msg_id="m8"), "an applied id was not copied"
+
+
 def test_effectively_once_skips_an_applied_message_also_after_a_restore(tmp_path, client, changelog):
     a = store(tmp_path, client, changelog)
     assert process(a, "k", [("incr_counter", "n", 1), ("incr_counter", "m", 2)], "(1,1,-1,-1)")
