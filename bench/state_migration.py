@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ def main() -> None:
     import pulsar
 
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
-    from pulsar_autoscale.functions.config import FunctionConfig
+    from pulsar_autoscale.functions.config import FunctionConfig, KeyedMigration
     from pulsar_autoscale.functions.keygroups import key_group, moves
     from pulsar_autoscale.functions.worker import Worker
 
@@ -127,7 +128,8 @@ def main() -> None:
             "userConfig": {"window_s": 10, "state_bytes": state_bytes, "service_ms": args.service_ms}}),
             (EXAMPLES / "windowed_count.py").read_bytes(), "windowed_count.py")
         fn = worker._functions[cfg.fqfn]
-        fn.keyed.subscale_size, fn.keyed.duty = args.subscale, args.duty
+        live = KeyedMigration(args.subscale, args.duty)
+        fn.keyed.settings = lambda: live
         _wait(lambda: fn.keyed.router.attached() == {0, 1}, 60, "2 instances")
 
         # Preload: one record per key (the state's full size), as fast as 2 instances go: their capacity.
@@ -156,7 +158,8 @@ def main() -> None:
         started.wait(60)
         changes = []
         for mode in ("live", "stop-the-world"):
-            fn.keyed.stop_the_world = mode == "stop-the-world"
+            how = replace(live, stop_the_world=mode == "stop-the-world")
+            fn.keyed.settings = lambda how=how: how
             for target in (3, 2):
                 # caught up (the previous change's backlog is gone), then the steady period it is compared with
                 backlog_end = sent.value

@@ -586,5 +586,46 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
         raise ConfigError(f"instanceRuntime {cfg.instanceRuntime!r} is unknown: use 'thread' or 'process'")
     if cfg.keyedState and cfg.instanceRuntime == "process":
         raise ConfigError("keyedState needs the thread runtime for now (instanceRuntime 'thread')")
+    keyed_migration(cfg)
     return cfg
+
+
+@dataclass(frozen=True)
+class KeyedMigration:
+    """How a keyedState function's key groups move on a parallelism change: subscales of `subscale_size` groups,
+    migration work at most `duty` of the time; `stop_the_world` pauses every group and moves all at once (what
+    bench/state_migration.py compares with, and shorter in total when a pause is acceptable)."""
+
+    subscale_size: int = 4
+    duty: float = 0.5
+    stop_the_world: bool = False
+
+
+KEYED_MIGRATION_FIELDS = {"subscaleSize", "duty", "mode"}
+
+
+def keyed_migration(cfg: FunctionConfig) -> KeyedMigration:
+    """customRuntimeOptions' `keyedMigration` object (Pulsar's free-form JSON field; docs/keyed-state.md)."""
+    where = "customRuntimeOptions.keyedMigration"
+    try:
+        options = json.loads(cfg.customRuntimeOptions) if cfg.customRuntimeOptions else {}
+    except json.JSONDecodeError:
+        return KeyedMigration()   # not ours to judge: controls.py names a non-JSON string for its `autoscale` key
+    raw = options.get("keyedMigration") if isinstance(options, dict) else None
+    if raw is None:
+        return KeyedMigration()
+    if not cfg.keyedState:
+        raise ConfigError(f"{where} is set but keyedState is false: only keyedState functions migrate key groups")
+    raw = _object(where, raw)
+    unknown = set(raw) - KEYED_MIGRATION_FIELDS
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]} is unknown: use {', '.join(sorted(KEYED_MIGRATION_FIELDS))}")
+    mode = raw.get("mode", "live")
+    if mode not in ("live", "stop-the-world"):
+        raise ConfigError(f"{where}.mode must be 'live' or 'stop-the-world', got {mode!r}")
+    duty = _number(f"{where}.duty", raw.get("duty", 0.5))
+    if not 0 < duty <= 1:
+        raise ConfigError(f"{where}.duty must be in (0, 1] (the share of time migration work may take), got {duty}")
+    return KeyedMigration(_int(f"{where}.subscaleSize", raw.get("subscaleSize", 4), 1, MAX_NUM_KEY_GROUPS), duty,
+                          mode == "stop-the-world")
 

@@ -33,6 +33,7 @@ import pulsar
 from pulsar_autoscale.broker import lite_quirks
 
 from .changelog import changelog_topic
+from .config import keyed_migration
 from .instance import NACK_REDELIVERY_DELAY_MS
 from .keygroups import KeyGroupAssignment, key_group, moves
 from .migration import InstanceStateStores, KeyedScaler, MigrationError
@@ -392,6 +393,7 @@ class ClusterKeyed:
             save_assignment(self._saver, self.router.assignment)
             self.stores.listen()
             self.scaler = KeyedScaler(self.router, self.stores, start=lambda _i: None, drain=lambda _ids: None,
+                                      settings=lambda: keyed_migration(self._config()),
                                       save=lambda a: save_assignment(self._saver, a), retry_s=RETRY_S)
             self.router.start()
             log.info("%s: front started here with %s groups per instance", self.topics.name,

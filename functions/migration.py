@@ -13,7 +13,8 @@ subscales of a few groups (default 4), one after the other. For each subscale:
 Subscales are paced (`duty`, default 0.5: after a subscale that took t, the next starts t later), so
 that migration work, which competes with processing for the worker's CPU, never takes more than that
 share of it: the load's spare capacity drains what the moving groups held meanwhile, and unaffected
-keys keep their latency. `stop_the_world=True` is the baseline it is measured against (bench/state_migration.py):
+keys keep their latency. `stop_the_world=True` is the baseline it is measured against (bench/state_migration.py;
+a function picks it, the subscale size and the duty in customRuntimeOptions.keyedMigration, config.KeyedMigration):
 every group pauses, all moves happen as one batch, then everything resumes.
 """
 
@@ -32,13 +33,12 @@ import pulsar
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
 
+from .config import KeyedMigration
 from .keygroups import KeyGroupAssignment, key_group, moves, subscales
 from .routing import KeyedRouter
 from .state import RestoreStats, StateStore
 
 log = logging.getLogger(__name__)
-DEFAULT_SUBSCALE = 4
-DEFAULT_DUTY = 0.5
 PUT_DOWN_TIMEOUT_S = 30.0
 CLEAN_MARKER = "clean-stop"
 
@@ -77,11 +77,11 @@ class MigrationReport:
 
 
 def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
-            subscale_size: int = DEFAULT_SUBSCALE, stop_the_world: bool = False, duty: float = DEFAULT_DUTY,
-            put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S,
+            how: KeyedMigration = KeyedMigration(), put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S,
             on_served: Callable[[KeyGroupAssignment], None] = lambda _a: None) -> MigrationReport:
     """Move the router's groups to `target`'s owners (the instances of both must be attached).
     `on_served` gets the effective assignment after each subscale (the worker saves it)."""
+    subscale_size, stop_the_world, duty = how.subscale_size, how.stop_the_world, how.duty
     if subscale_size < 1:
         raise ValueError(f"subscale size must be at least 1 key group, got {subscale_size}")
     if not 0 < duty <= 1:
@@ -288,16 +288,14 @@ class KeyedScaler:
 
     def __init__(self, router: KeyedRouter, stores: InstanceStores, start: Callable[[int], None],
                  drain: Callable[[list[int]], None], save: Callable[[KeyGroupAssignment], None],
-                 subscale_size: int = DEFAULT_SUBSCALE, retry_s: float | None = None):
+                 settings: Callable[[], KeyedMigration] = KeyedMigration, retry_s: float | None = None):
         """`retry_s`: retry a failed migration after this long (on a cluster an instance that died meanwhile
         comes back on another worker); None: the next scale() retries."""
         self.router = router
         self.stores = stores
         self._start, self._drain, self._save = start, drain, save
-        self.subscale_size = subscale_size
+        self.settings = settings                 # the function's current customRuntimeOptions.keyedMigration
         self.retry_s = retry_s
-        self.duty = DEFAULT_DUTY
-        self.stop_the_world = False              # the baseline (bench/state_migration.py)
         self.reports: list[MigrationReport] = []
         self.failure = ""
         self._wanted: int | None = None
@@ -366,8 +364,7 @@ class KeyedScaler:
         stale = self.router.moving() - {m.group for m in moves(self.router.assignment, new)}
         if stale:
             self.router.serve({g: self.router.assignment.owners[g] for g in stale})
-        self.reports.append(migrate(self.router, self.stores, new, self.subscale_size, self.stop_the_world,
-                                    self.duty, on_served=self._save))
+        self.reports.append(migrate(self.router, self.stores, new, self.settings(), on_served=self._save))
         surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)
         if surplus:
             self._drain(surplus)

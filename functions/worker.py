@@ -34,7 +34,7 @@ from pulsar_autoscale.snapshot import FunctionCounters
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .bursts import BurstRecord, BurstRunner
-from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig
+from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig, keyed_migration
 from .instance import NACK_REDELIVERY_DELAY_MS, subscribe
 from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
@@ -398,7 +398,7 @@ class Worker:
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
                                      lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name), new)
         save(assignment)
-        return KeyedScaler(router, stores, start, drain, save)
+        return KeyedScaler(router, stores, start, drain, save, settings=lambda: keyed_migration(fn.config))
 
     def _subscribe(self, cfg: FunctionConfig, consumer_name: str):
         """The function's input consumer, fenced against pulsar-lite's defects (lite_quirks): Failover's (B1,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.functions.config import FunctionConfig
+from pulsar_autoscale.functions.config import FunctionConfig, KeyedMigration, keyed_migration
 
 BASE = {"tenant": "public", "namespace": "default", "name": "f", "className": "m.C", "inputs": ["in"]}
 
@@ -22,3 +24,30 @@ def test_keyed_state_cannot_be_altered_and_needs_the_thread_runtime():
         cfg.merged({"keyedState": False})
     with pytest.raises(ConfigError, match="keyedState needs the thread runtime"):
         FunctionConfig.from_dict({**BASE, "keyedState": True, "instanceRuntime": "process"})
+
+
+def _migration(options) -> KeyedMigration:
+    return keyed_migration(FunctionConfig.from_dict({**BASE, "keyedState": True,
+                                                     "customRuntimeOptions": json.dumps({"keyedMigration": options})}))
+
+
+def test_keyed_migration_settings_come_from_custom_runtime_options():
+    assert keyed_migration(FunctionConfig.from_dict({**BASE, "keyedState": True})) == KeyedMigration(4, 0.5, False)
+    assert _migration({"mode": "stop-the-world", "subscaleSize": 8, "duty": 1}) == KeyedMigration(8, 1.0, True)
+    # other keys of Pulsar's free-form field are left alone
+    cfg = FunctionConfig.from_dict({**BASE, "keyedState": True, "customRuntimeOptions": '{"autoscale": {"max": 4}}'})
+    assert keyed_migration(cfg) == KeyedMigration()
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"mode": "pause"}, "mode must be 'live' or 'stop-the-world'"),
+    ({"duty": 0}, r"duty must be in \(0, 1\]"),
+    ({"subscaleSize": 0}, "subscaleSize must be an integer from 1"),
+    ({"subscale": 4}, "keyedMigration.subscale is unknown"),
+    ([4], "keyedMigration must be an object"),
+])
+def test_bad_keyed_migration_settings_are_refused_naming_the_field(options, problem):
+    with pytest.raises(ConfigError, match=problem):
+        _migration(options)
+    with pytest.raises(ConfigError, match="keyedState is false"):
+        FunctionConfig.from_dict({**BASE, "customRuntimeOptions": json.dumps({"keyedMigration": {}})})
