@@ -7,10 +7,13 @@ as one batch, then all resume) the function scales 2 -> 3 and 3 -> 2. Per change
 end-to-end latency of the records sent during it (from its PUT until 1 s after it finished), its
 duration, and the p99 of keys whose group does not move, during the change vs the steady period before.
 
-    .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4]
+    .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4] [--workers 3]
 
-Prints one JSON object. Runs one worker process with thread instances (one state store per instance,
-each key group its own file on the worker's disk): not a 3-worker cluster (see BENCHMARKS.md).
+Prints one JSON object. `--workers 1` (the default): one worker with thread instances, each key group its
+own file on the worker's disk, so a move copies nothing. `--workers 3`: a 3-worker cluster (worker
+processes, tests/cluster/harness.py); the instances are spread over the workers, so every moving group's
+state crosses workers through the changelog. The mode is the function's customRuntimeOptions.keyedMigration
+(an update between the modes restarts the instances; the next change waits for the backlog to drain).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ EXAMPLES = ROOT / "functions" / "examples"
 CHANGE_TAIL_S = 1.0
 
 
-def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, stop, started, sent, out_path: str
-          ) -> None:
+def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, stop, started, sent, received,
+          out_path: str) -> None:
     """Child process: send keyed records at `rate`/s until `stop`, collect the outputs' latencies."""
     import pulsar
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -54,6 +57,7 @@ def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, st
                 continue
             arrivals.append((int(time.time() * 1000), msg.event_timestamp(), msg.partition_key()))
             consumer.acknowledge(msg)
+            received.value = len(arrivals)
 
     collector = threading.Thread(target=collect, daemon=True)
     collector.start()
@@ -92,6 +96,206 @@ def _pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
+class Load:
+    """The load child process (_load), fed at `rate`/s; `caught_up` waits until its backlog is processed."""
+
+    def __init__(self, service_url: str, src: str, dst: str, keys: list[str], rate: float, tmp: str):
+        ctx = mp.get_context("spawn")
+        self.stop, started = ctx.Event(), ctx.Event()
+        self.sent, self.received = ctx.Value("q", 0), ctx.Value("q", 0)
+        os.makedirs(tmp, exist_ok=True)
+        self.result_path = os.path.join(tmp, "arrivals.json")
+        self.proc = ctx.Process(target=_load, args=(service_url, src, dst, keys, rate, self.stop, started, self.sent,
+                                                    self.received, self.result_path))
+        self.proc.start()
+        if not started.wait(60):
+            raise SystemExit("the load process did not start within 60 s")
+
+    def caught_up(self, timeout_s: float = 300) -> None:
+        """Every record sent until now has its output (one output per record)."""
+        backlog_end = self.sent.value
+        _wait(lambda: self.received.value >= backlog_end, timeout_s, "the backlog to drain")
+
+    def finish(self) -> dict:
+        self.stop.set()
+        self.proc.join(120)
+        return json.loads(Path(self.result_path).read_text())
+
+
+def _preload(service_url: str, src: str, keys: list[str], processed, timeout_s: float = 600) -> float:
+    """One record per key (the state's full size), as fast as 2 instances go: returns their capacity (records/s)."""
+    import pulsar
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                      block_if_queue_full=True)
+    t0 = time.monotonic()
+    for k in keys:
+        producer.send_async(b"x", None, partition_key=k, event_timestamp=int(time.time() * 1000))
+    producer.flush()
+    _wait(lambda: processed() >= len(keys), timeout_s, "the preload")
+    capacity = len(keys) / (time.monotonic() - t0)
+    producer.close()
+    client.close()
+    return capacity
+
+
+def _userconfig(args, state_bytes: int) -> dict:
+    return {"window_s": 10, "state_bytes": state_bytes, "service_ms": args.service_ms}
+
+
+def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tuple[list[dict], dict, dict]:
+    """One worker in this process, thread instances: (changes, restores, the load's result)."""
+    from pulsar_autoscale.broker.embedded import EmbeddedBroker
+    from pulsar_autoscale.functions.config import FunctionConfig, KeyedMigration
+    from pulsar_autoscale.functions.keygroups import moves
+    from pulsar_autoscale.functions.worker import Worker
+
+    out["worker"] = "one process, thread instances"
+    with EmbeddedBroker(data_dir=os.path.join(tmp, "broker"), log_level="warn") as broker:
+        worker = Worker(broker.service_url, os.path.join(tmp, "worker"), broker_kind="pulsar-lite")
+        name = f"wc-{uuid.uuid4().hex[:6]}"
+        src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+        cfg = worker.create(FunctionConfig.from_dict({
+            "tenant": "public", "namespace": "default", "name": name, "className": "windowed_count.WindowedCount",
+            "inputs": [src], "output": dst, "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups,
+            "receiverQueueSize": 100, "userConfig": _userconfig(args, state_bytes)}),
+            (EXAMPLES / "windowed_count.py").read_bytes(), "windowed_count.py")
+        fn = worker._functions[cfg.fqfn]
+        live = KeyedMigration(args.subscale, args.duty)
+        _wait(lambda: fn.keyed.router.attached() == {0, 1}, 60, "2 instances")
+        capacity = _preload(broker.service_url, src, keys, lambda: worker.counters(cfg.fqfn).processed or 0)
+        state_files = [p for p in (worker._fn_dir(cfg) / "keyed-state").rglob("*.sqlite*") if p.is_file()]
+        out["state_mb_on_disk"] = round(sum(p.stat().st_size for p in state_files) / 1e6, 1)
+        out["capacity_2_instances_per_s"] = round(capacity, 1)
+        load = Load(broker.service_url, src, dst, keys, args.load * capacity, tmp)
+        changes = []
+        for mode in ("live", "stop-the-world"):
+            how = replace(live, stop_the_world=mode == "stop-the-world")
+            fn.keyed.settings = lambda how=how: how
+            for target in (3, 2):
+                load.caught_up()   # the previous change's backlog is gone, then the steady period compared with
+                time.sleep(args.steady_s)
+                before = fn.keyed.router.assignment
+                t_put = time.time() * 1000
+                worker.update(cfg.fqfn, {"parallelism": target})
+                if not fn.keyed.idle(300):
+                    raise SystemExit(f"{mode} change to {target} did not finish: {fn.keyed.failure}")
+                report = fn.keyed.reports[-1]
+                changes.append({"mode": mode, "change": f"{len(set(before.owners))}->{target}", "t_put": t_put,
+                                "t_done": time.time() * 1000, "moved_groups": report.moved_groups,
+                                "subscales": report.subscales, "duration_s": round(report.duration_s, 3),
+                                "put_down_s": round(report.put_down_s, 3), "release_s": round(report.release_s, 3),
+                                "open_s": round(report.open_s, 3),
+                                "moving": sorted({m.group for m in moves(before, fn.keyed.router.assignment)})})
+        time.sleep(args.steady_s)
+        data = load.finish()
+        moved = [r for r in fn.keyed.stores.restores if r.groups]
+        worker.close()
+    restores = {"opens": len(moved), "groups": sum(r.groups for r in moved),
+                "from_snapshot": sum(r.from_snapshot for r in moved),
+                "mb": round(sum(r.bytes for r in moved) / 1e6, 2), "seconds": round(sum(r.seconds for r in moved), 3)}
+    return changes, restores, data
+
+
+def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tuple[list[dict], dict, dict]:
+    """`args.workers` worker processes, the function's instances spread over them: (changes, restore log, load).
+    Each mode runs on a function of its own, created for it (fresh topics, no group file on any disk), fed at
+    the same rate: the one measured on the first."""
+    import pulsar
+    import requests
+
+    from pulsar_autoscale.admin.client import FunctionsAdmin
+    from pulsar_autoscale.broker.embedded import EmbeddedBroker
+    from pulsar_autoscale.functions.keyed_cluster import KeyedTopics, read_assignment
+    from pulsar_autoscale.functions.keygroups import moves
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cluster.harness import WorkerCluster
+
+    out["worker"] = f"{args.workers} worker processes (a cluster), thread instances spread over them"
+    changes: list[dict] = []
+    data: dict = {"sent": 0, "arrivals": []}
+    lines: list[str] = []
+    with EmbeddedBroker(data_dir=os.path.join(tmp, "broker"), log_level="warn") as broker, \
+            WorkerCluster(broker.service_url, broker.metrics_url, Path(tmp), n=args.workers) as cluster:
+        admin = FunctionsAdmin([w.url for w in cluster.live()])
+        client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        for mode in ("live", "stop-the-world"):
+            name = f"wc-{uuid.uuid4().hex[:6]}"
+            src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+
+            def placement() -> dict[int, str]:
+                placed: dict[int, str] = {}
+                for w in cluster.live():
+                    resp = requests.get(f"{w.url}/admin/v3/functions/public/default/{name}/status",
+                                        params={"scope": "local"}, timeout=5)
+                    if resp.status_code == 200:
+                        placed.update({int(i): w.worker_id for i, st in resp.json().items() if st["status"]["running"]})
+                return placed
+
+            def keyed_view() -> dict:
+                return (admin.status("public", "default", name).get("autoscale") or {}).get("keyedState") or {}
+
+            migration = {"subscaleSize": args.subscale, "duty": args.duty, "mode": mode}
+            admin.create({"tenant": "public", "namespace": "default", "name": name,
+                          "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
+                          "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups, "receiverQueueSize": 100,
+                          "subscriptionPosition": "Earliest",
+                          "customRuntimeOptions": json.dumps({"keyedMigration": migration}),
+                          "userConfig": _userconfig(args, state_bytes)}, str(EXAMPLES / "windowed_count.py"))
+            _wait(lambda: sorted(placement()) == [0, 1] and len(set(placement().values())) == 2, 90,
+                  "2 instances on 2 workers")
+            outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
+            seen = [0]
+
+            def processed() -> int:
+                while True:
+                    try:
+                        outputs.acknowledge(outputs.receive(100))
+                    except pulsar.Timeout:
+                        return seen[0]
+                    seen[0] += 1
+
+            capacity = _preload(broker.service_url, src, keys, processed)
+            outputs.unsubscribe()
+            out.setdefault("capacity_2_instances_per_s", round(capacity, 1))
+            out.setdefault("capacity_by_mode", {})[mode] = round(capacity, 1)
+            if mode == "live":
+                out["state_mb_on_disk"] = round(sum(p.stat().st_size for p in Path(tmp).glob("w*/**/*.sqlite*")
+                                                    if p.is_file()) / 1e6, 1)
+            load = Load(broker.service_url, src, dst, keys, args.load * out["capacity_2_instances_per_s"],
+                        os.path.join(tmp, name))
+            topics = KeyedTopics("public", "default", name)
+            for target in (3, 2):
+                load.caught_up()   # the previous change's backlog is gone, then the steady period compared with
+                time.sleep(args.steady_s)
+                before = read_assignment(client, topics.assignment)
+                last = keyed_view().get("lastMigration")
+                t_put = time.time() * 1000
+                admin.set_parallelism("public", "default", name, target)
+                _wait(lambda: (lambda v: not v.get("migrating") and v.get("lastMigration") not in (None, last)
+                               and len(v.get("groupsPerInstance", {})) == target)(keyed_view()), 600,
+                      f"the {mode} change to {target} instances")
+                t_done = time.time() * 1000
+                report = keyed_view()["lastMigration"]
+                after = read_assignment(client, topics.assignment)
+                changes.append({"mode": mode, "change": f"{before.parallelism}->{target}", "t_put": t_put,
+                                "t_done": t_done, "moved_groups": report["movedGroups"],
+                                "subscales": report["subscales"], "duration_s": report["seconds"],
+                                "placement": placement(), "moving": sorted({m.group for m in moves(before, after)})})
+            time.sleep(args.steady_s)
+            result = load.finish()
+            data["sent"] += result["sent"]
+            data["arrivals"] += result["arrivals"]
+            admin.delete("public", "default", name)
+            lines += [f"{mode}: {line.split(': ', 2)[-1][:200]}" for w in cluster.workers
+                      for line in w.log_path.read_text().splitlines()
+                      if name in line and any(f" {verb} " in line for verb in ("restored", "pre-copied", "opened"))]
+        client.close()
+    restores = {"pre-copies": sum(" pre-copied " in line for line in lines),
+                "opens": sum(" opened " in line for line in lines), "log": lines[-80:]}
+    return changes, restores, data
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--state-mb", type=float, default=50.0)
@@ -102,90 +306,23 @@ def main() -> None:
     ap.add_argument("--subscale", type=int, default=4)
     ap.add_argument("--duty", type=float, default=0.5, help="share of the time migration work may take")
     ap.add_argument("--steady-s", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=1, help="1: one worker, in this process; more: a cluster")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    import pulsar
-
-    from pulsar_autoscale.broker.embedded import EmbeddedBroker
-    from pulsar_autoscale.functions.config import FunctionConfig, KeyedMigration
-    from pulsar_autoscale.functions.keygroups import key_group, moves
-    from pulsar_autoscale.functions.worker import Worker
+    from pulsar_autoscale.functions.keygroups import key_group
 
     state_bytes = int(args.state_mb * 1e6 / args.keys)
     keys = [f"key-{i}" for i in range(args.keys)]
     tmp = tempfile.mkdtemp(prefix="bench-state-migration-")
     out: dict = {"keys": args.keys, "key_groups": args.groups, "state_bytes_per_key": state_bytes,
-                 "service_ms": args.service_ms, "subscale": args.subscale, "duty": args.duty, "worker": "one process, thread instances"}
-    with EmbeddedBroker(data_dir=os.path.join(tmp, "broker"), log_level="warn") as broker:
-        worker = Worker(broker.service_url, os.path.join(tmp, "worker"), broker_kind="pulsar-lite")
-        name = f"wc-{uuid.uuid4().hex[:6]}"
-        src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-        cfg = worker.create(FunctionConfig.from_dict({
-            "tenant": "public", "namespace": "default", "name": name, "className": "windowed_count.WindowedCount",
-            "inputs": [src], "output": dst, "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups,
-            "receiverQueueSize": 100,
-            "userConfig": {"window_s": 10, "state_bytes": state_bytes, "service_ms": args.service_ms}}),
-            (EXAMPLES / "windowed_count.py").read_bytes(), "windowed_count.py")
-        fn = worker._functions[cfg.fqfn]
-        live = KeyedMigration(args.subscale, args.duty)
-        fn.keyed.settings = lambda: live
-        _wait(lambda: fn.keyed.router.attached() == {0, 1}, 60, "2 instances")
-
-        # Preload: one record per key (the state's full size), as fast as 2 instances go: their capacity.
-        client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                          block_if_queue_full=True)
-        t0 = time.monotonic()
-        for k in keys:
-            producer.send_async(b"x", None, partition_key=k, event_timestamp=int(time.time() * 1000))
-        producer.flush()
-        _wait(lambda: (worker.counters(cfg.fqfn).processed or 0) >= args.keys, 600, "the preload")
-        capacity = args.keys / (time.monotonic() - t0)
-        producer.close()
-        client.close()
-        state_files = [p for p in (worker._fn_dir(cfg) / "keyed-state").rglob("*.sqlite*") if p.is_file()]
-        out["state_mb_on_disk"] = round(sum(p.stat().st_size for p in state_files) / 1e6, 1)
-        out["capacity_2_instances_per_s"] = round(capacity, 1)
-        rate = args.load * capacity
-        out["rate_per_s"] = round(rate, 1)
-
-        ctx = mp.get_context("spawn")
-        stop, started, sent = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
-        result_path = os.path.join(tmp, "arrivals.json")
-        loader = ctx.Process(target=_load, args=(broker.service_url, src, dst, keys, rate, stop, started, sent, result_path))
-        loader.start()
-        started.wait(60)
-        changes = []
-        for mode in ("live", "stop-the-world"):
-            how = replace(live, stop_the_world=mode == "stop-the-world")
-            fn.keyed.settings = lambda how=how: how
-            for target in (3, 2):
-                # caught up (the previous change's backlog is gone), then the steady period it is compared with
-                backlog_end = sent.value
-                _wait(lambda: (worker.counters(cfg.fqfn).processed or 0) - args.keys >= backlog_end, 300,
-                      "the backlog to drain")
-                time.sleep(args.steady_s)
-                before = fn.keyed.router.assignment
-                t_put = time.time() * 1000
-                worker.update(cfg.fqfn, {"parallelism": target})
-                if not fn.keyed.idle(300):
-                    raise SystemExit(f"{mode} change to {target} did not finish: {fn.keyed.failure}")
-                t_done = time.time() * 1000
-                report = fn.keyed.reports[-1]
-                changes.append({"mode": mode, "change": f"{len(set(before.owners))}->{target}", "t_put": t_put,
-                                "t_done": t_done, "moved_groups": report.moved_groups,
-                                "subscales": report.subscales, "duration_s": round(report.duration_s, 3),
-                                "put_down_s": round(report.put_down_s, 3), "release_s": round(report.release_s, 3),
-                                "open_s": round(report.open_s, 3),
-                                "moving": sorted({m.group for m in moves(before, fn.keyed.router.assignment)})})
-        time.sleep(args.steady_s)
-        stop.set()
-        loader.join(120)
-        restores = fn.keyed.stores.restores
-        worker.close()
-    data = json.loads(Path(result_path).read_text())
-    shutil.rmtree(tmp, ignore_errors=True)
+                 "service_ms": args.service_ms, "subscale": args.subscale, "duty": args.duty}
+    run = _one_worker if args.workers == 1 else _cluster
+    try:
+        changes, restores, data = run(args, keys, state_bytes, tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out["rate_per_s"] = round(args.load * out["capacity_2_instances_per_s"], 1)
     arrivals = data["arrivals"]
     out["sent"] = data["sent"]
     out["received"] = len(arrivals)
@@ -213,11 +350,7 @@ def main() -> None:
             "unaffected_p99_during_over_before": round(live["unaffected_p99_during_ms"]
                                                         / live["unaffected_p99_before_ms"], 3),
         }
-    moved = [r for r in restores if r.groups]
-    out["restores"] = {"opens": len(moved), "groups": sum(r.groups for r in moved),
-                       "from_snapshot": sum(r.from_snapshot for r in moved),
-                       "mb": round(sum(r.bytes for r in moved) / 1e6, 2),
-                       "seconds": round(sum(r.seconds for r in moved), 3)}
+    out["restores"] = restores
     print(json.dumps(out, indent=1))
 
 

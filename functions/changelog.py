@@ -174,8 +174,8 @@ class ReadStats:
 
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
-                   stats: ReadStats | None = None) -> Iterator[Record]:
-    """Every record from `after` (a position from `mark`, exclusive) or the start, up to now.
+                   stats: ReadStats | None = None) -> Iterator[tuple[pulsar.MessageId, Record]]:
+    """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id.
 
     "Now" is a marker this call publishes first: everything persisted before it is read. Apache
     Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
@@ -219,6 +219,6 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
             if stats is not None:
                 stats.records += 1
                 stats.bytes += len(msg.data())
-            yield record
+            yield msg_id, record
     finally:
         reader.close()

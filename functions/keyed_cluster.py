@@ -48,7 +48,7 @@ RETRY_S = 2.0               # a failed migration (an instance died meanwhile) is
 READ_TIMEOUT_MS = 5_000
 # properties of a forwarded record and of a marker
 ORIGINAL_ID, ORIGINAL_TOPIC, ORIGINAL_PUBLISH = "kg-mid", "kg-topic", "kg-pub"
-OP, GROUPS, NONCE, INSTANCE = "kg-op", "kg-groups", "kg-nonce", "kg-instance"
+OP, GROUPS, NONCE, INSTANCE, DUTY = "kg-op", "kg-groups", "kg-nonce", "kg-instance", "kg-duty"
 RELEASE, OPEN, PREPARE = "release", "open", "prepare"
 
 
@@ -178,7 +178,8 @@ class RouteInput:
             groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
             held = groups & self.store.owned()
             if op == PREPARE:   # a replay of the changelog: in its own thread, so this instance's records go on
-                threading.Thread(target=self._prepare, args=(groups, props.get(NONCE)), daemon=True,
+                threading.Thread(target=self._prepare, args=(groups, props.get(NONCE), float(props.get(DUTY, 1))),
+                                 daemon=True,
                                  name=f"prepare-{self._topics.name}-{self._id}").start()
             else:
                 if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
@@ -190,10 +191,10 @@ class RouteInput:
             if time.monotonic() >= deadline:
                 raise pulsar.Timeout()
 
-    def _prepare(self, groups: set[int], nonce: str | None) -> None:
+    def _prepare(self, groups: set[int], nonce: str | None, duty: float) -> None:
         reply = {"nonce": nonce, "op": PREPARE, "instance": self._id}
         try:
-            self._stores.prepare(self._id, groups)
+            self._stores.prepare(self._id, groups, duty)
         except Exception as exc:   # best effort: the open restores instead; the front logs the reason
             log.warning("%s instance %d: pre-copy of key groups %s failed: %s", self._topics.name, self._id,
                         sorted(groups), exc)
@@ -271,13 +272,14 @@ class RoutedStores:
             self._replies[reply.get("nonce")] = reply
             self._cond.notify_all()
 
-    def _ask_all(self, op: str, groups: dict[int, set[int]], timeout_s: float = MARKER_TIMEOUT_S) -> None:
+    def _ask_all(self, op: str, groups: dict[int, set[int]], timeout_s: float = MARKER_TIMEOUT_S,
+                 **extra: str) -> None:
         """A marker to each instance, then wait for every answer: the instances work in parallel."""
         asked: dict[str, tuple[int, set[int]]] = {}
         for instance_id, gs in groups.items():
             nonce = uuid.uuid4().hex
             self.producer(instance_id).send(b"", properties={OP: op, GROUPS: ",".join(map(str, sorted(gs))),
-                                                              NONCE: nonce, INSTANCE: str(instance_id)})
+                                                              NONCE: nonce, INSTANCE: str(instance_id), **extra})
             asked[nonce] = (instance_id, gs)
         with self._cond:
             self._cond.wait_for(lambda: all(n in self._replies for n in asked), timeout_s)
@@ -290,8 +292,8 @@ class RoutedStores:
         if failed:
             raise MigrationError(f"{self._topics.name}: the {op} failed on " + "; ".join(failed))
 
-    def prepare_all(self, groups: dict[int, set[int]]) -> None:
-        self._ask_all(PREPARE, groups, PREPARE_TIMEOUT_S)
+    def prepare_all(self, groups: dict[int, set[int]], duty: float) -> None:
+        self._ask_all(PREPARE, groups, PREPARE_TIMEOUT_S, **{DUTY: str(duty)})
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
         self._ask_all(RELEASE, groups)

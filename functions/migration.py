@@ -52,9 +52,9 @@ class InstanceStores(Protocol):
     Each call takes {instance id: groups} and returns once every instance has done its part (in parallel
     where the instances are on several workers)."""
 
-    def prepare_all(self, groups: dict[int, set[int]]) -> None:
+    def prepare_all(self, groups: dict[int, set[int]], duty: float) -> None:
         """Pre-copy: the new owners bring groups they will receive up to now from the changelog, while the
-        old owners still serve them; best effort (an open restores whatever a prepare did not)."""
+        old owners still serve them, paced to `duty`; best effort (an open restores what a prepare did not)."""
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
         """Flush + snapshot + forget: the old owners' confirm."""
@@ -93,7 +93,7 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     report = MigrationReport(len(todo), 0, 0.0, stop_the_world)
     if todo and not stop_the_world:
         try:
-            stores.prepare_all(_by(todo, "dst"))
+            stores.prepare_all(_by(todo, "dst"), duty)
         except (MigrationError, pulsar.PulsarException, TimeoutError, OSError, sqlite3.Error) as exc:
             log.warning("pre-copy of %d key groups failed (%s); their opens restore them instead", len(todo), exc)
         report.prepare_s = time.monotonic() - start
@@ -248,10 +248,13 @@ class InstanceStateStores:
 
     def open(self, instance_id: int, groups: set[int]) -> None:
         self.restore(instance_id)
-        self.restores.append(self.store(instance_id).open(groups, restore=True, client=self._client(),
-                                                          topic=self._changelog))
+        stats = self.store(instance_id).open(groups, restore=True, client=self._client(), topic=self._changelog)
+        self.restores.append(stats)
+        log.info("%s: instance %d opened %d key groups (%d from a snapshot): %d changelog records, %.1f MB in "
+                 "%.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
+                 stats.bytes / 1e6, stats.seconds)
 
-    def prepare(self, instance_id: int, groups: set[int]) -> None:
+    def prepare(self, instance_id: int, groups: set[int], duty: float = 1.0) -> None:
         """Pre-copy the groups whose files no store here uses (on one worker a moving group's file is in use
         by its old owner, and a release makes it current anyway: nothing to do)."""
         with self._lock:
@@ -259,14 +262,14 @@ class InstanceStateStores:
         todo = set(groups) - in_use
         if not todo:
             return
-        stats = self.store(instance_id).prepare(todo, self._client(), self._changelog)
+        stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty)
         log.info("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "
                  "in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
                  stats.bytes / 1e6, stats.seconds)
 
-    def prepare_all(self, groups: dict[int, set[int]]) -> None:
+    def prepare_all(self, groups: dict[int, set[int]], duty: float) -> None:
         for i, gs in groups.items():
-            self.prepare(i, gs)
+            self.prepare(i, gs, duty)
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
         for i, gs in groups.items():

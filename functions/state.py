@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pulsar
 
@@ -35,6 +36,7 @@ NONE_KEY = "NONE_KEY"
 # EFFECTIVELY_ONCE remembers this many applied message ids per key group (why it is enough: docs/state.md).
 DEDUPE_WINDOW = 10_000
 _PRUNE_EVERY = 1_000
+PACE_RECORDS = 200   # a paced replay (a pre-copy) sleeps after every this many changelog records
 
 
 # WAL of a group file: checkpointed every 128 pages and cut back to 512 KB (128 files per function).
@@ -479,29 +481,32 @@ class StateStore:
         self.restore_stats = stats
         return stats
 
-    def prepare(self, groups: set[int], client: pulsar.Client, topic: str) -> RestoreStats:
+    def prepare(self, groups: set[int], client: pulsar.Client, topic: str, duty: float = 1.0) -> RestoreStats:
         """Pre-copy groups another worker serves, before they move here: bring their files up to now from the
         changelog and record that position, as a release does, so the later open replays only what changed
         meanwhile (a short tail) while the groups' records wait. The caller makes sure no store of this process
-        uses their files."""
+        uses their files. `duty`: the share of time the replay may take (it holds the GIL that this worker's
+        instances need), as migration work is paced."""
         groups = set(groups) - self.owned()
         stats = RestoreStats(groups=len(groups))
         started = time.perf_counter()
-        for position, covered in self._restore(groups, client, topic, stats).items():
-            for g in covered:
-                f = self._file(g)
-                with f.lock:
-                    if g not in self.owned():   # opened meanwhile (a prepare that outlived its wait): served now
-                        f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
-                        f.clean = True
+        position = self._restore(groups, client, topic, stats, _Pacer(duty))
+        for g in groups:
+            f = self._file(g)
+            with f.lock:
+                if g not in self.owned():   # opened meanwhile (a prepare that outlived its wait): served now
+                    f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
+                    f.clean = True
         stats.seconds = time.perf_counter() - started
         return stats
 
-    def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats
-                 ) -> dict[bytes | None, set[int]]:
-        """Bring the groups' files up to now; returns which groups each replay's end position covers."""
-        starts: dict[bytes | None, set[int]] = {}
-        ends: dict[bytes | None, set[int]] = {}
+    def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats,
+                 pace: Callable[[], None] = lambda: None) -> bytes | None:
+        """Bring the groups' files up to now in one pass over the changelog, from the oldest position a group
+        needs (a group's records at or before its own position are in its file already); returns the end
+        position the files now cover. `pace` is called every PACE_RECORDS records read."""
+        starts: dict[int, pulsar.MessageId | None] = {}
+        first: bytes | None = b""   # b"": no group read yet; None: from the start
         for g in groups:
             path = self.group_path(g)
             meta = None
@@ -511,36 +516,43 @@ class StateStore:
                     meta = f.conn.execute("SELECT position, clean FROM meta").fetchone()
                     if meta is not None and meta[1]:
                         stats.snapshot_rows += f.conn.execute("SELECT count(*) FROM kv").fetchone()[0]
-            if meta is not None and meta[1]:
-                starts.setdefault(meta[0], set()).add(g)
+            if meta is not None and meta[1] and meta[0]:
+                starts[g] = pulsar.MessageId.deserialize(meta[0])
+                if first == b"" or (first is not None and starts[g] < pulsar.MessageId.deserialize(first)):
+                    first = meta[0]
                 stats.from_snapshot += 1
             else:   # never released here: its rows may be ahead of the changelog, or it is not there at all
                 self._close(g)
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
-                starts.setdefault(None, set()).add(g)
+                starts[g], first = None, None
+        if not starts:
+            return None
         rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
         applied: dict[int, list[str]] = {}
-        for position, wanted in starts.items():
-            read = ReadStats()
-            partial: dict[tuple[int, str], dict[int, Record]] = {}
-            for r in read_changelog(client, topic, position, read):
-                if r.group not in wanted:
-                    continue
-                if r.msg_id is None:
-                    _apply(rows, r)
-                    continue
-                parts = partial.setdefault((r.group, r.msg_id), {})
-                parts[r.part] = r             # by index: a record read twice is one part
-                if len(parts) == r.parts:     # every record of the message arrived: apply them together
-                    del partial[(r.group, r.msg_id)]
-                    for p in parts.values():
-                        _apply(rows, p)
-                    applied.setdefault(r.group, []).append(r.msg_id)
-            stats.records += read.records
-            stats.bytes += read.bytes
-            stats.duplicates += read.duplicates
-            ends.setdefault(read.end, set()).update(wanted)
+        read = ReadStats()
+        partial: dict[tuple[int, str], dict[int, Record]] = {}
+        for n, (mid, r) in enumerate(read_changelog(client, topic, first or None, read), 1):
+            if n % PACE_RECORDS == 0:
+                pace()
+            if r.group not in starts:
+                continue
+            start = starts[r.group]
+            if start is not None and not start < mid:
+                continue                  # before the group's own position: its file has it
+            if r.msg_id is None:
+                _apply(rows, r)
+                continue
+            parts = partial.setdefault((r.group, r.msg_id), {})
+            parts[r.part] = r             # by index: a record read twice is one part
+            if len(parts) == r.parts:     # every record of the message arrived: apply them together
+                del partial[(r.group, r.msg_id)]
+                for p in parts.values():
+                    _apply(rows, p)
+                applied.setdefault(r.group, []).append(r.msg_id)
+        stats.records += read.records
+        stats.bytes += read.bytes
+        stats.duplicates += read.duplicates
         by_group: dict[int, list[tuple]] = {}
         for (kind, key, g), v in rows.items():
             by_group.setdefault(g, []).append((kind, key) + v)
@@ -555,7 +567,20 @@ class StateStore:
                     "dead = excluded.dead WHERE excluded.ver > kv.ver", by_group.get(g, ()))
                 _prune_applied(conn)
                 conn.execute("COMMIT")
-        return ends
+        return read.end
+
+
+class _Pacer:
+    """Sleeps after each stretch of work so that work takes at most `duty` of the time (duty 1: never)."""
+
+    def __init__(self, duty: float):
+        self.duty = duty
+        self._t0 = time.perf_counter()
+
+    def __call__(self) -> None:
+        if self.duty < 1:
+            time.sleep((time.perf_counter() - self._t0) * (1 - self.duty) / self.duty)   # pacing, not synchronisation
+        self._t0 = time.perf_counter()
 
 
 def _inode(path: str) -> int | None:
