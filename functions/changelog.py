@@ -99,15 +99,18 @@ class ChangelogWriter:
         self.records = self.bytes = 0
         # Records persisted so far (callbacks of one producer come in order), and what waits for a count.
         self._persisted = 0
+        self._last_id: pulsar.MessageId | None = None   # of the last record persisted
         self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
         self._waiting_lock = threading.Lock()
 
-    def _done(self, result, _msg_id) -> None:
+    def _done(self, result, msg_id) -> None:
         if result != pulsar.Result.Ok:
             self._failed = result
         ready = []
         with self._waiting_lock:
             self._persisted += 1
+            if result == pulsar.Result.Ok:
+                self._last_id = msg_id
             while self._waiting and self._waiting[0][0] <= self._persisted:
                 ready.append(self._waiting.popleft()[1])
         if self._failed is not None:
@@ -147,7 +150,13 @@ class ChangelogWriter:
             raise pulsar.PulsarException(f"changelog {self.topic}: a record was not persisted: {failed}")
 
     def mark(self) -> bytes:
-        """Persist a marker after everything sent so far; its serialized id is a position in the changelog."""
+        """A position in the changelog (a serialized id) after everything sent so far: once all is persisted,
+        the last record's id (callbacks come in order); a marker only when this writer sent nothing yet, so a
+        release costs no extra round trip to the broker."""
+        self.flush()
+        with self._waiting_lock:
+            if self._last_id is not None:
+                return self._last_id.serialize()
         with self._lock:
             try:
                 msg_id = self._producer.send(uuid.uuid4().hex.encode(), partition_key=MARKER_KEY)

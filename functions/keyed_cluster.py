@@ -375,11 +375,17 @@ class ClusterKeyed:
         return read_assignment(self._client(), self.topics.assignment) or self.router.assignment
 
     def _send_reply(self, reply: dict) -> None:
+        """Not waited for: the instance goes back to its records (a lost answer times the front's wait out, and
+        the front retries the step)."""
         with self._lock:
             if self._reply_producer is None:
                 self._reply_producer = self._client().create_producer(self.topics.control)
             producer = self._reply_producer
-        producer.send(json.dumps(reply).encode())
+
+        def sent(result, _msg_id) -> None:
+            if result != pulsar.Result.Ok:
+                log.warning("%s: an answer to the front was not sent: %s", self.topics.name, result)
+        producer.send_async(json.dumps(reply).encode(), sent)
 
     # ---- the front ------------------------------------------------------------------------------------
     def start_front(self, parallelism: int) -> None:
