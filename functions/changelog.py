@@ -27,8 +27,11 @@ import pulsar
 COUNTER, VALUE, DELETED = "c", "s", "d"
 MARKER_KEY = "__marker__"
 log = logging.getLogger(__name__)
-READ_TIMEOUT_MS = 5_000
-READ_REOPENS = 3
+# A reader with nothing for READ_STALL_MS before the end marker is reopened from the last record read (a
+# pulsar-lite reader sometimes stops short of the end, docs/state.md; on Apache Pulsar a reopen is a reconnect);
+# after READ_TIMEOUT_MS without a record the broker counts as down.
+READ_STALL_MS = 1_000
+READ_TIMEOUT_MS = 15_000
 READER_QUEUE = 5000   # pulsar-lite readers with small queues deliver more duplicates
 # A record not persisted within this fails its flush (an error naming the topic) instead of blocking a drain
 # forever while the broker is away; nothing after it is acked, so its input comes again.
@@ -183,8 +186,10 @@ class ReadStats:
 
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
-                   stats: ReadStats | None = None) -> Iterator[tuple[pulsar.MessageId, Record]]:
-    """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id.
+                   stats: ReadStats | None = None, groups: set[int] | None = None
+                   ) -> Iterator[tuple[pulsar.MessageId, Record]]:
+    """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id;
+    only those of `groups` when given (the others are skipped before they are decoded).
 
     "Now" is a marker this call publishes first: everything persisted before it is read. Apache
     Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
@@ -196,30 +201,31 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
     finally:
         producer.close()
     position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
-    reopened, read_any = 0, False
+    waited_ms, read_any = 0, False
     reader = client.create_reader(topic, position, receiver_queue_size=READER_QUEUE)
     try:
         while True:
             try:
-                msg = reader.read_next(READ_TIMEOUT_MS)
+                msg = reader.read_next(READ_STALL_MS)
             except pulsar.Timeout:
-                # A pulsar-lite reader sometimes stops short of the end (docs/state.md): a new reader from the
-                # last record read goes on (records read twice are harmless: restore keeps the highest version).
-                if reopened == READ_REOPENS:
+                # a new reader from the last record read goes on (a record read twice is skipped below)
+                waited_ms += READ_STALL_MS
+                if waited_ms >= READ_TIMEOUT_MS:
                     raise TimeoutError(f"changelog {topic}: no record for {READ_TIMEOUT_MS} ms before the end "
-                                       f"marker, {READ_REOPENS} times; the broker may be down") from None
-                reopened += 1
+                                       f"marker (the reader reopened every {READ_STALL_MS} ms); the broker may be "
+                                       "down") from None
                 reader.close()
                 reader = client.create_reader(topic, position, receiver_queue_size=READER_QUEUE)
                 continue
+            waited_ms = 0
             msg_id = msg.message_id()
             if read_any and not position < msg_id:
                 if stats is not None:
                     stats.duplicates += 1
                 continue          # a pulsar-lite reader delivered it again: ids only grow in a topic
             position, read_any = msg_id, True
-            record = Record.decode(msg)
-            if record is None:
+            key = msg.partition_key()
+            if key == MARKER_KEY:
                 if msg.data() == nonce:
                     if stats is not None:
                         stats.end = msg_id.serialize()
@@ -228,6 +234,10 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
             if stats is not None:
                 stats.records += 1
                 stats.bytes += len(msg.data())
-            yield msg_id, record
+            if groups is not None and int(key.split(":", 1)[0]) not in groups:
+                continue
+            record = Record.decode(msg)
+            if record is not None:
+                yield msg_id, record
     finally:
         reader.close()

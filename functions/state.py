@@ -532,11 +532,9 @@ class StateStore:
         applied: dict[int, list[str]] = {}
         read = ReadStats()
         partial: dict[tuple[int, str], dict[int, Record]] = {}
-        for n, (mid, r) in enumerate(read_changelog(client, topic, first or None, read), 1):
+        for n, (mid, r) in enumerate(read_changelog(client, topic, first or None, read, set(starts)), 1):
             if n % PACE_RECORDS == 0:
                 pace()
-            if r.group not in starts:
-                continue
             start = starts[r.group]
             if start is not None and not start < mid:
                 continue                  # before the group's own position: its file has it
