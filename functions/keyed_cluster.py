@@ -146,8 +146,9 @@ class RoutedMessage:
 class RouteInput:
     """What an instance of a spread keyedState function holds instead of a consumer: its route topic.
 
-    Markers are carried out in the instance's own thread between two records, so a RELEASE finds the
-    groups put down (every record before it processed) and an OPEN restores before the next record."""
+    Markers are taken in the instance's own thread between two records, so a RELEASE finds the groups put
+    down (every record before it processed); an OPEN or a PREPARE reads the changelog in a thread of its own
+    while the instance's other groups go on (the front sends no record of the groups before the answer)."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
                  reply: Callable[[dict], None], subscription_type: str, cfg):
@@ -161,6 +162,7 @@ class RouteInput:
             topics.route(instance_id), ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
             consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
             receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs)
+        self._opening: dict[int, threading.Event] = {}   # groups an OPEN is restoring in the background
 
     @property
     def store(self) -> StateStore:
@@ -173,36 +175,54 @@ class RouteInput:
             props = msg.properties()
             op = props.get(OP)
             if op is None:
-                self._own(message_group(msg, self.store.num_key_groups))
+                group = message_group(msg, self.store.num_key_groups)
+                opening = self._opening.get(group)
+                if opening is not None:   # the front holds a group's records until its open is answered: not here
+                    opening.wait()
+                self._own(group)
                 return RoutedMessage(msg)
             groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
-            held = groups & self.store.owned()
-            if op == PREPARE:   # a replay of the changelog: in its own thread, so this instance's records go on
-                threading.Thread(target=self._prepare, args=(groups, props.get(NONCE), float(props.get(DUTY, 1))),
-                                 daemon=True,
-                                 name=f"prepare-{self._topics.name}-{self._id}").start()
+            nonce = props.get(NONCE)
+            # A pre-copy or an open reads the changelog: in a thread of its own, so that this instance's other
+            # groups go on meanwhile (no record of the groups comes before the answer). A release is a flush.
+            if op == PREPARE:
+                duty = float(props.get(DUTY, 1))
+                self._in_background(op, groups, nonce, lambda: self._stores.prepare(self._id, groups, duty))
+            elif op == OPEN:
+                done = threading.Event()
+                self._opening.update(dict.fromkeys(groups, done))
+                self._in_background(op, groups, nonce, lambda: self._stores.open(self._id, groups), done)
             else:
+                held = groups & self.store.owned()
                 if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
                     self._stores.release(self._id, held)
-                elif op == OPEN:
-                    self._stores.open(self._id, groups)
-                self._reply({"nonce": props.get(NONCE), "op": op, "instance": self._id})
+                self._reply({"nonce": nonce, "op": op, "instance": self._id})
             self._consumer.acknowledge(msg)
             if time.monotonic() >= deadline:
                 raise pulsar.Timeout()
 
-    def _prepare(self, groups: set[int], nonce: str | None, duty: float) -> None:
-        reply = {"nonce": nonce, "op": PREPARE, "instance": self._id}
-        try:
-            self._stores.prepare(self._id, groups, duty)
-        except Exception as exc:   # best effort: the open restores instead; the front logs the reason
-            log.warning("%s instance %d: pre-copy of key groups %s failed: %s", self._topics.name, self._id,
-                        sorted(groups), exc)
-            reply["error"] = f"{type(exc).__name__}: {exc}"
-        try:
-            self._reply(reply)
-        except pulsar.PulsarException as exc:
-            log.warning("%s instance %d: no answer to the pre-copy request: %s", self._topics.name, self._id, exc)
+    def _in_background(self, op: str, groups: set[int], nonce: str | None, work: Callable[[], None],
+                       done: threading.Event | None = None) -> None:
+        """Do `work` in a thread, then answer the front (with the error if it failed: the front retries)."""
+        def run() -> None:
+            reply = {"nonce": nonce, "op": op, "instance": self._id}
+            try:
+                work()
+            except Exception as exc:
+                log.warning("%s instance %d: the %s of key groups %s failed: %s", self._topics.name, self._id, op,
+                            sorted(groups), exc)
+                reply["error"] = f"{type(exc).__name__}: {exc}"
+            finally:
+                if done is not None:
+                    for g in groups:
+                        if self._opening.get(g) is done:
+                            del self._opening[g]
+                    done.set()
+            try:
+                self._reply(reply)
+            except pulsar.PulsarException as exc:
+                log.warning("%s instance %d: no answer to the %s: %s", self._topics.name, self._id, op, exc)
+        threading.Thread(target=run, daemon=True, name=f"{op}-{self._topics.name}-{self._id}").start()
 
     def _own(self, group: int) -> None:
         """The front sends a group's records only to its owner: a record of a group this store does not hold
