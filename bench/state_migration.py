@@ -19,6 +19,7 @@ state crosses workers through the changelog. The mode is the function's customRu
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import multiprocessing as mp
 import os
@@ -332,6 +333,10 @@ def main() -> None:
         during = [(r - e, k) for r, e, k in arrivals if lo <= e <= hi + CHANGE_TAIL_S * 1000]
         steady = [(r - e, k) for r, e, k in arrivals if lo - args.steady_s * 1000 + 1000 <= e < lo]
         unmoved = lambda rows: [lat for lat, k in rows if key_group(k, args.groups) not in moving]  # noqa: E731
+        p99_before = _pct(unmoved(steady), 0.99)
+        slow = collections.Counter(int((e - lo) / 500) / 2 for r, e, k in arrivals
+                                   if lo <= e <= hi + CHANGE_TAIL_S * 1000 and key_group(k, args.groups) not in moving
+                                   and r - e > 2 * p99_before)
         c.update({
             "records_during": len(during),
             "peak_ms": max((lat for lat, _ in during), default=None),
@@ -339,6 +344,8 @@ def main() -> None:
             "steady_mean_ms": round(statistics.fmean(lat for lat, _ in steady), 1) if steady else None,
             "unaffected_p99_before_ms": _pct(unmoved(steady), 0.99),
             "unaffected_p99_during_ms": _pct(unmoved(during), 0.99),
+            # when the unaffected records slower than twice the p99 before were sent: s after the PUT -> count
+            "unaffected_slow_by_half_second": dict(sorted(slow.items())),
         })
     out["changes"] = changes
     for change in ("2->3", "3->2"):

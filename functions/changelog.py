@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 READ_STALL_MS = 1_000
 READ_TIMEOUT_MS = 15_000
 READER_QUEUE = 5000   # pulsar-lite readers with small queues deliver more duplicates
+PACED_READER_QUEUE = 200
+PACE_RECORDS = 50
 # A record not persisted within this fails its flush (an error naming the topic) instead of blocking a drain
 # forever while the broker is away; nothing after it is acked, so its input comes again.
 SEND_TIMEOUT_MS = 30_000
@@ -186,10 +188,12 @@ class ReadStats:
 
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
-                   stats: ReadStats | None = None, groups: set[int] | None = None
-                   ) -> Iterator[tuple[pulsar.MessageId, Record]]:
+                   stats: ReadStats | None = None, groups: set[int] | None = None,
+                   pace: Callable[[], None] | None = None) -> Iterator[tuple[pulsar.MessageId, Record]]:
     """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id;
-    only those of `groups` when given (the others are skipped before they are decoded).
+    only those of `groups` when given (the others are skipped before they are decoded). `pace` (a background
+    read that must not crowd out the function's traffic) is called every PACE_RECORDS messages read, and the
+    reader's queue is small, so the broker sends no faster than the reading goes.
 
     "Now" is a marker this call publishes first: everything persisted before it is read. Apache
     Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
@@ -201,8 +205,9 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
     finally:
         producer.close()
     position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
-    waited_ms, read_any = 0, False
-    reader = client.create_reader(topic, position, receiver_queue_size=READER_QUEUE)
+    waited_ms, read_any, n = 0, False, 0
+    queue = READER_QUEUE if pace is None else PACED_READER_QUEUE
+    reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
         while True:
             try:
@@ -215,9 +220,11 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
                                        f"marker (the reader reopened every {READ_STALL_MS} ms); the broker may be "
                                        "down") from None
                 reader.close()
-                reader = client.create_reader(topic, position, receiver_queue_size=READER_QUEUE)
+                reader = client.create_reader(topic, position, receiver_queue_size=queue)
                 continue
-            waited_ms = 0
+            waited_ms, n = 0, n + 1
+            if pace is not None and n % PACE_RECORDS == 0:
+                pace()
             msg_id = msg.message_id()
             if read_any and not position < msg_id:
                 if stats is not None:

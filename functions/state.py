@@ -36,7 +36,6 @@ NONE_KEY = "NONE_KEY"
 # EFFECTIVELY_ONCE remembers this many applied message ids per key group (why it is enough: docs/state.md).
 DEDUPE_WINDOW = 10_000
 _PRUNE_EVERY = 1_000
-PACE_RECORDS = 200   # a paced replay (a pre-copy) sleeps after every this many changelog records
 
 
 # WAL of a group file: checkpointed every 128 pages and cut back to 512 KB (128 files per function).
@@ -501,10 +500,10 @@ class StateStore:
         return stats
 
     def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats,
-                 pace: Callable[[], None] = lambda: None) -> bytes | None:
+                 pace: Callable[[], None] | None = None) -> bytes | None:
         """Bring the groups' files up to now in one pass over the changelog, from the oldest position a group
         needs (a group's records at or before its own position are in its file already); returns the end
-        position the files now cover. `pace` is called every PACE_RECORDS records read."""
+        position the files now cover. `pace`: a paced read (changelog.read_changelog)."""
         starts: dict[int, pulsar.MessageId | None] = {}
         first: bytes | None = b""   # b"": no group read yet; None: from the start
         for g in groups:
@@ -532,9 +531,7 @@ class StateStore:
         applied: dict[int, list[str]] = {}
         read = ReadStats()
         partial: dict[tuple[int, str], dict[int, Record]] = {}
-        for n, (mid, r) in enumerate(read_changelog(client, topic, first or None, read, set(starts)), 1):
-            if n % PACE_RECORDS == 0:
-                pace()
+        for mid, r in read_changelog(client, topic, first or None, read, set(starts), pace):
             start = starts[r.group]
             if start is not None and not start < mid:
                 continue                  # before the group's own position: its file has it
