@@ -175,6 +175,7 @@ class InstanceStateStores:
         self._stores: dict[int, StateStore] = {}
         self._unrestored: set[int] = set()
         self._restoring: dict[int, threading.Lock] = {}
+        self._copied: dict[int, set[int]] = {}   # instance -> groups pre-copied for it, not opened yet
         self._lock = threading.Lock()
         self.restores: list[RestoreStats] = []
         marker = directory / CLEAN_MARKER
@@ -216,6 +217,7 @@ class InstanceStateStores:
             for i in list(self._stores) if instance_ids is None else instance_ids & set(self._stores):
                 self._stores.pop(i).close()
                 self._unrestored.discard(i)
+                self._copied.pop(i, None)
 
     def instances(self) -> list[int]:
         with self._lock:
@@ -247,8 +249,15 @@ class InstanceStateStores:
         self.store(instance_id).release(groups)
 
     def open(self, instance_id: int, groups: set[int]) -> None:
+        """Open the groups; the instance's other pre-copied groups come up to now in the same changelog read."""
         self.restore(instance_id)
-        stats = self.store(instance_id).open(groups, restore=True, client=self._client(), topic=self._changelog)
+        with self._lock:
+            in_use = set().union(*(s.owned() for s in self._stores.values()))
+            copied = self._copied.get(instance_id, set()) - set(groups) - in_use
+        stats = self.store(instance_id).open(groups, restore=True, client=self._client(), topic=self._changelog,
+                                             refresh=copied)
+        with self._lock:
+            self._copied[instance_id] = copied
         self.restores.append(stats)
         log.info("%s: instance %d opened %d key groups (%d from a snapshot): %d changelog records, %.1f MB in "
                  "%.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
@@ -263,6 +272,8 @@ class InstanceStateStores:
         if not todo:
             return
         stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty)
+        with self._lock:
+            self._copied[instance_id] = todo
         log.info("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "
                  "in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
                  stats.bytes / 1e6, stats.seconds)

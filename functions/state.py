@@ -461,11 +461,14 @@ class StateStore:
         self._owned = self.owned() - groups
 
     def open(self, groups: set[int], restore: bool = True, client: pulsar.Client | None = None,
-             topic: str | None = None) -> RestoreStats:
+             topic: str | None = None, refresh: set[int] = frozenset()) -> RestoreStats:
         """Own groups from now on. restore: reopen a group's released file and apply the changelog after its
         position; a group without one (or whose file was in use when its worker died) replays the whole
-        changelog (the attached one, or `client`/`topic`)."""
+        changelog (the attached one, or `client`/`topic`). `refresh`: pre-copied groups that will open here
+        later, brought up to now in the same read (so the next open's tail starts here, not at the pre-copy;
+        the caller makes sure no store of this process uses their files)."""
         groups = set(groups)
+        refresh = set(refresh) - groups - self.owned()
         stats = RestoreStats(groups=len(groups))
         started = time.perf_counter()
         if restore:
@@ -474,7 +477,7 @@ class StateStore:
             if client is None or topic is None:
                 raise ValueError("restoring key groups needs the changelog: attach_changelog first or pass "
                                  "client and topic")
-            self._restore(groups, client, topic, stats)
+            self._mark_copied(refresh, self._restore(groups | refresh, client, topic, stats))
         self._owned = None if self._owned is None else self._owned | groups
         stats.seconds = time.perf_counter() - started
         self.restore_stats = stats
@@ -489,15 +492,18 @@ class StateStore:
         groups = set(groups) - self.owned()
         stats = RestoreStats(groups=len(groups))
         started = time.perf_counter()
-        position = self._restore(groups, client, topic, stats, _Pacer(duty))
+        self._mark_copied(groups, self._restore(groups, client, topic, stats, _Pacer(duty)))
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _mark_copied(self, groups: set[int], position: bytes | None) -> None:
+        """Record that the files of these groups, not owned here, hold the changelog up to `position`."""
         for g in groups:
             f = self._file(g)
             with f.lock:
                 if g not in self.owned():   # opened meanwhile (a prepare that outlived its wait): served now
                     f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
                     f.clean = True
-        stats.seconds = time.perf_counter() - started
-        return stats
 
     def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats,
                  pace: Callable[[], None] | None = None) -> bytes | None:

@@ -76,6 +76,26 @@ def test_release_snapshots_and_open_replays_only_the_tail(tmp_path, client, chan
     assert a.for_key("k7").get_counter("n") == before[key_group("k7", G)] + 100
 
 
+def test_an_open_brings_the_other_pre_copied_groups_up_to_now(tmp_path, client, changelog):
+    """Subscales open pre-copied groups one batch after another while the old owner keeps changing the rest:
+    each open refreshes the groups still to come, so the next open reads only what came since."""
+    a = store(tmp_path, client, changelog)
+    g1, g2 = key_group("k1", G), key_group("k2", G)
+    b = store(tmp_path, client, changelog, "b", owned=set())
+    b.prepare({g1, g2}, client, changelog)
+    for i in range(20):                                              # both change after the pre-copy
+        process(a, "k1", [("incr_counter", "n", 1)])
+        process(a, "k2", [("incr_counter", "n", 1)])
+    a.release({g1})
+    first = b.open({g1}, refresh={g2})
+    assert first.records == 40, first                                # one read for both groups' tails
+    process(a, "k2", [("incr_counter", "n", 5)])
+    a.release({g2})
+    second = b.open({g2})
+    assert second.from_snapshot == 1 and second.records == 1, second   # only what came after the first open
+    assert b.for_key("k1").get_counter("n") == 20 and b.for_key("k2").get_counter("n") == 25
+
+
 def test_groups_released_at_different_positions_open_in_one_pass(tmp_path, client, changelog):
     """One read from the oldest position; a group's records at or before its own position are skipped (its
     file has them), so a group released later is not set back by older records."""
