@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "functions" / "examples"
 CHANGE_TAIL_S = 1.0
+DRAIN_S = 300.0
 
 
 def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, stop, started, sent, received,
@@ -75,7 +76,10 @@ def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, st
         if i % 50 == 0:
             sent.value = i
     producer.flush()
-    time.sleep(5.0)   # outputs still in flight
+    sent.value = i
+    deadline = time.monotonic() + DRAIN_S   # the outputs of the backlog a change left, bounded
+    while len(arrivals) < i and time.monotonic() < deadline:
+        time.sleep(0.1)
     done.set()
     collector.join(5)
     Path(out_path).write_text(json.dumps({"sent": i, "arrivals": arrivals}))
@@ -119,7 +123,7 @@ class Load:
 
     def finish(self) -> dict:
         self.stop.set()
-        self.proc.join(120)
+        self.proc.join(DRAIN_S + 60)
         return json.loads(Path(self.result_path).read_text())
 
 
