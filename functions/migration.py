@@ -40,6 +40,9 @@ from .state import RestoreStats, StateStore
 
 log = logging.getLogger(__name__)
 PUT_DOWN_TIMEOUT_S = 30.0
+# Pre-copy rounds before the first subscale (iterative pre-copy, as in live VM migration): the second reads the
+# changes made while the first ran, so the first subscales' opens read a short tail, not the first round's.
+PRE_COPY_ROUNDS = 2
 CLEAN_MARKER = "clean-stop"
 
 
@@ -93,7 +96,8 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     report = MigrationReport(len(todo), 0, 0.0, stop_the_world)
     if todo and not stop_the_world:
         try:
-            stores.prepare_all(_by(todo, "dst"), duty)
+            for _ in range(PRE_COPY_ROUNDS):   # a later round reads only what changed during the one before
+                stores.prepare_all(_by(todo, "dst"), duty)
         except (MigrationError, pulsar.PulsarException, TimeoutError, OSError, sqlite3.Error) as exc:
             log.warning("pre-copy of %d key groups failed (%s); their opens restore them instead", len(todo), exc)
         report.prepare_s = time.monotonic() - start
