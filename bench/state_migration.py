@@ -207,7 +207,6 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
     Each mode runs on a function of its own, created for it (fresh topics, no group file on any disk), fed at
     the same rate: the one measured on the first."""
     import pulsar
-    import requests
 
     from pulsar_autoscale.admin.client import FunctionsAdmin
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
@@ -215,6 +214,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
     from pulsar_autoscale.functions.keygroups import moves
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster.harness import WorkerCluster
+    from state_migration.test_cluster import _placement, _spread
 
     out["worker"] = f"{args.workers} worker processes (a cluster), thread instances spread over them"
     changes: list[dict] = []
@@ -228,15 +228,6 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             name = f"wc-{uuid.uuid4().hex[:6]}"
             src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
 
-            def placement() -> dict[int, str]:
-                placed: dict[int, str] = {}
-                for w in cluster.live():
-                    resp = requests.get(f"{w.url}/admin/v3/functions/public/default/{name}/status",
-                                        params={"scope": "local"}, timeout=5)
-                    if resp.status_code == 200:
-                        placed.update({int(i): w.worker_id for i, st in resp.json().items() if st["status"]["running"]})
-                return placed
-
             def keyed_view() -> dict:
                 return (admin.status("public", "default", name).get("autoscale") or {}).get("keyedState") or {}
 
@@ -247,8 +238,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                           "subscriptionPosition": "Earliest",
                           "customRuntimeOptions": json.dumps({"keyedMigration": migration}),
                           "userConfig": _userconfig(args, state_bytes)}, str(EXAMPLES / "windowed_count.py"))
-            _wait(lambda: sorted(placement()) == [0, 1] and len(set(placement().values())) == 2, 90,
-                  "2 instances on 2 workers")
+            _wait(lambda: _spread(cluster, name, 2), 90, "2 instances on 2 workers")
             outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
             seen = [0]
 
@@ -286,7 +276,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                 changes.append({"mode": mode, "change": f"{before.parallelism}->{target}", "t_put": t_put,
                                 "t_done": t_done, "moved_groups": report["movedGroups"],
                                 "subscales": report["subscales"], "duration_s": report["seconds"],
-                                "placement": placement(), "moving": sorted({m.group for m in moves(before, after)})})
+                                "placement": _placement(cluster, name), "moving": sorted({m.group for m in moves(before, after)})})
             time.sleep(args.steady_s)
             result = load.finish()
             data["sent"] += result["sent"]

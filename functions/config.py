@@ -620,12 +620,13 @@ def keyed_migration(cfg: FunctionConfig) -> KeyedMigration:
     unknown = set(raw) - KEYED_MIGRATION_FIELDS
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]} is unknown: use {', '.join(sorted(KEYED_MIGRATION_FIELDS))}")
+    default = KeyedMigration()
     mode = raw.get("mode", "live")
     if mode not in ("live", "stop-the-world"):
         raise ConfigError(f"{where}.mode must be 'live' or 'stop-the-world', got {mode!r}")
-    duty = _number(f"{where}.duty", raw.get("duty", 0.5))
+    duty = _number(f"{where}.duty", raw.get("duty", default.duty))
     if not 0 < duty <= 1:
         raise ConfigError(f"{where}.duty must be in (0, 1] (the share of time migration work may take), got {duty}")
-    return KeyedMigration(_int(f"{where}.subscaleSize", raw.get("subscaleSize", 4), 1, MAX_NUM_KEY_GROUPS), duty,
-                          mode == "stop-the-world")
+    size = _int(f"{where}.subscaleSize", raw.get("subscaleSize", default.subscale_size), 1, MAX_NUM_KEY_GROUPS)
+    return KeyedMigration(size, duty, mode == "stop-the-world")
 

@@ -36,7 +36,7 @@ from pulsar_autoscale.errors import PulsarAutoscaleError
 from .config import KeyedMigration
 from .keygroups import KeyGroupAssignment, key_group, moves, subscales
 from .routing import KeyedRouter
-from .state import RestoreStats, StateStore
+from .state import Pacer, RestoreStats, StateStore
 
 log = logging.getLogger(__name__)
 PUT_DOWN_TIMEOUT_S = 30.0
@@ -108,9 +108,10 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         batches = [todo] if todo else []
     else:
         batches = subscales(todo, subscale_size)
+    pace = Pacer(duty)
     for n, batch in enumerate(batches):
-        if n and duty < 1:
-            time.sleep(report.subscale_s[-1] * (1 - duty) / duty)   # pacing, not synchronisation
+        if n:
+            pace()   # the last subscale's time times (1 - duty) / duty
         t0 = time.monotonic()
         groups = {m.group for m in batch}
         if not stop_the_world:
@@ -252,12 +253,15 @@ class InstanceStateStores:
         self.restore(instance_id)
         self.store(instance_id).release(groups)
 
+    def _in_use(self) -> set[int]:
+        """The groups some store here owns (the caller holds the lock): their files are being served."""
+        return set().union(*(s.owned() for s in self._stores.values()))
+
     def open(self, instance_id: int, groups: set[int]) -> None:
         """Open the groups; the instance's other pre-copied groups come up to now in the same changelog read."""
         self.restore(instance_id)
         with self._lock:
-            in_use = set().union(*(s.owned() for s in self._stores.values()))
-            copied = self._copied.get(instance_id, set()) - set(groups) - in_use
+            copied = self._copied.get(instance_id, set()) - set(groups) - self._in_use()
         stats = self.store(instance_id).open(groups, restore=True, client=self._client(), topic=self._changelog,
                                              refresh=copied)
         with self._lock:
@@ -271,8 +275,7 @@ class InstanceStateStores:
         """Pre-copy the groups whose files no store here uses (on one worker a moving group's file is in use
         by its old owner, and a release makes it current anyway: nothing to do)."""
         with self._lock:
-            in_use = set().union(*(s.owned() for s in self._stores.values()))
-        todo = set(groups) - in_use
+            todo = set(groups) - self._in_use()
         if not todo:
             return
         stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty)

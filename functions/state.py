@@ -492,7 +492,7 @@ class StateStore:
         groups = set(groups) - self.owned()
         stats = RestoreStats(groups=len(groups))
         started = time.perf_counter()
-        self._mark_copied(groups, self._restore(groups, client, topic, stats, _Pacer(duty)))
+        self._mark_copied(groups, self._restore(groups, client, topic, stats, Pacer(duty)))
         stats.seconds = time.perf_counter() - started
         return stats
 
@@ -510,8 +510,7 @@ class StateStore:
         """Bring the groups' files up to now in one pass over the changelog, from the oldest position a group
         needs (a group's records at or before its own position are in its file already); returns the end
         position the files now cover. `pace`: a paced read (changelog.read_changelog)."""
-        starts: dict[int, pulsar.MessageId | None] = {}
-        first: bytes | None = b""   # b"": no group read yet; None: from the start
+        positions: dict[int, bytes | None] = {}   # None: from the changelog's start
         for g in groups:
             path = self.group_path(g)
             meta = None
@@ -521,23 +520,23 @@ class StateStore:
                     meta = f.conn.execute("SELECT position, clean FROM meta").fetchone()
                     if meta is not None and meta[1]:
                         stats.snapshot_rows += f.conn.execute("SELECT count(*) FROM kv").fetchone()[0]
-            if meta is not None and meta[1] and meta[0]:
-                starts[g] = pulsar.MessageId.deserialize(meta[0])
-                if first == b"" or (first is not None and starts[g] < pulsar.MessageId.deserialize(first)):
-                    first = meta[0]
+            if meta is not None and meta[1]:
+                positions[g] = meta[0]
                 stats.from_snapshot += 1
             else:   # never released here: its rows may be ahead of the changelog, or it is not there at all
                 self._close(g)
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
-                starts[g], first = None, None
-        if not starts:
+                positions[g] = None
+        if not positions:
             return None
+        starts = {g: pulsar.MessageId.deserialize(p) if p else None for g, p in positions.items()}
+        oldest = None if None in positions.values() else positions[min(starts, key=starts.__getitem__)]
         rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
         applied: dict[int, list[str]] = {}
         read = ReadStats()
         partial: dict[tuple[int, str], dict[int, Record]] = {}
-        for mid, r in read_changelog(client, topic, first or None, read, set(starts), pace):
+        for mid, r in read_changelog(client, topic, oldest, read, set(starts), pace):
             start = starts[r.group]
             if start is not None and not start < mid:
                 continue                  # before the group's own position: its file has it
@@ -571,7 +570,7 @@ class StateStore:
         return read.end
 
 
-class _Pacer:
+class Pacer:
     """Sleeps after each stretch of work so that work takes at most `duty` of the time (duty 1: never)."""
 
     def __init__(self, duty: float):
