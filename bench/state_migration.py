@@ -37,6 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "functions" / "examples"
 CHANGE_TAIL_S = 1.0
+# How often the cluster bench asks a worker's REST API whether a change is done: each status call gathers every
+# worker's view (CPU and GIL time on the workers under test), which at 20 calls/s raised the unaffected keys'
+# p50 by 2-3 ms during changes, an effect of the measurement, not of the migration.
+STATUS_POLL_S = 0.5
 DRAIN_S = 300.0
 
 
@@ -86,12 +90,12 @@ def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, st
     client.close()
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
+def _wait(predicate, timeout_s: float, what: str, every_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(every_s)
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -166,7 +170,7 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
             "receiverQueueSize": 100, "userConfig": _userconfig(args, state_bytes)}),
             (EXAMPLES / "windowed_count.py").read_bytes(), "windowed_count.py")
         fn = worker._functions[cfg.fqfn]
-        live = KeyedMigration(args.subscale, args.duty)
+        live = KeyedMigration(args.subscale, args.duty, pre_copy_mb_per_s=args.pre_copy_mbps)
         _wait(lambda: fn.keyed.router.attached() == {0, 1}, 60, "2 instances")
         capacity = _preload(broker.service_url, src, keys, lambda: worker.counters(cfg.fqfn).processed or 0)
         state_files = [p for p in (worker._fn_dir(cfg) / "keyed-state").rglob("*.sqlite*") if p.is_file()]
@@ -231,7 +235,8 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             def keyed_view() -> dict:
                 return (admin.status("public", "default", name).get("autoscale") or {}).get("keyedState") or {}
 
-            migration = {"subscaleSize": args.subscale, "duty": args.duty, "mode": mode}
+            migration = {"subscaleSize": args.subscale, "duty": args.duty, "mode": mode,
+                         "preCopyMBps": args.pre_copy_mbps}
             admin.create({"tenant": "public", "namespace": "default", "name": name,
                           "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
                           "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups, "receiverQueueSize": 100,
@@ -269,13 +274,14 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                 admin.set_parallelism("public", "default", name, target)
                 _wait(lambda: (lambda v: not v.get("migrating") and v.get("lastMigration") not in (None, last)
                                and len(v.get("groupsPerInstance", {})) == target)(keyed_view()), 600,
-                      f"the {mode} change to {target} instances")
+                      f"the {mode} change to {target} instances", STATUS_POLL_S)
                 t_done = time.time() * 1000
                 report = keyed_view()["lastMigration"]
                 after = read_assignment(client, topics.assignment)
                 changes.append({"mode": mode, "change": f"{before.parallelism}->{target}", "t_put": t_put,
                                 "t_done": t_done, "moved_groups": report["movedGroups"],
                                 "subscales": report["subscales"], "duration_s": report["seconds"],
+                                "pre_copy_s": report.get("preCopySeconds"), "pre_copy_rounds": report.get("preCopyRounds"),
                                 "placement": _placement(cluster, name), "moving": sorted({m.group for m in moves(before, after)})})
             time.sleep(args.steady_s)
             result = load.finish()
@@ -292,6 +298,8 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
 
 
 def main() -> None:
+    from pulsar_autoscale.functions.config import KeyedMigration
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--state-mb", type=float, default=50.0)
     ap.add_argument("--keys", type=int, default=10_000)
@@ -300,8 +308,11 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.7, help="share of the 2-instance capacity to feed")
     ap.add_argument("--subscale", type=int, default=4)
     ap.add_argument("--duty", type=float, default=0.5, help="share of the time migration work may take")
+    ap.add_argument("--pre-copy-mbps", type=float, default=KeyedMigration.pre_copy_mb_per_s,
+                    help="how fast the pre-copy may read the changelog (MB/s; the function's default when not given)")
     ap.add_argument("--steady-s", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=1, help="1: one worker, in this process; more: a cluster")
+    ap.add_argument("--arrivals", help="also write every output's (received ms, sent ms, key) and the changes here")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -311,7 +322,8 @@ def main() -> None:
     keys = [f"key-{i}" for i in range(args.keys)]
     tmp = tempfile.mkdtemp(prefix="bench-state-migration-")
     out: dict = {"keys": args.keys, "key_groups": args.groups, "state_bytes_per_key": state_bytes,
-                 "service_ms": args.service_ms, "subscale": args.subscale, "duty": args.duty}
+                 "service_ms": args.service_ms, "subscale": args.subscale, "duty": args.duty,
+                 "pre_copy_mb_per_s": args.pre_copy_mbps}
     run = _one_worker if args.workers == 1 else _cluster
     try:
         changes, restores, data = run(args, keys, state_bytes, tmp, out)
@@ -319,6 +331,8 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     out["rate_per_s"] = round(args.load * out["capacity_2_instances_per_s"], 1)
     arrivals = data["arrivals"]
+    if args.arrivals:
+        Path(args.arrivals).write_text(json.dumps({"changes": changes, "arrivals": arrivals}))
     out["sent"] = data["sent"]
     out["received"] = len(arrivals)
     for c in changes:
@@ -332,12 +346,16 @@ def main() -> None:
                                    if lo <= e <= hi + CHANGE_TAIL_S * 1000 and key_group(k, args.groups) not in moving
                                    and r - e > 2 * p99_before)
         c.update({
+            "put_at_epoch_s": round(lo / 1000, 3),   # to line up with the workers' logs
             "records_during": len(during),
             "peak_ms": max((lat for lat, _ in during), default=None),
             "mean_ms": round(statistics.fmean(lat for lat, _ in during), 1) if during else None,
             "steady_mean_ms": round(statistics.fmean(lat for lat, _ in steady), 1) if steady else None,
             "unaffected_p99_before_ms": _pct(unmoved(steady), 0.99),
             "unaffected_p99_during_ms": _pct(unmoved(during), 0.99),
+            # the noise floor: the same p99 in each half of the steady period before
+            "unaffected_p99_before_halves_ms": [_pct(unmoved(half), 0.99) for half in (steady[:len(steady) // 2],
+                                                                                        steady[len(steady) // 2:])],
             # when the unaffected records slower than twice the p99 before were sent: s after the PUT -> count
             "unaffected_slow_by_half_second": dict(sorted(slow.items())),
         })

@@ -189,11 +189,11 @@ class ReadStats:
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
                    stats: ReadStats | None = None, groups: set[int] | None = None,
-                   pace: Callable[[], None] | None = None) -> Iterator[tuple[pulsar.MessageId, Record]]:
+                   pace: Callable[[int], None] | None = None) -> Iterator[tuple[pulsar.MessageId, Record]]:
     """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id;
     only those of `groups` when given (the others are skipped before they are decoded). `pace` (a background
-    read that must not crowd out the function's traffic) is called every PACE_RECORDS messages read, and the
-    reader's queue is small, so the broker sends no faster than the reading goes.
+    read that must not crowd out the function's traffic) is called every PACE_RECORDS messages read with their
+    bytes, and the reader's queue is small, so the broker sends no faster than the reading goes.
 
     "Now" is a marker this call publishes first: everything persisted before it is read. Apache
     Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
@@ -205,7 +205,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
     finally:
         producer.close()
     position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
-    waited_ms, read_any, n = 0, False, 0
+    waited_ms, read_any, n, paced_bytes = 0, False, 0, 0
     queue = READER_QUEUE if pace is None else PACED_READER_QUEUE
     reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
@@ -222,9 +222,11 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
                 reader.close()
                 reader = client.create_reader(topic, position, receiver_queue_size=queue)
                 continue
-            waited_ms, n = 0, n + 1
+            size = len(msg.data())
+            waited_ms, n, paced_bytes = 0, n + 1, paced_bytes + size
             if pace is not None and n % PACE_RECORDS == 0:
-                pace()
+                pace(paced_bytes)
+                paced_bytes = 0
             msg_id = msg.message_id()
             if read_any and not position < msg_id:
                 if stats is not None:
@@ -240,7 +242,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
                 continue
             if stats is not None:
                 stats.records += 1
-                stats.bytes += len(msg.data())
+                stats.bytes += size
             if groups is not None and int(key.split(":", 1)[0]) not in groups:
                 continue
             record = Record.decode(msg)

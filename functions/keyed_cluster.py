@@ -48,7 +48,7 @@ RETRY_S = 2.0               # a failed migration (an instance died meanwhile) is
 READ_TIMEOUT_MS = 5_000
 # properties of a forwarded record and of a marker
 ORIGINAL_ID, ORIGINAL_TOPIC, ORIGINAL_PUBLISH = "kg-mid", "kg-topic", "kg-pub"
-OP, GROUPS, NONCE, INSTANCE, DUTY = "kg-op", "kg-groups", "kg-nonce", "kg-instance", "kg-duty"
+OP, GROUPS, NONCE, INSTANCE, DUTY, RATE = "kg-op", "kg-groups", "kg-nonce", "kg-instance", "kg-duty", "kg-mbps"
 RELEASE, OPEN, PREPARE = "release", "open", "prepare"
 
 
@@ -186,8 +186,8 @@ class RouteInput:
             # A pre-copy or an open reads the changelog: in a thread of its own, so that this instance's other
             # groups go on meanwhile (no record of the groups comes before the answer). A release is a flush.
             if op == PREPARE:
-                duty = float(props.get(DUTY, 1))
-                self._in_background(op, groups, nonce, lambda: self._stores.prepare(self._id, groups, duty))
+                duty, rate = float(props.get(DUTY, 1)), float(props.get(RATE) or 0) or None
+                self._in_background(op, groups, nonce, lambda: self._stores.prepare(self._id, groups, duty, rate))
             elif op == OPEN:
                 done = threading.Event()
                 self._opening.update(dict.fromkeys(groups, done))
@@ -312,8 +312,8 @@ class RoutedStores:
         if failed:
             raise MigrationError(f"{self._topics.name}: the {op} failed on " + "; ".join(failed))
 
-    def prepare_all(self, groups: dict[int, set[int]], duty: float) -> None:
-        self._ask_all(PREPARE, groups, PREPARE_TIMEOUT_S, **{DUTY: str(duty)})
+    def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
+        self._ask_all(PREPARE, groups, PREPARE_TIMEOUT_S, **{DUTY: str(duty), RATE: str(mb_per_s or "")})
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
         self._ask_all(RELEASE, groups)

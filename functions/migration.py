@@ -40,9 +40,12 @@ from .state import Pacer, RestoreStats, StateStore
 
 log = logging.getLogger(__name__)
 PUT_DOWN_TIMEOUT_S = 30.0
-# Pre-copy rounds before the first subscale (iterative pre-copy, as in live VM migration): the second reads the
-# changes made while the first ran, so the first subscales' opens read a short tail, not the first round's.
-PRE_COPY_ROUNDS = 2
+# Pre-copy rounds before the first subscale (iterative pre-copy, as in live VM migration): each round reads the
+# changes made while the one before ran, so the first subscales' opens read a short tail, not the first round's.
+# Rounds go on until one took under PRE_COPY_SETTLED_S (what changed meanwhile is read as fast by an open), at
+# most PRE_COPY_ROUNDS: a paced pre-copy (preCopyMBps) of a busy function converges in a few.
+PRE_COPY_ROUNDS = 5
+PRE_COPY_SETTLED_S = 1.0
 CLEAN_MARKER = "clean-stop"
 
 
@@ -55,9 +58,10 @@ class InstanceStores(Protocol):
     Each call takes {instance id: groups} and returns once every instance has done its part (in parallel
     where the instances are on several workers)."""
 
-    def prepare_all(self, groups: dict[int, set[int]], duty: float) -> None:
+    def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
         """Pre-copy: the new owners bring groups they will receive up to now from the changelog, while the
-        old owners still serve them, paced to `duty`; best effort (an open restores what a prepare did not)."""
+        old owners still serve them, paced to `duty` and `mb_per_s`; best effort (an open restores what a
+        prepare did not)."""
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
         """Flush + snapshot + forget: the old owners' confirm."""
@@ -77,6 +81,7 @@ class MigrationReport:
     release_s: float = 0.0                                    # old owners' flush + snapshot + forget
     open_s: float = 0.0                                       # new owners' restore
     prepare_s: float = 0.0                                    # pre-copy before the first subscale (live only)
+    pre_copy_rounds: int = 0
 
 
 def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
@@ -97,7 +102,11 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     if todo and not stop_the_world:
         try:
             for _ in range(PRE_COPY_ROUNDS):   # a later round reads only what changed during the one before
-                stores.prepare_all(_by(todo, "dst"), duty)
+                began = time.monotonic()
+                stores.prepare_all(_by(todo, "dst"), duty, how.pre_copy_mb_per_s)
+                report.pre_copy_rounds += 1
+                if time.monotonic() - began < PRE_COPY_SETTLED_S:
+                    break
         except (MigrationError, pulsar.PulsarException, TimeoutError, OSError, sqlite3.Error) as exc:
             log.warning("pre-copy of %d key groups failed (%s); their opens restore them instead", len(todo), exc)
         report.prepare_s = time.monotonic() - start
@@ -271,23 +280,23 @@ class InstanceStateStores:
                  "%.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
                  stats.bytes / 1e6, stats.seconds)
 
-    def prepare(self, instance_id: int, groups: set[int], duty: float = 1.0) -> None:
+    def prepare(self, instance_id: int, groups: set[int], duty: float = 1.0, mb_per_s: float | None = None) -> None:
         """Pre-copy the groups whose files no store here uses (on one worker a moving group's file is in use
         by its old owner, and a release makes it current anyway: nothing to do)."""
         with self._lock:
             todo = set(groups) - self._in_use()
         if not todo:
             return
-        stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty)
+        stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty, mb_per_s)
         with self._lock:
             self._copied[instance_id] = todo
         log.info("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "
                  "in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
                  stats.bytes / 1e6, stats.seconds)
 
-    def prepare_all(self, groups: dict[int, set[int]], duty: float) -> None:
+    def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
         for i, gs in groups.items():
-            self.prepare(i, gs, duty)
+            self.prepare(i, gs, duty, mb_per_s)
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
         for i, gs in groups.items():
@@ -351,7 +360,8 @@ class KeyedScaler:
         return {"migrating": self._busy, "groupsPerInstance": {str(i): owners.count(i) for i in sorted(set(owners))},
                 "lastMigration": None if last is None else {
                     "movedGroups": last.moved_groups, "subscales": last.subscales,
-                    "seconds": round(last.duration_s, 3), "stopTheWorld": last.stop_the_world},
+                    "seconds": round(last.duration_s, 3), "stopTheWorld": last.stop_the_world,
+                    "preCopySeconds": round(last.prepare_s, 3), "preCopyRounds": last.pre_copy_rounds},
                 **({"failure": self.failure} if self.failure else {})}
 
     def idle(self, timeout_s: float) -> bool:

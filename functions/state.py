@@ -483,16 +483,18 @@ class StateStore:
         self.restore_stats = stats
         return stats
 
-    def prepare(self, groups: set[int], client: pulsar.Client, topic: str, duty: float = 1.0) -> RestoreStats:
+    def prepare(self, groups: set[int], client: pulsar.Client, topic: str, duty: float = 1.0,
+                mb_per_s: float | None = None) -> RestoreStats:
         """Pre-copy groups another worker serves, before they move here: bring their files up to now from the
         changelog and record that position, as a release does, so the later open replays only what changed
         meanwhile (a short tail) while the groups' records wait. The caller makes sure no store of this process
         uses their files. `duty`: the share of time the replay may take (it holds the GIL that this worker's
-        instances need), as migration work is paced."""
+        instances need), as migration work is paced; `mb_per_s`: how fast it may read the changelog (the broker
+        serves the function's records too)."""
         groups = set(groups) - self.owned()
         stats = RestoreStats(groups=len(groups))
         started = time.perf_counter()
-        self._mark_copied(groups, self._restore(groups, client, topic, stats, Pacer(duty)))
+        self._mark_copied(groups, self._restore(groups, client, topic, stats, Pacer(duty, mb_per_s)))
         stats.seconds = time.perf_counter() - started
         return stats
 
@@ -506,10 +508,12 @@ class StateStore:
                     f.clean = True
 
     def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats,
-                 pace: Callable[[], None] | None = None) -> bytes | None:
+                 pace: Callable[[int], None] | None = None) -> bytes | None:
         """Bring the groups' files up to now in one pass over the changelog, from the oldest position a group
         needs (a group's records at or before its own position are in its file already); returns the end
-        position the files now cover. `pace`: a paced read (changelog.read_changelog)."""
+        position the files now cover. `pace`: a paced read (changelog.read_changelog), and paced writes: a group's
+        rows at a time, with their bytes (tens of MB written at once would hold up the disk's other writers, the
+        broker's among them, for as long)."""
         positions: dict[int, bytes | None] = {}   # None: from the changelog's start
         for g in groups:
             path = self.group_path(g)
@@ -567,19 +571,27 @@ class StateStore:
                     "dead = excluded.dead WHERE excluded.ver > kv.ver", by_group.get(g, ()))
                 _prune_applied(conn)
                 conn.execute("COMMIT")
+            if pace is not None:
+                pace(sum(len(r[1]) + len(r[3] or b"") for r in by_group.get(g, ())))
         return read.end
 
 
 class Pacer:
-    """Sleeps after each stretch of work so that work takes at most `duty` of the time (duty 1: never)."""
+    """Sleeps after each stretch of work so that work takes at most `duty` of the time (duty 1: never) and,
+    given `mb_per_s`, so that the bytes each stretch handled go no faster than that."""
 
-    def __init__(self, duty: float):
+    def __init__(self, duty: float, mb_per_s: float | None = None):
         self.duty = duty
+        self.bytes_per_s = mb_per_s * 1e6 if mb_per_s else None
         self._t0 = time.perf_counter()
 
-    def __call__(self) -> None:
-        if self.duty < 1:
-            time.sleep((time.perf_counter() - self._t0) * (1 - self.duty) / self.duty)   # pacing, not synchronisation
+    def __call__(self, nbytes: int = 0) -> None:
+        worked = time.perf_counter() - self._t0
+        wait = worked * (1 - self.duty) / self.duty
+        if self.bytes_per_s:
+            wait = max(wait, nbytes / self.bytes_per_s - worked)
+        if wait > 0:
+            time.sleep(wait)   # pacing, not synchronisation
         self._t0 = time.perf_counter()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 
 from pulsar_autoscale.errors import ConfigError
@@ -17,6 +18,10 @@ from .cluster.scheduler import POLICIES
 from .config import DEFAULT_MAX_PARALLELISM
 from .runtime import RUNTIMES
 from .server import WorkerServer
+
+# A worker's thread instances, a keyed function's front and its background state copies share one GIL: a thread
+# that wants it waits up to the switch interval for a busy one (CPython's default 5 ms, on every hop of a record).
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -60,6 +65,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         cluster = ClusterSettings(args.cluster, args.capacity, args.heartbeat_interval, args.heartbeat_timeout,
                                   args.scheduler) if args.cluster else None

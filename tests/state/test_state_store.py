@@ -138,6 +138,18 @@ def test_a_pre_copied_group_opens_from_its_copy_and_replays_only_what_changed_si
     assert not process(b, "k8", [("incr_counter", "n", 1)], msg_id="m8"), "an applied id was not copied"
 
 
+def test_a_pre_copy_reads_the_changelog_no_faster_than_its_rate(tmp_path, client, changelog):
+    """preCopyMBps: the broker serves the function's records too, so a pre-copy of a large state is spread out."""
+    a = store(tmp_path, client, changelog)
+    for i in range(400):
+        process(a, f"k{i % 50}", [("put_state", "s", b"x" * 1000)], msg_id=f"m{i}")
+    b = store(tmp_path, client, changelog, "b", owned=set())
+    copied = b.prepare({key_group("k7", G)}, client, changelog, mb_per_s=1.0)
+    assert copied.bytes >= 400_000, copied
+    # paced every 50 records: all but the last stretch's bytes (<= 50 KB here) wait for the rate
+    assert copied.seconds >= (copied.bytes - 60_000) / 1e6, copied
+
+
 def test_effectively_once_skips_an_applied_message_also_after_a_restore(tmp_path, client, changelog):
     a = store(tmp_path, client, changelog)
     assert process(a, "k", [("incr_counter", "n", 1), ("incr_counter", "m", 2)], "(1,1,-1,-1)")

@@ -34,6 +34,8 @@ def _migration(options) -> KeyedMigration:
 def test_keyed_migration_settings_come_from_custom_runtime_options():
     assert keyed_migration(FunctionConfig.from_dict({**BASE, "keyedState": True})) == KeyedMigration(4, 0.5, False)
     assert _migration({"mode": "stop-the-world", "subscaleSize": 8, "duty": 1}) == KeyedMigration(8, 1.0, True)
+    assert _migration({"preCopyMBps": 2.5}).pre_copy_mb_per_s == 2.5
+    assert _migration({"preCopyMBps": None}).pre_copy_mb_per_s is None
     # other keys of Pulsar's free-form field are left alone
     cfg = FunctionConfig.from_dict({**BASE, "keyedState": True, "customRuntimeOptions": '{"autoscale": {"max": 4}}'})
     assert keyed_migration(cfg) == KeyedMigration()
@@ -43,6 +45,8 @@ def test_keyed_migration_settings_come_from_custom_runtime_options():
     ({"mode": "pause"}, "mode must be 'live' or 'stop-the-world'"),
     ({"duty": 0}, r"duty must be in \(0, 1\]"),
     ({"subscaleSize": 0}, "subscaleSize must be an integer from 1"),
+    ({"preCopyMBps": 0}, "preCopyMBps must be above 0"),
+    ({"preCopyMBps": "fast"}, "preCopyMBps"),
     ({"subscale": 4}, "keyedMigration.subscale is unknown"),
     ([4], "keyedMigration must be an object"),
 ])
