@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -193,7 +194,8 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
     """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id;
     only those of `groups` when given (the others are skipped before they are decoded). `pace` (a background
     read that must not crowd out the function's traffic) is called every PACE_RECORDS messages read with their
-    bytes, and the reader's queue is small, so the broker sends no faster than the reading goes.
+    bytes and the read's lag behind the log, and the reader's queue is small, so the broker sends no faster than
+    the reading goes.
 
     "Now" is a marker this call publishes first: everything persisted before it is read. Apache
     Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
@@ -225,7 +227,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
             size = len(msg.data())
             waited_ms, n, paced_bytes = 0, n + 1, paced_bytes + size
             if pace is not None and n % PACE_RECORDS == 0:
-                pace(paced_bytes)
+                pace(paced_bytes, time.time() - msg.publish_timestamp() / 1000)   # the bytes, the read's lag
                 paced_bytes = 0
             msg_id = msg.message_id()
             if read_any and not position < msg_id:

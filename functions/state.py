@@ -578,21 +578,39 @@ class StateStore:
 
 class Pacer:
     """Sleeps after each stretch of work so that work takes at most `duty` of the time (duty 1: never) and,
-    given `mb_per_s`, so that the bytes each stretch handled go no faster than that."""
+    given `mb_per_s`, so that the bytes each stretch handled go no faster than that.
+
+    A read of a log that is still being written passes its lag (now minus the publish time of the record it
+    reached): the rate only holds while the lag shrinks by CATCH_UP s per s, so a read never falls behind a
+    log written faster than the rate (a busy function's changelog) and goes about twice the write rate there.
+    A call without a lag (the writes that follow the read) keeps the last verdict.
+    """
+
+    CATCH_UP = 0.5
 
     def __init__(self, duty: float, mb_per_s: float | None = None):
         self.duty = duty
         self.bytes_per_s = mb_per_s * 1e6 if mb_per_s else None
         self._t0 = time.perf_counter()
+        self._lag: tuple[float, float] | None = None   # (when, lag s) at the last call with a lag
+        self._capped = True
 
-    def __call__(self, nbytes: int = 0) -> None:
-        worked = time.perf_counter() - self._t0
+    def __call__(self, nbytes: int = 0, lag_s: float | None = None) -> None:
+        now = time.perf_counter()
+        worked = now - self._t0
         wait = worked * (1 - self.duty) / self.duty
-        if self.bytes_per_s:
+        if self.bytes_per_s and self._catching_up(now, lag_s):
             wait = max(wait, nbytes / self.bytes_per_s - worked)
         if wait > 0:
             time.sleep(wait)   # pacing, not synchronisation
         self._t0 = time.perf_counter()
+
+    def _catching_up(self, now: float, lag_s: float | None) -> bool:
+        if lag_s is not None:
+            last, self._lag = self._lag, (now, lag_s)
+            if last is not None and now > last[0]:
+                self._capped = (last[1] - lag_s) / (now - last[0]) >= self.CATCH_UP
+        return self._capped
 
 
 def _inode(path: str) -> int | None:
