@@ -2,11 +2,13 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# setup.py and the C source of the Spark source's read loop are built by the install too
+BUILT := pyproject.toml setup.py spark_bridge/_native_reader.c
+STAMP := $(VENV)/.installed-$(shell cat $(BUILT) | cksum | cut -d' ' -f1)
 
 .PHONY: demo test install clean bench
 
-$(STAMP): pyproject.toml
+$(STAMP): $(BUILT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,spark]'

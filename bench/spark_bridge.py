@@ -14,7 +14,8 @@ Like with like: both read through the embedded broker's relay (`broker.service_u
 same receiver queue (the source's `RECEIVER_QUEUE`). The Spark query is `count(*)` and
 `sum(length(value))` (`--query value`): the source builds and ships all seven columns, the JVM
 reads `value`; `--query all` makes the JVM read every column (lengths of key, value, topic and
-messageId, size of properties, max of both times).
+messageId, size of properties, max of both times). Each Spark read is timed with the source's C
+read loop (`nativeReader=true`) and its Python loop (`false`) unless `--native-reader` says otherwise.
 
     .venv/bin/python bench/spark_bridge.py --messages 100000 --repeat 3
 """
@@ -86,10 +87,11 @@ def timed(read) -> tuple[float, float]:
     return time.perf_counter() - t0, tree_cpu_seconds() - cpu0
 
 
-def spark_seconds(spark, service_url: str, topic: str, n: int, partitions: int, query: str = "value") -> float:
+def spark_seconds(spark, service_url: str, topic: str, n: int, partitions: int, query: str = "value",
+                  native_reader: str = "auto") -> float:
     t0 = time.perf_counter()
     df = (spark.read.format("pulsar").option("service.url", service_url).option("topic", topic)
-          .option("minPartitions", str(partitions)).load())
+          .option("minPartitions", str(partitions)).option("nativeReader", native_reader).load())
     rows = df.selectExpr(*QUERIES[query]).collect()[0]
     elapsed = time.perf_counter() - t0
     if rows.n != n:
@@ -104,6 +106,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 2], help="minPartitions values to time")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; each times every read once")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of every read before the timed ones")
+    ap.add_argument("--native-reader", nargs="+", choices=["true", "false", "auto"], default=["true", "false"],
+                    help="the source's nativeReader values to time: true, the C read loop; false, the Python one")
     ap.add_argument("--query", choices=sorted(QUERIES), default="value",
                     help="value: count and sum(length(value)); all: the JVM reads every column")
     args = ap.parse_args()
@@ -129,8 +133,10 @@ def main() -> None:
 
         reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages)}
         for parts in args.partitions:
-            reads[f"minPartitions={parts}"] = (
-                lambda parts=parts: spark_seconds(spark, broker.service_url, topic, args.messages, parts, args.query))
+            for loop in args.native_reader:
+                reads[f"minPartitions={parts},nativeReader={loop}"] = (
+                    lambda parts=parts, loop=loop: spark_seconds(spark, broker.service_url, topic, args.messages, parts,
+                                                                 args.query, loop))
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
         loads = []
         jvm = spark.sparkContext._jvm

@@ -30,8 +30,9 @@ _CLIENT = (AUTH_PLUGIN, AUTH_PARAMS, TLS_TRUST_CERTS, TLS_ALLOW_INSECURE, TLS_HO
 _COMMON = ("service.url", "admin.url", "operationTimeoutMs", *_CLIENT, *(CLIENT_PREFIX + n for n in _CLIENT))
 SOURCE_OPTIONS = _COMMON + (
     "topic", "topics", "topicsPattern", "startingOffsets", "endingOffsets", "maxRecordsPerTrigger",
-    "failOnDataLoss", "minPartitions", "pollTimeoutMs", "allowEmptyTopics",
+    "failOnDataLoss", "minPartitions", "pollTimeoutMs", "allowEmptyTopics", "nativeReader",
 )
+NATIVE_READER = ("auto", "true", "false")
 SINK_OPTIONS = _COMMON + ("topic", "producer.batchingEnabled", "producer.maxPendingMessages")
 
 _TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$|^[^/:\s]+$")
@@ -66,7 +67,7 @@ class SourceOptions:
     min_partitions: int
     poll_timeout_ms: int
     allow_empty_topics: bool
-
+    native_reader: str = "auto"   # auto: the C read loop where it can run (native.py); true: it or an error
 
 @dataclass(frozen=True)
 class SinkOptions:
@@ -244,7 +245,16 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         min_partitions=_int(opts, "minPartitions", 1, 1),
         poll_timeout_ms=_int(opts, "pollTimeoutMs", 10_000, 100),
         allow_empty_topics=_bool(opts, "allowEmptyTopics", False),
+        native_reader=_choice(opts, "nativeReader", NATIVE_READER),
     )
+
+
+def _choice(opts: dict[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    """One of `allowed` (the first is the default), any case."""
+    raw = opts.get(name.lower(), allowed[0])
+    if raw.strip().lower() not in allowed:
+        raise PulsarOptionError(f"option '{name}': expected one of {list(allowed)}, got {raw!r}")
+    return raw.strip().lower()
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:

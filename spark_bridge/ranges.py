@@ -135,6 +135,17 @@ class Chunk:
         return len(self.values)
 
 
+def lost(rng: TopicRange, last, poll_timeout_ms: int, fail_on_data_loss: bool) -> None:
+    """Nothing came after `last` for poll_timeout_ms: raise DataLossError, or warn that the rest is skipped."""
+    problem = (
+        f"topic {rng.topic}: no message after {last} within {poll_timeout_ms} ms while "
+        f"reading up to {rng.end}; the range was deleted (retention) or the broker lost it"
+    )
+    if fail_on_data_loss:
+        raise DataLossError(problem + " (set failOnDataLoss=false to skip it)") from None
+    log.warning("%s; skipping the rest of the range", problem)
+
+
 def _native_id(pos: Position):
     """`pos` as the client's native MessageId, which compares by (ledger, entry, batch index) in
     C++ with `<` (its `==` also compares the partition, so only `<` is used)."""
@@ -192,13 +203,7 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
                         reader = conn.client.create_reader(rng.topic, after.message_id(), receiver_queue_size=RECEIVER_QUEUE)
                         read_next = reader._reader.read_next
                         continue
-                    problem = (
-                        f"topic {rng.topic}: no message after {last} within {poll_timeout_ms} ms while "
-                        f"reading up to {rng.end}; the range was deleted (retention) or the broker lost it"
-                    )
-                    if fail_on_data_loss:
-                        raise DataLossError(problem + " (set failOnDataLoss=false to skip it)") from None
-                    log.warning("%s; skipping the rest of the range", problem)
+                    lost(rng, last, poll_timeout_ms, fail_on_data_loss)
                     done = True
                     break
                 if waited_ms:

@@ -8,6 +8,7 @@ are checked when the DataSource is built and topics when the schema is asked for
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Generator, Iterator
@@ -26,10 +27,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructField, StructType, TimestampType
 
+from . import native
 from .offsets import EARLIEST, Position, TopicRange, offsets_from_json, offsets_to_json
 from .options import PulsarOptionError, SourceOptions, parse_sink_options, parse_source_options
 from .ranges import Chunk, Connection, Scout, TopicNotFoundError, last_position, list_topics, partitions_of, read_range
 
+log = logging.getLogger(__name__)
 SCHEMA = StructType([
     StructField("key", StringType()),
     StructField("value", BinaryType()),
@@ -60,13 +63,17 @@ def plan_partitions(ranges: list[TopicRange], min_partitions: int) -> list[Range
     ]
 
 
-def _to_arrow(chunks: Iterator[Chunk], topic: str, schema: StructType) -> Iterator:
+def _arrow_schema(schema: StructType):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def _to_arrow(chunks: Iterator[Chunk], topic: str, arrow_schema) -> Iterator:
     """read_range's chunks as Arrow record batches, a column at a time (much cheaper than Spark
     converting Python tuples); the topic column is the range's, the times are cast in bulk."""
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
     as_ms = pa.timestamp("ms", tz="UTC")
     time_type = arrow_schema.field("publishTime").type
     for c in chunks:
@@ -128,6 +135,11 @@ def _prefetched(batches: Generator, depth: int = 2) -> Iterator:
         thread.join()
 
 
+def native_unavailable(opts: SourceOptions) -> str | None:
+    """Why the range is not read by the C loop (native.py); None: it is."""
+    return "nativeReader is false" if opts.native_reader == "false" else native.unavailable(opts.connection)
+
+
 class _RangeReader:
     """What batch and stream readers share: the driver's view of topics and the task-side read."""
 
@@ -162,12 +174,20 @@ class _RangeReader:
         yield from _prefetched(self._read_arrow(partition.topic_range))
 
     def _read_arrow(self, rng: TopicRange) -> Iterator:
-        conn = Connection(self.options.connection)
+        opts = self.options
+        why = native_unavailable(opts)
+        if why is None:
+            log.info("topic %s: reading %s with the C read loop", rng.topic, rng)
+            yield from native.read_batches(opts.connection, rng, opts.poll_timeout_ms, opts.fail_on_data_loss,
+                                           ARROW_ROWS, _arrow_schema(self.schema))
+            return
+        if opts.native_reader == "true":
+            raise PulsarOptionError(f"option 'nativeReader' is true, but on this executor {why}")
+        log.info("topic %s: reading %s with the Python read loop: %s", rng.topic, rng, why)
+        conn = Connection(opts.connection)
         try:
-            yield from _to_arrow(
-                read_range(conn, rng, self.options.poll_timeout_ms, self.options.fail_on_data_loss, ARROW_ROWS),
-                rng.topic, self.schema,
-            )
+            yield from _to_arrow(read_range(conn, rng, opts.poll_timeout_ms, opts.fail_on_data_loss, ARROW_ROWS),
+                                 rng.topic, _arrow_schema(self.schema))
         finally:
             conn.close()
 
@@ -261,6 +281,14 @@ class PulsarDataSource(DataSource):
     def _source_options(self) -> SourceOptions:
         return parse_source_options(self.options)
 
+    def _native_checked(self) -> SourceOptions:
+        """The options, and nativeReader=true refused here, on load(), when the driver cannot run the C loop."""
+        opts = self._source_options()
+        why = native_unavailable(opts) if opts.native_reader == "true" else None
+        if why:
+            raise PulsarOptionError(f"option 'nativeReader' is true, but {why}")
+        return opts
+
     def _topics(self) -> list[str]:
         import pulsar
 
@@ -297,11 +325,11 @@ class PulsarDataSource(DataSource):
 
     def reader(self, schema: StructType) -> PulsarBatchReader:
         self._check_schema(schema)
-        return PulsarBatchReader(self._source_options(), self._load_topics(), schema)
+        return PulsarBatchReader(self._native_checked(), self._load_topics(), schema)
 
     def streamReader(self, schema: StructType) -> PulsarStreamReader:
         self._check_schema(schema)
-        opts = self._source_options()
+        opts = self._native_checked()
         if "endingoffsets" in {k.lower() for k in self.options}:
             raise PulsarOptionError("option 'endingOffsets' is for batch reads only")
         return PulsarStreamReader(opts, self._load_topics(), schema)
