@@ -581,18 +581,19 @@ class Pacer:
     given `mb_per_s`, so that the bytes each stretch handled go no faster than that.
 
     A read of a log that is still being written passes its lag (now minus the publish time of the record it
-    reached): the rate only holds while the lag shrinks by CATCH_UP s per s, so a read never falls behind a
-    log written faster than the rate (a busy function's changelog) and goes about twice the write rate there.
-    A call without a lag (the writes that follow the read) keeps the last verdict.
+    reached): the rate only holds while the read, since its start, has gained CATCH_UP s of lag per s, i.e.
+    reads the log at least 1 + CATCH_UP times as fast as it was written; so a log written faster than the rate
+    allows (a busy function's changelog) is read at about that multiple of its write rate, and rounds of
+    pre-copy shrink by as much each. A call without a lag (the writes after the read) keeps the last verdict.
     """
 
-    CATCH_UP = 0.5
+    CATCH_UP = 2.0
 
     def __init__(self, duty: float, mb_per_s: float | None = None):
         self.duty = duty
         self.bytes_per_s = mb_per_s * 1e6 if mb_per_s else None
         self._t0 = time.perf_counter()
-        self._lag: tuple[float, float] | None = None   # (when, lag s) at the last call with a lag
+        self._first_lag: tuple[float, float] | None = None   # (when, lag s) at the first call with a lag
         self._capped = True
 
     def __call__(self, nbytes: int = 0, lag_s: float | None = None) -> None:
@@ -607,9 +608,10 @@ class Pacer:
 
     def _catching_up(self, now: float, lag_s: float | None) -> bool:
         if lag_s is not None:
-            last, self._lag = self._lag, (now, lag_s)
-            if last is not None and now > last[0]:
-                self._capped = (last[1] - lag_s) / (now - last[0]) >= self.CATCH_UP
+            if self._first_lag is None:
+                self._first_lag = (now, lag_s)
+            elif now > self._first_lag[0]:
+                self._capped = (self._first_lag[1] - lag_s) / (now - self._first_lag[0]) >= self.CATCH_UP
         return self._capped
 
 

@@ -146,7 +146,7 @@ def test_a_pre_copy_reads_the_changelog_no_faster_than_its_rate(tmp_path, client
     for i in range(400):
         process(a, f"k{i % 50}", [("put_state", "s", b"x" * 1000)], msg_id=f"m{i}")
     written_mb_per_s = 0.4 / (time.perf_counter() - t0)
-    rate = 3 * written_mb_per_s   # faster than the log was written: the rate holds (Pacer.CATCH_UP)
+    rate = 6 * written_mb_per_s   # well over 1 + Pacer.CATCH_UP times the write rate: the rate holds
     b = store(tmp_path, client, changelog, "b", owned=set())
     copied = b.prepare({key_group("k7", G)}, client, changelog, mb_per_s=rate)
     assert copied.bytes >= 400_000, copied
