@@ -121,8 +121,12 @@ def test_a_killed_client_s_messages_reach_the_next_client_through_the_relay(brok
 @pytest.mark.xfail(strict=True, reason="pulsar-lite B10: a reset connection skips the broker's cleanup; the killed "
                                        "client's consumers keep the messages dispatched to them")
 def test_a_killed_client_s_messages_reach_the_next_client(broker, topic):
-    lost, recovered = _kill_under_load_then_recover(broker, topic, broker.direct_service_url)
-    assert lost == 0, f"{lost} messages stuck with the killed client's consumers ({recovered} recovered)"
+    """Up to three kills on fresh topics, until one strands messages: under load the broker may have
+    dispatched nothing more to the stopped child, and its kill is then a clean close (one CI run saw
+    a single round lose nothing, so this strict xfail passed)."""
+    for attempt in range(3):
+        lost, recovered = _kill_under_load_then_recover(broker, f"{topic}-{attempt}", broker.direct_service_url)
+        assert lost == 0, f"{lost} messages stuck with the killed client's consumers ({recovered} recovered)"
 
 
 class _CuttingProxy:
