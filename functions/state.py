@@ -561,18 +561,21 @@ class StateStore:
         for (kind, key, g), v in rows.items():
             by_group.setdefault(g, []).append((kind, key) + v)
         for g in sorted(groups):
+            group_rows, group_applied = by_group.get(g, ()), applied.get(g, ())
             with self._lock(g):
                 conn = self._served(g)
+                if not group_rows and not group_applied:
+                    continue   # nothing of it in the read (most groups of a refresh): no transaction
                 conn.execute("BEGIN IMMEDIATE")
-                conn.executemany("INSERT OR IGNORE INTO applied(mid) VALUES (?)", ((m,) for m in applied.get(g, ())))
+                conn.executemany("INSERT OR IGNORE INTO applied(mid) VALUES (?)", ((m,) for m in group_applied))
                 conn.executemany(   # over the file's row only when newer
                     "INSERT INTO kv(kind, key, ival, bval, ver, dead) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT DO UPDATE SET ival = excluded.ival, bval = excluded.bval, ver = excluded.ver, "
-                    "dead = excluded.dead WHERE excluded.ver > kv.ver", by_group.get(g, ()))
+                    "dead = excluded.dead WHERE excluded.ver > kv.ver", group_rows)
                 _prune_applied(conn)
                 conn.execute("COMMIT")
             if pace is not None:
-                pace(sum(len(r[1]) + len(r[3] or b"") for r in by_group.get(g, ())))
+                pace(sum(len(r[1]) + len(r[3] or b"") for r in group_rows))
         return read.end
 
 
