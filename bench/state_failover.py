@@ -90,7 +90,8 @@ def main() -> None:
         sender = threading.Thread(target=probe, daemon=True)
         sender.start()
         time.sleep(2)
-        owners = read_assignment(client, KeyedTopics("public", "default", name).assignment)
+        owners = read_assignment(client, KeyedTopics("public", "default", name,
+                                                     admin.get("public", "default", name)["stateId"]).assignment)
         victim = cluster.by_id(placed[args.kill])
         lost = {i for i, w in placed.items() if w == victim.worker_id}
         kill_ms.append(time.time() * 1000)

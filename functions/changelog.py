@@ -21,9 +21,12 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pulsar
+
+if TYPE_CHECKING:
+    from .config import FunctionConfig
 
 COUNTER, VALUE, DELETED = "c", "s", "d"
 MARKER_KEY = "__marker__"
@@ -41,8 +44,19 @@ PACE_RECORDS = 50
 SEND_TIMEOUT_MS = 30_000
 
 
-def changelog_topic(tenant: str, namespace: str, name: str) -> str:
-    return f"persistent://{tenant}/{namespace}/__state-{name}-changelog"
+def state_topic(tenant: str, namespace: str, name: str, state_id: str, what: str) -> str:
+    """A topic of a function's state (`what`: changelog, assignment, ...), named for the function's stateId
+    (FunctionConfig.stateId): a function created again under a deleted one's name never reads its topics."""
+    incarnation = f"-{state_id}" if state_id else ""
+    return f"persistent://{tenant}/{namespace}/__state-{name}{incarnation}-{what}"
+
+
+def changelog_topic(tenant: str, namespace: str, name: str, state_id: str = "") -> str:
+    return state_topic(tenant, namespace, name, state_id, "changelog")
+
+
+def changelog_of(cfg: "FunctionConfig") -> str:
+    return changelog_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -38,7 +39,8 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 # Fields Pulsar refuses to change on update ("... cannot be altered").
 IMMUTABLE_FIELDS = ("inputs", "topicsPattern", "processingGuarantees", "retainOrdering", "retainKeyOrdering", "runtime",
-                    "subName", "tenant", "namespace", "name", "numKeyGroups", "keyedState")
+                    "subName", "tenant", "namespace", "name", "numKeyGroups", "keyedState", "stateId")
+_STATE_ID_RE = re.compile(r"^[0-9a-f]{1,32}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=:]*$")
 _TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$")
 
@@ -146,6 +148,10 @@ class FunctionConfig:
     # Ours: state is key-grouped and records are routed to the instance that owns their key's group, which
     # moves live on a parallelism change (functions/routing.py, functions/migration.py, docs/state.md).
     keyedState: bool = False
+    # Ours, assigned by the worker at create (never by a user): names the function's state topics (changelog,
+    # key-group assignment, routes), so a function deleted and created again under the same name starts with
+    # empty state, as Pulsar's delete drops the function's state table. "" (configs saved before it): the old names.
+    stateId: str = ""
 
     @property
     def fqfn(self) -> str:
@@ -203,6 +209,8 @@ class FunctionConfig:
         d.pop("receiverQueueSize")
         if not self.keyedState:
             d.pop("keyedState")
+        if not self.stateId:
+            d.pop("stateId")
         if self.producerConfig is not None:
             d["producerConfig"] = {k: v for k, v in d["producerConfig"].items() if v is not None}
         return {k: v for k, v in d.items() if v is not None}
@@ -340,9 +348,9 @@ SCHEMA_FIELDS = {
     "resources", "retainKeyOrdering", "retainOrdering", "runtime", "runtimeFlags", "secrets", "skipToLatest", "subName",
     "subscriptionPosition", "tenant", "timeoutMs", "topicsPattern", "userConfig", "windowConfig",
 }
-# Ours: the runtime of the instances, the state's key groups, key-group routing, and a shorthand for every
-# inputSpecs.<topic>.receiverQueueSize.
-OUR_FIELDS = {"instanceRuntime", "numKeyGroups", "keyedState", "receiverQueueSize"}
+# Ours: the runtime of the instances, the state's key groups, key-group routing, a shorthand for every
+# inputSpecs.<topic>.receiverQueueSize, and the id in the state topics' names.
+OUR_FIELDS = {"instanceRuntime", "numKeyGroups", "keyedState", "receiverQueueSize", "stateId"}
 _CONSUMER_FIELDS = {"receiverQueueSize", "serdeClassName", "regexPattern", "schemaType", "schemaProperties",
                     "consumerProperties", "cryptoConfig", "poolMessages"}
 _PRODUCER_FIELDS = {"maxPendingMessages", "maxPendingMessagesAcrossPartitions", "compressionType", "batchBuilder",
@@ -507,6 +515,7 @@ def _from_mapping(data: Mapping[str, Any]) -> FunctionConfig:
         numKeyGroups=_default(_int("numKeyGroups", data.get("numKeyGroups"), 1, MAX_NUM_KEY_GROUPS),
                               DEFAULT_NUM_KEY_GROUPS),
         keyedState=bool(_bool("keyedState", data.get("keyedState"))),
+        stateId=_str("stateId", data.get("stateId")) or "",
     )
 
 
@@ -586,8 +595,17 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
         raise ConfigError(f"instanceRuntime {cfg.instanceRuntime!r} is unknown: use 'thread' or 'process'")
     if cfg.keyedState and cfg.instanceRuntime == "process":
         raise ConfigError("keyedState needs the thread runtime for now (instanceRuntime 'thread')")
+    if cfg.stateId and not _STATE_ID_RE.match(cfg.stateId):
+        raise ConfigError(f"stateId {cfg.stateId!r} is not one the worker assigns (hex digits)")
     keyed_migration(cfg)
     return cfg
+
+
+def with_new_state_id(cfg: FunctionConfig) -> FunctionConfig:
+    """The config of a function being created: a stateId of its own (see FunctionConfig.stateId)."""
+    if cfg.stateId:
+        raise ConfigError("stateId is assigned by the worker when a function is created; leave it out")
+    return replace(cfg, stateId=uuid.uuid4().hex[:12])
 
 
 @dataclass(frozen=True)

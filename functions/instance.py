@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pulsar
 
-from .changelog import changelog_topic
+from .changelog import changelog_of
 from .config import FunctionConfig
 from .context import InstanceContext, identity_deserialize, source_event_time
 from .loader import load_callable, load_serde
@@ -200,7 +200,7 @@ class Instance:
             process, producer = prepared.process, prepared.producer
             consumer = self._input = self._open_input()
             self.stats.pending_outputs = lambda: self._sent - self._completed
-            self._state.attach_changelog(self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name))
+            self._state.attach_changelog(self._client, changelog_of(cfg))
             ctx = InstanceContext(cfg, self.instance_id, self._num_instances, self._client, self.stats, self._state,
                                   self.logger, track_pending=self._track_pending, ack=self._user_ack)
             self.stats.set_running(True)

@@ -32,11 +32,12 @@ import pulsar
 
 from pulsar_autoscale.broker import lite_quirks
 
-from .changelog import changelog_topic
-from .config import keyed_migration
+from .changelog import state_topic
+from .config import FunctionConfig, keyed_migration
 from .instance import NACK_REDELIVERY_DELAY_MS
 from .keygroups import KeyGroupAssignment, key_group, moves
 from .migration import InstanceStateStores, KeyedScaler, MigrationError
+from .record_scheduling import RecordScheduler
 from .routing import KeyedRouter
 from .state import StateStore, message_group
 
@@ -59,21 +60,29 @@ class KeyedTopics:
     tenant: str
     namespace: str
     name: str
+    state_id: str = ""
+
+    @classmethod
+    def of(cls, cfg: FunctionConfig) -> "KeyedTopics":
+        return cls(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId)
+
+    def _topic(self, what: str) -> str:
+        return state_topic(self.tenant, self.namespace, self.name, self.state_id, what)
 
     def route(self, instance_id: int) -> str:
-        return f"persistent://{self.tenant}/{self.namespace}/__state-{self.name}-route-{instance_id}"
+        return self._topic(f"route-{instance_id}")
 
     @property
     def control(self) -> str:
-        return f"persistent://{self.tenant}/{self.namespace}/__state-{self.name}-control"
+        return self._topic("control")
 
     @property
     def assignment(self) -> str:
-        return f"persistent://{self.tenant}/{self.namespace}/__state-{self.name}-assignment"
+        return self._topic("assignment")
 
     @property
     def changelog(self) -> str:
-        return changelog_topic(self.tenant, self.namespace, self.name)
+        return self._topic("changelog")
 
 
 def save_assignment(producer: pulsar.Producer, a: KeyGroupAssignment) -> None:
@@ -148,7 +157,10 @@ class RouteInput:
 
     Markers are taken in the instance's own thread between two records, so a RELEASE finds the groups put
     down (every record before it processed); an OPEN or a PREPARE reads the changelog in a thread of its own
-    while the instance's other groups go on (the front sends no record of the groups before the answer)."""
+    while the instance's other groups go on (the front sends no record of the groups before the answer).
+
+    The records of groups just opened here (the burst the front held during their move) wait behind those
+    of the instance's other groups already here: functions/record_scheduling.py."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
                  reply: Callable[[dict], None], subscription_type: str, cfg):
@@ -163,6 +175,7 @@ class RouteInput:
             consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
             receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs)
         self._opening: dict[int, threading.Event] = {}   # groups an OPEN is restoring in the background
+        self._scheduler: RecordScheduler[pulsar.Message] = RecordScheduler()
 
     @property
     def store(self) -> StateStore:
@@ -171,7 +184,7 @@ class RouteInput:
     def receive(self, timeout_millis: int):
         deadline = time.monotonic() + timeout_millis / 1000
         while True:
-            msg = self._consumer.receive(timeout_millis=max(int((deadline - time.monotonic()) * 1000), 1))
+            msg = self._next(deadline)
             props = msg.properties()
             op = props.get(OP)
             if op is None:
@@ -191,6 +204,7 @@ class RouteInput:
             elif op == OPEN:
                 done = threading.Event()
                 self._opening.update(dict.fromkeys(groups, done))
+                self._scheduler.opening(groups)
                 self._in_background(op, groups, nonce, lambda: self._stores.open(self._id, groups), done)
             else:
                 held = groups & self.store.owned()
@@ -200,6 +214,25 @@ class RouteInput:
             self._consumer.acknowledge(msg)
             if time.monotonic() >= deadline:
                 raise pulsar.Timeout()
+
+    def _next(self, deadline: float) -> pulsar.Message:
+        """The next record or marker to take, in the scheduler's order."""
+        while True:
+            msg = self._scheduler.due(time.monotonic())
+            if msg is not None:
+                return msg
+            wait_ms = 0 if self._scheduler.waiting() else max(int((deadline - time.monotonic()) * 1000), 1)
+            try:
+                msg = self._consumer.receive(timeout_millis=wait_ms)
+            except pulsar.Timeout:
+                msg = self._scheduler.take()   # nothing else is here: the moved groups' turn
+                if msg is None:
+                    raise
+                return msg
+            group = None if OP in msg.properties() else message_group(msg, self.store.num_key_groups)
+            msg = self._scheduler.arrive(msg, group, time.monotonic())
+            if msg is not None:
+                return msg
 
     def _in_background(self, op: str, groups: set[int], nonce: str | None, work: Callable[[], None],
                        done: threading.Event | None = None) -> None:
@@ -214,6 +247,7 @@ class RouteInput:
                 reply["error"] = f"{type(exc).__name__}: {exc}"
             finally:
                 if done is not None:
+                    self._scheduler.opened(groups, time.monotonic())   # the front now sends the records it held
                     for g in groups:
                         if self._opening.get(g) is done:
                             del self._opening[g]
@@ -366,7 +400,7 @@ class ClusterKeyed:
     def __init__(self, cfg, directory: Path, client: Callable[[], pulsar.Client],
                  open_input_consumer: Callable[[], pulsar.Consumer], broker_kind: str, config: Callable[[], object]):
         """`config`: the function's current config (an update restarts the instances with it)."""
-        self.topics = KeyedTopics(cfg.tenant, cfg.namespace, cfg.name)
+        self.topics = KeyedTopics.of(cfg)
         self._config = config
         self._client = client
         self._subscription_type = lite_quirks.route_subscription_type(broker_kind)

@@ -34,12 +34,12 @@ from pulsar_autoscale.snapshot import FunctionCounters
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .bursts import BurstRecord, BurstRunner
-from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig, keyed_migration
+from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig, keyed_migration, with_new_state_id
 from .instance import NACK_REDELIVERY_DELAY_MS, subscribe
 from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
 from .keyed_cluster import ClusterKeyed
-from .changelog import changelog_topic
+from .changelog import changelog_of
 from .migration import InstanceStateStores, KeyedScaler
 from .routing import KeyedRouter, keyed_subscription_type
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance, start_process_server
@@ -262,7 +262,7 @@ class Worker:
 
     # ---- admin operations ---------------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
-        cfg = FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism)
+        cfg = with_new_state_id(FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism))
         for label, value in (("tenant", cfg.tenant), ("namespace", cfg.namespace), ("name", cfg.name)):
             if value in (".", ".."):
                 raise ConfigError(f"Function {label} {value!r} is not a valid name")
@@ -396,7 +396,7 @@ class Worker:
 
         router = KeyedRouter(assignment, open_consumer)
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
-                                     lambda: self._client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name), new)
+                                     lambda: self._client, changelog_of(cfg), new)
         save(assignment)
         return KeyedScaler(router, stores, start, drain, save, settings=lambda: keyed_migration(fn.config))
 

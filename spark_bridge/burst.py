@@ -170,7 +170,7 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
     """One thread: process its records with its own function object and Context."""
 
     from pulsar_autoscale.functions.context import InstanceContext, identity_deserialize, load_serde, source_event_time
-    from pulsar_autoscale.functions.changelog import changelog_topic
+    from pulsar_autoscale.functions.changelog import changelog_of
     from pulsar_autoscale.functions.state import StateStore
     from pulsar_autoscale.functions.stats import InstanceStats
 
@@ -178,7 +178,7 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
     process = _load_process(cfg.className, spec.code_name, spec.code, slot)
     if spec.state_path:   # outside a message scope every change is persisted in the changelog at once
         state = StateStore(spec.state_path, cfg.numKeyGroups)
-        state.attach_changelog(client, changelog_topic(cfg.tenant, cfg.namespace, cfg.name))
+        state.attach_changelog(client, changelog_of(cfg))
     else:
         state = _NoState()
     ctx = InstanceContext(cfg, instance_id, lambda: spec.num_instances, client, InstanceStats(instance_id), state,

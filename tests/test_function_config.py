@@ -181,3 +181,24 @@ def test_the_table_covers_every_published_field():
     assert published - rows == set(), "fields without a row in docs/function-config.md"
     assert published - SCHEMA_FIELDS == set(), "fields the parser does not know"
     assert not OUR_FIELDS & published
+
+
+def test_state_id_is_the_workers_and_fixed_for_the_functions_life():
+    """A created function gets a stateId of its own (its state topics' names); a user can neither give one
+    at create nor change it, and a config saved before stateId existed keeps the old topic names."""
+    from pulsar_autoscale.functions.changelog import changelog_of
+    from pulsar_autoscale.functions.config import with_new_state_id
+    base = {"name": "f", "className": "m.C", "inputs": ["in"], "keyedState": True}
+    cfg = with_new_state_id(FunctionConfig.from_dict(base))
+    again = with_new_state_id(FunctionConfig.from_dict(base))
+    assert cfg.stateId and again.stateId != cfg.stateId
+    assert changelog_of(cfg) == f"persistent://public/default/__state-f-{cfg.stateId}-changelog"
+    assert FunctionConfig.from_dict(cfg.to_dict()) == cfg   # persisted and read back
+    assert cfg.merged({"parallelism": 2}).stateId == cfg.stateId
+    with pytest.raises(ConfigError, match="stateId cannot be altered"):
+        cfg.merged({"stateId": "abc"})
+    with pytest.raises(ConfigError, match="stateId is assigned by the worker"):
+        with_new_state_id(cfg)
+    with pytest.raises(ConfigError, match="stateId 'x y'"):
+        FunctionConfig.from_dict({**base, "stateId": "x y"})
+    assert changelog_of(FunctionConfig.from_dict(base)) == "persistent://public/default/__state-f-changelog"

@@ -20,7 +20,7 @@ import pulsar
 import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.functions.changelog import changelog_topic
+from pulsar_autoscale.functions.changelog import changelog_of
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.functions.instance import Instance
 from pulsar_autoscale.functions.state import StateStore
@@ -76,6 +76,7 @@ def test_kill_9_loses_no_acked_update_and_effectively_once_is_exact(broker, clie
         admin = FunctionsAdmin(f"http://127.0.0.1:{port}")
         wait_until(lambda: _reachable(admin), 30, "the worker's API")
         admin.create(cfg, str(code))
+        cfg["stateId"] = admin.get("public", "default", name)["stateId"]   # names its changelog
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 30, "the instance to run")
         producer = client.create_producer(topic, batching_enabled=False)
         for i in range(N):
@@ -87,10 +88,10 @@ def test_kill_9_loses_no_acked_update_and_effectively_once_is_exact(broker, clie
         log.close()
 
     store = StateStore(tmp_path / "survivor" / "state.sqlite", G, owned=set())
-    store.attach_changelog(client, changelog_topic("public", "default", name))
+    config = FunctionConfig.from_dict(cfg)
+    store.attach_changelog(client, changelog_of(config))
     restored = store.open(set(range(G)))
     assert restored.records > 0
-    config = FunctionConfig.from_dict(cfg)
     instance = Instance(config, 0, client, str(code), store, lambda: 1)
     runner = threading.Thread(target=instance.run, daemon=True)
     runner.start()

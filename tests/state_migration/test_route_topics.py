@@ -46,7 +46,7 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
                                         "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
                                         "subscriptionPosition": "Earliest", "numKeyGroups": 16})
         worker.host_instances(cfg, str(code), {0, 1})
-        topics = KeyedTopics("public", "default", name)
+        topics = KeyedTopics.of(cfg)
         probe = client.subscribe(topics.route(1), "probe", initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(src)
         _send(producer, KEYS * PER_KEY // 2)

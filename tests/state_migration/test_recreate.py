@@ -1,0 +1,72 @@
+"""A keyedState function deleted and created again under the same name starts with empty state, as Pulsar's
+delete drops the function's state table: its state topics are the new function's own (FunctionConfig
+stateId), so neither a restore after kill -9 (one worker) nor the restore of every group on a cluster
+finds the deleted function's changelog."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from scenario import EXAMPLES, wait_until
+
+from cluster.harness import WorkerCluster
+from state_migration.test_property import WorkerProcess, _counts
+
+pytestmark = pytest.mark.slow
+KEYS = 3
+
+
+def _create(admin: FunctionsAdmin, name: str, src: str) -> None:
+    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+                  "inputs": [src], "parallelism": 1, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+                  "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 60, f"{name} running")
+
+
+def _send(client, topic: str, per_key: int) -> None:
+    producer = client.create_producer(topic)
+    for i in range(per_key * KEYS):
+        producer.send(b"x", partition_key=f"k{i % KEYS}")
+    producer.close()
+
+
+def _expect(admin: FunctionsAdmin, name: str, per_key: int, why: str) -> None:
+    want = {f"k{k}": per_key for k in range(KEYS)}
+    wait_until(lambda: _counts(admin, name, KEYS) == want, 60,
+               lambda: f"{why}: counts {want}, got {_counts(admin, name, KEYS)}")
+
+
+def _delete_and_create_again(admin: FunctionsAdmin, client, name: str) -> str:
+    """The first function counts 4 per key; the second, of the same name on a new input, starts at 0."""
+    _create(admin, name, f"persistent://public/default/{name}-in-1")
+    _send(client, f"persistent://public/default/{name}-in-1", 4)
+    _expect(admin, name, 4, "the first function")
+    admin.delete("public", "default", name)
+    src = f"persistent://public/default/{name}-in-2"
+    _create(admin, name, src)
+    _send(client, src, 1)
+    _expect(admin, name, 1, "the function created again (the deleted one's state is not its state)")
+    return src
+
+
+def test_one_worker_kill9_restores_only_the_new_functions_state(broker, client, tmp_path):
+    worker = WorkerProcess(broker, tmp_path)
+    worker.start()
+    try:
+        admin = FunctionsAdmin(worker.url)
+        name = f"again-{uuid.uuid4().hex[:6]}"
+        src = _delete_and_create_again(admin, client, name)
+        worker.stop(kill=True)
+        worker.start()   # every group restores from the changelog (an unclean stop)
+        _send(client, src, 1)
+        _expect(admin, name, 2, "after kill -9 and the restore from the changelog")
+    finally:
+        worker.stop(kill=False)
+
+
+def test_cluster_restores_only_the_new_functions_state(broker, client, tmp_path):
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=1) as cluster:
+        _delete_and_create_again(FunctionsAdmin(cluster.workers[0].url), client, f"again-{uuid.uuid4().hex[:6]}")
