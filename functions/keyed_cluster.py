@@ -163,17 +163,19 @@ class RouteInput:
     of the instance's other groups already here: functions/record_scheduling.py."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
-                 reply: Callable[[dict], None], subscription_type: str, cfg):
+                 reply: Callable[[dict], None], subscription_type: str, cfg,
+                 stall_fence: lite_quirks.StallFence | None = None):
         self._topics, self._id = topics, instance_id
         self._stores, self._reply = stores, reply
         kwargs: dict = {}
         if cfg.maxMessageRetries is not None:   # the function's retries and dead-letter topic (its first input's),
             kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(   # not the route topic's
                 max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=(cfg.dead_letter_topics() or [None])[0])
-        self._consumer = client.subscribe(
+        self._consumer = lite_quirks.fence_stalls(lambda: client.subscribe(
             topics.route(instance_id), ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
             consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs)
+            receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs),
+            (topics.route(instance_id),), ROUTE_SUBSCRIPTION, stall_fence)
         self._opening: dict[int, threading.Event] = {}   # groups an OPEN is restoring in the background
         self._scheduler: RecordScheduler[pulsar.Message] = RecordScheduler()
 
@@ -398,10 +400,13 @@ class ClusterKeyed:
     the front (router + scaler) while instance 0 runs here."""
 
     def __init__(self, cfg, directory: Path, client: Callable[[], pulsar.Client],
-                 open_input_consumer: Callable[[], pulsar.Consumer], broker_kind: str, config: Callable[[], object]):
-        """`config`: the function's current config (an update restarts the instances with it)."""
+                 open_input_consumer: Callable[[], pulsar.Consumer], broker_kind: str, config: Callable[[], object],
+                 stall_fence: Callable[[], lite_quirks.StallFence | None] = lambda: None):
+        """`config`: the function's current config (an update restarts the instances with it); `stall_fence`:
+        the worker's (B12), which watches the route consumers as it watches every input."""
         self.topics = KeyedTopics.of(cfg)
         self._config = config
+        self._stall_fence = stall_fence
         self._client = client
         self._subscription_type = lite_quirks.route_subscription_type(broker_kind)
         # a cluster worker restores every group it opens: the function may have run elsewhere since
@@ -420,7 +425,7 @@ class ClusterKeyed:
         """An instance's input: its groups restored (the saved assignment says which), then its route topic."""
         self.stores.restore(instance_id)
         return RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
-                          self._subscription_type, self._config())
+                          self._subscription_type, self._config(), self._stall_fence())
 
     def owners(self) -> KeyGroupAssignment:
         """The saved assignment (what the front last served), or the uniform one before any was saved."""

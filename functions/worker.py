@@ -370,7 +370,7 @@ class Worker:
             cfg.inputs, cfg.subscription_name, self._stall_fence)
         if self.keyed_spread:
             return ClusterKeyed(cfg, self._fn_dir(cfg) / "keyed-state", lambda: self._client, open_consumer,
-                                self.broker_kind, lambda: fn.config)
+                                self.broker_kind, lambda: fn.config, lambda: self._stall_fence)
         path = self._fn_dir(fn.config) / "keygroups.json"
         new = not path.exists()
         if not new:
