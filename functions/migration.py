@@ -36,7 +36,7 @@ from pulsar_autoscale.errors import PulsarAutoscaleError
 from .config import KeyedMigration
 from .keygroups import KeyGroupAssignment, key_group, moves, subscales
 from .routing import KeyedRouter
-from .state import RestoreStats, StateStore
+from .state import Pacer, RestoreStats, StateStore
 
 log = logging.getLogger(__name__)
 PUT_DOWN_TIMEOUT_S = 30.0
@@ -82,7 +82,6 @@ class MigrationReport:
     open_s: float = 0.0                                       # new owners' restore
     prepare_s: float = 0.0                                    # pre-copy before the first subscale (live only)
     pre_copy_rounds: int = 0
-    refresh_s: float = 0.0                                    # pre-copy refreshes in the pauses between subscales
 
 
 def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
@@ -101,13 +100,15 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     start = time.monotonic()
     report = MigrationReport(len(todo), 0, 0.0, stop_the_world)
     if todo and not stop_the_world:
-        for _ in range(PRE_COPY_ROUNDS):   # a later round reads only what changed during the one before
-            began = time.monotonic()
-            if not _pre_copy(stores, todo, how):
-                break
-            report.pre_copy_rounds += 1
-            if time.monotonic() - began < PRE_COPY_SETTLED_S:
-                break
+        try:
+            for _ in range(PRE_COPY_ROUNDS):   # a later round reads only what changed during the one before
+                began = time.monotonic()
+                stores.prepare_all(_by(todo, "dst"), duty, how.pre_copy_mb_per_s)
+                report.pre_copy_rounds += 1
+                if time.monotonic() - began < PRE_COPY_SETTLED_S:
+                    break
+        except (MigrationError, pulsar.PulsarException, TimeoutError, OSError, sqlite3.Error) as exc:
+            log.warning("pre-copy of %d key groups failed (%s); their opens restore them instead", len(todo), exc)
         report.prepare_s = time.monotonic() - start
     if stop_the_world:
         everything = set(range(router.num_key_groups))
@@ -116,14 +117,10 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         batches = [todo] if todo else []
     else:
         batches = subscales(todo, subscale_size)
-    pause_s = 0.0
+    pace = Pacer(duty)
     for n, batch in enumerate(batches):
         if n:
-            began = time.monotonic()
-            if not stop_the_world:   # the pause refreshes the groups still to move: the next open's tail stays short
-                _pre_copy(stores, [m for b in batches[n:] for m in b], how)
-                report.refresh_s += time.monotonic() - began
-            time.sleep(max(0.0, pause_s - (time.monotonic() - began)))   # pacing, not synchronisation
+            pace()   # the last subscale's time times (1 - duty) / duty
         t0 = time.monotonic()
         groups = {m.group for m in batch}
         if not stop_the_world:
@@ -142,7 +139,6 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
             on_served(router.assignment)
         report.subscale_s.append(time.monotonic() - t0)
         report.subscales += 1
-        pause_s = report.subscale_s[-1] * (1 - duty) / duty   # migration work takes at most `duty` of the time
     if stop_the_world:
         router.serve({g: target.owners[g] for g in range(router.num_key_groups)})
         on_served(router.assignment)
@@ -150,17 +146,6 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
              report.duration_s, " (stop-the-world)" if stop_the_world else "")
     return report
-
-
-def _pre_copy(stores: InstanceStores, todo, how: KeyedMigration) -> bool:
-    """One pre-copy round of the moves' groups at their destinations; best effort (False when it failed: an open
-    restores what a pre-copy did not)."""
-    try:
-        stores.prepare_all(_by(todo, "dst"), how.duty, how.pre_copy_mb_per_s)
-        return True
-    except (MigrationError, pulsar.PulsarException, TimeoutError, OSError, sqlite3.Error) as exc:
-        log.warning("pre-copy of %d key groups failed (%s); their opens restore them instead", len(todo), exc)
-        return False
 
 
 def _by(batch, end: str) -> dict[int, set[int]]:
@@ -376,8 +361,7 @@ class KeyedScaler:
                 "lastMigration": None if last is None else {
                     "movedGroups": last.moved_groups, "subscales": last.subscales,
                     "seconds": round(last.duration_s, 3), "stopTheWorld": last.stop_the_world,
-                    "preCopySeconds": round(last.prepare_s, 3), "preCopyRounds": last.pre_copy_rounds,
-                    "refreshSeconds": round(last.refresh_s, 3)},
+                    "preCopySeconds": round(last.prepare_s, 3), "preCopyRounds": last.pre_copy_rounds},
                 **({"failure": self.failure} if self.failure else {})}
 
     def idle(self, timeout_s: float) -> bool:
