@@ -76,3 +76,25 @@ def test_single_active_consumer_with_a_small_receiver_queue_gets_each_message_on
     dups = len(got) - len(set(got))
     assert sorted(set(got)) == list(range(n)), f"lost {n - len(set(got))} messages"
     assert dups == 0, f"{dups} duplicate deliveries out of {n} ({100 * dups / n:.0f}%)"
+
+
+def test_a_new_lone_consumer_gets_a_closed_ones_unacked_messages_first_in_order(broker, topic):
+    """A keyedState front hand-over (functions/keyed_cluster.py): the input's one Shared consumer dies with
+    records received and not acked, more arrive while no consumer is there, and the next front's consumer
+    must get the unacked ones first and everything in publish order, or a key's records would be forwarded
+    out of order (retainKeyOrdering through a front's kill -9)."""
+    n, acked, held = 300, 40, 60
+    with client(broker.service_url) as old, client(broker.service_url) as new:
+        first = old.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100)
+        produce(old, topic, n // 2)
+        got = drain(first, ack=False, limit=acked + held)
+        assert payloads(got) == list(range(acked + held)), payloads(got)
+        for m in got[:acked]:
+            first.acknowledge(m)
+        first.close()                       # dies with `held` received, unacked
+        producer = new.create_producer(topic, batching_enabled=False)
+        for i in range(n // 2, n):          # arrive while no consumer is there
+            producer.send(b"%d" % i)
+        second = new.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100)
+        order = payloads(drain(second, idle_ms=1500))
+    assert order == list(range(acked, n)), f"not in publish order from the first unacked: {order[:80]}"
