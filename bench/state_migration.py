@@ -10,6 +10,7 @@ duration, and the p99 of keys whose group does not move, during the change vs th
 keys' instances carry more load, so their steady p99 is higher whatever the migration does).
 
     .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4] [--workers 3]
+        [--changelog-shards 1]
 
 Prints one JSON object. `--workers 1` (the default): one worker with thread instances, each key group its
 own file on the worker's disk, so a move copies nothing. `--workers 3`: a 3-worker cluster (worker
@@ -169,7 +170,7 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
         cfg = worker.create(FunctionConfig.from_dict({
             "tenant": "public", "namespace": "default", "name": name, "className": "windowed_count.WindowedCount",
             "inputs": [src], "output": dst, "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups,
-            "receiverQueueSize": 100, "userConfig": _userconfig(args, state_bytes)}),
+            "receiverQueueSize": 100, "userConfig": _userconfig(args, state_bytes), **_shards(args)}),
             (EXAMPLES / "windowed_count.py").read_bytes(), "windowed_count.py")
         fn = worker._functions[cfg.fqfn]
         live = KeyedMigration(args.subscale, args.duty, pre_copy_mb_per_s=args.pre_copy_mbps)
@@ -244,7 +245,8 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                           "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups, "receiverQueueSize": 100,
                           "subscriptionPosition": "Earliest",
                           "customRuntimeOptions": json.dumps({"keyedMigration": migration}),
-                          "userConfig": _userconfig(args, state_bytes)}, str(EXAMPLES / "windowed_count.py"))
+                          "userConfig": _userconfig(args, state_bytes), **_shards(args)},
+                         str(EXAMPLES / "windowed_count.py"))
             _wait(lambda: _spread(cluster, name, 2), 90, "2 instances on 2 workers")
             outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
             seen = [0]
@@ -299,6 +301,11 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
     return changes, restores, data
 
 
+def _shards(args) -> dict:
+    """The function's changelogShards when given (else the worker's default for a keyedState function)."""
+    return {"changelogShards": args.changelog_shards} if args.changelog_shards else {}
+
+
 def main() -> None:
     from pulsar_autoscale.functions.config import KeyedMigration
 
@@ -312,6 +319,8 @@ def main() -> None:
     ap.add_argument("--duty", type=float, default=0.5, help="share of the time migration work may take")
     ap.add_argument("--pre-copy-mbps", type=float, default=KeyedMigration.pre_copy_mb_per_s,
                     help="how fast the pre-copy may read the changelog (MB/s; the function's default when not given)")
+    ap.add_argument("--changelog-shards", type=int,
+                    help="the functions' changelogShards (1: one changelog topic; default: the worker's, 16)")
     ap.add_argument("--steady-s", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=1, help="1: one worker, in this process; more: a cluster")
     ap.add_argument("--arrivals", help="also write every output's (received ms, sent ms, key) and the changes here")
@@ -325,7 +334,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench-state-migration-")
     out: dict = {"keys": args.keys, "key_groups": args.groups, "state_bytes_per_key": state_bytes,
                  "service_ms": args.service_ms, "subscale": args.subscale, "duty": args.duty,
-                 "pre_copy_mb_per_s": args.pre_copy_mbps}
+                 "pre_copy_mb_per_s": args.pre_copy_mbps, "changelog_shards": args.changelog_shards or "default"}
     run = _one_worker if args.workers == 1 else _cluster
     try:
         changes, restores, data = run(args, keys, state_bytes, tmp, out)

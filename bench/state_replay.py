@@ -30,7 +30,7 @@ from pathlib import Path
 import pulsar
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.changelog import changelog_topic
+from pulsar_autoscale.functions.changelog import Changelog, changelog_topic
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.functions.instance import Instance
 from pulsar_autoscale.functions.state import StateStore
@@ -47,7 +47,7 @@ def _put(store: StateStore, key: str, value: bytes) -> None:
 
 def replay(client, tmp: Path, state_mb: float, value_bytes: int, groups: int, tail_fraction: float,
            rewrites: int) -> dict:
-    topic = changelog_topic("public", "default", f"replay-{uuid.uuid4().hex[:8]}")
+    topic = Changelog(changelog_topic("public", "default", f"replay-{uuid.uuid4().hex[:8]}"))
     keys = max(1, int(state_mb * 1e6 / value_bytes))
     first = StateStore(tmp / "first" / "state.sqlite", groups)
     first.attach_changelog(client, topic)
@@ -70,7 +70,7 @@ def replay(client, tmp: Path, state_mb: float, value_bytes: int, groups: int, ta
     expected = new_owner.rows()
 
     full = StateStore(tmp / "full" / "state.sqlite", groups, owned=set())
-    full_stats = full.open(everything, client=client, topic=topic)
+    full_stats = full.open(everything, client=client, changelog=topic)
     assert full.rows() == expected, "full replay differs from the state it replays"
     snap_stats = first.open(everything)             # back on `first`: its snapshots + the tail
     assert first.rows() == expected, "snapshot + tail differs from the state it restores"

@@ -8,6 +8,10 @@ per-key version (restore keeps the highest, so records of two producers can neve
 and under EFFECTIVELY_ONCE the input message id that applied it, with its place among that
 message's records (`part` of `parts`): a restore applies a message's records only once all arrived.
 
+A keyedState function's changelog is sharded (`Changelog`): `changelogShards` topics over contiguous key-group
+ranges, so that opening a few groups after a move reads the tail of their range only, not every group's records
+(at 500 MB of state the whole tail was what made a migration's opens slow, BENCHMARKS.md).
+
 Where the changelog ends is found with a marker record: a reader reads up to the marker it has just
 published, which needs no `has_message_available` or `get_last_message_id` (both unreliable on
 pulsar-lite, docs/broker.md) and no seek (B5).
@@ -21,6 +25,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import pulsar
@@ -55,8 +60,33 @@ def changelog_topic(tenant: str, namespace: str, name: str, state_id: str = "") 
     return state_topic(tenant, namespace, name, state_id, "changelog")
 
 
-def changelog_of(cfg: "FunctionConfig") -> str:
-    return changelog_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId)
+@dataclass(frozen=True)
+class Changelog:
+    """Where a function's changelog lives: `topic` alone, or `shards` topics `{topic}-{s}`, shard s holding the
+    records of a contiguous range of the `num_key_groups` groups (a group's records stay in one topic, in order)."""
+
+    topic: str
+    shards: int = 1
+    num_key_groups: int = 1
+
+    def __post_init__(self):
+        if self.shards > 1 and self.shards > self.num_key_groups:
+            raise ValueError(f"a changelog of {self.num_key_groups} key groups has at most that many shards, "
+                             f"not {self.shards}")
+
+    def __str__(self) -> str:
+        return self.topic
+
+    def shard(self, group: int) -> int:
+        return group * self.shards // self.num_key_groups if self.shards > 1 else 0
+
+    def shard_topic(self, shard: int) -> str:
+        return self.topic if self.shards == 1 else f"{self.topic}-{shard}"
+
+
+def changelog_of(cfg: "FunctionConfig") -> Changelog:
+    return Changelog(changelog_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId), cfg.changelogShards or 1,
+                     cfg.numKeyGroups)
 
 
 @dataclass(frozen=True)
@@ -107,31 +137,43 @@ class Record:
 
 
 class ChangelogWriter:
-    """The function's changelog producer in one process; `flush` returns once every record sent is persisted."""
+    """The function's changelog producers in one process (one per shard, made at its first record); `flush`
+    returns once every record sent is persisted."""
 
-    def __init__(self, client: pulsar.Client, topic: str):
-        self.topic = topic
+    def __init__(self, client: pulsar.Client, changelog: Changelog):
+        self.changelog = changelog
         self._client = client
-        self._producer = client.create_producer(topic, block_if_queue_full=True, batching_enabled=True,
-                                                batching_max_publish_delay_ms=1, send_timeout_millis=SEND_TIMEOUT_MS)
+        self._producers: dict[int, pulsar.Producer] = {}
         self._lock = threading.Lock()
         self._failed: pulsar.Result | None = None
         self.records = self.bytes = 0
-        # Records persisted so far (callbacks of one producer come in order), and what waits for a count.
-        self._persisted = 0
-        self._last_id: pulsar.MessageId | None = None   # of the last record persisted
-        self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
+        # Per shard: records sent, records persisted so far (callbacks of one producer come in order), the id of
+        # the last one persisted; and the callbacks waiting for counts (in order, so the first waits longest).
+        self._sent = [0] * changelog.shards
+        self._persisted = [0] * changelog.shards
+        self._last_id: list[pulsar.MessageId | None] = [None] * changelog.shards
+        self._waiting: deque[tuple[list[tuple[int, int]], Callable[[], None]]] = deque()
         self._waiting_lock = threading.Lock()
 
-    def _done(self, result, msg_id) -> None:
+    def _producer(self, shard: int) -> pulsar.Producer:
+        """The shard's producer (the caller holds the lock)."""
+        producer = self._producers.get(shard)
+        if producer is None:
+            producer = self._client.create_producer(
+                self.changelog.shard_topic(shard), block_if_queue_full=True, batching_enabled=True,
+                batching_max_publish_delay_ms=1, send_timeout_millis=SEND_TIMEOUT_MS)
+            self._producers[shard] = producer
+        return producer
+
+    def _done(self, shard: int, result, msg_id) -> None:
         if result != pulsar.Result.Ok:
             self._failed = result
         ready = []
         with self._waiting_lock:
-            self._persisted += 1
+            self._persisted[shard] += 1
             if result == pulsar.Result.Ok:
-                self._last_id = msg_id
-            while self._waiting and self._waiting[0][0] <= self._persisted:
+                self._last_id[shard] = msg_id
+            while self._waiting and all(self._persisted[s] >= n for s, n in self._waiting[0][0]):
                 ready.append(self._waiting.popleft()[1])
         if self._failed is not None:
             return   # a record was lost: nothing after it is acked, so its input comes again
@@ -139,59 +181,65 @@ class ChangelogWriter:
             try:
                 callback()
             except Exception:  # an ack on a consumer closed meanwhile: the message is redelivered
-                log.warning("changelog %s: a callback after persistence failed", self.topic, exc_info=True)
+                log.warning("changelog %s: a callback after persistence failed", self.changelog, exc_info=True)
 
     def send(self, records: list[Record]) -> None:
-        """Enqueue in order (one producer keeps the order of what it is given)."""
+        """Enqueue in order (one producer keeps the order of what it is given, and a group has one shard)."""
         with self._lock:
             for r in records:
+                shard = self.changelog.shard(r.group)
                 payload, kwargs = r.encode()
                 self.records += 1
                 self.bytes += len(payload)
-                self._producer.send_async(payload, self._done, **kwargs)
+                self._sent[shard] += 1
+                self._producer(shard).send_async(payload, partial(self._done, shard), **kwargs)
 
     def when_persisted(self, callback: Callable[[], None]) -> None:
         """Call back (now, or on the client's thread) once every record sent so far is persisted: how the
         instance acks an input after its state changes without waiting for them."""
         with self._waiting_lock:
-            if self._persisted < self.records:
-                self._waiting.append((self.records, callback))
+            pending = [(s, n) for s, n in enumerate(self._sent) if n > self._persisted[s]]
+            if pending:
+                self._waiting.append((pending, callback))
                 return
         callback()
 
     def flush(self) -> None:
-        try:
-            self._producer.flush()
-        except pulsar.PulsarException as exc:
-            raise pulsar.PulsarException(f"changelog {self.topic}: records were not persisted within "
-                                         f"{SEND_TIMEOUT_MS} ms: {exc}") from exc
+        for shard, producer in list(self._producers.items()):
+            try:
+                producer.flush()
+            except pulsar.PulsarException as exc:
+                raise pulsar.PulsarException(f"changelog {self.changelog.shard_topic(shard)}: records were not "
+                                             f"persisted within {SEND_TIMEOUT_MS} ms: {exc}") from exc
         if self._failed is not None:
             failed, self._failed = self._failed, None
-            raise pulsar.PulsarException(f"changelog {self.topic}: a record was not persisted: {failed}")
+            raise pulsar.PulsarException(f"changelog {self.changelog}: a record was not persisted: {failed}")
 
-    def mark(self) -> bytes:
-        """A position in the changelog (a serialized id) after everything sent so far: once all is persisted,
-        the last record's id (callbacks come in order); a marker only when this writer sent nothing yet, so a
-        release costs no extra round trip to the broker."""
+    def mark(self, shards: set[int]) -> dict[int, bytes]:
+        """Positions in these shards (serialized ids) after everything sent so far: once all is persisted, a
+        shard's last record's id (callbacks come in order); a marker only where this writer sent nothing yet, so
+        a release costs no extra round trip to the broker."""
         self.flush()
         with self._waiting_lock:
-            if self._last_id is not None:
-                return self._last_id.serialize()
-        with self._lock:
-            try:
-                msg_id = self._producer.send(uuid.uuid4().hex.encode(), partition_key=MARKER_KEY)
-            except pulsar.PulsarException as exc:
-                raise pulsar.PulsarException(f"changelog {self.topic}: a marker was not persisted within "
-                                             f"{SEND_TIMEOUT_MS} ms: {exc}") from exc
+            marks = {s: self._last_id[s].serialize() for s in shards if self._last_id[s] is not None}
+        for shard in sorted(set(shards) - set(marks)):
+            with self._lock:
+                try:
+                    msg_id = self._producer(shard).send(uuid.uuid4().hex.encode(), partition_key=MARKER_KEY)
+                except pulsar.PulsarException as exc:
+                    raise pulsar.PulsarException(f"changelog {self.changelog.shard_topic(shard)}: a marker was not "
+                                                 f"persisted within {SEND_TIMEOUT_MS} ms: {exc}") from exc
+            marks[shard] = msg_id.serialize()
         self.flush()
-        return msg_id.serialize()
+        return marks
 
     def close(self) -> None:
-        try:
-            self._producer.flush()
-            self._producer.close()
-        except pulsar.PulsarException:
-            pass
+        for producer in self._producers.values():
+            try:
+                producer.flush()
+                producer.close()
+            except pulsar.PulsarException:
+                pass
 
 
 @dataclass

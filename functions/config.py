@@ -29,6 +29,8 @@ DEFAULT_MAX_PARALLELISM = 64
 # Small on purpose: messages prefetched by old instances are not given to a new one,
 # so the prefetch queue bounds how soon a scale-out takes effect (DESIGN.md "Prefetch").
 DEFAULT_RECEIVER_QUEUE_SIZE = 100
+# 128 groups / 16 = 8 a shard: a subscale's open reads about 1/16 of the tail (BENCHMARKS.md, changelog shards)
+DEFAULT_KEYED_CHANGELOG_SHARDS = 16
 # Pulsar's defaults for a resources object given in part (FunctionConfigUtils).
 DEFAULT_RESOURCES = {"cpu": 1.0, "ram": 1073741824, "disk": 10737418240}
 # The Pulsar C++/Python client refuses an ack timeout below 10 s ("Ack timeout should be greater than 10s").
@@ -39,7 +41,8 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 # Fields Pulsar refuses to change on update ("... cannot be altered").
 IMMUTABLE_FIELDS = ("inputs", "topicsPattern", "processingGuarantees", "retainOrdering", "retainKeyOrdering", "runtime",
-                    "subName", "tenant", "namespace", "name", "numKeyGroups", "keyedState", "stateId")
+                    "subName", "tenant", "namespace", "name", "numKeyGroups", "keyedState", "stateId",
+                    "changelogShards")
 _STATE_ID_RE = re.compile(r"^[0-9a-f]{1,32}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=:]*$")
 _TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$")
@@ -152,6 +155,10 @@ class FunctionConfig:
     # key-group assignment, routes), so a function deleted and created again under the same name starts with
     # empty state, as Pulsar's delete drops the function's state table. "" (configs saved before it): the old names.
     stateId: str = ""
+    # Ours, fixed at create: topics the state changelog is split into by key-group range (functions/changelog.py),
+    # so a key group that moves replays its range's records only. Default at create: DEFAULT_KEYED_CHANGELOG_SHARDS
+    # for a keyedState function (its groups move), else 1. 0 (configs saved before it): one topic, the old name.
+    changelogShards: int = 0
 
     @property
     def fqfn(self) -> str:
@@ -211,6 +218,8 @@ class FunctionConfig:
             d.pop("keyedState")
         if not self.stateId:
             d.pop("stateId")
+        if not self.changelogShards:
+            d.pop("changelogShards")
         if self.producerConfig is not None:
             d["producerConfig"] = {k: v for k, v in d["producerConfig"].items() if v is not None}
         return {k: v for k, v in d.items() if v is not None}
@@ -350,7 +359,7 @@ SCHEMA_FIELDS = {
 }
 # Ours: the runtime of the instances, the state's key groups, key-group routing, a shorthand for every
 # inputSpecs.<topic>.receiverQueueSize, and the id in the state topics' names.
-OUR_FIELDS = {"instanceRuntime", "numKeyGroups", "keyedState", "receiverQueueSize", "stateId"}
+OUR_FIELDS = {"instanceRuntime", "numKeyGroups", "keyedState", "receiverQueueSize", "stateId", "changelogShards"}
 _CONSUMER_FIELDS = {"receiverQueueSize", "serdeClassName", "regexPattern", "schemaType", "schemaProperties",
                     "consumerProperties", "cryptoConfig", "poolMessages"}
 _PRODUCER_FIELDS = {"maxPendingMessages", "maxPendingMessagesAcrossPartitions", "compressionType", "batchBuilder",
@@ -516,6 +525,7 @@ def _from_mapping(data: Mapping[str, Any]) -> FunctionConfig:
                               DEFAULT_NUM_KEY_GROUPS),
         keyedState=bool(_bool("keyedState", data.get("keyedState"))),
         stateId=_str("stateId", data.get("stateId")) or "",
+        changelogShards=_int("changelogShards", data.get("changelogShards"), 1, MAX_NUM_KEY_GROUPS) or 0,
     )
 
 
@@ -597,15 +607,19 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
         raise ConfigError("keyedState needs the thread runtime for now (instanceRuntime 'thread')")
     if cfg.stateId and not _STATE_ID_RE.match(cfg.stateId):
         raise ConfigError(f"stateId {cfg.stateId!r} is not one the worker assigns (hex digits)")
+    if cfg.changelogShards > cfg.numKeyGroups:
+        raise ConfigError(f"changelogShards ({cfg.changelogShards}) must be at most numKeyGroups "
+                          f"({cfg.numKeyGroups}): a shard holds whole key groups")
     keyed_migration(cfg)
     return cfg
 
 
-def with_new_state_id(cfg: FunctionConfig) -> FunctionConfig:
-    """The config of a function being created: a stateId of its own (see FunctionConfig.stateId)."""
+def with_new_state(cfg: FunctionConfig) -> FunctionConfig:
+    """The config of a function being created: a stateId of its own and its changelog's shards (see both fields)."""
     if cfg.stateId:
         raise ConfigError("stateId is assigned by the worker when a function is created; leave it out")
-    return replace(cfg, stateId=uuid.uuid4().hex[:12])
+    shards = cfg.changelogShards or (min(DEFAULT_KEYED_CHANGELOG_SHARDS, cfg.numKeyGroups) if cfg.keyedState else 1)
+    return replace(cfg, stateId=uuid.uuid4().hex[:12], changelogShards=shards)
 
 
 @dataclass(frozen=True)

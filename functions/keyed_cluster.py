@@ -32,7 +32,7 @@ import pulsar
 
 from pulsar_autoscale.broker import lite_quirks
 
-from .changelog import state_topic
+from .changelog import changelog_of, state_topic
 from .config import FunctionConfig, keyed_migration
 from .instance import NACK_REDELIVERY_DELAY_MS
 from .keygroups import KeyGroupAssignment, key_group, moves
@@ -55,7 +55,7 @@ RELEASE, OPEN, PREPARE = "release", "open", "prepare"
 
 @dataclass(frozen=True)
 class KeyedTopics:
-    """The topics of one keyedState function on a cluster, named in one place (next to its changelog)."""
+    """The topics of one keyedState function on a cluster, named in one place (its changelog: changelog_of)."""
 
     tenant: str
     namespace: str
@@ -79,10 +79,6 @@ class KeyedTopics:
     @property
     def assignment(self) -> str:
         return self._topic("assignment")
-
-    @property
-    def changelog(self) -> str:
-        return self._topic("changelog")
 
 
 def save_assignment(producer: pulsar.Producer, a: KeyGroupAssignment) -> None:
@@ -410,7 +406,7 @@ class ClusterKeyed:
         self._client = client
         self._subscription_type = lite_quirks.route_subscription_type(broker_kind)
         # a cluster worker restores every group it opens: the function may have run elsewhere since
-        local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, self.topics.changelog,
+        local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, changelog_of(cfg),
                                     restore_always=True)
         self.stores = RoutedStores(client, self.topics, local, self._subscription_type)
         self.router = KeyedRouter(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)),

@@ -33,6 +33,7 @@ import pulsar
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
 
+from .changelog import Changelog
 from .config import KeyedMigration
 from .keygroups import KeyGroupAssignment, key_group, moves, subscales
 from .routing import KeyedRouter
@@ -176,7 +177,7 @@ class InstanceStateStores:
     """
 
     def __init__(self, directory: Path, num_key_groups: int, owners: Callable[[], KeyGroupAssignment],
-                 client: Callable[[], pulsar.Client], changelog: str, new: bool = False,
+                 client: Callable[[], pulsar.Client], changelog: Changelog, new: bool = False,
                  restore_always: bool = False):
         """`new`: a function just created here, whose state starts empty (a changelog left by a deleted
         function of the same name is not its state). `restore_always` (a cluster, where the function may
@@ -217,7 +218,7 @@ class InstanceStateStores:
         with gate:   # a migration's release/open waits for the instance's restore, and the other way round
             if instance_id not in self._unrestored:
                 return
-            stats = store.open(store.owned(), restore=True, client=self._client(), topic=self._changelog)
+            stats = store.open(store.owned(), restore=True, client=self._client(), changelog=self._changelog)
             self._unrestored.discard(instance_id)
         self.restores.append(stats)
         log.info("%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, "
@@ -271,7 +272,7 @@ class InstanceStateStores:
         self.restore(instance_id)
         with self._lock:
             copied = self._copied.get(instance_id, set()) - set(groups) - self._in_use()
-        stats = self.store(instance_id).open(groups, restore=True, client=self._client(), topic=self._changelog,
+        stats = self.store(instance_id).open(groups, restore=True, client=self._client(), changelog=self._changelog,
                                              refresh=copied)
         with self._lock:
             self._copied[instance_id] = copied

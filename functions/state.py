@@ -27,7 +27,7 @@ from typing import Callable
 
 import pulsar
 
-from .changelog import COUNTER, VALUE, ChangelogWriter, ReadStats, Record, read_changelog
+from .changelog import COUNTER, VALUE, Changelog, ChangelogWriter, ReadStats, Record, read_changelog
 from .keygroups import DEFAULT_NUM_KEY_GROUPS, key_group
 
 # Pulsar's sticky key for a message with neither an ordering nor a partition key (Commands.peekStickyKey):
@@ -117,7 +117,7 @@ class StateStore:
         self._local = threading.local()
         self._changelog: ChangelogWriter | None = None
         self._client: pulsar.Client | None = None
-        self._topic: str | None = None
+        self._log: Changelog | None = None
         self._attach_lock = threading.Lock()
         # The group files this store used (their connections are shared in the process: _FILES); an
         # EFFECTIVELY_ONCE message holds its group's lock from begin to commit.
@@ -198,19 +198,19 @@ class StateStore:
         return [g for g in sorted(self.owned()) if g in self._files or self.group_path(g).exists()]
 
     # ---- the changelog ---------------------------------------------------------------------------
-    def attach_changelog(self, client: pulsar.Client, topic: str) -> None:
-        """Send every change to `topic` from now on. The producer starts at the first change, so a stateless
-        function never creates the topic; thread instances share the store, and so one producer."""
+    def attach_changelog(self, client: pulsar.Client, changelog: Changelog) -> None:
+        """Send every change to `changelog` from now on. A shard's producer starts at its first change, so a
+        stateless function never creates the topic; thread instances share the store, and so the producers."""
         with self._attach_lock:
             if self._client is None:
-                self._client, self._topic = client, topic
+                self._client, self._log = client, changelog
 
     @property
     def changelog(self) -> ChangelogWriter | None:
         if self._changelog is None and self._client is not None:
             with self._attach_lock:
                 if self._changelog is None:
-                    self._changelog = ChangelogWriter(self._client, self._topic)
+                    self._changelog = ChangelogWriter(self._client, self._log)
         return self._changelog
 
     def close(self) -> None:
@@ -446,11 +446,12 @@ class StateStore:
         """Flush, then record in each group's file the changelog position it covers (nothing is copied),
         so opening the group on this worker again replays only the changelog after it."""
         writer = self.changelog
-        position = writer.mark() if writer is not None else None   # after everything sent: flushed too
+        shard = self._log.shard if self._log is not None else (lambda g: 0)
+        marks = writer.mark({shard(g) for g in groups}) if writer is not None else {}   # flushed too
         for g in sorted(groups):
             f = self._file(g)
             with f.lock:
-                f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
+                f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (marks.get(shard(g)),))
                 f.clean = True
 
     def release(self, groups: set[int]) -> None:
@@ -461,10 +462,10 @@ class StateStore:
         self._owned = self.owned() - groups
 
     def open(self, groups: set[int], restore: bool = True, client: pulsar.Client | None = None,
-             topic: str | None = None, refresh: set[int] = frozenset()) -> RestoreStats:
+             changelog: Changelog | None = None, refresh: set[int] = frozenset()) -> RestoreStats:
         """Own groups from now on. restore: reopen a group's released file and apply the changelog after its
         position; a group without one (or whose file was in use when its worker died) replays the whole
-        changelog (the attached one, or `client`/`topic`). `refresh`: pre-copied groups that will open here
+        changelog (the attached one, or `client`/`changelog`). `refresh`: pre-copied groups that will open here
         later, brought up to now in the same read (so the next open's tail starts here, not at the pre-copy;
         the caller makes sure no store of this process uses their files)."""
         groups = set(groups)
@@ -473,17 +474,17 @@ class StateStore:
         started = time.perf_counter()
         if restore:
             client = client or self._client
-            topic = topic or self._topic
-            if client is None or topic is None:
+            changelog = changelog or self._log
+            if client is None or changelog is None:
                 raise ValueError("restoring key groups needs the changelog: attach_changelog first or pass "
-                                 "client and topic")
-            self._mark_copied(refresh, self._restore(groups | refresh, client, topic, stats))
+                                 "client and changelog")
+            self._mark_copied(refresh, self._restore(groups | refresh, client, changelog, stats))
         self._owned = None if self._owned is None else self._owned | groups
         stats.seconds = time.perf_counter() - started
         self.restore_stats = stats
         return stats
 
-    def prepare(self, groups: set[int], client: pulsar.Client, topic: str, duty: float = 1.0,
+    def prepare(self, groups: set[int], client: pulsar.Client, changelog: Changelog, duty: float = 1.0,
                 mb_per_s: float | None = None) -> RestoreStats:
         """Pre-copy groups another worker serves, before they move here: bring their files up to now from the
         changelog and record that position, as a release does, so the later open replays only what changed
@@ -494,26 +495,26 @@ class StateStore:
         groups = set(groups) - self.owned()
         stats = RestoreStats(groups=len(groups))
         started = time.perf_counter()
-        self._mark_copied(groups, self._restore(groups, client, topic, stats, Pacer(duty, mb_per_s)))
+        self._mark_copied(groups, self._restore(groups, client, changelog, stats, Pacer(duty, mb_per_s)))
         stats.seconds = time.perf_counter() - started
         return stats
 
-    def _mark_copied(self, groups: set[int], position: bytes | None) -> None:
-        """Record that the files of these groups, not owned here, hold the changelog up to `position`."""
+    def _mark_copied(self, groups: set[int], positions: dict[int, bytes | None]) -> None:
+        """Record that the files of these groups, not owned here, hold the changelog up to their `positions`."""
         for g in groups:
             f = self._file(g)
             with f.lock:
                 if g not in self.owned():   # opened meanwhile (a prepare that outlived its wait): served now
-                    f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (position,))
+                    f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (positions.get(g),))
                     f.clean = True
 
-    def _restore(self, groups: set[int], client: pulsar.Client, topic: str, stats: RestoreStats,
-                 pace: Callable[[int], None] | None = None) -> bytes | None:
-        """Bring the groups' files up to now in one pass over the changelog, from the oldest position a group
-        needs (a group's records at or before its own position are in its file already); returns the end
-        position the files now cover. `pace`: a paced read (changelog.read_changelog), and paced writes: a group's
-        rows at a time, with their bytes (tens of MB written at once would hold up the disk's other writers, the
-        broker's among them, for as long)."""
+    def _restore(self, groups: set[int], client: pulsar.Client, changelog: Changelog, stats: RestoreStats,
+                 pace: Callable[[int], None] | None = None) -> dict[int, bytes | None]:
+        """Bring the groups' files up to now in one pass over each changelog shard that holds some of them, from
+        the oldest position a group of the shard needs (a group's records at or before its own position are in
+        its file already); returns the position each group's file now covers (its shard's end). `pace`: a paced
+        read (changelog.read_changelog), and paced writes: a group's rows at a time, with their bytes (tens of MB
+        written at once would hold up the disk's other writers, the broker's among them, for as long)."""
         positions: dict[int, bytes | None] = {}   # None: from the changelog's start
         for g in groups:
             path = self.group_path(g)
@@ -532,31 +533,34 @@ class StateStore:
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
                 positions[g] = None
-        if not positions:
-            return None
         starts = {g: pulsar.MessageId.deserialize(p) if p else None for g, p in positions.items()}
-        oldest = None if None in positions.values() else positions[min(starts, key=starts.__getitem__)]
         rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
         applied: dict[int, list[str]] = {}
-        read = ReadStats()
+        ends: dict[int, bytes | None] = {}
         partial: dict[tuple[int, str], dict[int, Record]] = {}
-        for mid, r in read_changelog(client, topic, oldest, read, set(starts), pace):
-            start = starts[r.group]
-            if start is not None and not start < mid:
-                continue                  # before the group's own position: its file has it
-            if r.msg_id is None:
-                _apply(rows, r)
-                continue
-            parts = partial.setdefault((r.group, r.msg_id), {})
-            parts[r.part] = r             # by index: a record read twice is one part
-            if len(parts) == r.parts:     # every record of the message arrived: apply them together
-                del partial[(r.group, r.msg_id)]
-                for p in parts.values():
-                    _apply(rows, p)
-                applied.setdefault(r.group, []).append(r.msg_id)
-        stats.records += read.records
-        stats.bytes += read.bytes
-        stats.duplicates += read.duplicates
+        for shard in sorted({changelog.shard(g) for g in positions}):
+            in_shard = {g for g in positions if changelog.shard(g) == shard}
+            oldest = (None if any(positions[g] is None for g in in_shard)
+                      else positions[min(in_shard, key=starts.__getitem__)])
+            read = ReadStats()
+            for mid, r in read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace):
+                start = starts[r.group]
+                if start is not None and not start < mid:
+                    continue                  # before the group's own position: its file has it
+                if r.msg_id is None:
+                    _apply(rows, r)
+                    continue
+                parts = partial.setdefault((r.group, r.msg_id), {})
+                parts[r.part] = r             # by index: a record read twice is one part
+                if len(parts) == r.parts:     # every record of the message arrived: apply them together
+                    del partial[(r.group, r.msg_id)]
+                    for p in parts.values():
+                        _apply(rows, p)
+                    applied.setdefault(r.group, []).append(r.msg_id)
+            stats.records += read.records
+            stats.bytes += read.bytes
+            stats.duplicates += read.duplicates
+            ends.update(dict.fromkeys(in_shard, read.end))
         by_group: dict[int, list[tuple]] = {}
         for (kind, key, g), v in rows.items():
             by_group.setdefault(g, []).append((kind, key) + v)
@@ -576,7 +580,7 @@ class StateStore:
                 conn.execute("COMMIT")
             if pace is not None:
                 pace(sum(len(r[1]) + len(r[3] or b"") for r in group_rows))
-        return read.end
+        return ends
 
 
 class Pacer:

@@ -34,7 +34,7 @@ from pulsar_autoscale.snapshot import FunctionCounters
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 from .bursts import BurstRecord, BurstRunner
-from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig, keyed_migration, with_new_state_id
+from .config import DEFAULT_MAX_PARALLELISM, FunctionConfig, keyed_migration, with_new_state
 from .instance import NACK_REDELIVERY_DELAY_MS, subscribe
 from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
@@ -262,7 +262,7 @@ class Worker:
 
     # ---- admin operations ---------------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
-        cfg = with_new_state_id(FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism))
+        cfg = with_new_state(FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism))
         for label, value in (("tenant", cfg.tenant), ("namespace", cfg.namespace), ("name", cfg.name)):
             if value in (".", ".."):
                 raise ConfigError(f"Function {label} {value!r} is not a valid name")

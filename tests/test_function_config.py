@@ -187,18 +187,42 @@ def test_state_id_is_the_workers_and_fixed_for_the_functions_life():
     """A created function gets a stateId of its own (its state topics' names); a user can neither give one
     at create nor change it, and a config saved before stateId existed keeps the old topic names."""
     from pulsar_autoscale.functions.changelog import changelog_of
-    from pulsar_autoscale.functions.config import with_new_state_id
+    from pulsar_autoscale.functions.config import with_new_state
     base = {"name": "f", "className": "m.C", "inputs": ["in"], "keyedState": True}
-    cfg = with_new_state_id(FunctionConfig.from_dict(base))
-    again = with_new_state_id(FunctionConfig.from_dict(base))
+    cfg = with_new_state(FunctionConfig.from_dict(base))
+    again = with_new_state(FunctionConfig.from_dict(base))
     assert cfg.stateId and again.stateId != cfg.stateId
-    assert changelog_of(cfg) == f"persistent://public/default/__state-f-{cfg.stateId}-changelog"
+    assert changelog_of(cfg).topic == f"persistent://public/default/__state-f-{cfg.stateId}-changelog"
     assert FunctionConfig.from_dict(cfg.to_dict()) == cfg   # persisted and read back
     assert cfg.merged({"parallelism": 2}).stateId == cfg.stateId
     with pytest.raises(ConfigError, match="stateId cannot be altered"):
         cfg.merged({"stateId": "abc"})
     with pytest.raises(ConfigError, match="stateId is assigned by the worker"):
-        with_new_state_id(cfg)
+        with_new_state(cfg)
     with pytest.raises(ConfigError, match="stateId 'x y'"):
         FunctionConfig.from_dict({**base, "stateId": "x y"})
-    assert changelog_of(FunctionConfig.from_dict(base)) == "persistent://public/default/__state-f-changelog"
+    assert changelog_of(FunctionConfig.from_dict(base)).topic == "persistent://public/default/__state-f-changelog"
+
+
+def test_changelog_shards_are_fixed_at_create():
+    """keyedState functions get a sharded changelog by default, others one topic; a config saved before the
+    field existed keeps its one topic; the count is checked against numKeyGroups and cannot change."""
+    from pulsar_autoscale.functions.changelog import changelog_of
+    from pulsar_autoscale.functions.config import DEFAULT_KEYED_CHANGELOG_SHARDS, with_new_state
+    keyed = {"name": "f", "className": "m.C", "inputs": ["in"], "keyedState": True}
+    cfg = with_new_state(FunctionConfig.from_dict(keyed))
+    log = changelog_of(cfg)
+    assert cfg.changelogShards == log.shards == DEFAULT_KEYED_CHANGELOG_SHARDS
+    assert [log.shard(g) for g in (0, 7, 8, 127)] == [0, 0, 1, 15]   # contiguous ranges of 8 of the 128 groups
+    assert log.shard_topic(3) == f"{log.topic}-3"
+    assert FunctionConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="changelogShards cannot be altered"):
+        cfg.merged({"changelogShards": 4})
+    plain = with_new_state(FunctionConfig.from_dict({**keyed, "keyedState": False}))
+    assert plain.changelogShards == 1 and changelog_of(plain).shard_topic(0) == changelog_of(plain).topic
+    assert with_new_state(FunctionConfig.from_dict({**keyed, "numKeyGroups": 4})).changelogShards == 4
+    assert with_new_state(FunctionConfig.from_dict({**keyed, "changelogShards": 2})).changelogShards == 2
+    saved_before = FunctionConfig.from_dict({**keyed, "stateId": "abc123"})
+    assert saved_before.changelogShards == 0 and changelog_of(saved_before).shards == 1
+    with pytest.raises(ConfigError, match=r"changelogShards \(8\) must be at most numKeyGroups \(4\)"):
+        FunctionConfig.from_dict({**keyed, "numKeyGroups": 4, "changelogShards": 8})

@@ -27,7 +27,7 @@ import pulsar
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
-from ..config import FunctionConfig, with_new_state_id
+from ..config import FunctionConfig, with_new_state
 from ..validation import validate
 from ..worker import Conflict, NotFound
 from .tailer import TopicTailer
@@ -118,7 +118,7 @@ class FunctionMetaDataManager:
 
     # ---- writes (any worker) ----------------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None, filename: str | None) -> FunctionConfig:
-        cfg = with_new_state_id(FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism))
+        cfg = with_new_state(FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism))
         with self._lock:
             if cfg.fqfn in self._functions:
                 raise Conflict(f"Function {cfg.name} already exists")

@@ -8,16 +8,17 @@ import uuid
 import pulsar
 import pytest
 
-from pulsar_autoscale.functions.changelog import COUNTER, ChangelogWriter, Record
+from pulsar_autoscale.functions.changelog import COUNTER, Changelog, ChangelogWriter, Record
 from pulsar_autoscale.functions.keygroups import key_group
 from pulsar_autoscale.functions.state import NONE_KEY, NotOwnedError, StateStore
 
 G = 16
 
 
-@pytest.fixture
-def changelog():
-    return f"persistent://public/default/__state-t{uuid.uuid4().hex[:10]}-changelog"
+@pytest.fixture(params=[1, 4], ids=["one-topic", "4-shards"])
+def changelog(request):
+    """Every test here runs on a changelog of one topic and on one split in 4 shards of G/4 groups."""
+    return Changelog(f"persistent://public/default/__state-t{uuid.uuid4().hex[:10]}-changelog", request.param, G)
 
 
 def store(tmp_path, client, changelog, name="a", owned=None) -> StateStore:
@@ -126,7 +127,8 @@ def test_a_pre_copied_group_opens_from_its_copy_and_replays_only_what_changed_si
     groups = {key_group("k7", G), key_group("k8", G)}
     b = store(tmp_path, client, changelog, "b", owned=set())        # another worker's disk
     copied = b.prepare(groups, client, changelog)
-    assert copied.records >= 600 and copied.from_snapshot == 0 and b.owned() == set()
+    assert copied.records == 2 * in_shards(changelog, groups, [f"k{i % 50}" for i in range(300)]), copied
+    assert copied.from_snapshot == 0 and b.owned() == set()
     process(a, "k7", [("incr_counter", "n", 100)], msg_id="late")    # still served by a after the copy
     expected = {g: a.group(g).get_counter("n") for g in groups}
     value = a.for_key("k8").get_state("s")
@@ -139,12 +141,34 @@ def test_a_pre_copied_group_opens_from_its_copy_and_replays_only_what_changed_si
     assert not process(b, "k8", [("incr_counter", "n", 1)], msg_id="m8"), "an applied id was not copied"
 
 
+def in_shards(changelog: Changelog, groups: set[int], keys: list[str]) -> int:
+    """How many of these keys' messages fall in the shards of these groups."""
+    shards = {changelog.shard(g) for g in groups}
+    return sum(changelog.shard(key_group(k, G)) in shards for k in keys)
+
+
+def test_an_open_reads_only_the_shards_of_its_groups(tmp_path, client, changelog):
+    """Moving a few groups reads their shards' records, not the whole function's changelog."""
+    a = store(tmp_path, client, changelog)
+    keys = [f"k{i % 40}" for i in range(400)]
+    for i, k in enumerate(keys):
+        process(a, k, [("incr_counter", "n", 1)], msg_id=f"m{i}")
+    groups = {key_group("k3", G)}
+    expected = {g: a.group(g).get_counter("n") for g in groups}
+    a.release(groups)
+    b = store(tmp_path, client, changelog, "b", owned=set())
+    stats = b.open(groups)
+    assert stats.records == in_shards(changelog, groups, keys), stats
+    assert changelog.shards == 1 or stats.records < len(keys) // 2, stats
+    assert {g: b.group(g).get_counter("n") for g in groups} == expected
+
+
 def test_a_pre_copy_reads_the_changelog_no_faster_than_its_rate(tmp_path, client, changelog):
     """preCopyMBps: the broker serves the function's records too, so a pre-copy of a large state is spread out."""
     a = store(tmp_path, client, changelog)
     t0 = time.perf_counter()
     for i in range(400):
-        process(a, f"k{i % 50}", [("put_state", "s", b"x" * 1000)], msg_id=f"m{i}")
+        process(a, "k7", [("put_state", "s", b"x" * 1000)], msg_id=f"m{i}")
     written_mb_per_s = 0.4 / (time.perf_counter() - t0)
     rate = 6 * written_mb_per_s   # well over 1 + Pacer.CATCH_UP times the write rate: the rate holds
     b = store(tmp_path, client, changelog, "b", owned=set())
