@@ -21,9 +21,10 @@ import os
 import sqlite3
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pulsar
 
@@ -538,25 +539,29 @@ class StateStore:
         applied: dict[int, list[str]] = {}
         ends: dict[int, bytes | None] = {}
         partial: dict[tuple[int, str], dict[int, Record]] = {}
-        for shard in sorted({changelog.shard(g) for g in positions}):
-            in_shard = {g for g in positions if changelog.shard(g) == shard}
+        reads: dict[int, tuple[set[int], ReadStats]] = {}   # shard -> (its groups, its read)
+        for g in positions:
+            reads.setdefault(changelog.shard(g), (set(), ReadStats()))[0].add(g)
+        shard_reads = []
+        for shard, (in_shard, read) in sorted(reads.items()):
             oldest = (None if any(positions[g] is None for g in in_shard)
                       else positions[min(in_shard, key=starts.__getitem__)])
-            read = ReadStats()
-            for mid, r in read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace):
-                start = starts[r.group]
-                if start is not None and not start < mid:
-                    continue                  # before the group's own position: its file has it
-                if r.msg_id is None:
-                    _apply(rows, r)
-                    continue
-                parts = partial.setdefault((r.group, r.msg_id), {})
-                parts[r.part] = r             # by index: a record read twice is one part
-                if len(parts) == r.parts:     # every record of the message arrived: apply them together
-                    del partial[(r.group, r.msg_id)]
-                    for p in parts.values():
-                        _apply(rows, p)
-                    applied.setdefault(r.group, []).append(r.msg_id)
+            shard_reads.append(read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace))
+        for mid, r in _round_robin(shard_reads):
+            start = starts[r.group]
+            if start is not None and not start < mid:
+                continue                  # before the group's own position: its file has it
+            if r.msg_id is None:
+                _apply(rows, r)
+                continue
+            parts = partial.setdefault((r.group, r.msg_id), {})
+            parts[r.part] = r             # by index: a record read twice is one part
+            if len(parts) == r.parts:     # every record of the message arrived: apply them together
+                del partial[(r.group, r.msg_id)]
+                for p in parts.values():
+                    _apply(rows, p)
+                applied.setdefault(r.group, []).append(r.msg_id)
+        for in_shard, read in reads.values():
             stats.records += read.records
             stats.bytes += read.bytes
             stats.duplicates += read.duplicates
@@ -620,6 +625,20 @@ class Pacer:
             elif now > self._first_lag[0]:
                 self._capped = (self._first_lag[1] - lag_s) / (now - self._first_lag[0]) >= self.CATCH_UP
         return self._capped
+
+
+def _round_robin(iterators: list[Iterator]) -> Iterator:
+    """One item of each in turn: the shards of a restore are read side by side, so a paced read's lag (the
+    Pacer's catch-up rule) is that of all of them against their combined write rate, not of one at a time."""
+    active = deque(iterators)
+    while active:
+        it = active.popleft()
+        try:
+            item = next(it)
+        except StopIteration:
+            continue
+        active.append(it)
+        yield item
 
 
 def _inode(path: str) -> int | None:
