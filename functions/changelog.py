@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 # after READ_TIMEOUT_MS without a record the broker counts as down.
 READ_STALL_MS = 1_000
 READ_TIMEOUT_MS = 15_000
+# Receiver queues, shared by the readers of one restore that read shards side by side: what the broker pushes at
+# a reader's start, unpaced (a paced read at 50 KB records: 200 are 10 MB at once).
 READER_QUEUE = 5000   # pulsar-lite readers with small queues deliver more duplicates
 PACED_READER_QUEUE = 200
 PACE_RECORDS = 50
@@ -252,12 +254,13 @@ class ReadStats:
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
                    stats: ReadStats | None = None, groups: set[int] | None = None,
-                   pace: Callable[[int], None] | None = None) -> Iterator[tuple[pulsar.MessageId, Record]]:
+                   pace: Callable[[int], None] | None = None,
+                   side_by_side: int = 1) -> Iterator[tuple[pulsar.MessageId, Record]]:
     """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id;
     only those of `groups` when given (the others are skipped before they are decoded). `pace` (a background
     read that must not crowd out the function's traffic) is called every PACE_RECORDS messages read with their
     bytes and the read's lag behind the log, and the reader's queue is small, so the broker sends no faster than
-    the reading goes.
+    the reading goes. `side_by_side`: readers of other shards read at the same time, sharing the queue budget.
 
     "Now" is a marker this call publishes first: everything persisted before it is read. Apache
     Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
@@ -270,7 +273,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
         producer.close()
     position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
     waited_ms, read_any, n, paced_bytes = 0, False, 0, 0
-    queue = READER_QUEUE if pace is None else PACED_READER_QUEUE
+    queue = max(1, (READER_QUEUE if pace is None else PACED_READER_QUEUE) // side_by_side)
     reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
         while True:

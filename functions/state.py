@@ -546,7 +546,8 @@ class StateStore:
         for shard, (in_shard, read) in sorted(reads.items()):
             oldest = (None if any(positions[g] is None for g in in_shard)
                       else positions[min(in_shard, key=starts.__getitem__)])
-            shard_reads.append(read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace))
+            shard_reads.append(read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace,
+                                              len(reads)))
         for mid, r in _round_robin(shard_reads):
             start = starts[r.group]
             if start is not None and not start < mid:
