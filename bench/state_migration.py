@@ -10,7 +10,11 @@ duration, and the p99 of keys whose group does not move, during the change vs th
 keys' instances carry more load, so their steady p99 is higher whatever the migration does).
 
     .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4] [--workers 3]
-        [--changelog-shards 1]
+        [--changelog-shards 1] [--cycles 4]
+
+`--cycles N` repeats 2 -> 3 -> 2 N times per mode and also gives the unaffected keys' p99 over the records of
+all N changes of a kind together (`unaffected_p99_pooled`, with a bootstrap 90% interval): a single 3 -> 2
+at 50 MB lasts 1-2 s, so its p99 rests on the slowest few of a few hundred records.
 
 Prints one JSON object. `--workers 1` (the default): one worker with thread instances, each key group its
 own file on the worker's disk, so a move copies nothing. `--workers 3`: a 3-worker cluster (worker
@@ -108,6 +112,30 @@ def _pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
+def _pooled_p99(cycles: list[tuple[list[float], list[float], list[float]]], resamples: int = 2000) -> dict:
+    """The unaffected keys' p99 during every change of a kind, and in the steady periods after them, over their p99
+    in the steady periods before, each taken over the records of all cycles together, with bootstrap 90% intervals.
+    After a scale-in the unaffected keys' instances carry more load: after/before is what the new parallelism
+    itself costs them, whatever the migration does."""
+    import numpy as np
+    rng = np.random.default_rng(13)
+    before, during, after = (np.array([lat for c in cycles for lat in c[i]], dtype=float) for i in range(3))
+
+    def p99s(values):
+        return np.percentile(rng.choice(values, (resamples, values.size)), 99, axis=1)
+
+    boot_before = p99s(before)
+    out = {"records_before": int(before.size), "p99_before_ms": round(float(np.percentile(before, 99)), 1)}
+    for name, values in (("during", during), ("after", after)):
+        out.update({
+            f"records_{name}": int(values.size), f"p99_{name}_ms": round(float(np.percentile(values, 99)), 1),
+            f"{name}_over_before": round(float(np.percentile(values, 99) / np.percentile(before, 99)), 3),
+            f"{name}_over_before_90pct_interval": [round(float(q), 3)
+                                                   for q in np.percentile(p99s(values) / boot_before, [5, 95])],
+        })
+    return out
+
+
 class Load:
     """The load child process (_load), fed at `rate`/s; `caught_up` waits until its backlog is processed."""
 
@@ -184,7 +212,7 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
         for mode in ("live", "stop-the-world"):
             how = replace(live, stop_the_world=mode == "stop-the-world")
             fn.keyed.settings = lambda how=how: how
-            for target in (3, 2):
+            for target in (3, 2) * args.cycles:
                 load.caught_up()   # the previous change's backlog is gone, then the steady period compared with
                 time.sleep(args.steady_s)
                 before = fn.keyed.router.assignment
@@ -269,7 +297,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             load = Load(broker.service_url, src, dst, keys, args.load * out["capacity_2_instances_per_s"],
                         os.path.join(tmp, name))
             topics = KeyedTopics("public", "default", name, admin.get("public", "default", name)["stateId"])
-            for target in (3, 2):
+            for target in (3, 2) * args.cycles:
                 load.caught_up()   # the previous change's backlog is gone, then the steady period compared with
                 time.sleep(args.steady_s)
                 before = read_assignment(client, topics.assignment)
@@ -323,11 +351,20 @@ def main() -> None:
                     help="the functions' changelogShards (1: one changelog topic; default: the worker's, 16)")
     ap.add_argument("--steady-s", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=1, help="1: one worker, in this process; more: a cluster")
+    ap.add_argument("--cycles", type=int, default=1,
+                    help="2 -> 3 -> 2 cycles per mode: the unaffected keys' p99 is also given over the records of every "
+                         "cycle together (one 3 -> 2 lasts 1-2 s at 50 MB, so its own p99 rests on a few records)")
     ap.add_argument("--arrivals", help="also write every output's (received ms, sent ms, key) and the changes here")
+    ap.add_argument("--rescore", metavar="FILE",
+                    help="run nothing: score the changes and outputs an earlier run wrote with --arrivals "
+                         "(give the same --groups, --steady-s and --cycles)")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from pulsar_autoscale.functions.keygroups import key_group
+    if args.rescore:
+        saved = json.loads(Path(args.rescore).read_text())
+        print(json.dumps(_score({"rescored": args.rescore}, saved["changes"], saved["arrivals"], args), indent=1))
+        return
 
     state_bytes = int(args.state_mb * 1e6 / args.keys)
     keys = [f"key-{i}" for i in range(args.keys)]
@@ -346,8 +383,18 @@ def main() -> None:
         Path(args.arrivals).write_text(json.dumps({"changes": changes, "arrivals": arrivals}))
     out["sent"] = data["sent"]
     out["received"] = len(arrivals)
+    out["restores"] = restores
+    print(json.dumps(_score(out, changes, arrivals, args), indent=1))
+
+
+def _score(out: dict, changes: list[dict], arrivals: list, args) -> dict:
+    """Per change: latencies of the records sent during it, the unaffected keys' p99 before, during and after it;
+    per kind of change: live over stop-the-world, and with --cycles the pooled p99s."""
+    from pulsar_autoscale.functions.keygroups import key_group
+
     next_put = {id(c): min((d["t_put"] for d in changes if d["t_put"] > c["t_done"]), default=float("inf"))
                 for c in changes}
+    pooled: dict[tuple[str, str], list[tuple[list, list, list]]] = collections.defaultdict(list)
     for c in changes:
         moving = set(c.pop("moving"))
         end_after = min(next_put[id(c)], c["t_done"] + (CHANGE_TAIL_S + args.steady_s) * 1000)
@@ -357,6 +404,7 @@ def main() -> None:
         after = [(r - e, k) for r, e, k in arrivals if hi + CHANGE_TAIL_S * 1000 < e < end_after]
         unmoved = lambda rows: [lat for lat, k in rows if key_group(k, args.groups) not in moving]  # noqa: E731
         p99_before = _pct(unmoved(steady), 0.99)
+        pooled[(c["mode"], c["change"])].append((unmoved(steady), unmoved(during), unmoved(after)))
         slow = collections.Counter(int((e - lo) / 500) / 2 for r, e, k in arrivals
                                    if lo <= e <= hi + CHANGE_TAIL_S * 1000 and key_group(k, args.groups) not in moving
                                    and r - e > 2 * p99_before)
@@ -377,19 +425,20 @@ def main() -> None:
         })
     out["changes"] = changes
     for change in ("2->3", "3->2"):
-        live = next(c for c in changes if c["mode"] == "live" and c["change"] == change)
-        stw = next(c for c in changes if c["mode"] == "stop-the-world" and c["change"] == change)
-        out[f"ratio_{change}"] = {
-            "peak_live_over_stw": round(live["peak_ms"] / stw["peak_ms"], 3),
-            "mean_live_over_stw": round(live["mean_ms"] / stw["mean_ms"], 3),
-            "unaffected_p99_during_over_before": round(live["unaffected_p99_during_ms"]
-                                                        / live["unaffected_p99_before_ms"], 3),
-            "unaffected_p99_during_over_steady": round(
-                live["unaffected_p99_during_ms"] / max(live["unaffected_p99_before_ms"],
-                                                       live["unaffected_p99_after_ms"] or 0), 3),
+        live = [c for c in changes if c["mode"] == "live" and c["change"] == change]
+        stw = [c for c in changes if c["mode"] == "stop-the-world" and c["change"] == change]
+        per_cycle = {
+            "peak_live_over_stw": [round(a["peak_ms"] / b["peak_ms"], 3) for a, b in zip(live, stw)],
+            "mean_live_over_stw": [round(a["mean_ms"] / b["mean_ms"], 3) for a, b in zip(live, stw)],
+            "unaffected_p99_during_over_before": [round(a["unaffected_p99_during_ms"] / a["unaffected_p99_before_ms"], 3)
+                                                  for a in live],
+            "unaffected_p99_during_over_steady": [round(a["unaffected_p99_during_ms"] / max(
+                a["unaffected_p99_before_ms"], a["unaffected_p99_after_ms"] or 0), 3) for a in live],
         }
-    out["restores"] = restores
-    print(json.dumps(out, indent=1))
+        out[f"ratio_{change}"] = {k: v[0] if args.cycles == 1 else v for k, v in per_cycle.items()}
+        if args.cycles > 1:
+            out[f"ratio_{change}"]["unaffected_p99_pooled"] = _pooled_p99(pooled[("live", change)])
+    return out
 
 
 if __name__ == "__main__":
