@@ -397,11 +397,9 @@ class ClusterKeyed:
 
     def __init__(self, cfg, directory: Path, client: Callable[[], pulsar.Client],
                  open_input_consumer: Callable[[], pulsar.Consumer], broker_kind: str, config: Callable[[], object],
-                 stall_fence: Callable[[], lite_quirks.StallFence | None] = lambda: None,
-                 bulk_client: Callable[[], pulsar.Client] | None = None):
+                 stall_fence: Callable[[], lite_quirks.StallFence | None] = lambda: None):
         """`config`: the function's current config (an update restarts the instances with it); `stall_fence`:
-        the worker's (B12), which watches the route consumers as it watches every input; `bulk_client`: the
-        client for pre-copies (InstanceStateStores)."""
+        the worker's (B12), which watches the route consumers as it watches every input."""
         self.topics = KeyedTopics.of(cfg)
         self._config = config
         self._stall_fence = stall_fence
@@ -409,7 +407,7 @@ class ClusterKeyed:
         self._subscription_type = lite_quirks.route_subscription_type(broker_kind)
         # a cluster worker restores every group it opens: the function may have run elsewhere since
         local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, changelog_of(cfg),
-                                    restore_always=True, bulk_client=bulk_client)
+                                    restore_always=True)
         self.stores = RoutedStores(client, self.topics, local, self._subscription_type)
         self.router = KeyedRouter(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)),
                                   open_input_consumer, forward=self._forward)

@@ -178,16 +178,14 @@ class InstanceStateStores:
 
     def __init__(self, directory: Path, num_key_groups: int, owners: Callable[[], KeyGroupAssignment],
                  client: Callable[[], pulsar.Client], changelog: Changelog, new: bool = False,
-                 restore_always: bool = False, bulk_client: Callable[[], pulsar.Client] | None = None):
+                 restore_always: bool = False):
         """`new`: a function just created here, whose state starts empty (a changelog left by a deleted
         function of the same name is not its state). `restore_always` (a cluster, where the function may
-        have run elsewhere since this worker's files were written): restore every group when it opens.
-        `bulk_client`: the client pre-copies read with (a connection of its own, Worker._bulk), else `client`."""
+        have run elsewhere since this worker's files were written): restore every group when it opens."""
         self._dir = directory
         self._num_key_groups = num_key_groups
         self._owners = owners
         self._client = client
-        self._bulk_client = bulk_client or client
         self._changelog = changelog
         self._stores: dict[int, StateStore] = {}
         self._unrestored: set[int] = set()
@@ -290,7 +288,7 @@ class InstanceStateStores:
             todo = set(groups) - self._in_use()
         if not todo:
             return
-        stats = self.store(instance_id).prepare(todo, self._bulk_client(), self._changelog, duty, mb_per_s)
+        stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty, mb_per_s)
         with self._lock:
             self._copied[instance_id] = todo
         log.info("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "

@@ -150,8 +150,6 @@ class Worker:
         self._metrics_url = metrics_url  # read for broker_kind "auto", and by the B12 fence on pulsar-lite
         self._stall_fence: lite_quirks.StallFence | None = None   # set by _connect once the broker's kind is known
         self._client: pulsar.Client | None = None  # this incarnation's, opened by _connect once the broker answers
-        self._bulk_client: pulsar.Client | None = None   # background state copies' (_bulk), opened on first use
-        self._bulk_lock = threading.Lock()
         self._connected = threading.Event()
         self._broker_watch: BrokerWatch | None = None   # started with the client (functions/broker_watch.py)
         self._waiting_for = "the broker"
@@ -372,7 +370,7 @@ class Worker:
             cfg.inputs, cfg.subscription_name, self._stall_fence)
         if self.keyed_spread:
             return ClusterKeyed(cfg, self._fn_dir(cfg) / "keyed-state", lambda: self._client, open_consumer,
-                                self.broker_kind, lambda: fn.config, lambda: self._stall_fence, self._bulk)
+                                self.broker_kind, lambda: fn.config, lambda: self._stall_fence)
         path = self._fn_dir(fn.config) / "keygroups.json"
         new = not path.exists()
         if not new:
@@ -398,7 +396,7 @@ class Worker:
 
         router = KeyedRouter(assignment, open_consumer)
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
-                                     lambda: self._client, changelog_of(cfg), new, bulk_client=self._bulk)
+                                     lambda: self._client, changelog_of(cfg), new)
         save(assignment)
         return KeyedScaler(router, stores, start, drain, save, settings=lambda: keyed_migration(fn.config))
 
@@ -453,21 +451,6 @@ class Worker:
             return WarmPoolView(size=self.warm_pool if fn.warm_pool_size is None else fn.warm_pool_size,
                                 held=pool.standby if pool else 0, ready=pool.ready_count() if pool else 0,
                                 runtime=fn.runtime(self.default_runtime))
-
-    def _bulk(self) -> pulsar.Client:
-        """A client of its own for background copies of key groups' state (pre-copies before a migration): the
-        broker pushes megabytes to their readers at once, and on the worker's client that burst shares one
-        connection and one I/O thread with every instance's consumer, so the records of keys that do not move
-        waited behind it (3 -> 2 on 3 workers: 16% of them over the steady p99 in the quarter second after the
-        change began). Readers only, so on pulsar-lite no consumer-id floor is needed (B2 is about Shared
-        subscriptions)."""
-        with self._bulk_lock:
-            if self._bulk_client is None and self._closing.is_set():
-                return self._client   # a migration finishing during close(): no new client to leave open
-            if self._bulk_client is None:
-                self._bulk_client = open_client(self.client_settings, operation_timeout_seconds=30,
-                                                log_level=pulsar.LoggerLevel.Warn)
-            return self._bulk_client
 
     # ---- cluster mode (functions/cluster/): the cluster's assignment says which ids run here ------
     @property
@@ -883,9 +866,6 @@ class Worker:
         self.stages.close()
         if self._client is not None:
             self._client.close()
-        with self._bulk_lock:
-            if self._bulk_client is not None:
-                self._bulk_client.close()
 
 
 class _Counter:

@@ -9,8 +9,7 @@ import pulsar
 import pytest
 
 from pulsar_autoscale.functions.changelog import COUNTER, Changelog, ChangelogWriter, Record
-from pulsar_autoscale.functions.keygroups import KeyGroupAssignment, key_group
-from pulsar_autoscale.functions.migration import InstanceStateStores
+from pulsar_autoscale.functions.keygroups import key_group
 from pulsar_autoscale.functions.state import NONE_KEY, NotOwnedError, StateStore
 
 G = 16
@@ -177,35 +176,6 @@ def test_a_pre_copy_reads_the_changelog_no_faster_than_its_rate(tmp_path, client
     assert copied.bytes >= 400_000, copied
     # paced every 50 records: all but the last stretch's bytes (<= 50 KB here) wait for the rate
     assert copied.seconds >= (copied.bytes - 60_000) / (rate * 1e6), (copied, rate)
-
-
-def test_a_pre_copy_reads_on_the_bulk_client_and_the_open_after_it_on_the_instances_client(tmp_path, broker, client,
-                                                                                            changelog):
-    """A pre-copy's burst of changelog records must not share a connection with the instances' consumers
-    (Worker._bulk): InstanceStateStores reads pre-copies with its bulk client, opens with its own."""
-    a = store(tmp_path, client, changelog)
-    for i in range(40):
-        process(a, f"k{i}", [("incr_counter", "n", 1)], msg_id=f"m{i}")
-    bulk = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
-    used = []
-
-    def on(name, c):
-        return lambda: used.append(name) or c
-
-    try:
-        # instance 1 here owns nothing yet; half the groups are moving to it
-        stores = InstanceStateStores(tmp_path / "dest", G, lambda: KeyGroupAssignment.uniform(G, 1),
-                                     on("instances", client), changelog, new=True, bulk_client=on("bulk", bulk))
-        moving = set(KeyGroupAssignment.uniform(G, 2).groups_of(1))
-        stores.prepare(1, moving)
-        assert used == ["bulk"]
-        stores.open(1, moving)
-        assert used == ["bulk", "instances"]
-        keys = [f"k{i}" for i in range(40) if key_group(f"k{i}", G) in moving]
-        assert keys and ({k: stores.store(1).for_key(k).get_counter("n") for k in keys}
-                         == {k: a.for_key(k).get_counter("n") for k in keys})
-    finally:
-        bulk.close()
 
 
 def test_effectively_once_skips_an_applied_message_also_after_a_restore(tmp_path, client, changelog):
