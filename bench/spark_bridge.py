@@ -38,6 +38,7 @@ import uuid
 import pulsar
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from proc_cpu import tree_cpu_seconds
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.spark_bridge.ranges import RECEIVER_QUEUE
 
@@ -87,25 +88,6 @@ def raw_reader_seconds(client: pulsar.Client, topic: str, n: int) -> float:
         reader.read_next(10_000)
     reader.close()
     return time.perf_counter() - t0
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds (user + system) used so far by this process and its live descendants (Linux)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent, cpu = {}, {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        parent[int(pid)], cpu[int(pid)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
-    mine, grew = {os.getpid()}, True
-    while grew:
-        new = {p for p, pp in parent.items() if pp in mine} - mine
-        mine |= new
-        grew = bool(new)
-    return sum(cpu[p] for p in mine)
 
 
 def timed(read) -> tuple[float, float]:

@@ -48,6 +48,7 @@ class WorkerCluster:
     name: str = field(default_factory=lambda: f"c{uuid.uuid4().hex[:8]}")
     workers: list[WorkerProc] = field(default_factory=list)
     extra_args: tuple[str, ...] = ()
+    cluster: bool = True   # False: plain single workers (no --cluster), today's one-machine default
 
     def add(self) -> WorkerProc:
         i = len(self.workers)
@@ -56,8 +57,9 @@ class WorkerCluster:
         log_path = self.base_dir / f"{wid}.log"
         cmd = [sys.executable, "-m", "pulsar_autoscale.cli", "worker", "--service-url", self.service_url,
                "--metrics-url", self.metrics_url, "--port", str(port), "--data-dir", str(self.base_dir / wid),
-               "--worker-id", wid, "--runtime", self.runtime, "--cluster", self.name,
-               "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.extra_args]
+               "--worker-id", wid, "--runtime", self.runtime, *self.extra_args]
+        if self.cluster:
+            cmd += ["--cluster", self.name, "--heartbeat-timeout", str(self.heartbeat_timeout_s)]
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
