@@ -21,7 +21,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -34,42 +33,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from proc_cpu import tree_cpu_seconds  # noqa: E402
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
-from scenario import EXAMPLES, wait_until  # noqa: E402
+from scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
 from state_migration.test_cluster import _spread  # noqa: E402
 from tests.cluster.harness import WorkerCluster  # noqa: E402
 
 SETUPS = [("keyed, 1 worker", 1, True), ("keyed, 3 workers", 3, True),
           ("not keyed, 1 worker", 1, False), ("not keyed, 3 workers", 3, False)]
 PARALLELISM = 3
-
-
-class Outputs:
-    """Consumes the output topic in the background: how many arrived, and each one's send -> arrival ms."""
-
-    def __init__(self, client: pulsar.Client, topic: str):
-        self.count = 0
-        self.latencies_ms: list[int] = []
-        self._consumer = client.subscribe(topic, f"bench-{uuid.uuid4().hex[:6]}",
-                                          consumer_type=pulsar.ConsumerType.Shared,
-                                          initial_position=pulsar.InitialPosition.Earliest)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                msg = self._consumer.receive(100)
-            except pulsar.Timeout:
-                continue
-            self.latencies_ms.append(int(time.time() * 1000) - msg.event_timestamp())
-            self.count += 1
-            self._consumer.acknowledge(msg)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._consumer.close()
 
 
 def _pct(values: list[int], p: float) -> int:
@@ -93,18 +63,18 @@ def run_one(broker: EmbeddedBroker, label: str, workers: int, keyed: bool, args)
         else:
             wait_until(lambda: _spread(cluster, name, PARALLELISM), 120, "3 instances on 3 workers")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        outputs = Outputs(client, dst)
+        outputs = OutputCollector(client, dst)
         producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2,
                                           block_if_queue_full=True)
         cpu0, t0 = tree_cpu_seconds(include_root=False), time.monotonic()
         for i in range(args.messages):
             producer.send_async(b"x", None, partition_key=f"k{i % args.keys}", event_timestamp=int(time.time() * 1000))
         producer.flush()
-        wait_until(lambda: outputs.count >= args.messages, 600,
-                   lambda: f"{args.messages} outputs (got {outputs.count})", interval_s=0.05)
+        wait_until(lambda: outputs.distinct() >= args.messages, 600,
+                   lambda: f"{args.messages} outputs (got {outputs.distinct()})", interval_s=0.05)
         drain_s, drain_cpu = time.monotonic() - t0, tree_cpu_seconds(include_root=False) - cpu0
 
-        first = outputs.count
+        first = outputs.distinct()
         start = time.monotonic()
         n = int(args.rate * args.seconds)
         for i in range(n):
@@ -113,9 +83,9 @@ def run_one(broker: EmbeddedBroker, label: str, workers: int, keyed: bool, args)
                 time.sleep(delay)
             producer.send_async(b"x", None, partition_key=f"k{i % args.keys}", event_timestamp=int(time.time() * 1000))
         producer.flush()
-        wait_until(lambda: outputs.count >= first + n, 120, lambda: f"{n} outputs at {args.rate}/s "
-                   f"(got {outputs.count - first})", interval_s=0.05)
-        latencies = outputs.latencies_ms[first:]
+        wait_until(lambda: outputs.distinct() >= first + n, 120, lambda: f"{n} outputs at {args.rate}/s "
+                   f"(got {outputs.distinct() - first})", interval_s=0.05)
+        latencies = outputs.lags_ms[-n:]
         outputs.close()
         producer.close()
         client.close()

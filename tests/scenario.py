@@ -33,6 +33,7 @@ class OutputCollector:
         self.counts: dict[bytes, int] = {}
         self.properties: list[dict] = []
         self.times: list[float] = []   # time.monotonic() of each arrival (gaps in processing)
+        self.lags_ms: list[int] = []   # each arrival's wall-clock ms after its event time (end-to-end latency)
         # Shared, not the default Exclusive: pulsar-lite duplicates deliveries on Exclusive (B1).
         self._consumer = client.subscribe(topic, f"collector-{uuid.uuid4().hex[:8]}",
                                           consumer_type=pulsar.ConsumerType.Shared,
@@ -52,6 +53,7 @@ class OutputCollector:
                 self.counts[msg.data()] = self.counts.get(msg.data(), 0) + 1
                 self.properties.append(msg.properties())
                 self.times.append(time.monotonic())
+                self.lags_ms.append(int(time.time() * 1000) - msg.event_timestamp())
             self._consumer.acknowledge(msg)
 
     def distinct(self) -> int:
