@@ -137,6 +137,37 @@ def _pooled_p99(cycles: list[tuple[list[float], list[float], list[float]]], resa
     return out
 
 
+class RouteTimes:
+    """Readers of a keyed function's route topics (a cluster's front forwards each record to its instance's):
+    (sent ms, forwarded ms, key, instance) of every record forwarded while they run."""
+
+    def __init__(self, client, topics: list[str]):
+        import pulsar
+        self.rows: list[tuple[int, int, str, int]] = []
+        self._readers = [client.create_reader(t, pulsar.MessageId.latest) for t in topics]
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._read, args=(r, i), daemon=True) for i, r in enumerate(self._readers)]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, reader, instance_id: int) -> None:
+        import pulsar
+        while not self._stop.is_set():
+            try:
+                msg = reader.read_next(200)
+            except pulsar.Timeout:
+                continue
+            self.rows.append((msg.event_timestamp(), msg.publish_timestamp(), msg.partition_key(), instance_id))
+
+    def close(self) -> list[tuple[int, int, str, int]]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+        for r in self._readers:
+            r.close()
+        return self.rows
+
+
 class Load:
     """The load child process (_load), fed at `rate`/s; `caught_up` waits until its backlog is processed."""
 
@@ -298,6 +329,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             load = Load(broker.service_url, src, dst, keys, args.load * out["capacity_2_instances_per_s"],
                         os.path.join(tmp, name))
             topics = KeyedTopics("public", "default", name, admin.get("public", "default", name)["stateId"])
+            routed = RouteTimes(client, [topics.route(i) for i in range(3)]) if args.route_times else None
             for target in (3, 2) * args.cycles:
                 load.caught_up()   # the previous change's backlog is gone, then the steady period compared with,
                 # polled like the change: a status call fans out to every worker, which costs the records in flight
@@ -324,6 +356,8 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             result = load.finish()
             data["sent"] += result["sent"]
             data["arrivals"] += result["arrivals"]
+            if routed is not None:
+                data.setdefault("routed", []).extend(routed.close())
             admin.delete("public", "default", name)
             lines += [f"{mode}: {line.split(': ', 2)[-1][:200]}" for w in cluster.workers
                       for line in w.log_path.read_text().splitlines()
@@ -360,6 +394,10 @@ def main() -> None:
                     help="2 -> 3 -> 2 cycles per mode: the unaffected keys' p99 is also given over the records of every "
                          "cycle together (one 3 -> 2 lasts 1-2 s at 50 MB, so its own p99 rests on a few records)")
     ap.add_argument("--arrivals", help="also write every output's (received ms, sent ms, key) and the changes here")
+    ap.add_argument("--route-times", action="store_true",
+                    help="with --workers 3 and --arrivals: also read the instances' route topics and write when the "
+                         "front forwarded each record (sent ms, forwarded ms, key, instance), to tell a slow front from a slow "
+                         "instance")
     ap.add_argument("--rescore", metavar="FILE",
                     help="run nothing: score the changes and outputs an earlier run wrote with --arrivals "
                          "(give the same --groups, --steady-s and --cycles)")
@@ -385,7 +423,8 @@ def main() -> None:
     out["rate_per_s"] = round(args.load * out["capacity_2_instances_per_s"], 1)
     arrivals = data["arrivals"]
     if args.arrivals:
-        Path(args.arrivals).write_text(json.dumps({"changes": changes, "arrivals": arrivals}))
+        Path(args.arrivals).write_text(json.dumps({"changes": changes, "arrivals": arrivals,
+                                                   "routed": data.get("routed", [])}))
     out["sent"] = data["sent"]
     out["received"] = len(arrivals)
     out["restores"] = restores
