@@ -10,7 +10,7 @@ duration, and the p99 of keys whose group does not move, during the change vs th
 keys' instances carry more load, so their steady p99 is higher whatever the migration does).
 
     .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4] [--workers 3]
-        [--changelog-shards 1] [--cycles 4]
+        [--changelog-shards 1] [--cycles 4] [--arrivals FILE [--route-times]] [--rescore FILE]
 
 `--cycles N` repeats 2 -> 3 -> 2 N times per mode and also gives the unaffected keys' p99 over the records of
 all N changes of a kind together (`unaffected_p99_pooled`, with a bootstrap 90% interval): a single 3 -> 2
