@@ -39,13 +39,14 @@ from .instance import NACK_REDELIVERY_DELAY_MS, subscribe
 from .broker_watch import BrokerWatch
 from .keygroups import KeyGroupAssignment
 from .keyed_cluster import ClusterKeyed
-from .changelog import changelog_of
+from .changelog import changelog_of, state_topic
 from .migration import InstanceStateStores, KeyedScaler
 from .routing import KeyedRouter, keyed_subscription_type
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance, start_process_server
 from .warm_pool import Standby, WarmPool
 from .stages import StageHost
 from .state import StateStore
+from .state_topics import StateTopicCleaner, StateTopicsError, web_service_url_checked
 from .stats import InstanceFigures, InstanceStats
 from .validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 
@@ -129,7 +130,7 @@ class Worker:
                  default_runtime: str = "thread",
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, broker_kind: str = "apache",
                  hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0, metrics_url: str | None = None,
-                 spark: SparkSettings | None = None):
+                 spark: SparkSettings | None = None, web_service_url: str | None = None):
         if default_runtime not in RUNTIMES:
             raise ConfigError(f"runtime {default_runtime!r} is unknown: use one of {', '.join(RUNTIMES)}")
         # the broker and its auth/TLS settings (pulsar_client.py); service_url stays for what takes a URL only
@@ -148,6 +149,9 @@ class Worker:
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self.stall_after_s = STALL_AFTER_S
         self._metrics_url = metrics_url  # read for broker_kind "auto", and by the B12 fence on pulsar-lite
+        # the broker's admin REST API (Pulsar's pulsarWebServiceUrl): where a deleted function's state topics go
+        self._state_topics = None if web_service_url is None else StateTopicCleaner(
+            web_service_url_checked(web_service_url), self.client_settings.http_session())
         self._stall_fence: lite_quirks.StallFence | None = None   # set by _connect once the broker's kind is known
         self._client: pulsar.Client | None = None  # this incarnation's, opened by _connect once the broker answers
         self._connected = threading.Event()
@@ -600,6 +604,7 @@ class Worker:
             shutil.rmtree(trash, ignore_errors=True)
             if fn.config.cleanupSubscription:
                 self._cleanup_subscription(fn.config)
+            self._delete_state_topics(fn.config)
         if fn.warm_pool is not None:
             fn.warm_pool.close()
         self._drain(fn, sorted(fn.instances, reverse=True), then=then)
@@ -626,6 +631,21 @@ class Worker:
                         cfg.subscription_name, cfg.fqfn, exc)
         finally:
             client.close()
+
+    def _delete_state_topics(self, cfg: FunctionConfig) -> None:
+        """As Pulsar drops a deleted function's state (functions/state_topics.py); a function created again under
+        its name meanwhile has another stateId, so none of its topics."""
+        prefix = state_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId, "")
+        if self._state_topics is None:
+            log.info("deleted function %s: its state topics %s* stay on the broker (the worker has no "
+                     "--web-service-url; pulsar-admin topics delete them)", cfg.fqfn, prefix)
+            return
+        try:
+            deleted = self._state_topics.delete(cfg)
+        except StateTopicsError as exc:
+            log.warning("deleted function %s: its state topics %s* stay on the broker: %s", cfg.fqfn, prefix, exc)
+            return
+        log.info("deleted function %s: deleted its %d state topics %s*", cfg.fqfn, len(deleted), prefix)
 
     def get(self, fqfn: str) -> FunctionConfig:
         with self._lock:

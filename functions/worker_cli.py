@@ -30,6 +30,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind the REST API to (default 127.0.0.1)")
     p.add_argument("--metrics-url", default=None,
                    help="the broker's Prometheus /metrics URL; used to detect pulsar-lite and apply its workarounds")
+    p.add_argument("--web-service-url", default=None, metavar="URL",
+                   help="the broker's admin REST API (Pulsar's pulsarWebServiceUrl, e.g. http://broker:8080), with the "
+                        "connection's credentials: a deleted function's state topics are deleted there "
+                        "(docs/state.md); pulsar-lite has none")
     p.add_argument("--data-dir", default=None,
                    help="where function code, configs and state live; functions are restored from it on restart "
                         "(default $XDG_DATA_HOME/pulsar-autoscale/worker/<port>, ~/.local/share without XDG_DATA_HOME)")
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                           args.broker_kind, args.max_parallelism, args.worker_id, cluster,
                           warm_pool=args.warm_pool,
                           spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
-                          security=ServerSecurity.from_args(args)).start()
+                          security=ServerSecurity.from_args(args), web_service_url=args.web_service_url).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

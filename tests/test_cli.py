@@ -80,3 +80,11 @@ def test_stages_and_burst_commands_name_the_problem(worker, tmp_path):
     bad.write_text("name: counts\ninput: in\noutput: out\nwindow: 1 fortnight\n")
     proc = cli("stages", *url, "create", "--stage-config-file", str(bad), check=False)
     assert proc.returncode == 2 and "window" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_worker_refuses_a_web_service_url_that_is_no_admin_address(broker, tmp_path):
+    for bad in ("pulsar://127.0.0.1:6650", "http://", "http://broker:8080/admin/v2"):
+        proc = cli("worker", "--service-url", broker.service_url, "--port", "0", "--data-dir", str(tmp_path),
+                   "--web-service-url", bad, check=False)
+        assert proc.returncode == 2 and "--web-service-url" in proc.stderr and "Traceback" not in proc.stderr, \
+            proc.stderr

@@ -15,7 +15,8 @@ import pytest
 import requests
 
 from contracts.fake_cluster import FakeCluster, FakeIssuer
-from contracts.published import BROKER_DOC, FUNCTIONS_DOC, broker_doc, functions_doc, published
+from contracts.published import (BROKER_DOC, FUNCTIONS_DOC, TOPIC_DELETE_DOC, broker_doc, functions_doc,
+                                 published, topic_delete_doc)
 from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.admin.http_auth import AuthConfig, AuthError, ClusterSession, RedirectRefused, Secret, cluster_session
@@ -83,11 +84,11 @@ def test_documents_are_the_published_ones_and_valid_with_their_errata():
     spec_validator = pytest.importorskip("openapi_spec_validator",
                                          reason="dev dependency openapi-spec-validator checks the documents")
     readme = (FUNCTIONS_DOC.parent / "README.md").read_text()
-    for doc in (FUNCTIONS_DOC, BROKER_DOC):
+    for doc in (FUNCTIONS_DOC, BROKER_DOC, TOPIC_DELETE_DOC):
         assert hashlib.sha256(doc.read_bytes()).hexdigest() in readme, f"{doc.name} differs from the published copy"
     with pytest.raises(Exception, match="Duplicate parameter 'body'"):  # the known upstream problem
         spec_validator.validate(published(FUNCTIONS_DOC))
-    for spec in (functions_doc(), broker_doc()):
+    for spec in (functions_doc(), broker_doc(), topic_delete_doc()):
         assert spec["swagger"] == "2.0"
         spec_validator.validate(spec)
 

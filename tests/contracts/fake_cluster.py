@@ -28,7 +28,7 @@ import jsonschema
 from flask import Flask, Response, request
 from werkzeug.serving import make_server
 
-from .published import BROKER_DOC, FUNCTIONS_DOC, broker_doc, functions_doc
+from .published import BROKER_DOC, FUNCTIONS_DOC, TOPIC_DELETE_DOC, broker_doc, functions_doc, topic_delete_doc
 
 PARTITIONS = re.compile(r"^/admin/v2/persistent/(?P<tenant>[^/]+)/(?P<namespace>[^/]+)/(?P<topic>[^/]+)/partitions$")
 PARTITIONS_QUERY = {"checkAllowAutoCreation", "authoritative"}  # PersistentTopics.getPartitionedMetadata
@@ -133,6 +133,7 @@ class ClusterState:
     functions: dict = field(default_factory=dict)        # fqfn -> FunctionConfig dict
     function_stats: dict = field(default_factory=dict)   # fqfn -> FunctionStatsImpl dict (default: zeros)
     topics: dict = field(default_factory=dict)           # full topic name -> TopicStats dict
+    deleted: list = field(default_factory=list)          # (full topic name, force) of accepted deletes
     partitions: dict = field(default_factory=dict)       # full topic name -> partition count
     worker_metrics: str = ""                             # Prometheus text for /metrics
     credentials: set = field(default_factory=set)        # accepted Authorization values (empty: no auth)
@@ -164,7 +165,8 @@ class FakeHost:
     def __init__(self, state: ClusterState, name: str, bind: str = "127.0.0.1",
                  ssl_context: ssl.SSLContext | None = None):
         self.state, self.name = state, name
-        self.contracts = [Contract(functions_doc(), FUNCTIONS_DOC.name), Contract(broker_doc(), BROKER_DOC.name)]
+        self.contracts = [Contract(functions_doc(), FUNCTIONS_DOC.name), Contract(broker_doc(), BROKER_DOC.name),
+                          Contract(topic_delete_doc(), TOPIC_DELETE_DOC.name)]
         app = Flask(f"fake-{name}")
         app.add_url_rule("/", "root", self._handle, methods=["GET", "POST", "PUT", "DELETE"])
         app.add_url_rule("/<path:_p>", "any", self._handle, methods=["GET", "POST", "PUT", "DELETE"])
@@ -300,6 +302,22 @@ class FakeHost:
         if name not in self.state.topics:
             return 404, {"reason": "Topic not found"}
         return 200, self.state.topics[name]
+
+    def _op_getList(self, pp):
+        prefix = f"persistent://{pp['tenant']}/{pp['namespace']}/"
+        return 200, sorted(t for t in self.state.topics if t.startswith(prefix))
+
+    def _op_deleteTopic(self, pp):
+        name = _topic_name(pp)
+        if name not in self.state.topics:
+            return 404, {"reason": "Topic not found"}
+        force = request.args.get("force", "false") == "true"
+        if not force and (self.state.topics[name].get("publishers") or self.state.topics[name].get("subscriptions")):
+            return 412, {"reason": "Topic has active producers/subscriptions"}
+        with self.state.lock:
+            del self.state.topics[name]
+            self.state.deleted.append((name, force))
+        return 204, None
 
     def _op_getPartitionedStats(self, pp):
         name = _topic_name(pp)

@@ -11,6 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 FUNCTIONS_DOC = HERE / "swaggerfunctions.json"
 BROKER_DOC = HERE / "swagger-v2-topic-stats.json"
+TOPIC_DELETE_DOC = HERE / "swagger-v2-topic-delete.json"   # our excerpt of the same v2 document (README.md)
 
 # The multipart parts the server reads (@FormDataParam in FunctionsApiV3Resource). The published document
 # lists them as several `in: body` parameters all named `body`, which is not valid Swagger 2.0.
@@ -66,3 +67,8 @@ def functions_doc() -> dict:
 def broker_doc() -> dict:
     """The v2 topic-stats excerpt needs no erratum (it validates as published)."""
     return published(BROKER_DOC)
+
+
+def topic_delete_doc() -> dict:
+    """Our excerpt with deleteTopic (how the worker drops a deleted function's state topics): no erratum."""
+    return published(TOPIC_DELETE_DOC)
