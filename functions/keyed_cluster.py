@@ -531,6 +531,13 @@ class ClusterKeyed:
         return next((self.stores.store(i) for i in self.stores.local.instances() if group in self.stores.local.held(i)),
                     None)
 
+    def surplus_owners(self, parallelism: int) -> set[int]:
+        """The front's instances beyond `parallelism` that still own key groups (a scale-in under way): they
+        must run somewhere until the front has moved their groups off, also when their worker died."""
+        if self.scaler is None:
+            return set()
+        return {i for i in self.router.assignment.owners if i >= parallelism}
+
     def holds_groups(self, instance_id: int) -> bool:
         """Whether this worker's instance still holds key groups (a surplus instance runs until they left)."""
         return bool(self.stores.local.held(instance_id))

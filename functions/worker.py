@@ -495,6 +495,15 @@ class Worker:
             fn = self._functions.get(fqfn)
             return fn is not None and isinstance(fn.keyed, ClusterKeyed) and fn.keyed.holds_groups(instance_id)
 
+    def keyed_surplus(self, fqfn: str) -> set[int]:
+        """Cluster, the front's worker: the keyedState function's instances beyond its parallelism that still
+        own key groups (keyed_cluster.ClusterKeyed.surplus_owners)."""
+        with self._lock:
+            fn = self._functions.get(fqfn)
+            if fn is None or not isinstance(fn.keyed, ClusterKeyed):
+                return set()
+            return fn.keyed.surplus_owners(fn.config.parallelism)
+
     def hosted_ids(self) -> dict[str, set[int]]:
         with self._lock:
             return {fqfn: set(fn.instances) for fqfn, fn in self._functions.items()}

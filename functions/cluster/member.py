@@ -130,11 +130,14 @@ class ClusterMember:
                 # Break before make, per instance: an instance's key groups are restored from the changelog
                 # by the worker that takes it over, and its route topic has one consumer, so the old worker
                 # stops it first (its changes flushed) and the new one starts it only once no other live
-                # worker runs it. A surplus instance (scale-in) runs until the front has moved its groups off.
+                # worker runs it. A surplus instance (scale-in) runs until the front has moved its groups off;
+                # one whose worker died meanwhile (no worker is assigned a surplus instance) runs on the front's.
                 here = hosted.get(fqfn, set())
                 want = {i for i in want if i in here or not self._running_elsewhere(fqfn, i)}
                 keep = {i for i in here - want
                         if i >= rec.config.parallelism and self.worker.keyed_holds_groups(fqfn, i)}
+                keep |= {i for i in self.worker.keyed_surplus(fqfn)
+                         if i in here or not self._running_elsewhere(fqfn, i)}
             else:
                 keep = {i for i in hosted.get(fqfn, set()) - want
                         if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}

@@ -156,3 +156,68 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
                 producer.wait()
         _assert_exact(cluster, name)
         print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
+
+
+def _keyed_view(cluster: WorkerCluster, name: str) -> dict:
+    """The front's autoscale.keyedState, asked of any live worker ({} while none answers)."""
+    for w in cluster.live():
+        try:
+            return FunctionsAdmin(w.url).status("public", "default", name).get("autoscale", {}).get("keyedState") or {}
+        except (AdminError, requests.RequestException):
+            continue
+    return {}
+
+
+def _mid_migration(cluster: WorkerCluster, name: str, instance: str, at_least: int) -> dict | None:
+    """The view while a migration is under way and `instance` holds at least / at most `at_least` groups."""
+    view = _keyed_view(cluster, name)
+    held = (view.get("groupsPerInstance") or {}).get(instance, 0)
+    reached = held >= at_least if at_least > 0 else held <= -at_least
+    return view if view.get("migrating") and reached else None
+
+
+def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker, tmp_path):
+    """A machine dies while key groups are moving, as an operator's would: the front's worker half-way through
+    a 2 -> 3 (some groups already opened on instance 2, the rest still with their old owners: a new front redoes
+    the interrupted subscale from the saved assignment and the changelog), then the worker of the surplus
+    instance 2 half-way through the 3 -> 2 back (no worker is assigned a surplus instance, so the front's worker
+    runs it again until its groups have left; before, its groups waited for it for ever). Subscales of 1 group
+    paced to a duty of 5% keep each migration going for many seconds. Counts end exact under EFFECTIVELY_ONCE."""
+    name = f"km-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        admin = FunctionsAdmin(cluster.live()[0].url)
+        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+                      "inputs": [src], "parallelism": 2, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+                      "subscriptionPosition": "Earliest",
+                      "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'},
+                     str(EXAMPLES / "keyed_count.py"))
+        wait_until(lambda: _spread(cluster, name, 2), 60, "2 instances on 2 different workers")
+        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
+                                     str(KEYS), str(RATE)])
+        try:
+            time.sleep(2)
+            admin.set_parallelism("public", "default", name, 3)
+            view = wait_until(lambda: _mid_migration(cluster, name, "2", 3), 60,
+                              lambda: f"a 2 -> 3 under way with groups on instance 2: {_keyed_view(cluster, name)}")
+            placed = wait_until(lambda: _spread(cluster, name, 3), 30, "instance 2 on the third worker")
+            assert view["migrating"] and placed[2] != placed[0]
+            cluster.kill(cluster.by_id(placed[0]))   # the front's worker
+            wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == {"0": 43, "1": 43, "2": 42}
+                                and not _keyed_view(cluster, name).get("migrating")), 120,
+                       lambda: f"the 2 -> 3 finished under a new front: {_keyed_view(cluster, name)}")
+            admin = FunctionsAdmin(cluster.live()[0].url)
+            admin.set_parallelism("public", "default", name, 2)
+            wait_until(lambda: _mid_migration(cluster, name, "2", -38), 60,
+                       lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
+            cluster.kill(cluster.by_id(_placement(cluster, name)[2]))   # the surplus instance's worker
+            wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == {"0": 64, "1": 64}
+                                and not _keyed_view(cluster, name).get("migrating")), 120,
+                       lambda: f"the 3 -> 2 finished without instance 2's worker: {_keyed_view(cluster, name)}")
+            assert producer.wait(90) == 0
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        _assert_exact(cluster, name)
