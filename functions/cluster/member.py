@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import requests
@@ -96,7 +96,8 @@ class ClusterMember:
     # ---- following the assignment -------------------------------------------------------------------
     def _refresh_report(self) -> None:
         while not self._closing.wait(self.settings.heartbeat_interval_s / 2):
-            running, busy = [], 0.0
+            running, hosted, busy = [], [], 0.0
+            ids = self.worker.hosted_ids()
             for cfg in self.worker.functions():
                 try:
                     _, figs, _ = self.worker.instance_figures(cfg.fqfn)
@@ -104,9 +105,10 @@ class ClusterMember:
                 except NotFound:
                     continue
                 running += [f"{cfg.fqfn}:{i}" for i, f in figs.items() if f.running]
+                hosted += [f"{cfg.fqfn}:{i}" for i in ids.get(cfg.fqfn, ())]
             term = self.elector.term
             self._report = LocalReport(tuple(sorted(running)), busy, self._leaving.is_set(),
-                                       term.epoch if term else None)
+                                       term.epoch if term else None, tuple(sorted(hosted)))
 
     def _follow(self) -> None:
         while not self._closing.is_set():
@@ -137,7 +139,7 @@ class ClusterMember:
                 keep = {i for i in here - want
                         if i >= rec.config.parallelism and self.worker.keyed_holds_groups(fqfn, i)}
                 keep |= {i for i in self.worker.keyed_surplus(fqfn)
-                         if i in here or not self._running_elsewhere(fqfn, i)}
+                         if i in here or not self._hosted_elsewhere(fqfn, i)}
             else:
                 keep = {i for i in hosted.get(fqfn, set()) - want
                         if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
@@ -172,6 +174,11 @@ class ClusterMember:
         name = f"{fqfn}:{instance_id}"
         return any(name in m.running for m in self.membership.alive() if m.worker_id != self.me)
 
+    def _hosted_elsewhere(self, fqfn: str, instance_id: int) -> bool:
+        """Also while another live worker starts it (restoring its state, not yet receiving)."""
+        name = f"{fqfn}:{instance_id}"
+        return any(name in m.hosted for m in self.membership.alive() if m.worker_id != self.me)
+
     def _handed_over(self, snap: Snapshot, fqfn: str, i: int, now: float) -> bool:
         """Make-before-break: an instance assigned away keeps running here until its new owner runs it
         (its heartbeat says so), the new owner is gone, or the hand-off times out."""
@@ -196,9 +203,10 @@ class ClusterMember:
                 if all(figs.get(i) and figs[i].running for i in ids):
                     break
                 time.sleep(0.05)
-            running = set(self._report.running) | {f"{fqfn}:{i}" for i in ids}
-            self._report = LocalReport(tuple(sorted(running)), self._report.busy_s, self._leaving.is_set(),
-                                       self._report.leader_epoch)
+            names = {f"{fqfn}:{i}" for i in ids}
+            self._report = replace(self._report, running=tuple(sorted(set(self._report.running) | names)),
+                                   hosted=tuple(sorted(set(self._report.hosted) | names)),
+                                   leaving=self._leaving.is_set())
             self.membership.beat_now()
         threading.Thread(target=wait_and_beat, daemon=True).start()
 
@@ -220,7 +228,7 @@ class ClusterMember:
         term = self.elector.try_acquire()
         if term is None:
             return False
-        self._report = LocalReport(self._report.running, self._report.busy_s, self._leaving.is_set(), term.epoch)
+        self._report = replace(self._report, leaving=self._leaving.is_set(), leader_epoch=term.epoch)
         self.membership.beat_now()
         log.info("%s leads cluster %s with epoch %d", self.me, self.settings.name, term.epoch)
         return True
@@ -368,7 +376,7 @@ class ClusterMember:
         """SIGTERM: make-before-break. Say we are leaving, let the leader move our instances, keep them
         running until their new owners run them, then stop."""
         self._leaving.set()
-        self._report = LocalReport(self._report.running, self._report.busy_s, True, self._report.leader_epoch)
+        self._report = replace(self._report, leaving=True)
         self.membership.beat_now()
         others = [m for m in self.membership.alive() if m.worker_id != self.me and not m.leaving]
         if others:

@@ -37,6 +37,7 @@ class LocalReport:
     busy_s: float = 0.0                     # cumulative busy seconds of its instances
     leaving: bool = False                   # SIGTERM: move my instances away, then I go
     leader_epoch: int | None = None
+    hosted: tuple[str, ...] = ()           # every instance it runs, also one still starting (restoring state)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Member:
     running: frozenset = frozenset()
     busy_s: float = 0.0
     busy_rate: float = 0.0                   # busy seconds per second, smoothed
+    hosted: frozenset = frozenset()          # running or starting ("running" of a worker that does not say)
 
     def view(self) -> dict:
         """Pulsar's WorkerInfo fields, plus ours."""
@@ -100,7 +102,7 @@ class MembershipManager:
     def _send(self, report: LocalReport, gone: bool = False) -> None:
         body = {"workerId": self.worker_id, "url": self.url, "capacity": self.capacity,
                 "incarnation": self.incarnation, "leaving": report.leaving, "leaderEpoch": report.leader_epoch,
-                "running": list(report.running), "busy": report.busy_s, "gone": gone}
+                "running": list(report.running), "hosted": list(report.hosted), "busy": report.busy_s, "gone": gone}
         self._producer.send(json.dumps(body).encode())
 
     def _beat(self) -> None:
@@ -136,7 +138,8 @@ class MembershipManager:
                 rate = BUSY_SMOOTHING * sample + (1 - BUSY_SMOOTHING) * prev.busy_rate
             self._members[wid] = Member(wid, body["url"], body["capacity"], inc, seen,
                                         body.get("leaving", False), body.get("leaderEpoch"),
-                                        frozenset(body.get("running", ())), body["busy"], rate)
+                                        frozenset(body.get("running", ())), body["busy"], rate,
+                                        frozenset(body.get("hosted", body.get("running", ()))))
             self.changed.notify_all()
 
     # ---- the view ---------------------------------------------------------------------------------

@@ -221,3 +221,36 @@ def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker
                 producer.kill()
                 producer.wait()
         _assert_exact(cluster, name)
+
+
+def test_sigterm_of_the_surplus_instances_worker_in_the_middle_of_a_scale_in(broker, tmp_path):
+    """The operator stops (SIGTERM) the worker of the instance a 3 -> 2 is emptying, half-way through: the worker
+    drains it at once (its changes flushed), the front's worker runs it again until its groups have left."""
+    name = f"kn-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        admin = FunctionsAdmin(cluster.live()[0].url)
+        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+                      "inputs": [src], "parallelism": 3, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+                      "subscriptionPosition": "Earliest",
+                      "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'},
+                     str(EXAMPLES / "keyed_count.py"))
+        placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 different workers")
+        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
+                                     str(KEYS), str(RATE)])
+        try:
+            time.sleep(2)
+            admin.set_parallelism("public", "default", name, 2)
+            wait_until(lambda: _mid_migration(cluster, name, "2", -38), 60,
+                       lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
+            cluster.terminate(cluster.by_id(placed[2]))
+            wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == {"0": 64, "1": 64}
+                                and not _keyed_view(cluster, name).get("migrating")), 120,
+                       lambda: f"the 3 -> 2 finished without instance 2's worker: {_keyed_view(cluster, name)}")
+            assert producer.wait(90) == 0
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        _assert_exact(cluster, name)
