@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -176,81 +177,83 @@ def _mid_migration(cluster: WorkerCluster, name: str, instance: str, at_least: i
     return view if view.get("migrating") and reached else None
 
 
+def _create_paced(cluster: WorkerCluster, name: str, src: str, parallelism: int) -> dict[int, str]:
+    """The keyed count with subscales of 1 group paced to a duty of 5%: a migration goes on for many seconds."""
+    FunctionsAdmin(cluster.live()[0].url).create(
+        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+         "inputs": [src], "parallelism": parallelism, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+         "subscriptionPosition": "Earliest",
+         "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'},
+        str(EXAMPLES / "keyed_count.py"))
+    return wait_until(lambda: _spread(cluster, name, parallelism), 60,
+                      f"{parallelism} instances on {parallelism} different workers")
+
+
+@contextmanager
+def _load(broker, src: str):
+    """RECORDS records over KEYS keys at RATE from a producer process, killed if the test leaves early."""
+    producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS), str(KEYS),
+                                 str(RATE)])
+    try:
+        yield producer
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+
+
+def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
+    FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 2)
+    wait_until(lambda: _mid_migration(cluster, name, "2", -38), 60,
+               lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
+
+
+def _finished(cluster: WorkerCluster, name: str, groups: dict[str, int], what: str) -> None:
+    wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == groups
+                        and not _keyed_view(cluster, name).get("migrating")), 120,
+               lambda: f"{what}: {_keyed_view(cluster, name)}")
+
+
 def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker, tmp_path):
     """A machine dies while key groups are moving, as an operator's would: the front's worker half-way through
     a 2 -> 3 (some groups already opened on instance 2, the rest still with their old owners: a new front redoes
     the interrupted subscale from the saved assignment and the changelog), then the worker of the surplus
     instance 2 half-way through the 3 -> 2 back (no worker is assigned a surplus instance, so the front's worker
-    runs it again until its groups have left; before, its groups waited for it for ever). Subscales of 1 group
-    paced to a duty of 5% keep each migration going for many seconds. Counts end exact under EFFECTIVELY_ONCE."""
+    runs it again until its groups have left; before, its groups waited for it for ever). Counts end exact
+    under EFFECTIVELY_ONCE."""
     name = f"km-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
-        admin = FunctionsAdmin(cluster.live()[0].url)
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                      "inputs": [src], "parallelism": 2, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-                      "subscriptionPosition": "Earliest",
-                      "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'},
-                     str(EXAMPLES / "keyed_count.py"))
-        wait_until(lambda: _spread(cluster, name, 2), 60, "2 instances on 2 different workers")
-        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
-                                     str(KEYS), str(RATE)])
-        try:
+        _create_paced(cluster, name, src, 2)
+        with _load(broker, src) as producer:
             time.sleep(2)
-            admin.set_parallelism("public", "default", name, 3)
+            FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 3)
             view = wait_until(lambda: _mid_migration(cluster, name, "2", 3), 60,
                               lambda: f"a 2 -> 3 under way with groups on instance 2: {_keyed_view(cluster, name)}")
             placed = wait_until(lambda: _spread(cluster, name, 3), 30, "instance 2 on the third worker")
             assert view["migrating"] and placed[2] != placed[0]
             cluster.kill(cluster.by_id(placed[0]))   # the front's worker
-            wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == {"0": 43, "1": 43, "2": 42}
-                                and not _keyed_view(cluster, name).get("migrating")), 120,
-                       lambda: f"the 2 -> 3 finished under a new front: {_keyed_view(cluster, name)}")
-            admin = FunctionsAdmin(cluster.live()[0].url)
-            admin.set_parallelism("public", "default", name, 2)
-            wait_until(lambda: _mid_migration(cluster, name, "2", -38), 60,
-                       lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
+            _finished(cluster, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished under a new front")
+            _scale_in_to_2_under_way(cluster, name)
             cluster.kill(cluster.by_id(_placement(cluster, name)[2]))   # the surplus instance's worker
-            wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == {"0": 64, "1": 64}
-                                and not _keyed_view(cluster, name).get("migrating")), 120,
-                       lambda: f"the 3 -> 2 finished without instance 2's worker: {_keyed_view(cluster, name)}")
+            _finished(cluster, name, {"0": 64, "1": 64}, "the 3 -> 2 finished without instance 2's worker")
             assert producer.wait(90) == 0
-        finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.wait()
         _assert_exact(cluster, name)
 
 
 def test_sigterm_of_the_surplus_instances_worker_in_the_middle_of_a_scale_in(broker, tmp_path):
     """The operator stops (SIGTERM) the worker of the instance a 3 -> 2 is emptying, half-way through: the worker
-    drains it at once (its changes flushed), the front's worker runs it again until its groups have left."""
+    keeps it while its groups leave (up to its 30 s leave), after which the front's worker would run it."""
     name = f"kn-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
-        admin = FunctionsAdmin(cluster.live()[0].url)
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                      "inputs": [src], "parallelism": 3, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-                      "subscriptionPosition": "Earliest",
-                      "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'},
-                     str(EXAMPLES / "keyed_count.py"))
-        placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 different workers")
-        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
-                                     str(KEYS), str(RATE)])
-        try:
+        placed = _create_paced(cluster, name, src, 3)
+        with _load(broker, src) as producer:
             time.sleep(2)
-            admin.set_parallelism("public", "default", name, 2)
-            wait_until(lambda: _mid_migration(cluster, name, "2", -38), 60,
-                       lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
+            _scale_in_to_2_under_way(cluster, name)
             cluster.terminate(cluster.by_id(placed[2]))
-            wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == {"0": 64, "1": 64}
-                                and not _keyed_view(cluster, name).get("migrating")), 120,
-                       lambda: f"the 3 -> 2 finished without instance 2's worker: {_keyed_view(cluster, name)}")
+            _finished(cluster, name, {"0": 64, "1": 64}, "the 3 -> 2 finished without instance 2's worker")
             assert producer.wait(90) == 0
-        finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.wait()
         _assert_exact(cluster, name)
