@@ -57,24 +57,29 @@ class StateTopicCleaner:
     session: requests.Session
 
     def delete(self, cfg: FunctionConfig) -> list[str]:
-        """The topics deleted (none when it has none). Raises StateTopicsError."""
+        """The topics deleted (none when it has none), partitioned ones too: a broker whose
+        allowAutoTopicCreationType is `partitioned` created them so. Raises StateTopicsError."""
         base = (f"{self.web_service_url}/admin/v2/persistent/"
                 f"{quote(cfg.tenant, safe='')}/{quote(cfg.namespace, safe='')}")
-        listed = self._call("GET", base, {"includeSystemTopic": "true"}, f"list the topics of {cfg.tenant}/"
-                                                                         f"{cfg.namespace}")
+        where = f"{cfg.tenant}/{cfg.namespace}"
+        deleted = []
+        # getList also names each partition (`{topic}-partition-{i}`), which the pattern leaves to the second pass.
+        for listing, suffix, what in ((base, "", "topics"), (f"{base}/partitioned", "/partitions", "partitioned topics")):
+            for topic in self._state_topics(cfg, listing, f"list the {what} of {where}"):
+                resp = self._call("DELETE", f"{base}/{quote(topic.rsplit('/', 1)[1], safe='')}{suffix}",
+                                  {"force": "true"}, f"delete {topic}", missing_ok=True)
+                if resp.status_code != 404:
+                    deleted.append(topic)
+        return deleted
+
+    def _state_topics(self, cfg: FunctionConfig, url: str, what: str) -> list[str]:
+        listed = self._call("GET", url, {"includeSystemTopic": "true"}, what)
         try:
             names = [str(t) for t in listed.json()]
         except (ValueError, TypeError):
-            raise StateTopicsError(f"{base}: the topic list is not a JSON array of names: "
-                                   f"{listed.text[:200]!r}") from None
+            raise StateTopicsError(f"{url}: the topic list is not a JSON array of names: {listed.text[:200]!r}") from None
         pattern = state_topic_pattern(cfg)
-        deleted = []
-        for topic in sorted(t for t in names if pattern.fullmatch(t)):
-            resp = self._call("DELETE", f"{base}/{quote(topic.rsplit('/', 1)[1], safe='')}", {"force": "true"},
-                              f"delete {topic}", missing_ok=True)
-            if resp.status_code != 404:
-                deleted.append(topic)
-        return deleted
+        return sorted(t for t in names if pattern.fullmatch(t))
 
     def _call(self, method: str, url: str, params: dict, what: str, missing_ok: bool = False) -> requests.Response:
         try:

@@ -8,9 +8,7 @@ with unknown fields refused: Pulsar would ignore a misspelt field silently) and 
 is validated against the documented response schema before it is sent. Anything undocumented is
 recorded in ``state.violations``; a test asserts that list stays empty.
 
-The documents are the published ones (``published.py``, with its errata). Beyond them: ``/partitions``
-(``getPartitionedMetadata`` is not in the v2 excerpt; its answer is validated against the excerpt's
-``PartitionedTopicMetadata``), ``/metrics`` (Prometheus text of the worker), 401/403 by credentials, 307
+The documents are the published ones (``published.py``, with its errata). Beyond them: ``/metrics`` (Prometheus text of the worker), 401/403 by credentials, 307
 redirects to another host, and deliberately malformed answers (``state.malformed``), which are the
 only bodies sent without validation.
 """
@@ -30,8 +28,6 @@ from werkzeug.serving import make_server
 
 from .published import BROKER_DOC, FUNCTIONS_DOC, TOPIC_DELETE_DOC, broker_doc, functions_doc, topic_delete_doc
 
-PARTITIONS = re.compile(r"^/admin/v2/persistent/(?P<tenant>[^/]+)/(?P<namespace>[^/]+)/(?P<topic>[^/]+)/partitions$")
-PARTITIONS_QUERY = {"checkAllowAutoCreation", "authoritative"}  # PersistentTopics.getPartitionedMetadata
 
 
 class Contract:
@@ -212,9 +208,6 @@ class FakeHost:
                                 mimetype="application/json")
         if request.path == "/metrics" and request.method == "GET":
             return Response(st.worker_metrics, mimetype="text/plain; version=0.0.4")
-        partitions = PARTITIONS.match(request.path)
-        if partitions and request.method == "GET":
-            return self._partitioned_metadata(partitions.groupdict())
         for contract in self.contracts:
             found = contract.match(request.path)
             if found:
@@ -243,15 +236,6 @@ class FakeHost:
         if body is None:
             return Response(status=status)
         return self._json(contract, op, status, body)
-
-    def _partitioned_metadata(self, pp: dict) -> Response:
-        for name in set(request.args) - PARTITIONS_QUERY:
-            self._violation(f"GET {request.path}: undocumented query parameter {name!r}")
-        body = {"partitions": self.state.partitions.get(_topic_name(pp), 0), "properties": {}}
-        broker = self.contracts[1]
-        for problem in broker.check({"$ref": "#/definitions/PartitionedTopicMetadata"}, body, request.path):
-            self._violation(problem)
-        return Response(json.dumps(body), 200, mimetype="application/json")
 
     # ---- operations (named by operationId, without its resource prefix) ------------------------------
     def _fn(self, pp):
@@ -304,20 +288,42 @@ class FakeHost:
         return 200, self.state.topics[name]
 
     def _op_getList(self, pp):
+        return self._listing(pp, self.state.topics)
+
+    def _op_getPartitionedTopicList(self, pp):
+        return self._listing(pp, self.state.partitions)
+
+    def _listing(self, pp, names):
         prefix = f"persistent://{pp['tenant']}/{pp['namespace']}/"
-        return 200, sorted(t for t in self.state.topics if t.startswith(prefix))
+        return 200, sorted(t for t in names if t.startswith(prefix))
 
     def _op_deleteTopic(self, pp):
         name = _topic_name(pp)
         if name not in self.state.topics:
             return 404, {"reason": "Topic not found"}
+        return self._drop(name, [name])
+
+    def _op_deletePartitionedTopic(self, pp):
+        name = _topic_name(pp)
+        if name not in self.state.partitions:
+            return 404, {"reason": f"Partitioned topic does not exist: {name}"}
+        return self._drop(name, [f"{name}-partition-{i}" for i in range(self.state.partitions[name])])
+
+    def _drop(self, name, topics):
+        """Deletes a topic (or a partitioned topic's partitions and metadata); busy ones only with force."""
         force = request.args.get("force", "false") == "true"
-        if not force and (self.state.topics[name].get("publishers") or self.state.topics[name].get("subscriptions")):
+        busy = any(self.state.topics.get(t, {}).get(k) for t in topics for k in ("publishers", "subscriptions"))
+        if busy and not force:
             return 412, {"reason": "Topic has active producers/subscriptions"}
         with self.state.lock:
-            del self.state.topics[name]
+            for t in topics:
+                self.state.topics.pop(t, None)
+            self.state.partitions.pop(name, None)
             self.state.deleted.append((name, force))
         return 204, None
+
+    def _op_getPartitionedMetadata(self, pp):
+        return 200, {"partitions": self.state.partitions.get(_topic_name(pp), 0), "properties": {}}
 
     def _op_getPartitionedStats(self, pp):
         name = _topic_name(pp)

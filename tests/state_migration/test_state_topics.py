@@ -42,7 +42,19 @@ def _topics_of(cfg: FunctionConfig) -> set[str]:
                for w in ("assignment", "control", "route-0", "route-11")})
 
 
-def test_deleting_a_function_deletes_its_state_topics_and_no_other(broker, client, tmp_path, admin_api):
+def _as_topics(state, names: set[str], partitioned: bool) -> None:
+    """As the broker holds them: a partitioned topic is its metadata and a topic per partition (both listed)."""
+    for t in names:
+        if partitioned:
+            state.partitions[t] = 2
+            state.topics.update({f"{t}-partition-{i}": {} for i in range(2)})
+        else:
+            state.topics[t] = {}
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["topics", "partitioned-topics"])
+def test_deleting_a_function_deletes_its_state_topics_and_no_other(broker, client, tmp_path, admin_api, partitioned):
+    """Partitioned: a broker whose allowAutoTopicCreationType is `partitioned` creates every state topic so."""
     state, url = admin_api
     name = f"gone-{uuid.uuid4().hex[:6]}"
     with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
@@ -58,12 +70,13 @@ def test_deleting_a_function_deletes_its_state_topics_and_no_other(broker, clien
         longer = FunctionConfig.from_dict({**admin.get("public", "default", name), "name": f"{name}-{cfg.stateId}"})
         others = ({src, f"{NS}{name}-out", f"{NS}__state-{name}-changelog"}   # a config saved before stateId
                   | _topics_of(older) | _topics_of(longer))
-        state.topics.update({t: {} for t in mine | others})
+        _as_topics(state, mine | others, partitioned)
+        left = set(state.topics) - ({f"{t}-partition-{i}" for t in mine for i in range(2)} if partitioned else mine)
         admin.delete("public", "default", name)
         wait_until(lambda: {t for t, _ in state.deleted} == mine, 60,
                    lambda: f"the {len(mine)} state topics deleted, saw {sorted(t for t, _ in state.deleted)}")
     assert all(force for _, force in state.deleted), state.deleted
-    assert set(state.topics) == others
+    assert set(state.topics) == left and set(state.partitions) == (others if partitioned else set())
     assert state.violations == []
 
 
