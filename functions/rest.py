@@ -310,7 +310,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
             names.extend(f"{cfg.fqfn}:{i}" for i in range(cfg.parallelism))
         return jsonify({worker.worker_id: names})
 
-    rest_parity.register(app, worker, admin)
+    rest_parity.register(app, worker, cluster)
 
     @app.get("/metrics")
     def metrics():

@@ -17,8 +17,10 @@ from flask import Flask, Response, jsonify, request
 
 from pulsar_autoscale.errors import ConfigError
 
+from .cluster.member import MISDIRECTED, ClusterMember
 from .config import parse_text
 from .packages import PackageStore
+from .state import StateStore
 from .trigger import trigger
 from .worker import NotFound, Worker
 
@@ -26,9 +28,28 @@ FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
 STATE_VALUE_FIELDS = ("stringValue", "numberValue", "byteValue")
 
 
-def register(app: Flask, worker: Worker, admin) -> None:
-    """`admin`: where function configs live (this worker, or the cluster's metadata)."""
+def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
+    """`cluster`: this worker's cluster (configs from its metadata, a key's state from the worker that holds it),
+    None: this worker is the cluster."""
+    admin = cluster or worker
     packages = PackageStore(worker.data_dir / "packages")
+
+    def holder(tenant: str, namespace: str, name: str, key: str, state: str | None = None) -> StateStore | Response:
+        """The store of this worker that holds the key, or on a cluster the answer of the worker that does."""
+        fqfn = f"{tenant}/{namespace}/{name}"
+        try:
+            return worker.state_store(fqfn, key)
+        except NotFound as exc:
+            if cluster is None:
+                raise
+            if request.args.get("scope") == "local":   # asked by another worker: answer for this one only
+                return Response(json.dumps({"reason": str(exc)}), MISDIRECTED, mimetype="application/json")
+            admin.get(fqfn)   # 404 for a function that does not exist
+            resp = cluster.state_elsewhere(fqfn, key, state)
+            if resp is None:
+                raise NotFound(f"no live worker holds the key group of {key!r} of {fqfn} right now (moving between "
+                               "instances, or restoring after its worker died): retry in a few seconds") from None
+            return Response(resp.content, resp.status_code, content_type=resp.headers.get("Content-Type"))
 
     @app.post(FN + "/trigger")
     def trigger_function(tenant, namespace, name):
@@ -48,7 +69,9 @@ def register(app: Flask, worker: Worker, admin) -> None:
 
     @app.get(FN + "/state/<path:key>")
     def get_state(tenant, namespace, name, key):
-        store = worker.state_store(f"{tenant}/{namespace}/{name}", key)
+        store = holder(tenant, namespace, name, key)
+        if isinstance(store, Response):
+            return store
         if store.has_counter(key):
             return jsonify(key=key, numberValue=store.get_counter(key))
         value = store.get_state(key)
@@ -61,13 +84,15 @@ def register(app: Flask, worker: Worker, admin) -> None:
 
     @app.post(FN + "/state/<path:key>")
     def put_state(tenant, namespace, name, key):
-        store = worker.state_store(f"{tenant}/{namespace}/{name}", key)
         raw = request.form.get("state")
         if raw is None and request.files.get("state") is not None:
             raw = request.files["state"].read().decode("utf-8", "replace")
         if raw is None:
             raise ConfigError('the multipart part `state` is missing: a FunctionState JSON such as '
                               '{"key": "k", "stringValue": "v"}')
+        store = holder(tenant, namespace, name, key, raw)
+        if isinstance(store, Response):
+            return store
         state = parse_text(raw, "state")
         if state.get("key") not in (None, key):
             raise ConfigError(f"key {state['key']!r} in the state does not match the key in the path ({key!r})")

@@ -2,8 +2,10 @@
 and answers the admin API for the whole cluster.
 
 Writes go through the topics only (metadata records from any worker, assignment snapshots
-from the leader with its epoch). The only worker-to-worker traffic is read-only: the status
-and stats of an instance are read from the worker that runs it (`?scope=local`).
+from the leader with its epoch). Worker-to-worker traffic is the admin API with `?scope=local`: the status
+and stats of an instance are read from the worker that runs it, and querystate/putstate of a key go to
+the worker whose instance holds its key group (a state write there is a state change like the instance's
+own, persisted by that worker's changelog).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from urllib.parse import quote
 
 import requests
 
@@ -33,6 +36,7 @@ from .topics import ClusterTopics
 
 log = logging.getLogger(__name__)
 PROXY_TIMEOUT_S = 2.0
+MISDIRECTED = 421   # a scope=local state call to a worker that holds no instance of the key's group
 LOOP_S = 0.1
 LEADER_RETRY_S = 0.5
 
@@ -319,6 +323,25 @@ class ClusterMember:
                                   self.worker.exception_totals(fqfn))
         except NotFound:
             return None
+
+    def state_elsewhere(self, fqfn: str, key: str, state: str | None) -> requests.Response | None:
+        """querystate (state None) or putstate of a key whose group no instance here holds: the answer of the live
+        worker whose instance holds it. Each is asked with scope=local, so it answers for itself and a worker that
+        does not hold the group says so (421); None when none holds it (the group moving between owners, or being
+        restored after its worker died)."""
+        path = f"/admin/v3/functions/{fqfn}/state/{quote(key, safe='')}"
+        files = None if state is None else {"state": (None, state, "application/json")}
+        for m in self.membership.alive():
+            if m.worker_id == self.me:
+                continue
+            try:
+                resp = self._http.request("GET" if state is None else "POST", m.url + path, params={"scope": "local"},
+                                          files=files, timeout=PROXY_TIMEOUT_S)
+            except requests.RequestException:
+                continue
+            if resp.status_code != MISDIRECTED:
+                return resp
+        return None
 
     def _remote(self, url: str, path: str) -> object | None:
         try:
