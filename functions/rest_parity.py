@@ -47,8 +47,12 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
             admin.get(fqfn)   # 404 for a function that does not exist
             resp = cluster.state_elsewhere(fqfn, key, state)
             if resp is None:
-                raise NotFound(f"no live worker holds the key group of {key!r} of {fqfn} right now (moving between "
-                               "instances, or restoring after its worker died): retry in a few seconds") from None
+                stopped = cluster.stopped(fqfn)
+                raise NotFound(f"no live worker holds the key group of {key!r} of {fqfn} right now: "
+                               + (f"instances {sorted(stopped)} are stopped (their groups' state is served again "
+                                  "once they start), or " if stopped else "")
+                               + "it is moving between instances or restoring after its worker died: retry in a "
+                                 "few seconds") from None
             return Response(resp.content, resp.status_code, content_type=resp.headers.get("Content-Type"))
 
     @app.post(FN + "/trigger")

@@ -51,6 +51,10 @@ class RoutingCounters:
 class _Mailbox:
     items: deque = field(default_factory=deque)
     in_hand: int | None = None     # the group of the record the instance is processing
+    # The inputs attached for this instance id, oldest first; only the first takes. A restart starts the new
+    # instance before the old one has finished its last record: the new one waits until the old one closed,
+    # so a key's records are never processed by two threads at once, and the old one's close leaves the box.
+    inputs: list = field(default_factory=list)
 
 
 class KeyedRouter:
@@ -79,11 +83,12 @@ class KeyedRouter:
     # ---- instances ---------------------------------------------------------------------------------
     def attach(self, instance_id: int) -> "KeyedInput":
         """The input of a local instance (its mailbox). The worker's consumer opens with the first one."""
+        attached = KeyedInput(self, instance_id)
         with self._cond:
-            self._boxes.setdefault(instance_id, _Mailbox())
+            self._boxes.setdefault(instance_id, _Mailbox()).inputs.append(attached)
             self._start()
             self._release_waiting_for_present_owners(time.monotonic())
-        return KeyedInput(self, instance_id)
+        return attached
 
     def start(self) -> None:
         """Open the input with no local instance (a cluster's front forwards every record)."""
@@ -97,14 +102,21 @@ class KeyedRouter:
             self._dispatcher = threading.Thread(target=self._dispatch, name="keyed-dispatch", daemon=True)
             self._dispatcher.start()
 
-    def detach(self, instance_id: int) -> None:
-        """An instance stopped: whatever waited in its mailbox goes to the owners (re-routed), and the
-        consumer closes after the last instance."""
+    def detach(self, attached: "KeyedInput") -> None:
+        """An instance stopped: the instance id's next input (a restart) takes over its mailbox, else whatever
+        waited there goes to the owners (re-routed); the consumer closes after the last instance."""
         with self._cond:
-            box = self._boxes.pop(instance_id, None)
-            if box is not None:
-                for item in box.items:
-                    self._place(item, rerouted=True)
+            box = self._boxes.get(attached.instance_id)
+            if box is None or attached not in box.inputs:
+                return
+            box.inputs.remove(attached)
+            box.in_hand = None
+            self._cond.notify_all()
+            if box.inputs:
+                return
+            del self._boxes[attached.instance_id]
+            for item in box.items:
+                self._place(item, rerouted=True)
             last = not self._boxes
         if last:
             self.close()
@@ -180,14 +192,20 @@ class KeyedRouter:
         self._consumer.negative_acknowledge(msg)
 
     # ---- what an instance takes ------------------------------------------------------------------------
-    def take(self, instance_id: int, timeout_s: float):
+    def take(self, attached: "KeyedInput", timeout_s: float):
         """The next record for the instance, or None after timeout_s. Records of groups it does not serve
         any more are re-routed on the way; the instance's previous record is done when it calls again."""
+        instance_id = attached.instance_id
         deadline = time.monotonic() + timeout_s
         with self._cond:
             box = self._boxes.get(instance_id)
-            if box is None:
+            if box is None or attached not in box.inputs:
                 return None
+            if box.inputs[0] is not attached:   # the instance it restarts has not closed yet
+                self._cond.wait_for(lambda: attached not in box.inputs or box.inputs[0] is attached,
+                                    max(deadline - time.monotonic(), 0))
+                if not box.inputs or box.inputs[0] is not attached:
+                    return None
             box.in_hand = None
             self._cond.notify_all()       # a migration may wait for this instance to put its group down
             while True:
@@ -267,11 +285,11 @@ class KeyedInput:
 
     def __init__(self, router: KeyedRouter, instance_id: int):
         self._router = router
-        self._id = instance_id
+        self.instance_id = instance_id
         self._closed = False
 
     def receive(self, timeout_millis: int):
-        msg = self._router.take(self._id, timeout_millis / 1000)
+        msg = self._router.take(self, timeout_millis / 1000)
         if msg is None:
             raise pulsar.Timeout()
         return msg
@@ -288,4 +306,4 @@ class KeyedInput:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._router.detach(self._id)
+            self._router.detach(self)

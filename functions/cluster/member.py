@@ -324,6 +324,10 @@ class ClusterMember:
         except NotFound:
             return None
 
+    def stopped(self, fqfn: str) -> set[int]:
+        """The function's instances stopped by start/stop (they run nowhere, and their state with them)."""
+        return set(self.metadata.get(fqfn).stopped)
+
     def state_elsewhere(self, fqfn: str, key: str, state: str | None) -> requests.Response | None:
         """querystate (state None) or putstate of a key whose group no instance here holds: the answer of the live
         worker whose instance holds it. Each is asked with scope=local, so it answers for itself and a worker that
