@@ -1,5 +1,5 @@
-"""pulsar-admin's restart, stop and start of one instance and of all instances of a keyedState function, under
-load, on one worker (mailboxes) and on a 3-worker cluster (route topics): a stopped instance's keys wait while
+"""pulsar-admin's restart, stop and start of one instance and of all instances of a keyedState function, and an
+update that restarts them, under load, on one worker (mailboxes) and on a 3-worker cluster (route topics): a stopped instance's keys wait while
 the others go on, and counts end exact under EFFECTIVELY_ONCE."""
 
 from __future__ import annotations
@@ -71,6 +71,9 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
             wait_until(lambda: 2 in running(), 30, "instance 2 started again")
             time.sleep(2)
             admin.action("public", "default", name, "restart")   # every instance
+            time.sleep(3)
+            admin.update({"tenant": "public", "namespace": "default", "name": name,   # restarts them all too
+                          "userConfig": {"version": 2}})
             time.sleep(3)
             admin.action("public", "default", name, "stop")
             wait_until(lambda: not running(), 30, "every instance stopped")
