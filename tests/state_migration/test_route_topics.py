@@ -9,6 +9,7 @@ import shutil
 import uuid
 
 import pulsar
+import pytest
 
 from pulsar_autoscale.functions.config import FunctionConfig
 from pulsar_autoscale.functions.keyed_cluster import ORIGINAL_ID, KeyedTopics, read_assignment
@@ -74,11 +75,14 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
         worker.close()
 
 
-def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_message_retries(broker, client, tmp_path):
-    """The front acks the input once a record is forwarded, so retries and the dead-letter topic apply on the
-    route topic: maxMessageRetries redeliveries, then the function's dead-letter topic."""
+@pytest.mark.parametrize("spread", [True, False], ids=["route-topics", "one-worker-mailboxes"])
+def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_message_retries(broker, client, tmp_path,
+                                                                                         spread):
+    """On a cluster the front acks the input once a record is forwarded, so retries and the dead-letter topic
+    apply on the route topic; on one worker on the input itself, through the router's one consumer. Either way:
+    maxMessageRetries redeliveries, then the function's dead-letter topic."""
     worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
-    worker.keyed_spread = True
+    worker.keyed_spread = spread
     try:
         name = f"kp-{uuid.uuid4().hex[:6]}"
         src, dlq = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-dlq"
@@ -88,7 +92,10 @@ def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_messag
                                         "keyedState": True, "maxMessageRetries": 2, "deadLetterTopic": dlq,
                                         "subscriptionPosition": "Earliest", "numKeyGroups": 16})
         dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
-        worker.host_instances(cfg, str(code), {0, 1})
+        if spread:
+            worker.host_instances(cfg, str(code), {0, 1})
+        else:
+            worker.create(cfg, code.read_bytes(), "poison.py")
         producer = client.create_producer(src)
         producer.send(b"poison", partition_key="p")
         producer.send(b"fine", partition_key="p")
