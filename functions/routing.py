@@ -25,6 +25,7 @@ from typing import Callable
 
 import pulsar
 
+from .config import DEFAULT_RECEIVER_QUEUE_SIZE
 from .keygroups import KeyGroupAssignment
 from .state import message_group
 
@@ -61,13 +62,19 @@ class KeyedRouter:
     """Ownership of key groups by the worker's instances, and the dispatch of records to them."""
 
     def __init__(self, assignment: KeyGroupAssignment, open_consumer: Callable[[], pulsar.Consumer],
-                 forward: Callable[[int, object], None] | None = None):
+                 forward: Callable[[int, object], None] | None = None,
+                 queue_size: Callable[[], int] = lambda: DEFAULT_RECEIVER_QUEUE_SIZE):
         """`forward(instance_id, record)`: where records of instances without a mailbox here go (a cluster's
-        front, functions/keyed_cluster.py); called under the router's lock, in receive order."""
+        front, functions/keyed_cluster.py); called under the router's lock, in receive order. `queue_size`: the
+        function's receiverQueueSize. The mailboxes hold at most that many records per local instance, all
+        together: the router receives no more until the instances have taken some, so a backlog stays on the
+        broker, as it does for a consumer of its own, instead of in the worker's memory. Records waiting for a
+        group in transit or an owner not here do not count (a migration never stops the other groups)."""
         self.assignment = assignment              # effective owners: changes group by group in a migration
         self.counters = RoutingCounters()
         self._open_consumer = open_consumer
         self._forward = forward
+        self._queue_size = queue_size
         self._consumer: pulsar.Consumer | None = None
         self._boxes: dict[int, _Mailbox] = {}
         self._moving: set[int] = set()            # groups in transit: served by nobody
@@ -141,9 +148,18 @@ class KeyedRouter:
                 consumer.negative_acknowledge(msg)
             consumer.close()
 
+    def _full(self) -> bool:
+        """Under the lock: whether the mailboxes hold their share already (see __init__)."""
+        return (bool(self._boxes)
+                and sum(len(b.items) for b in self._boxes.values()) >= self._queue_size() * len(self._boxes))
+
     def _dispatch(self) -> None:
         consumer = self._consumer
         while not self._closing.is_set():
+            with self._cond:   # an instance's take, or a detach, wakes it
+                if not self._cond.wait_for(lambda: not self._full() or self._closing.is_set(),
+                                           timeout=RECEIVE_TIMEOUT_MS / 1000):
+                    continue
             try:
                 msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
             except pulsar.Timeout:

@@ -398,7 +398,7 @@ class Worker:
             with self._lock:
                 self._drain(fn, ids)
 
-        router = KeyedRouter(assignment, open_consumer)
+        router = KeyedRouter(assignment, open_consumer, queue_size=lambda: fn.config.receiverQueueSize)
         stores = InstanceStateStores(self._fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
                                      lambda: self._client, changelog_of(cfg), new)
         save(assignment)

@@ -92,3 +92,33 @@ def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, w
     collector.close()
     producer.close()
     worker.delete(cfg.fqfn)
+
+
+def test_a_backlog_stays_on_the_broker_not_in_the_mailboxes(broker, worker, client):
+    """The router takes at most receiverQueueSize records per instance into its mailboxes, as a consumer of the
+    instance's own would buffer: before, it received a whole backlog into the worker's memory at once."""
+    name = f"kb-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    producer = client.create_producer(src, batching_enabled=True)
+    for i in range(1000):
+        producer.send_async(b"x", None, partition_key=f"k{i % 50}")
+    producer.flush()
+    cfg = worker.create(FunctionConfig.from_dict(
+        {"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy", "inputs": [src],
+         "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest",
+         "inputSpecs": {src: {"receiverQueueSize": 50}}, "userConfig": {"service_ms": 5, "dist": "deterministic"}}),
+        (EXAMPLES / "sleepy.py").read_bytes(), "sleepy.py")
+    fn = worker._functions[cfg.fqfn]
+    router = fn.keyed.router
+    processed = lambda: sum(h.figures().processed for h in list(fn.instances.values()))  # noqa: E731
+    peak, deadline = 0, time.monotonic() + 60
+    while processed() < 1000:   # sampled while the 1,000 records (2.5 s of work for 2 instances) are processed
+        assert time.monotonic() < deadline, f"only {processed()} of 1000 processed within 60 s"
+        with router._cond:
+            peak = max(peak, sum(len(b.items) for b in router._boxes.values()))
+        assert peak <= 2 * 50, (f"{peak} records in the mailboxes of 2 instances with receiverQueueSize 50 "
+                                f"({router.counters.received} of 1000 received): the backlog came in")
+        time.sleep(0.02)
+    assert peak >= 50, f"the mailboxes never filled ({peak}): the test saw no backlog"
+    producer.close()
+    worker.delete(cfg.fqfn)
