@@ -200,6 +200,12 @@ class FunctionConfig:
         return validate(_from_mapping(data), max_parallelism)
 
     @classmethod
+    def accepted(cls, data: Mapping[str, Any], max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> "FunctionConfig":
+        """A config this worker or cluster accepted before (saved, or a metadata record): an update may have
+        scaled it to zero (merged), which a create may not."""
+        return validate(_from_mapping(data), max_parallelism, min_parallelism=0)
+
+    @classmethod
     def from_text(cls, text: str, source: str = "functionConfig") -> "FunctionConfig":
         return cls.from_dict(parse_text(text, source))
 

@@ -241,7 +241,7 @@ class Worker:
         for path in sorted((self.data_dir / "functions").glob("*/*/*/config.json")):
             try:
                 saved = json.loads(path.read_text())
-                cfg = FunctionConfig.from_dict(saved["config"], self.max_parallelism)
+                cfg = FunctionConfig.accepted(saved["config"], self.max_parallelism)
                 self._host(cfg, saved.get("code_path"), *self._checked_restore(cfg, saved))
                 log.info("restored function %s with parallelism %d", cfg.fqfn, cfg.parallelism)
             except (PulsarAutoscaleError, ValueError, KeyError) as exc:

@@ -249,7 +249,7 @@ class FunctionMetaDataManager:
             self._functions[r["fqfn"]] = controlled(self._functions[r["fqfn"]], r["action"], r["instances"])
         else:
             cur = self._functions.get(r["fqfn"])
-            cfg = FunctionConfig.from_dict(r["config"], max(self.max_parallelism, r["config"].get("parallelism", 1)))
+            cfg = FunctionConfig.accepted(r["config"], max(self.max_parallelism, r["config"].get("parallelism", 1)))
             kept = {} if cur is None else {"stopped": frozenset(i for i in cur.stopped if i < cfg.parallelism),
                                            "restarts": cur.restarts}
             self._functions[r["fqfn"]] = FunctionRecord(cfg, (cur.version if cur else 0) + 1, r.get("package"),

@@ -1,12 +1,13 @@
 """pulsar-admin's restart, stop and start of one instance and of all instances of a keyedState function, and an
-update that restarts them, under load, on one worker (mailboxes) and on a 3-worker cluster (route topics): a stopped instance's keys wait while
-the others go on, and counts end exact under EFFECTIVELY_ONCE."""
+update that restarts them, under load, on one worker (mailboxes) and on a 3-worker cluster (route topics): a
+stopped instance's keys wait while the others go on, and counts end exact under EFFECTIVELY_ONCE. Then scale to
+zero and back, and a delete in the middle of a migration."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import pytest
 
@@ -22,63 +23,95 @@ pytestmark = pytest.mark.slow
 
 
 @contextmanager
-def _worker_url(broker, tmp_path, cluster: bool):
-    if cluster:
-        with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as workers:
+def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str):
+    """A keyed count at parallelism 3 on one worker or on a 3-worker cluster (asked through a worker that need
+    not host instance 0), and a producer of RECORDS records at RATE: (admin, name, src, producer)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with ExitStack() as stack:
+        if cluster:
+            workers = stack.enter_context(WorkerCluster(broker.service_url, broker.metrics_url, tmp_path))
             workers.wait_ready()
-            yield workers.live()[1].url
-        return
-    worker = WorkerProcess(broker, tmp_path)
-    worker.start()
-    try:
-        yield worker.url
-    finally:
-        worker.stop(kill=False)
+            url = workers.live()[1].url
+        else:
+            url = stack.enter_context(WorkerProcess(broker, tmp_path)).url
+        admin = FunctionsAdmin(url)
+        _create(admin, name, src)
+        with _load(broker, src) as producer:
+            time.sleep(2)
+            yield admin, name, src, producer
+
+
+def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3) -> None:
+    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+                  "inputs": [src], "parallelism": parallelism, "keyedState": True,
+                  "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest"},
+                 str(EXAMPLES / "keyed_count.py"))
+    _wait_running(admin, name, set(range(parallelism)), "created")
+
+
+def _running(admin: FunctionsAdmin, name: str) -> set[int]:
+    return {i["instanceId"] for i in admin.status("public", "default", name)["instances"] if i["status"]["running"]}
+
+
+def _wait_running(admin: FunctionsAdmin, name: str, ids: set[int], why: str) -> None:
+    wait_until(lambda: _running(admin, name) == ids, 60, lambda: f"{why}: {sorted(ids)} running, "
+                                                                 f"saw {sorted(_running(admin, name))}")
+
+
+def _assert_exact(admin: FunctionsAdmin, name: str) -> None:
+    want = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
+    wait_until(lambda: _counts(admin, name, KEYS) == want, 120,
+               lambda: f"exact counts {RECORDS // KEYS} per key: {_counts(admin, name, KEYS)}")
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
 def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluster):
-    name = f"kr-{uuid.uuid4().hex[:6]}"
-    src = f"persistent://public/default/{name}-in"
-    with _worker_url(broker, tmp_path, cluster) as url:
-        admin = FunctionsAdmin(url)
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                      "inputs": [src], "parallelism": 3, "keyedState": True,
-                      "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest"},
-                     str(EXAMPLES / "keyed_count.py"))
-        running = lambda: {i["instanceId"] for i in admin.status("public", "default", name)["instances"]  # noqa: E731
-                           if i["status"]["running"]}
-        wait_until(lambda: running() == {0, 1, 2}, 60, lambda: f"3 instances running: {running()}")
-        with _load(broker, src) as producer:
-            time.sleep(2)
-            admin.action("public", "default", name, "restart", 1)
-            time.sleep(3)
-            admin.action("public", "default", name, "restart", 0)   # on a cluster the front's instance
-            time.sleep(3)
-            admin.action("public", "default", name, "stop", 2)
-            wait_until(lambda: 2 not in running(), 30, "instance 2 stopped")
-            before = _counts(admin, name, KEYS)
-            time.sleep(3)
-            after = _counts(admin, name, KEYS)
-            waiting = {k for k in before if key_group(k, 128) >= 86}   # instance 2's groups of 3 (uniform)
-            if cluster:   # the stopped instance's store went with it (it may start on another worker)
-                with pytest.raises(AdminError, match="404.*instances \\[2\\] are stopped"):
-                    admin.get_state("public", "default", name, min(waiting))
-            else:         # its store stays on the worker
-                assert waiting and all(after[k] == before[k] for k in waiting), (before, after)
-            assert all(after[k] > before[k] for k in set(before) - waiting), "\n".join(f"{k} g{key_group(k, 128)}: {before[k]} -> {after[k]}" for k in sorted(before, key=lambda k: int(k[1:])))
-            admin.action("public", "default", name, "start", 2)
-            wait_until(lambda: 2 in running(), 30, "instance 2 started again")
-            time.sleep(2)
-            admin.action("public", "default", name, "restart")   # every instance
-            time.sleep(3)
-            admin.update({"tenant": "public", "namespace": "default", "name": name,   # restarts them all too
-                          "userConfig": {"version": 2}})
-            time.sleep(3)
-            admin.action("public", "default", name, "stop")
-            wait_until(lambda: not running(), 30, "every instance stopped")
-            admin.action("public", "default", name, "start")
-            assert producer.wait(90) == 0
-        want = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
-        wait_until(lambda: _counts(admin, name, KEYS) == want, 120,
-                   lambda: f"exact counts {RECORDS // KEYS} per key: {_counts(admin, name, KEYS)}")
+    with _keyed_count_under_load(broker, tmp_path, cluster, "kr") as (admin, name, _, producer):
+        admin.action("public", "default", name, "restart", 1)
+        time.sleep(3)
+        admin.action("public", "default", name, "restart", 0)   # on a cluster the front's instance
+        time.sleep(3)
+        admin.action("public", "default", name, "stop", 2)
+        _wait_running(admin, name, {0, 1}, "instance 2 stopped")
+        before = _counts(admin, name, KEYS)
+        time.sleep(3)
+        after = _counts(admin, name, KEYS)
+        waiting = {k for k in before if key_group(k, 128) >= 86}   # instance 2's groups of 3 (uniform)
+        if cluster:   # the stopped instance's store went with it (it may start on another worker)
+            with pytest.raises(AdminError, match="404.*instances \\[2\\] are stopped"):
+                admin.get_state("public", "default", name, min(waiting))
+        else:         # its store stays on the worker
+            assert waiting and all(after[k] == before[k] for k in waiting), (before, after)
+        assert all(after[k] > before[k] for k in set(before) - waiting), (before, after)
+        admin.action("public", "default", name, "start", 2)
+        _wait_running(admin, name, {0, 1, 2}, "instance 2 started again")
+        time.sleep(2)
+        admin.action("public", "default", name, "restart")   # every instance
+        time.sleep(3)
+        admin.update({"tenant": "public", "namespace": "default", "name": name,   # restarts them all too
+                      "userConfig": {"version": 2}})
+        time.sleep(3)
+        admin.action("public", "default", name, "stop")
+        _wait_running(admin, name, set(), "every instance stopped")
+        admin.action("public", "default", name, "start")
+        assert producer.wait(90) == 0
+        _assert_exact(admin, name)
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
+def test_scale_to_zero_and_back_then_delete_in_the_middle_of_a_migration(broker, tmp_path, cluster):
+    """Scale to zero (the controller's) drains every instance and keeps the groups' state; back at 2, the groups
+    of the third move; a delete in the middle of a 2 -> 3 does not hang, and the name can be created again."""
+    with _keyed_count_under_load(broker, tmp_path, cluster, "kz") as (admin, name, src, producer):
+        admin.set_parallelism("public", "default", name, 0)
+        _wait_running(admin, name, set(), "scaled to zero")
+        time.sleep(2)
+        admin.set_parallelism("public", "default", name, 2)
+        _wait_running(admin, name, {0, 1}, "back at 2")
+        assert producer.wait(90) == 0
+        _assert_exact(admin, name)
+        admin.set_parallelism("public", "default", name, 3)
+        admin.delete("public", "default", name)   # in the middle of the 2 -> 3
+        wait_until(lambda: name not in admin.list("public", "default"), 30, "deleted")
+        _create(admin, name, src + "-2", parallelism=2)

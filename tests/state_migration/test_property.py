@@ -61,6 +61,13 @@ class WorkerProcess:
              str(self.data_dir / "data"), "--broker-kind", "pulsar-lite"], stdout=log, stderr=subprocess.STDOUT)
         wait_until(self._healthy, 60, f"worker on {self.url} to answer")
 
+    def __enter__(self) -> "WorkerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop(kill=False)
+
     def _healthy(self) -> bool:
         try:
             return requests.get(self.url + "/healthz", timeout=0.5).ok
