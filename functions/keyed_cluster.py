@@ -526,10 +526,12 @@ class ClusterKeyed:
         return None if self.scaler is None else self.scaler.view()
 
     def local_store_for(self, key: str) -> StateStore | None:
-        """The store of this worker's instance that holds the key's group (REST querystate), else None."""
+        """REST querystate/putstate: the store of this worker's instance whose groups hold the key, else of the
+        one that holds the key's own group, else None (another worker answers: functions/cluster/member.py)."""
         group = key_group(key, self.router.num_key_groups)
-        return next((self.stores.store(i) for i in self.stores.local.instances() if group in self.stores.local.held(i)),
-                    None)
+        here = [self.stores.store(i) for i in self.stores.local.instances()]
+        return (next((s for s in here if s.holds(key)), None)
+                or next((s for s in here if group in s.owned()), None))
 
     def surplus_owners(self, parallelism: int) -> set[int]:
         """The front's instances beyond `parallelism` that still own key groups (a scale-in under way): they

@@ -256,8 +256,12 @@ class InstanceStateStores:
                 (self._dir / CLEAN_MARKER).touch()
 
     def for_key(self, key: str) -> StateStore:
-        """The store of the instance that owns the key's group (REST querystate/putstate)."""
-        return self.store(self._owners().owners[key_group(key, self._num_key_groups)])
+        """REST querystate/putstate: the store of an instance here whose groups hold the key, else of the
+        instance that owns the key's own group."""
+        with self._lock:
+            stores = list(self._stores.values())
+        holder = next((s for s in stores if s.holds(key)), None)
+        return holder or self.store(self._owners().owners[key_group(key, self._num_key_groups)])
 
     def release(self, instance_id: int, groups: set[int]) -> None:
         self.restore(instance_id)

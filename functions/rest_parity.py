@@ -35,25 +35,34 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
     packages = PackageStore(worker.data_dir / "packages")
 
     def holder(tenant: str, namespace: str, name: str, key: str, state: str | None = None) -> StateStore | Response:
-        """The store of this worker that holds the key, or on a cluster the answer of the worker that does."""
+        """The store of this worker that holds the key, or on a cluster the answer of the worker that does. A read
+        of a key that no local group has asks the other workers first (a function may write a state key in another
+        message key's group); a write goes to the local store that holds the key or its own group, else to another
+        worker."""
         fqfn = f"{tenant}/{namespace}/{name}"
+        local = cluster is not None and request.args.get("scope") == "local"   # asked by another worker
         try:
-            return worker.state_store(fqfn, key)
+            store = worker.state_store(fqfn, key)
         except NotFound as exc:
             if cluster is None:
                 raise
-            if request.args.get("scope") == "local":   # asked by another worker: answer for this one only
+            if local:
                 return Response(json.dumps({"reason": str(exc)}), MISDIRECTED, mimetype="application/json")
-            admin.get(fqfn)   # 404 for a function that does not exist
-            resp = cluster.state_elsewhere(fqfn, key, state)
-            if resp is None:
-                stopped = cluster.stopped(fqfn)
-                raise NotFound(f"no live worker holds the key group of {key!r} of {fqfn} right now: "
-                               + (f"instances {sorted(stopped)} are stopped (their groups' state is served again "
-                                  "once they start), or " if stopped else "")
-                               + "it is moving between instances or restoring after its worker died: retry in a "
-                                 "few seconds") from None
-            return Response(resp.content, resp.status_code, content_type=resp.headers.get("Content-Type"))
+            store = None
+        if cluster is None or local or (store is not None and (state is not None or store.holds(key))):
+            return store
+        admin.get(fqfn)   # 404 for a function that does not exist
+        resp = cluster.state_elsewhere(fqfn, key, state)
+        if store is not None and (resp is None or resp.status_code == 404):
+            return store   # the key's own group is here: it says the key does not exist
+        if resp is None:
+            stopped = cluster.stopped(fqfn)
+            raise NotFound(f"no live worker holds the key group of {key!r} of {fqfn} right now: "
+                           + (f"instances {sorted(stopped)} are stopped (their groups' state is served again once "
+                              "they start), or " if stopped else "")
+                           + "it is moving between instances or restoring after its worker died: retry in a few "
+                             "seconds")
+        return Response(resp.content, resp.status_code, content_type=resp.headers.get("Content-Type"))
 
     @app.post(FN + "/trigger")
     def trigger_function(tenant, namespace, name):

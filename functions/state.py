@@ -238,12 +238,22 @@ class StateStore:
 
     def _group_of(self, kind: str, key: str) -> int:
         """A key addressed without a message (REST, putstate): the group that holds it, else its own group."""
+        g = self._holding(key, kind)
+        return key_group(key, self.num_key_groups) if g is None else g
+
+    def holds(self, key: str) -> bool:
+        """Whether an owned group has the key (a counter or a value): a function writes state keys while
+        processing a message key's records, so a state key may live in another key's group (REST looks here)."""
+        return self._holding(key) is not None
+
+    def _holding(self, key: str, kind: str | None = None) -> int | None:
         for g in self._existing():
             with self._lock(g):
-                if self._conn(g).execute("SELECT 1 FROM kv WHERE kind = ? AND key = ? AND dead = 0",
-                                         (kind, key)).fetchone():
+                if self._conn(g).execute("SELECT 1 FROM kv WHERE key = ? AND dead = 0"
+                                         + ("" if kind is None else " AND kind = ?"),
+                                         (key,) if kind is None else (key, kind)).fetchone():
                     return g
-        return key_group(key, self.num_key_groups)
+        return None
 
     # ---- message scope: EFFECTIVELY_ONCE and flush-before-ack ------------------------------------
     def begin(self, group: int, msg_id: str | None = None) -> bool:

@@ -368,10 +368,13 @@ class Worker:
         """The key-group router and scaler of a keyedState function; its assignment survives restarts.
         On a cluster: its part on this worker (route inputs; the front while instance 0 runs here)."""
         cfg = fn.config
-        open_consumer = lambda: lite_quirks.fence_stalls(lambda: subscribe(   # noqa: E731
-            self._client, cfg, cfg.fqfn,
-            lite_quirks.keyed_subscription_type(keyed_subscription_type(cfg), self.broker_kind)),
-            cfg.inputs, cfg.subscription_name, self._stall_fence)
+
+        def open_consumer():   # with the config of the moment: an update (maxMessageRetries, ...) reopens it
+            now = fn.config
+            return lite_quirks.fence_stalls(lambda: subscribe(
+                self._client, now, now.fqfn,
+                lite_quirks.keyed_subscription_type(keyed_subscription_type(now), self.broker_kind)),
+                now.inputs, now.subscription_name, self._stall_fence)
         if self.keyed_spread:
             return ClusterKeyed(cfg, self._fn_dir(cfg) / "keyed-state", lambda: self._client, open_consumer,
                                 self.broker_kind, lambda: fn.config, lambda: self._stall_fence)
@@ -560,12 +563,23 @@ class Worker:
             self._discard_code(new, old_code)
         if only_parallelism:
             self._scale(fn, new.parallelism)
+        elif isinstance(fn.keyed, KeyedScaler):
+            # One consumer feeds every instance: it reopens with the new config once the last old instance
+            # has closed, so the new ones start then (started at once they would keep the old consumer open).
+            fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
+            fn.stopped = set()
+            self._drain(fn, sorted(fn.instances, reverse=True), then=lambda: self._start_after_update(fn))
         else:
             self._scale(fn, 0)
             fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
             self._renew_pool(fn)
             self._scale(fn, new.parallelism)
         return new
+
+    def _start_after_update(self, fn: HostedFunction) -> None:
+        with self._lock:
+            if self._functions.get(fn.config.fqfn) is fn and not fn.instances and fn.config.parallelism > 0:
+                self._scale(fn, fn.config.parallelism)
 
     def fence(self, epoch: int) -> None:
         """Refuse a controller action whose leader epoch is older than one already seen."""

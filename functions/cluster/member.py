@@ -332,9 +332,11 @@ class ClusterMember:
         """querystate (state None) or putstate of a key whose group no instance here holds: the answer of the live
         worker whose instance holds it. Each is asked with scope=local, so it answers for itself and a worker that
         does not hold the group says so (421); None when none holds it (the group moving between owners, or being
-        restored after its worker died)."""
+        restored after its worker died). A 404 (the key's own group is there, the key is not) is the answer only
+        when no other worker has the key: a function may write a state key in another message key's group."""
         path = f"/admin/v3/functions/{fqfn}/state/{quote(key, safe='')}"
         files = None if state is None else {"state": (None, state, "application/json")}
+        missing = None
         for m in self.membership.alive():
             if m.worker_id == self.me:
                 continue
@@ -343,9 +345,11 @@ class ClusterMember:
                                           files=files, timeout=PROXY_TIMEOUT_S)
             except requests.RequestException:
                 continue
-            if resp.status_code != MISDIRECTED:
+            if resp.status_code == 404:
+                missing = missing or resp
+            elif resp.status_code != MISDIRECTED:
                 return resp
-        return None
+        return missing
 
     def _remote(self, url: str, path: str) -> object | None:
         try:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
+import pulsar
 import pytest
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
@@ -23,19 +24,23 @@ pytestmark = pytest.mark.slow
 
 
 @contextmanager
+def _admin(broker, tmp_path, cluster: bool):
+    """The admin API of one worker, or of a 3-worker cluster through a worker that need not host instance 0."""
+    if cluster:
+        with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as workers:
+            workers.wait_ready()
+            yield FunctionsAdmin(workers.live()[1].url)
+    else:
+        with WorkerProcess(broker, tmp_path) as worker:
+            yield FunctionsAdmin(worker.url)
+
+
+@contextmanager
 def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str):
-    """A keyed count at parallelism 3 on one worker or on a 3-worker cluster (asked through a worker that need
-    not host instance 0), and a producer of RECORDS records at RATE: (admin, name, src, producer)."""
+    """A keyed count at parallelism 3 and a producer of RECORDS records at RATE: (admin, name, src, producer)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
-    with ExitStack() as stack:
-        if cluster:
-            workers = stack.enter_context(WorkerCluster(broker.service_url, broker.metrics_url, tmp_path))
-            workers.wait_ready()
-            url = workers.live()[1].url
-        else:
-            url = stack.enter_context(WorkerProcess(broker, tmp_path)).url
-        admin = FunctionsAdmin(url)
+    with _admin(broker, tmp_path, cluster) as admin:
         _create(admin, name, src)
         with _load(broker, src) as producer:
             time.sleep(2)
@@ -115,3 +120,25 @@ def test_scale_to_zero_and_back_then_delete_in_the_middle_of_a_migration(broker,
         admin.delete("public", "default", name)   # in the middle of the 2 -> 3
         wait_until(lambda: name not in admin.list("public", "default"), 30, "deleted")
         _create(admin, name, src + "-2", parallelism=2)
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
+def test_an_update_of_the_retries_reaches_the_keyed_input(broker, client, tmp_path, cluster):
+    """maxMessageRetries and deadLetterTopic set by an update apply to the next poison record. Before, on one
+    worker the router's consumer kept the config it was opened with (the restarted instances kept it open)."""
+    name = f"kd-{uuid.uuid4().hex[:6]}"
+    src, dlq = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-dlq"
+    with _admin(broker, tmp_path, cluster) as admin:
+        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "poison.Poison",
+                      "inputs": [src], "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest"},
+                     str(EXAMPLES / "poison.py"))
+        _wait_running(admin, name, {0, 1}, "created")
+        admin.update({"tenant": "public", "namespace": "default", "name": name, "maxMessageRetries": 1,
+                      "deadLetterTopic": dlq})
+        dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(src)
+        producer.send(b"poison", partition_key="p")
+        assert dead.receive(30_000).data() == b"poison"
+        assert admin.get_state("public", "default", name, "deliveries:poison")["numberValue"] == 2
+        producer.close()
+        dead.close()

@@ -11,10 +11,11 @@ import pytest
 import requests
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
-from scenario import wait_until
+from pulsar_autoscale.functions.keygroups import key_group
+from scenario import EXAMPLES, wait_until
 
 from cluster.harness import WorkerCluster
-from state_migration.test_cluster import _counts, _create_paced
+from state_migration.test_cluster import _counts, _create_paced, _spread
 from state_migration.test_recreate import KEYS, _send
 
 pytestmark = pytest.mark.slow
@@ -48,3 +49,33 @@ def test_querystate_and_putstate_answer_on_every_worker(broker, client, tmp_path
         local = requests.get(f"{idle.url}/admin/v3/functions/public/default/{name}/state/k0", params={"scope": "local"},
                              timeout=5)
         assert local.status_code == 421, (local.status_code, local.text)
+
+
+def test_a_state_key_written_in_another_keys_group_is_found_on_every_worker(broker, client, tmp_path):
+    """A function writes state keys while processing a message key's records (poison counts `deliveries:<input>`
+    in the message key's group): querystate of such a key finds it on the worker that holds it, also when the
+    state key's own group is on another worker."""
+    name = f"qp-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        FunctionsAdmin(cluster.live()[0].url).create(
+            {"tenant": "public", "namespace": "default", "name": name, "className": "poison.Poison", "inputs": [src],
+             "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest"}, str(EXAMPLES / "poison.py"))
+        wait_until(lambda: _spread(cluster, name, 2), 60, "2 instances on 2 different workers")
+        state_key = "deliveries:hello"
+        # instance 0 owns groups 0-63, instance 1 64-127: the message key's group on the other instance
+        other_half = key_group(state_key, 128) < 64
+        message_key = next(k for k in (f"m{i}" for i in range(1000)) if (key_group(k, 128) >= 64) == other_half)
+        client.create_producer(src).send(b"hello", partition_key=message_key)
+        for w in cluster.live():
+            admin = FunctionsAdmin(w.url)
+            wait_until(lambda: _number(admin, name, state_key) == 1, 30,
+                       lambda: f"querystate {state_key} on {w.worker_id}: {_number(admin, name, state_key)}")
+
+
+def _number(admin: FunctionsAdmin, name: str, key: str) -> int | str:
+    try:
+        return admin.get_state("public", "default", name, key)["numberValue"]
+    except AdminError as exc:
+        return str(exc)
