@@ -36,9 +36,8 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
 
     def holder(tenant: str, namespace: str, name: str, key: str, state: str | None = None) -> StateStore | Response:
         """The store of this worker that holds the key, or on a cluster the answer of the worker that does. A read
-        of a key that no local group has asks the other workers first (a function may write a state key in another
-        message key's group); a write goes to the local store that holds the key or its own group, else to another
-        worker."""
+        or write of a key that no local group has asks the other workers first (a function may write a state key in
+        another message key's group); a key that no worker has is written in its own group."""
         fqfn = f"{tenant}/{namespace}/{name}"
         local = cluster is not None and request.args.get("scope") == "local"   # asked by another worker
         try:
@@ -49,10 +48,10 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
             if local:
                 return Response(json.dumps({"reason": str(exc)}), MISDIRECTED, mimetype="application/json")
             store = None
-        if cluster is None or local or (store is not None and (state is not None or store.holds(key))):
+        if cluster is None or local or (store is not None and store.holds(key)):
             return store
         admin.get(fqfn)   # 404 for a function that does not exist
-        resp = cluster.state_elsewhere(fqfn, key, state)
+        resp = cluster.state_elsewhere(fqfn, key, state, write_here=store is not None)
         if store is not None and (resp is None or resp.status_code == 404):
             return store   # the key's own group is here: it says the key does not exist
         if resp is None:

@@ -328,28 +328,37 @@ class ClusterMember:
         """The function's instances stopped by start/stop (they run nowhere, and their state with them)."""
         return set(self.metadata.get(fqfn).stopped)
 
-    def state_elsewhere(self, fqfn: str, key: str, state: str | None) -> requests.Response | None:
-        """querystate (state None) or putstate of a key whose group no instance here holds: the answer of the live
-        worker whose instance holds it. Each is asked with scope=local, so it answers for itself and a worker that
-        does not hold the group says so (421); None when none holds it (the group moving between owners, or being
-        restored after its worker died). A 404 (the key's own group is there, the key is not) is the answer only
-        when no other worker has the key: a function may write a state key in another message key's group."""
+    def state_elsewhere(self, fqfn: str, key: str, state: str | None, write_here: bool = False
+                        ) -> requests.Response | None:
+        """querystate (state None) or putstate of a key that no group here has: the answer of the live worker that
+        has it (a function may write a state key in another message key's group), each asked with scope=local so
+        that it answers for itself (421: it holds no instance of the key's group). A write of a key that no
+        worker has goes to its own group's worker, unless that is this one (`write_here`: None, write locally).
+        A read's 404 comes from the key's own group's worker; None: no worker holds that group (moving between
+        owners, or restoring after its worker died)."""
         path = f"/admin/v3/functions/{fqfn}/state/{quote(key, safe='')}"
-        files = None if state is None else {"state": (None, state, "application/json")}
+        others = [m for m in self.membership.alive() if m.worker_id != self.me]
         missing = None
-        for m in self.membership.alive():
-            if m.worker_id == self.me:
-                continue
-            try:
-                resp = self._http.request("GET" if state is None else "POST", m.url + path, params={"scope": "local"},
-                                          files=files, timeout=PROXY_TIMEOUT_S)
-            except requests.RequestException:
+        for m in others:
+            resp = self._state_call(m.url + path, None)
+            if resp is None or resp.status_code == MISDIRECTED:
                 continue
             if resp.status_code == 404:
                 missing = missing or resp
-            elif resp.status_code != MISDIRECTED:
-                return resp
-        return missing
+                continue
+            return resp if state is None or resp.status_code != 200 else self._state_call(m.url + path, state)
+        if state is None or write_here:
+            return missing if state is None else None
+        answers = (self._state_call(m.url + path, state) for m in others)
+        return next((r for r in answers if r is not None and r.status_code != MISDIRECTED), None)
+
+    def _state_call(self, url: str, state: str | None) -> requests.Response | None:
+        files = None if state is None else {"state": (None, state, "application/json")}
+        try:
+            return self._http.request("GET" if state is None else "POST", url, params={"scope": "local"}, files=files,
+                                      timeout=PROXY_TIMEOUT_S)
+        except requests.RequestException:
+            return None
 
     def _remote(self, url: str, path: str) -> object | None:
         try:

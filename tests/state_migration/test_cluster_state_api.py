@@ -53,8 +53,8 @@ def test_querystate_and_putstate_answer_on_every_worker(broker, client, tmp_path
 
 def test_a_state_key_written_in_another_keys_group_is_found_on_every_worker(broker, client, tmp_path):
     """A function writes state keys while processing a message key's records (poison counts `deliveries:<input>`
-    in the message key's group): querystate of such a key finds it on the worker that holds it, also when the
-    state key's own group is on another worker."""
+    in the message key's group): querystate and putstate of such a key find it on the worker that holds it, also
+    when the state key's own group is on another worker (a put there would make a second copy)."""
     name = f"qp-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
@@ -72,6 +72,10 @@ def test_a_state_key_written_in_another_keys_group_is_found_on_every_worker(brok
             admin = FunctionsAdmin(w.url)
             wait_until(lambda: _number(admin, name, state_key) == 1, 30,
                        lambda: f"querystate {state_key} on {w.worker_id}: {_number(admin, name, state_key)}")
+        for value, w in enumerate(cluster.live(), start=10):   # a putstate through any worker updates that key
+            FunctionsAdmin(w.url).put_state("public", "default", name, {"key": state_key, "numberValue": value})
+            seen = {v.worker_id: _number(FunctionsAdmin(v.url), name, state_key) for v in cluster.live()}
+            assert set(seen.values()) == {value}, f"after putstate {value} through {w.worker_id}: {seen}"
 
 
 def _number(admin: FunctionsAdmin, name: str, key: str) -> int | str:
