@@ -340,19 +340,22 @@ class ClusterMember:
         others = [m for m in self.membership.alive() if m.worker_id != self.me]
         missing = None
         for m in others:
-            resp = self._state_call(m.url + path, None)
+            resp = self._local_call(m.url + path, None)
             if resp is None or resp.status_code == MISDIRECTED:
                 continue
             if resp.status_code == 404:
                 missing = missing or resp
                 continue
-            return resp if state is None or resp.status_code != 200 else self._state_call(m.url + path, state)
-        if state is None or write_here:
-            return missing if state is None else None
-        answers = (self._state_call(m.url + path, state) for m in others)
+            return resp if state is None or resp.status_code != 200 else self._local_call(m.url + path, state)
+        if state is None:
+            return missing
+        if write_here:
+            return None
+        answers = (self._local_call(m.url + path, state) for m in others)
         return next((r for r in answers if r is not None and r.status_code != MISDIRECTED), None)
 
-    def _state_call(self, url: str, state: str | None) -> requests.Response | None:
+    def _local_call(self, url: str, state: str | None) -> requests.Response | None:
+        """A scope=local call to another worker (a GET, or the POST of a putstate); None when it cannot be reached."""
         files = None if state is None else {"state": (None, state, "application/json")}
         try:
             return self._http.request("GET" if state is None else "POST", url, params={"scope": "local"}, files=files,
@@ -361,11 +364,8 @@ class ClusterMember:
             return None
 
     def _remote(self, url: str, path: str) -> object | None:
-        try:
-            resp = self._http.get(url + path, params={"scope": "local"}, timeout=PROXY_TIMEOUT_S)
-        except requests.RequestException:
-            return None
-        return resp.json() if resp.status_code == 200 else None
+        resp = self._local_call(url + path, None)
+        return resp.json() if resp is not None and resp.status_code == 200 else None
 
     def _gather(self, fqfn: str, suffix: str, local, worker_ids: set[str]) -> dict[str, object]:
         """What each worker says about its own instances of fqfn (ourselves directly, others over HTTP)."""
