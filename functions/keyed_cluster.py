@@ -290,6 +290,7 @@ class RoutedStores:
         self._cond = threading.Condition()
         self._listener: pulsar.Consumer | None = None
         self._lock = threading.Lock()
+        self._called_off = False
 
     # ---- the front's side --------------------------------------------------------------------------
     def producer(self, instance_id: int) -> pulsar.Producer:
@@ -334,7 +335,9 @@ class RoutedStores:
                                                               NONCE: nonce, INSTANCE: str(instance_id), **extra})
             asked[nonce] = (instance_id, gs)
         with self._cond:
-            self._cond.wait_for(lambda: all(n in self._replies for n in asked), timeout_s)
+            self._cond.wait_for(lambda: self._called_off or all(n in self._replies for n in asked), timeout_s)
+            if self._called_off:
+                raise MigrationError(f"{self._topics.name}: the {op} was called off (the function is deleted)")
             replies = {n: self._replies.pop(n, None) for n in asked}
         missing = [asked[n] for n, r in replies.items() if r is None]
         if missing:
@@ -352,6 +355,12 @@ class RoutedStores:
 
     def open_all(self, groups: dict[int, set[int]]) -> None:
         self._ask_all(OPEN, groups)
+
+    def call_off(self) -> None:
+        """The function is deleted: an answer waited for (an instance that will never start) is not awaited."""
+        with self._cond:
+            self._called_off = True
+            self._cond.notify_all()
 
     def flush_front(self) -> None:
         """Every forward sent so far persisted (and its input record acked by its callback)."""
@@ -484,6 +493,17 @@ class ClusterKeyed:
         thread = threading.Thread(target=stop, name=f"front-stop-{self.topics.name}", daemon=True)
         thread.start()
         return thread
+
+    def halt(self, timeout_s: float) -> bool:
+        """The function is deleted: the front, if here, stops and closes its input; a migration under way is
+        called off, answers it waits for included (False: still closing after timeout_s)."""
+        self.stores.call_off()
+        if self.scaler is not None:
+            self.scaler.call_off()
+        stopping = self.stop_front()
+        if stopping is not None:
+            stopping.join(timeout_s)
+        return stopping is None or not stopping.is_alive()
 
     def _forward(self, instance_id: int, msg) -> None:
         """Under the router's lock (so records keep their order per route topic): forward, ack once persisted."""

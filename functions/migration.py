@@ -87,9 +87,13 @@ class MigrationReport:
 
 def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
             how: KeyedMigration = KeyedMigration(), put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S,
-            on_served: Callable[[KeyGroupAssignment], None] = lambda _a: None) -> MigrationReport:
+            on_served: Callable[[KeyGroupAssignment], None] = lambda _a: None,
+            stop: threading.Event | None = None) -> MigrationReport:
     """Move the router's groups to `target`'s owners (the instances of both must be attached).
-    `on_served` gets the effective assignment after each subscale (the worker saves it)."""
+    `on_served` gets the effective assignment after each subscale (the worker saves it). `stop` set: no
+    further pre-copy round or subscale starts (the function is going); every group is served by one owner
+    when it returns, so the assignment it leaves is whole (moved_groups counts what moved)."""
+    stop = stop or threading.Event()
     subscale_size, stop_the_world, duty = how.subscale_size, how.stop_the_world, how.duty
     if subscale_size < 1:
         raise ValueError(f"subscale size must be at least 1 key group, got {subscale_size}")
@@ -103,6 +107,8 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     if todo and not stop_the_world:
         try:
             for _ in range(PRE_COPY_ROUNDS):   # a later round reads only what changed during the one before
+                if stop.is_set():
+                    break
                 began = time.monotonic()
                 stores.prepare_all(_by(todo, "dst"), duty, how.pre_copy_mb_per_s)
                 report.pre_copy_rounds += 1
@@ -118,10 +124,14 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         batches = [todo] if todo else []
     else:
         batches = subscales(todo, subscale_size)
-    pace = Pacer(duty)
+    pace = Pacer(duty, stop=stop)
     for n, batch in enumerate(batches):
         if n:
             pace()   # the last subscale's time times (1 - duty) / duty
+        if stop.is_set():
+            report.moved_groups = sum(len(b) for b in batches[:n])
+            log.info("migration stopped after %d of %d subscales", n, len(batches))
+            break
         t0 = time.monotonic()
         groups = {m.group for m in batch}
         if not stop_the_world:
@@ -338,10 +348,23 @@ class KeyedScaler:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._called_off = threading.Event()
 
     def stop(self) -> None:
-        """No more retries: this scaler's router is closing (a cluster's front moved)."""
+        """No more retries: this scaler's router is closing (a cluster's front moved); a migration under way
+        finishes (the next front would have to move its groups again)."""
         self._stopped = True
+
+    def call_off(self) -> None:
+        """The function is deleted: a migration under way stops after its current subscale (every group is
+        served by one owner), and nothing more starts."""
+        self._stopped = True
+        self._called_off.set()
+
+    def halt(self, timeout_s: float) -> bool:
+        """call_off(), then wait for the migration under way to stop (False: still busy after timeout_s)."""
+        self.call_off()
+        return self.idle(timeout_s)
 
     def open_input(self, instance_id: int):
         """What a keyed instance's thread opens instead of a consumer: its groups' state restored first
@@ -377,7 +400,7 @@ class KeyedScaler:
         while True:
             with self._cond:
                 target, self._wanted = self._wanted, None
-                if target is None:
+                if target is None or self._called_off.is_set():
                     self._busy = False
                     self._cond.notify_all()
                     return
@@ -388,7 +411,7 @@ class KeyedScaler:
                 log.exception("live migration to %d instances failed", target)
                 self.failure = f"live migration to {target} instances failed: {type(exc).__name__}: {exc}"
                 if self.retry_s is not None and not self._stopped:
-                    time.sleep(self.retry_s)   # pacing the retry, not synchronisation
+                    self._called_off.wait(self.retry_s)   # pacing the retry, not synchronisation
                     with self._cond:
                         self._wanted = target if self._wanted is None else self._wanted
 
@@ -400,7 +423,10 @@ class KeyedScaler:
         stale = self.router.moving() - {m.group for m in moves(self.router.assignment, new)}
         if stale:
             self.router.serve({g: self.router.assignment.owners[g] for g in stale})
-        self.reports.append(migrate(self.router, self.stores, new, self.settings(), on_served=self._save))
+        self.reports.append(migrate(self.router, self.stores, new, self.settings(), on_served=self._save,
+                                    stop=self._called_off))
+        if self._called_off.is_set():
+            return
         surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)
         if surplus:
             self._drain(surplus)

@@ -612,9 +612,11 @@ class Pacer:
 
     CATCH_UP = 2.0
 
-    def __init__(self, duty: float, mb_per_s: float | None = None):
+    def __init__(self, duty: float, mb_per_s: float | None = None, stop: threading.Event | None = None):
+        """`stop`: ends a sleep early (the work is being called off)."""
         self.duty = duty
         self.bytes_per_s = mb_per_s * 1e6 if mb_per_s else None
+        self._stop = stop or threading.Event()
         self._t0 = time.perf_counter()
         self._first_lag: tuple[float, float] | None = None   # (when, lag s) at the first call with a lag
         self._capped = True
@@ -626,7 +628,7 @@ class Pacer:
         if self.bytes_per_s and self._catching_up(now, lag_s):
             wait = max(wait, nbytes / self.bytes_per_s - worked)
         if wait > 0:
-            time.sleep(wait)   # pacing, not synchronisation
+            self._stop.wait(wait)   # pacing, not synchronisation
         self._t0 = time.perf_counter()
 
     def _catching_up(self, now: float, lag_s: float | None) -> bool:

@@ -166,6 +166,7 @@ class Worker:
         self.keyed_spread = False
         self._lock = threading.RLock()
         self._creating: set[str] = set()                 # names reserved while their code is validated
+        self._deleting: set[str] = set()                 # names reserved until a delete has moved the files aside
         self._retirers: list[threading.Thread] = []      # background drains
         shutil.rmtree(self._trash_dir(), ignore_errors=True)  # deletes a previous run did not finish
         self._closing = threading.Event()
@@ -278,6 +279,9 @@ class Worker:
         with self._lock:
             if cfg.fqfn in self._functions or cfg.fqfn in self._creating or self.stages.has(cfg.fqfn):
                 raise Conflict(f"Function {cfg.name} already exists")
+            if cfg.fqfn in self._deleting:
+                raise Conflict(f"Function {cfg.name} is being deleted: create it again once the delete has "
+                               "answered")
             self._creating.add(cfg.fqfn)
         try:
             # Nothing is left behind by a create that fails: the function's directory is new and ours.
@@ -515,8 +519,10 @@ class Worker:
         """Cluster mode: the function was deleted."""
         with self._lock:
             fn = self._functions.pop(fqfn, None)
-            if fn is not None:
-                self._remove(fn)
+            if fn is None:
+                return
+            self._deleting.add(fqfn)
+        self._remove(fn)
 
     def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
         self._require_broker()
@@ -610,20 +616,38 @@ class Worker:
                                  threads)
 
     def delete(self, fqfn: str) -> None:
-        """Gone at once (its name is free again); its instances drain and its files go in the background."""
+        """Gone at once; its name is free again when this returns; its instances drain and its files go in the
+        background."""
         with self._lock:
             fn = self._get(fqfn)
             del self._functions[fqfn]
-            self._remove(fn)
+            self._deleting.add(fqfn)
+        self._remove(fn)
 
     def _remove(self, fn: HostedFunction) -> None:
-        """Move the function's files aside at once (its name is free again); drain, then delete them."""
+        """A keyedState function's live migration stops first (after its current subscale), so that nothing of
+        it writes the function's files once they have moved aside, nor starts an instance; then the files move
+        aside (the name is free again), the instances drain, and the files go."""
+        fqfn = fn.config.fqfn
+        try:
+            if fn.keyed is not None and not fn.keyed.halt(self.drain_timeout_s):
+                log.error("%s: the live migration under way did not stop within %.0f s of the delete", fqfn,
+                          self.drain_timeout_s)
+            with self._lock:
+                self._retire_files(fn)
+        finally:
+            with self._lock:
+                self._deleting.discard(fqfn)
+
+    def _retire_files(self, fn: HostedFunction) -> None:
         d = self._fn_dir(fn.config)
         trash = self._trash_dir() / uuid.uuid4().hex
         if d.exists():
             trash.parent.mkdir(parents=True, exist_ok=True)
             os.replace(d, trash)
         def then():
+            if fn.keyed is not None:
+                fn.keyed.stores.forget()   # their connections close before their files go
             shutil.rmtree(trash, ignore_errors=True)
             if fn.config.cleanupSubscription:
                 self._cleanup_subscription(fn.config)

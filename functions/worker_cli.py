@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import threading
@@ -70,6 +71,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    faulthandler.enable()   # a crash in native code (the Pulsar C++ client, SQLite) leaves every thread's stack
     try:
         cluster = ClusterSettings(args.cluster, args.capacity, args.heartbeat_interval, args.heartbeat_timeout,
                                   args.scheduler) if args.cluster else None

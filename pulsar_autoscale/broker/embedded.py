@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -20,14 +21,23 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
+
+from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import BrokerError
 from pulsar_autoscale.netutil import free_port, wait_for_port
 
+log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
+# free_port() only proposes a port: another process may bind it before the broker does. Ports picked here are
+# picked again that many times; a port the caller chose is never changed.
+PORT_TRIES = 3
+METRICS_STARTUP_S = 5.0
 
 
 def _die_with_parent() -> None:
@@ -83,6 +93,7 @@ class EmbeddedBroker:
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _relay: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _lite_port: int = field(default=0, init=False, repr=False)
+    _log_start: int = field(default=0, init=False, repr=False)
     _owns_dir: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -104,6 +115,21 @@ class EmbeddedBroker:
         return f"http://{HOST}:{self.metrics_port}/metrics"
 
     def start(self) -> "EmbeddedBroker":
+        picked = (not self.port, not self.metrics_port)
+        attempt = 1
+        while True:
+            try:
+                return self._start()
+            except BrokerError as exc:
+                if attempt == PORT_TRIES or "in use" not in str(exc).lower() or not (any(picked) or self.relay):
+                    raise
+                log.warning("pulsar-lite: a port picked for it was taken meanwhile; picking others (%s)",
+                            str(exc).splitlines()[0])
+            self.port = 0 if picked[0] else self.port
+            self.metrics_port = 0 if picked[1] else self.metrics_port
+            attempt += 1
+
+    def _start(self) -> "EmbeddedBroker":
         self.port = self.port or free_port()
         self.metrics_port = self.metrics_port or free_port()
         self._lite_port = free_port() if self.relay else self.port
@@ -115,6 +141,7 @@ class EmbeddedBroker:
         conf.write_text(render_config(self._lite_port, self.metrics_port, self.data_dir, self.log_level,
                                        self.keep_alive_s, self.liveness_timeout_s))
         log = open(Path(self.data_dir, "broker.log"), "ab")
+        self._log_start = log.tell()
         self._proc = subprocess.Popen(
             [find_binary(), "--config", str(conf)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
@@ -124,7 +151,9 @@ class EmbeddedBroker:
         if not ok:
             self._fail(f"pulsar-lite did not accept connections within {self.startup_timeout_s:.0f}s "
                        f"(data dir {self.data_dir} locked by another broker, or unusable?)")
-        wait_for_port(HOST, self.metrics_port, 5.0, alive=self.alive)
+        if not self._metrics_answer(METRICS_STARTUP_S):   # B15: pulsar-lite runs on without it
+            self._fail(f"pulsar-lite serves no metrics at {self.metrics_url} within {METRICS_STARTUP_S:.0f}s "
+                       f"(port {self.metrics_port} in use?)")
         if not self.relay:
             return self
         self._relay = subprocess.Popen(
@@ -141,10 +170,30 @@ class EmbeddedBroker:
             self._fail("pulsar-lite exited during startup")
         return self
 
+    def _metrics_answer(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.alive() and not lite_quirks.metrics_server_lost(self._this_log()):
+            try:
+                if requests.get(self.metrics_url, timeout=1).status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        return False
+
     def _fail(self, reason: str) -> None:
         tail = self.log_tail()
         self.stop()
         raise BrokerError(f"{reason}. Broker log tail:\n{tail}")
+
+    def _this_log(self) -> str:
+        """What the broker wrote since this start (the log is appended to across starts)."""
+        try:
+            with open(Path(self.data_dir, "broker.log"), "rb") as f:
+                f.seek(self._log_start)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, lines: int = 20) -> str:
         try:

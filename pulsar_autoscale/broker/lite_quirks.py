@@ -721,3 +721,12 @@ def route_subscription_type(broker_kind: str) -> str:
     message (B13), while Shared redelivers both a nacked message and a closed consumer's unacked ones
     (tests/broker_conformance/test_shared.py). Break before make keeps one consumer per route topic."""
     return "Shared" if broker_kind == "pulsar-lite" else "Failover"
+
+
+# ---- B15: the metrics server (broker/embedded.py) -----------------------------------------------------
+
+def metrics_server_lost(broker_log: str) -> bool:
+    """B15: pulsar-lite whose metrics port is taken logs this and runs on without /metrics (Apache Pulsar's
+    broker does not start without its web port): the embedded broker's start fails instead, naming the port,
+    or picks another port when it picked that one."""
+    return "Metrics server terminated" in broker_log

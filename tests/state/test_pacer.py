@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from pulsar_autoscale.functions.state import Pacer
@@ -38,3 +39,12 @@ def test_duty_alone_sleeps_in_proportion_to_the_work():
     pace = Pacer(0.5)
     time.sleep(0.1)
     assert timed(pace) >= 0.1
+
+
+def test_a_stop_ends_the_sleep():
+    """A migration called off (its function deleted) does not sit out its pacing."""
+    stop = threading.Event()
+    pace = Pacer(0.01, stop=stop)
+    time.sleep(0.1)                          # 0.1 s of work at duty 0.01: a 9.9 s sleep
+    threading.Timer(0.1, stop.set).start()
+    assert timed(pace) < 2

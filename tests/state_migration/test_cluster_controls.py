@@ -16,11 +16,13 @@ from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.functions.keygroups import key_group
 from scenario import EXAMPLES, wait_until
 
+from broker_conformance.helpers import metric, scrape
 from cluster.harness import WorkerCluster
 from state_migration.test_cluster import KEYS, RECORDS, _load
 from state_migration.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
+AFTER = 200   # records sent after a delete, over keys a0..a9
 
 
 @contextmanager
@@ -36,27 +38,36 @@ def _admin(broker, tmp_path, cluster: bool):
 
 
 @contextmanager
-def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str):
-    """A keyed count at parallelism 3 and a producer of RECORDS records at RATE: (admin, name, src, producer)."""
+def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str, **fields):
+    """A keyed count at parallelism 3 (or `fields`' parallelism) and a producer of RECORDS records at RATE:
+    (admin, name, src, producer)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     with _admin(broker, tmp_path, cluster) as admin:
-        _create(admin, name, src)
+        _create(admin, name, src, **fields)
         with _load(broker, src) as producer:
             time.sleep(2)
             yield admin, name, src, producer
 
 
-def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3) -> None:
+def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3, **fields) -> None:
     admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
                   "inputs": [src], "parallelism": parallelism, "keyedState": True,
-                  "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest"},
+                  "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest", **fields},
                  str(EXAMPLES / "keyed_count.py"))
     _wait_running(admin, name, set(range(parallelism)), "created")
 
 
 def _running(admin: FunctionsAdmin, name: str) -> set[int]:
     return {i["instanceId"] for i in admin.status("public", "default", name)["instances"] if i["status"]["running"]}
+
+
+def _keyed(admin: FunctionsAdmin, name: str) -> dict:
+    return admin.status("public", "default", name).get("autoscale", {}).get("keyedState") or {}
+
+
+def _consumers(broker, topic: str, subscription: str) -> float | None:
+    return metric(scrape(broker.metrics_url), "pulsar_subscription_consumers_count", topic, subscription)
 
 
 def _wait_running(admin: FunctionsAdmin, name: str, ids: set[int], why: str) -> None:
@@ -138,3 +149,57 @@ def test_an_update_of_the_retries_reaches_the_keyed_input(broker, client, tmp_pa
         assert admin.get_state("public", "default", name, "deliveries:poison")["numberValue"] == 2
         producer.close()
         dead.close()
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
+def test_a_delete_in_the_middle_of_a_migration_leaves_nothing_running(broker, tmp_path, cluster):
+    """A delete during a 2 -> 3 stops the migration: nothing of the deleted function goes on receiving its input
+    (with cleanupSubscription false what is sent after the delete waits for the next function of that name,
+    whole) or writing its files (the new one starts from its own config: 2 instances, 64 groups each)."""
+    slow = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'   # 42 subscales: seconds to delete in
+    with _keyed_count_under_load(broker, tmp_path, cluster, "kx", parallelism=2, cleanupSubscription=False,
+                                 customRuntimeOptions=slow) as (admin, name, src, producer):
+        admin.set_parallelism("public", "default", name, 3)
+        wait_until(lambda: _keyed(admin, name).get("migrating"), 30, lambda: f"a 2 -> 3 under way: "
+                                                                             f"{_keyed(admin, name)}")
+        admin.delete("public", "default", name)
+        producer.kill()
+        producer.wait()
+        wait_until(lambda: name not in admin.list("public", "default"), 30, "deleted")
+        # as on Pulsar, a delete answers before the workers have stopped the instances: wait for that
+        wait_until(lambda: not _consumers(broker, src, f"public/default/{name}"), 30,
+                   lambda: f"the deleted function's workers to let go of {src} (consumers: "
+                           f"{_consumers(broker, src, f'public/default/{name}')})")
+        client = pulsar.Client(broker.service_url)
+        try:
+            after = client.create_producer(src)
+            for n in range(AFTER):
+                after.send(b"x", partition_key=f"a{n % 10}")
+        finally:
+            client.close()
+        _create(admin, name, src, parallelism=2, cleanupSubscription=False)
+        assert _keyed(admin, name)["groupsPerInstance"] == {"0": 64, "1": 64}
+        want = {f"a{k}": AFTER // 10 for k in range(10)}
+        wait_until(lambda: _counts(admin, name, 10, "a") == want, 60,
+                   lambda: f"every record sent after the delete counted once: {_counts(admin, name, 10, 'a')}")
+        assert _running(admin, name) == {0, 1}
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
+def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, cluster):
+    """An update that restarts every instance, then a restart of one, both while groups move 2 -> 3: the
+    migration still ends at 3 owners and the counts are exact."""
+    slow = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.1}}'
+    with _keyed_count_under_load(broker, tmp_path, cluster, "ku", parallelism=2,
+                                 customRuntimeOptions=slow) as (admin, name, _, producer):
+        admin.set_parallelism("public", "default", name, 3)
+        wait_until(lambda: _keyed(admin, name).get("migrating"), 30, lambda: f"a 2 -> 3 under way: "
+                                                                             f"{_keyed(admin, name)}")
+        admin.update({"tenant": "public", "namespace": "default", "name": name, "userConfig": {"version": 2}})
+        time.sleep(2)
+        admin.action("public", "default", name, "restart", 1)
+        assert producer.wait(90) == 0
+        _assert_exact(admin, name)
+        wait_until(lambda: (_keyed(admin, name).get("groupsPerInstance") == {"0": 43, "1": 43, "2": 42}
+                            and not _keyed(admin, name).get("migrating")), 120,
+                   lambda: f"the 2 -> 3 finished: {_keyed(admin, name)}")

@@ -82,14 +82,14 @@ class WorkerProcess:
         self.proc.wait(60)
 
 
-def _counts(admin: FunctionsAdmin, name: str, keys: int = KEYS) -> dict[str, int]:
+def _counts(admin: FunctionsAdmin, name: str, keys: int = KEYS, prefix: str = "k") -> dict[str, int]:
     """Each key's counter as the function's state has it (a key not counted yet: 0)."""
     out = {}
     for k in range(keys):
         try:
-            out[f"k{k}"] = admin.get_state("public", "default", name, f"k{k}")["numberValue"]
+            out[f"{prefix}{k}"] = admin.get_state("public", "default", name, f"{prefix}{k}")["numberValue"]
         except AdminError:
-            out[f"k{k}"] = 0
+            out[f"{prefix}{k}"] = 0
     return out
 
 
