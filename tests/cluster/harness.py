@@ -51,9 +51,19 @@ class WorkerCluster:
     cluster: bool = True   # False: plain single workers (no --cluster), today's one-machine default
 
     def add(self) -> WorkerProc:
-        i = len(self.workers)
         port = free_port()
-        wid = f"w{i}-{port}"
+        w = self._launch(f"w{len(self.workers)}-{port}", port)
+        self.workers.append(w)
+        return w
+
+    def restart(self, w: WorkerProc) -> WorkerProc:
+        """Start a stopped worker again as itself: its id, port and data dir (a machine back after a crash)."""
+        assert not w.alive(), f"{w.worker_id} is still running"
+        again = self._launch(w.worker_id, w.port)
+        self.workers[self.workers.index(w)] = again
+        return again
+
+    def _launch(self, wid: str, port: int) -> WorkerProc:
         log_path = self.base_dir / f"{wid}.log"
         cmd = [sys.executable, "-m", "pulsar_autoscale.cli", "worker", "--service-url", self.service_url,
                "--metrics-url", self.metrics_url, "--port", str(port), "--data-dir", str(self.base_dir / wid),
@@ -63,9 +73,7 @@ class WorkerCluster:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        w = WorkerProc(wid, port, proc, log_path)
-        self.workers.append(w)
-        return w
+        return WorkerProc(wid, port, proc, log_path)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Every live worker answers and sees every other live worker."""

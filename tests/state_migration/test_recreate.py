@@ -13,17 +13,20 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from scenario import EXAMPLES, wait_until
 
 from cluster.harness import WorkerCluster
+from state_migration.test_cluster import _placement
 from state_migration.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
-KEYS = 3
+KEYS = 12   # over 128 groups: every instance of 2 or 3 owns some of them
 
 
-def _create(admin: FunctionsAdmin, name: str, src: str) -> None:
+def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 1) -> None:
     admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                  "inputs": [src], "parallelism": 1, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-                  "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
-    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 60, f"{name} running")
+                  "inputs": [src], "parallelism": parallelism, "keyedState": True,
+                  "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest"},
+                 str(EXAMPLES / "keyed_count.py"))
+    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 60,
+               f"{name} running")
 
 
 def _send(client, topic: str, per_key: int) -> None:
@@ -70,3 +73,29 @@ def test_one_worker_kill9_restores_only_the_new_functions_state(broker, client, 
 def test_cluster_restores_only_the_new_functions_state(broker, client, tmp_path):
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=1) as cluster:
         _delete_and_create_again(FunctionsAdmin(cluster.workers[0].url), client, f"again-{uuid.uuid4().hex[:6]}")
+
+
+def test_a_worker_back_from_a_crash_holds_no_state_of_a_function_deleted_meanwhile(broker, client, tmp_path):
+    """kill -9 of the worker that ran instance 1 (its files stay on its disk); the function is deleted while it
+    is down; back, it runs instance 1 of a function created again under the same name: the files it kept of the
+    deleted one are not that function's state."""
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2) as cluster:
+        admin = FunctionsAdmin(cluster.workers[0].url)
+        name = f"again-{uuid.uuid4().hex[:6]}"
+        first, second = (f"persistent://public/default/{name}-in-{n}" for n in (1, 2))
+        _create(admin, name, first, parallelism=2)
+        wait_until(lambda: len(set(_placement(cluster, name).values())) == 2, 60,
+                   lambda: f"one instance per worker: {_placement(cluster, name)}")
+        _send(client, first, 4)
+        _expect(admin, name, 4, "the first function")
+        crashed = cluster.by_id(_placement(cluster, name)[1])
+        admin = FunctionsAdmin(next(w for w in cluster.workers if w is not crashed).url)
+        cluster.kill(crashed)
+        admin.delete("public", "default", name)
+        back = cluster.restart(crashed)
+        cluster.wait_ready()
+        _create(admin, name, second, parallelism=2)
+        wait_until(lambda: _placement(cluster, name).get(1) == back.worker_id, 60,
+                   lambda: f"instance 1 on the worker back from the crash: {_placement(cluster, name)}")
+        _send(client, second, 1)
+        _expect(admin, name, 1, "the function created again, instance 1 on the worker back from the crash")
