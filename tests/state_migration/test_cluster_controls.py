@@ -23,18 +23,26 @@ from state_migration.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
 AFTER = 200   # records sent after a delete, over keys a0..a9
+LOG_TAIL = 80
 
 
 @contextmanager
 def _admin(broker, tmp_path, cluster: bool):
-    """The admin API of one worker, or of a 3-worker cluster through a worker that need not host instance 0."""
-    if cluster:
-        with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as workers:
-            workers.wait_ready()
-            yield FunctionsAdmin(workers.live()[1].url)
-    else:
-        with WorkerProcess(broker, tmp_path) as worker:
-            yield FunctionsAdmin(worker.url)
+    """The admin API of one worker, or of a 3-worker cluster through a worker that need not host instance 0.
+    A failure prints the workers' log tails (pytest shows them): CI keeps no temporary directory."""
+    try:
+        if cluster:
+            with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as workers:
+                workers.wait_ready()
+                yield FunctionsAdmin(workers.live()[1].url)
+        else:
+            with WorkerProcess(broker, tmp_path) as worker:
+                yield FunctionsAdmin(worker.url)
+    except BaseException:
+        for log in sorted(tmp_path.glob("*.log")):
+            print(f"==== {log.name} (last {LOG_TAIL} lines)", *log.read_text(errors="replace").splitlines()[-LOG_TAIL:],
+                  sep="\n")
+        raise
 
 
 @contextmanager
