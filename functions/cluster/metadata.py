@@ -42,6 +42,8 @@ UPDATE_ATTEMPTS = 5
 class MetadataTimeout(PulsarAutoscaleError):
     """A metadata record was written but not read back in time (broker trouble)."""
 
+    http_status = 503
+
 
 CONTROL_ACTIONS = ("start", "stop", "restart")
 
@@ -93,11 +95,25 @@ class FunctionMetaDataManager:
             return dict(self._functions)
 
     def get(self, fqfn: str) -> FunctionRecord:
-        with self._lock:
-            rec = self._functions.get(fqfn)
+        """The function's record. A miss first syncs with the metadata topic: a function that another
+        worker has just created (and answered for) is found here too, not 404."""
+        rec = self._lookup(fqfn)
+        if rec is None:
+            self.sync()
+            rec = self._lookup(fqfn)
         if rec is None:
             raise NotFound(f"Function {fqfn} doesn't exist")
         return rec
+
+    def _lookup(self, fqfn: str) -> FunctionRecord | None:
+        with self._lock:
+            return self._functions.get(fqfn)
+
+    def sync(self) -> None:
+        """Brings this worker's view up to every record written before the call (one marker's round trip)."""
+        if not self._meta_tailer.sync(WRITE_TIMEOUT_S):
+            raise MetadataTimeout(f"the metadata topic did not answer within {WRITE_TIMEOUT_S:.0f}s "
+                                  "(broker trouble?)")
 
     def rebalances(self) -> list[str]:
         with self._lock:
@@ -119,8 +135,9 @@ class FunctionMetaDataManager:
     # ---- writes (any worker) ----------------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None, filename: str | None) -> FunctionConfig:
         cfg = with_new_state(FunctionConfig.from_dict(cfg.to_dict(), self.max_parallelism))
-        with self._lock:
-            if cfg.fqfn in self._functions:
+        if self._lookup(cfg.fqfn) is not None:
+            self.sync()  # it may have been deleted through another worker just now
+            if self._lookup(cfg.fqfn) is not None:
                 raise Conflict(f"Function {cfg.name} already exists")
         package, name = self._publish_code(cfg, code, filename)
         self._write({"op": "create", "fqfn": cfg.fqfn, "config": cfg.to_dict(), "package": package,
