@@ -41,6 +41,18 @@ def test_a_picked_port_taken_meanwhile_is_picked_again(tmp_path, monkeypatch, ta
 
 
 @pytest.mark.parametrize("which", ["port", "metrics_port"])
-def test_a_port_the_caller_chose_that_is_taken_is_an_error(tmp_path, taken, which):
-    with pytest.raises(BrokerError, match=f"in use|{taken}"):
-        EmbeddedBroker(data_dir=str(tmp_path), **{which: taken}).start()
+def test_a_port_the_caller_chose_that_is_taken_is_an_error_at_once(tmp_path, monkeypatch, taken, which, caplog):
+    """One try, and no "picked for it" warning: the ports picked for it are not the problem."""
+    starts = []
+    real = EmbeddedBroker._start
+
+    def counted(self):
+        starts.append(1)
+        return real(self)
+
+    monkeypatch.setattr(EmbeddedBroker, "_start", counted)
+    with caplog.at_level("WARNING", logger=embedded.__name__):
+        with pytest.raises(BrokerError, match=f"in use|{taken}"):
+            EmbeddedBroker(data_dir=str(tmp_path), **{which: taken}).start()
+    assert len(starts) == 1, f"{len(starts)} starts for a port the caller chose"
+    assert "picked for it" not in caplog.text

@@ -40,6 +40,14 @@ PORT_TRIES = 3
 METRICS_STARTUP_S = 5.0
 
 
+class PortTaken(BrokerError):
+    """A port the broker needed was bound by another process; `which`: "client", "metrics" or "lite"."""
+
+    def __init__(self, message: str, which: str):
+        super().__init__(message)
+        self.which = which
+
+
 def _die_with_parent() -> None:
     """preexec_fn: SIGKILL this child when the process that started it dies (Linux; a no-op elsewhere).
 
@@ -115,19 +123,17 @@ class EmbeddedBroker:
         return f"http://{HOST}:{self.metrics_port}/metrics"
 
     def start(self) -> "EmbeddedBroker":
-        picked = (not self.port, not self.metrics_port)
-        attempt = 1
-        while True:
+        picked = {"client": not self.port, "metrics": not self.metrics_port, "lite": self.relay or not self.port}
+        for attempt in range(1, PORT_TRIES + 1):
             try:
                 return self._start()
-            except BrokerError as exc:
-                if attempt == PORT_TRIES or "in use" not in str(exc).lower() or not (any(picked) or self.relay):
+            except PortTaken as exc:
+                if attempt == PORT_TRIES or not picked[exc.which]:
                     raise
-                log.warning("pulsar-lite: a port picked for it was taken meanwhile; picking others (%s)",
-                            str(exc).splitlines()[0])
-            self.port = 0 if picked[0] else self.port
-            self.metrics_port = 0 if picked[1] else self.metrics_port
-            attempt += 1
+                log.warning("pulsar-lite: the %s port picked for it was taken meanwhile; picking another (%s)",
+                            exc.which, str(exc).splitlines()[0])
+            self.port = 0 if picked["client"] else self.port
+            self.metrics_port = 0 if picked["metrics"] else self.metrics_port
 
     def _start(self) -> "EmbeddedBroker":
         self.port = self.port or free_port()
@@ -149,11 +155,12 @@ class EmbeddedBroker:
         log.close()
         ok = wait_for_port(HOST, self._lite_port, self.startup_timeout_s, alive=self.alive)
         if not ok:
-            self._fail(f"pulsar-lite did not accept connections within {self.startup_timeout_s:.0f}s "
-                       f"(data dir {self.data_dir} locked by another broker, or unusable?)")
+            reason = (f"pulsar-lite did not accept connections within {self.startup_timeout_s:.0f}s "
+                      f"(data dir {self.data_dir} locked by another broker, or unusable?)")
+            self._fail(reason, self._port_taken())
         if not self._metrics_answer(METRICS_STARTUP_S):   # B15: pulsar-lite runs on without it
             self._fail(f"pulsar-lite serves no metrics at {self.metrics_url} within {METRICS_STARTUP_S:.0f}s "
-                       f"(port {self.metrics_port} in use?)")
+                       f"(port {self.metrics_port} in use?)", self._port_taken())
         if not self.relay:
             return self
         self._relay = subprocess.Popen(
@@ -165,7 +172,7 @@ class EmbeddedBroker:
         if self._relay.stdout.readline().strip() != "relay ready":
             err = self._relay.communicate(timeout=5)[1].strip().splitlines()
             self._fail(f"cannot listen on {HOST}:{self.port} ({err[-1] if err else 'relay exited'}): "
-                       f"port in use?")
+                       f"port in use?", "client" if any("in use" in line.lower() for line in err) else None)
         if not self.alive():
             self._fail("pulsar-lite exited during startup")
         return self
@@ -181,10 +188,22 @@ class EmbeddedBroker:
             time.sleep(0.05)
         return False
 
-    def _fail(self, reason: str) -> None:
+    def _port_taken(self) -> str | None:
+        """Which of pulsar-lite's ports another process holds, from its log: the metrics port (B15: it runs
+        on) or its own (it exits; with that port taken, a connect may reach the other process)."""
+        text = self._this_log()
+        if lite_quirks.metrics_server_lost(text):
+            return "metrics"
+        if "address already in use" in text.lower() and (self._proc is None or self._proc.poll() is not None):
+            return "lite" if self.relay else "client"
+        return None
+
+    def _fail(self, reason: str, taken: str | None = None) -> None:
+        """Stops what started and raises; PortTaken when the `taken` port ("client", "metrics", "lite") was."""
         tail = self.log_tail()
         self.stop()
-        raise BrokerError(f"{reason}. Broker log tail:\n{tail}")
+        message = f"{reason}. Broker log tail:\n{tail}"
+        raise PortTaken(message, taken) if taken else BrokerError(message)
 
     def _this_log(self) -> str:
         """What the broker wrote since this start (the log is appended to across starts)."""
