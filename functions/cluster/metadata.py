@@ -145,12 +145,19 @@ class FunctionMetaDataManager:
         return cfg
 
     def update(self, fqfn: str, changes: dict, code: bytes | None, filename: str | None) -> FunctionConfig:
+        synced = False
         for _ in range(UPDATE_ATTEMPTS):
             rec = self.get(fqfn)
             try:
                 new = rec.config.merged(changes, self.max_parallelism)
             except ConfigError as exc:
-                if code is None or str(exc) != "Update contains no change":
+                if str(exc) != "Update contains no change":
+                    raise
+                if code is None and not synced:   # no change to the version read here: maybe to the latest
+                    self.sync()
+                    synced = True
+                    continue
+                if code is None:
                     raise
                 new = rec.config
             package, name = (self._publish_code(new, code, filename) if code is not None
@@ -163,8 +170,14 @@ class FunctionMetaDataManager:
         raise Conflict(f"Function {fqfn} changed concurrently {UPDATE_ATTEMPTS} times; try again")
 
     def delete(self, fqfn: str) -> None:
-        rec = self.get(fqfn)
-        self._write({"op": "delete", "fqfn": fqfn, "expect": rec.version})
+        """Deletes the version read; one changed meanwhile (an update answered through another worker that
+        this one had not read yet) is read again and deleted, as a delete on one worker would."""
+        for _ in range(UPDATE_ATTEMPTS):
+            rec = self.get(fqfn)
+            if self._write({"op": "delete", "fqfn": fqfn, "expect": rec.version}, raise_on=("missing",)).ok:
+                return
+            log.info("delete of %s raced with an update; deleting the new version", fqfn)
+        raise Conflict(f"Function {fqfn} changed concurrently {UPDATE_ATTEMPTS} times; try again")
 
     def control(self, fqfn: str, action: str, instance_id: int | None) -> None:
         """Pulsar's start/stop/restart of one instance (or all): a record every worker applies, so the

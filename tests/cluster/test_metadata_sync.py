@@ -13,6 +13,7 @@ import pytest
 from functions.cluster.metadata import FunctionMetaDataManager
 from functions.cluster.topics import ClusterTopics
 from functions.config import FunctionConfig
+from pulsar_autoscale.errors import ConfigError
 from functions.worker import Conflict, NotFound
 
 LAG_S = 0.5   # what the lagging worker's reader takes per record (fault injection, not synchronisation)
@@ -62,6 +63,29 @@ def test_a_function_deleted_through_one_worker_can_be_created_again_at_once_thro
     assert fast.get(cfg.fqfn).version == 1
     with pytest.raises(Conflict, match="already exists"):
         fast.create(_config("again"), None, None)
+
+
+def test_a_function_updated_through_one_worker_can_be_deleted_at_once_through_another(managers):
+    """The deleting worker has not read the update yet: its record names the version before it."""
+    fast, slow = managers
+    cfg = fast.create(_config("upd"), None, None)
+    assert slow.get(cfg.fqfn).version == 1
+    fast.update(cfg.fqfn, {"parallelism": 2}, None, None)
+    slow.delete(cfg.fqfn)
+    with pytest.raises(NotFound):
+        fast.get(cfg.fqfn)
+
+
+def test_an_update_back_to_what_this_worker_last_read_is_a_change(managers):
+    """Scaled 1 -> 2 through one worker, then 2 -> 1 through another that still reads 1: not "no change"."""
+    fast, slow = managers
+    cfg = fast.create(_config("back"), None, None)
+    assert slow.get(cfg.fqfn).config.parallelism == 1
+    fast.update(cfg.fqfn, {"parallelism": 2}, None, None)
+    assert slow.update(cfg.fqfn, {"parallelism": 1}, None, None).parallelism == 1
+    assert fast.get(cfg.fqfn).version == 3
+    with pytest.raises(ConfigError, match="no change"):
+        slow.update(cfg.fqfn, {"parallelism": 1}, None, None)
 
 
 def test_a_function_never_created_is_not_found_after_the_sync(managers):
