@@ -656,6 +656,21 @@ class Worker:
             fn.warm_pool.close()
         self._drain(fn, sorted(fn.instances, reverse=True), then=then)
 
+    def discard_files_except(self, known: set[str]) -> list[str]:
+        """Cluster: the files of functions the cluster no longer has (deleted while this worker was down),
+        other than any hosted here; `known`: every function of the cluster's metadata, read to its end."""
+        gone: dict[str, Path] = {}
+        with self._lock:
+            for d in sorted((self.data_dir / "functions").glob("*/*/*")):
+                fqfn = "/".join(d.relative_to(self.data_dir / "functions").parts)
+                if d.is_dir() and fqfn not in known and fqfn not in self._functions and fqfn not in self._creating:
+                    gone[fqfn] = self._trash_dir() / uuid.uuid4().hex
+                    gone[fqfn].parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(d, gone[fqfn])
+        for trash in gone.values():
+            shutil.rmtree(trash, ignore_errors=True)
+        return sorted(gone)
+
     def _trash_dir(self) -> Path:
         return self.data_dir / "deleted"
 

@@ -30,7 +30,7 @@ from ..status import function_stats, instance_status
 from ..worker import NotFound, Worker
 from .assignments import AssignmentTailer, Snapshot
 from .membership import LocalReport, MembershipManager
-from .metadata import FunctionMetaDataManager
+from .metadata import FunctionMetaDataManager, MetadataTimeout
 from .scheduler import POLICIES, WorkerLoad, rebalance, schedule
 from .topics import ClusterTopics
 
@@ -93,9 +93,22 @@ class ClusterMember:
         self.membership.join()
         if not (self.metadata.wait_caught_up(15) and self.assignments.caught_up.wait(15)):
             log.warning("%s: cluster topics not read to the end within 15 s; continuing", self.me)
+        self._discard_deleted()
         for t in self._threads:
             t.start()
         return self
+
+    def _discard_deleted(self) -> None:
+        """Before anything runs here: the files of functions deleted while this worker was down (a worker
+        that is up removes a deleted function's files itself). Only against a view synced to the metadata
+        topic's end, so that no function's state is taken for a deleted one's."""
+        try:
+            self.metadata.sync()
+        except MetadataTimeout as exc:
+            log.warning("%s: files of functions deleted meanwhile kept for now: %s", self.me, exc)
+            return
+        for fqfn in self.worker.discard_files_except(set(self.metadata.functions())):
+            log.info("%s: removed the files of %s, deleted while this worker was down", self.me, fqfn)
 
     # ---- following the assignment -------------------------------------------------------------------
     def _refresh_report(self) -> None:

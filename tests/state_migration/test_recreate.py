@@ -99,3 +99,27 @@ def test_a_worker_back_from_a_crash_holds_no_state_of_a_function_deleted_meanwhi
                    lambda: f"instance 1 on the worker back from the crash: {_placement(cluster, name)}")
         _send(client, second, 1)
         _expect(admin, name, 1, "the function created again, instance 1 on the worker back from the crash")
+
+
+def test_a_worker_back_from_a_crash_removes_the_files_of_a_function_deleted_meanwhile(broker, client, tmp_path):
+    """Its instance's key-group files (the first function's state) would otherwise stay on its disk for good."""
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2) as cluster:
+        admin = FunctionsAdmin(cluster.workers[0].url)
+        name = f"gone-{uuid.uuid4().hex[:6]}"
+        src = f"persistent://public/default/{name}-in"
+        _create(admin, name, src, parallelism=2)
+        wait_until(lambda: len(set(_placement(cluster, name).values())) == 2, 60,
+                   lambda: f"one instance per worker: {_placement(cluster, name)}")
+        _send(client, src, 4)
+        _expect(admin, name, 4, "before the crash")
+        crashed = cluster.by_id(_placement(cluster, name)[1])
+        files = tmp_path / crashed.worker_id / "functions" / "public" / "default" / name
+        assert any(files.rglob("*.sqlite*")), f"no state files of {name} under {files}"
+        admin = FunctionsAdmin(next(w for w in cluster.workers if w is not crashed).url)
+        cluster.kill(crashed)
+        admin.delete("public", "default", name)
+        back = cluster.restart(crashed)
+        cluster.wait_ready()
+        wait_until(lambda: not files.exists(), 30,
+                   lambda: f"{files} still there 30 s after the worker came back: {sorted(files.rglob('*'))[:5]} "
+                           f"(log: {back.log_path.read_text()[-1500:]})")
