@@ -609,8 +609,6 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
                           f"timeout), got {cfg.timeoutMs}")
     if cfg.instanceRuntime not in (None, "thread", "process"):
         raise ConfigError(f"instanceRuntime {cfg.instanceRuntime!r} is unknown: use 'thread' or 'process'")
-    if cfg.keyedState and cfg.instanceRuntime == "process":
-        raise ConfigError("keyedState needs the thread runtime for now (instanceRuntime 'thread')")
     if cfg.stateId and not _STATE_ID_RE.match(cfg.stateId):
         raise ConfigError(f"stateId {cfg.stateId!r} is not one the worker assigns (hex digits)")
     if cfg.changelogShards > cfg.numKeyGroups:

@@ -5,7 +5,8 @@ threads, start in milliseconds and share one connection. Process instances give 
 function its own interpreter (no shared GIL) at the cost of a ~1 s start. Each thread instance
 is a consumer of the function's subscription, as in Pulsar. Process instances on pulsar-lite
 cannot join that subscription from their own connection (B2), so they receive through their
-worker over a pipe (lite_quirks).
+worker over a pipe (lite_quirks). A keyedState function's process instance receives through its
+worker too, and its state calls go to its worker's store (functions/remote_state.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
 from .config import FunctionConfig
 from .instance import Instance, prepare
+from .piped_input import PipeConsumer, serve_pipe
+from .remote_state import KeyedParts, RemoteStateStore, serve_keyed
 from .state import StateStore
 from .stats import InstanceFigures, InstanceStats
 
@@ -87,12 +90,14 @@ class ThreadInstance(InstanceHandle):
 
 
 def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
-                  code_path: str | None, state_path: str, num_instances, stop_event, stats_queue, input_conn, start_time_ms: int) -> None:
-    """Entry point of a process instance: run the loop in a thread, report figures until drained."""
+                  code_path: str | None, state_path: str | None, num_instances, stop_event, stats_queue, input_conn,
+                  start_time_ms: int, state_conn=None) -> None:
+    """Entry point of a process instance: run the loop in a thread, report figures until drained.
+    `state_conn` (keyedState): the state is its worker's, reached over this pipe, not state_path."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = open_client(client_settings, pulsar.LoggerLevel.Warn)
     _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms)
+                  input_conn, start_time_ms, state_conn=state_conn)
 
 
 def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str, num_instances,
@@ -120,12 +125,14 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_
                   input_conn, start_time_ms, prepared)
 
 
-def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str,
-                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None) -> None:
+def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str | None,
+                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None,
+                  state_conn=None) -> None:
     stats = InstanceStats(instance_id, start_time_ms)
-    open_input = (lambda: lite_quirks.PipeConsumer(input_conn)) if input_conn is not None else None
-    instance = Instance(config, instance_id, client, code_path, StateStore(state_path, config.numKeyGroups),
-                        lambda: num_instances.value, stats, open_input=open_input, prepared=prepared)
+    open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else None
+    state = RemoteStateStore(state_conn) if state_conn is not None else StateStore(state_path, config.numKeyGroups)
+    instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
+                        open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)
     runner.start()
     while runner.is_alive():
@@ -157,23 +164,30 @@ class ProcessInstance(InstanceHandle):
     _ctx = _process_context()  # never fork the worker itself: it holds pulsar-client threads
 
     def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings, code_path: str | None,
-                 state_path: str, num_instances, shared_input: lite_quirks.SharedInput | None, standby=None):
-        """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn."""
+                 state_path: str | None, num_instances, shared_input: lite_quirks.SharedInput | None, standby=None,
+                 keyed: KeyedParts | None = None):
+        """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn.
+        `keyed` (a keyedState function): its input and its state are served by this worker."""
         self.instance_id = instance_id
         self._figures = InstanceStats(instance_id).figures()
+        state_parent = state_child = None
         if standby is not None:
             self._stop, self._queue, self._proc = standby.stop_event, standby.stats_queue, standby.proc
             parent_conn = standby.input_parent
         else:
-            parent_conn, child_conn = self._ctx.Pipe() if shared_input is not None else (None, None)
+            piped = shared_input is not None or keyed is not None
+            parent_conn, child_conn = self._ctx.Pipe() if piped else (None, None)
+            state_parent, state_child = self._ctx.Pipe() if keyed is not None else (None, None)
             self._stop = self._ctx.Event()
             self._queue = self._ctx.Queue()
             self._proc = self._ctx.Process(
                 target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
                 args=(config, instance_id, client_settings, code_path, state_path, num_instances, self._stop,
-                      self._queue, child_conn, self._figures.start_time_ms))
-        if shared_input is not None:
-            threading.Thread(target=lite_quirks.serve_pipe, args=(parent_conn, shared_input.lease()),
+                      self._queue, child_conn, self._figures.start_time_ms, state_child))
+        if keyed is not None:
+            serve_keyed(parent_conn, state_parent, keyed, f"{config.fqfn}:{instance_id}")
+        elif shared_input is not None:
+            threading.Thread(target=serve_pipe, args=(parent_conn, shared_input.lease()),
                              name=f"{config.fqfn}:{instance_id}:input", daemon=True).start()
         if standby is not None:
             standby.activate(instance_id, self._figures.start_time_ms)

@@ -41,6 +41,7 @@ from .keygroups import KeyGroupAssignment
 from .keyed_cluster import ClusterKeyed
 from .changelog import changelog_of, state_topic
 from .migration import InstanceStateStores, KeyedScaler
+from .remote_state import KeyedParts
 from .routing import KeyedRouter, keyed_subscription_type
 from .runtime import RUNTIMES, InstanceHandle, ProcessInstance, ThreadInstance, start_process_server
 from .warm_pool import Standby, WarmPool
@@ -361,8 +362,6 @@ class Worker:
         fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite", cfg.numKeyGroups), num_instances=num,
                             code_digest=digest, failure=failure)
         if cfg.keyedState:
-            if runtime == "process":
-                raise ConfigError("keyedState needs the thread runtime for now (instanceRuntime 'thread')")
             fn.keyed = self._keyed(fn)
         self._functions[cfg.fqfn] = fn
         self._fence_input(fn)
@@ -424,7 +423,7 @@ class Worker:
     def _fence_input(self, fn: HostedFunction) -> None:
         """On pulsar-lite, process instances receive through the worker's one consumer (lite_quirks, B2);
         the warm standbys are made for that input. Again once _connect has learnt the broker's kind."""
-        if self.broker_kind == "pulsar-lite" and fn.shared_input is None:
+        if self.broker_kind == "pulsar-lite" and fn.shared_input is None and fn.keyed is None:
             fn.shared_input = lite_quirks.SharedInput(lambda: self._subscribe(fn.config, fn.config.fqfn))
         self._renew_pool(fn)
 
@@ -434,7 +433,7 @@ class Worker:
             fn.warm_pool.close()
             fn.warm_pool = None
         size = self.warm_pool if fn.warm_pool_size is None else fn.warm_pool_size
-        if size > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure:
+        if size > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure and fn.keyed is None:
             cfg, state_path = fn.config, str(self._fn_dir(fn.config) / "state.sqlite")
             fn.warm_pool = WarmPool(size, lambda: Standby(
                 ProcessInstance._ctx, cfg, self.client_settings, fn.code_path, state_path, fn.num_instances,
@@ -802,12 +801,16 @@ class Worker:
 
     def _start_instance(self, fn: HostedFunction, i: int) -> None:
         cfg = fn.config
-        if fn.runtime(self.default_runtime) == "process":
+        keyed = fn.keyed
+        if fn.runtime(self.default_runtime) == "process" and keyed is not None:
             handle: InstanceHandle = ProcessInstance(
+                cfg, i, self.client_settings, fn.code_path, None, fn.num_instances, None,
+                keyed=KeyedParts(lambda: keyed.open_input(i), keyed.stores.store(i), lambda: self._client))
+        elif fn.runtime(self.default_runtime) == "process":
+            handle = ProcessInstance(
                 cfg, i, self.client_settings, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
                 fn.shared_input, standby=fn.warm_pool.take() if fn.warm_pool is not None else None)
         else:
-            keyed = fn.keyed
             handle = ThreadInstance(cfg, i, self._client, fn.code_path,
                                     fn.state if keyed is None else keyed.stores.store(i), lambda: fn.num_instances.value,
                                     open_input=(lambda: self._subscribe(cfg, f"{cfg.fqfn}:{i}")) if keyed is None

@@ -49,7 +49,7 @@ import pulsar
 from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.config import FunctionConfig
-from pulsar_autoscale.broker.lite_quirks import PipedMessage
+from pulsar_autoscale.functions.piped_input import PipedMessage
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
 from .offsets import _batch_size

@@ -120,9 +120,11 @@ class MembershipManager:
         body = json.loads(msg.data())
         now = time.monotonic()
         age_s = max(time.time() - msg.publish_timestamp() / 1000.0, 0.0)
+        # the tailer's thread may apply a record before the constructor has stored the tailer: not caught up
+        caught_up = getattr(self, "_tailer", None) is not None and self._tailer.caught_up.is_set()
         with self.changed:
             inc = body["incarnation"]
-            if not self._tailer.caught_up.is_set() and age_s > self.timeout_s:
+            if not caught_up and age_s > self.timeout_s:
                 return  # history: that worker may be long gone
             wid = body["workerId"]
             if body.get("gone"):
@@ -130,7 +132,7 @@ class MembershipManager:
                     del self._members[wid]
                 self.changed.notify_all()
                 return
-            seen = now - (age_s if not self._tailer.caught_up.is_set() else 0.0)
+            seen = now - (age_s if not caught_up else 0.0)
             prev = self._members.get(wid)
             rate = 0.0
             if prev is not None and prev.incarnation == inc and seen > prev.seen:

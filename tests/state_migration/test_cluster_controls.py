@@ -58,11 +58,12 @@ def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str, **fiel
             yield admin, name, src, producer
 
 
-def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3, **fields) -> None:
+def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3, code: str | None = None,
+            **fields) -> None:
     admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
                   "inputs": [src], "parallelism": parallelism, "keyedState": True,
                   "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest", **fields},
-                 str(EXAMPLES / "keyed_count.py"))
+                 code or str(EXAMPLES / "keyed_count.py"))
     _wait_running(admin, name, set(range(parallelism)), "created")
 
 
