@@ -18,12 +18,12 @@ def test_keyed_state_is_off_by_default_and_only_shown_when_on():
     assert FunctionConfig.from_dict({**BASE, "keyedState": True}).to_dict()["keyedState"] is True
 
 
-def test_keyed_state_cannot_be_altered_and_needs_the_thread_runtime():
+def test_keyed_state_cannot_be_altered_and_runs_on_either_runtime():
     cfg = FunctionConfig.from_dict({**BASE, "keyedState": True})
     with pytest.raises(ConfigError, match="keyedState cannot be altered"):
         cfg.merged({"keyedState": False})
-    with pytest.raises(ConfigError, match="keyedState needs the thread runtime"):
-        FunctionConfig.from_dict({**BASE, "keyedState": True, "instanceRuntime": "process"})
+    assert FunctionConfig.from_dict({**BASE, "keyedState": True, "instanceRuntime": "process"}).instanceRuntime \
+        == "process"
 
 
 def _migration(options) -> KeyedMigration:
