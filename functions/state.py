@@ -62,6 +62,10 @@ _FILES: dict[str, _GroupFile] = {}
 _FILES_LOCK = threading.Lock()
 
 
+class StateRemovedError(RuntimeError):
+    """The store's files were removed under it: its function was deleted while an instance still ran."""
+
+
 class NotOwnedError(RuntimeError):
     """A state call for a key group this store does not own (it is elsewhere or moving)."""
 
@@ -136,6 +140,10 @@ class StateStore:
         if f is not None and _FILES.get(f.path) is f:
             return f
         path = str(self.group_path(group))
+        if f is not None and group in self.owned() and _inode(path) != f.inode:
+            # Its file was moved away under it (the function was deleted, its instance still drains), and the path
+            # may hold another function's file by now (created again under that name): never take that one.
+            raise StateRemovedError(f"key group {group}'s state file {path} was removed (the function was deleted)")
         with _FILES_LOCK:
             f = _FILES.get(path)
             if f is not None and _inode(path) != f.inode:

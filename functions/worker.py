@@ -485,7 +485,8 @@ class Worker:
             leaving = sorted((i for i in fn.instances if i not in ids), reverse=True)
             keyed = fn.keyed
             # a keyedState instance that leaves this worker forgets its stores: it restores when it comes back
-            self._drain(fn, leaving, then=None if keyed is None else lambda: keyed.stores.forget(set(leaving)))
+            # (unless it is back already: started again here while it drained, it uses the same store)
+            self._drain(fn, leaving, then=None if keyed is None else lambda: self._forget_stores(fn, set(leaving)))
             for i in sorted(ids):
                 if i not in fn.instances:
                     self._start_instance(fn, i)
@@ -494,6 +495,10 @@ class Worker:
                     keyed.start_front(cfg.parallelism)
                 else:
                     keyed.stop_front()
+
+    def _forget_stores(self, fn: HostedFunction, left: set[int]) -> None:
+        with self._lock:   # a start of one of them waits: it must find its store open or gone, not closing
+            fn.keyed.stores.forget({i for i in left if i not in fn.instances})
 
     def keyed_holds_groups(self, fqfn: str, instance_id: int) -> bool:
         """Cluster: whether this worker's instance of a keyedState function still holds key groups."""

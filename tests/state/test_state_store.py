@@ -10,7 +10,7 @@ import pytest
 
 from pulsar_autoscale.functions.changelog import COUNTER, Changelog, ChangelogWriter, Record
 from pulsar_autoscale.functions.keygroups import key_group
-from pulsar_autoscale.functions.state import NONE_KEY, NotOwnedError, StateStore
+from pulsar_autoscale.functions.state import NONE_KEY, NotOwnedError, StateRemovedError, StateStore
 
 G = 16
 
@@ -256,3 +256,17 @@ def test_a_group_file_deleted_with_its_function_is_not_the_next_ones_state(tmp_p
     shutil.rmtree(tmp_path / "a")
     again = store(tmp_path, client, changelog)
     assert again.for_key("k").get_counter("n") == 0 and again.counters() == {}
+
+
+def test_an_instance_of_a_deleted_function_never_writes_into_the_next_ones_files(tmp_path, client, changelog):
+    """Deleted while its instance drains, created again at once: the old store fails on its next call instead of
+    taking the new function's file at the same path (one-worker CI run: "database is locked", counts 0)."""
+    import os
+    old = store(tmp_path, client, changelog)
+    process(old, "k", [("incr_counter", "n", 3)])
+    os.replace(tmp_path / "a", tmp_path / "trash")               # the delete moves the function's files aside
+    new = store(tmp_path, client, changelog)
+    process(new, "k", [("incr_counter", "n", 1)])
+    with pytest.raises(StateRemovedError, match="was removed"):
+        process(old, "k", [("incr_counter", "n", 1)])
+    assert new.for_key("k").get_counter("n") == 1
