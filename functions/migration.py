@@ -87,10 +87,12 @@ class MigrationReport:
 
 def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
             how: KeyedMigration = KeyedMigration(), put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S,
-            on_served: Callable[[KeyGroupAssignment], None] = lambda _a: None,
+            save: Callable[[KeyGroupAssignment], None] = lambda _a: None,
             stop: threading.Event | None = None) -> MigrationReport:
     """Move the router's groups to `target`'s owners (the instances of both must be attached).
-    `on_served` gets the effective assignment after each subscale (the worker saves it). `stop` set: no
+    `save` gets the assignment to keep after each subscale's releases, before its opens: its groups already
+    belong to their new owners there, so an old owner that restarts meanwhile (its groups are read from the
+    save) does not take back a group it has just released. `stop` set: no
     further pre-copy round or subscale starts (the function is going); every group is served by one owner
     when it returns, so the assignment it leaves is whole (moved_groups counts what moved)."""
     stop = stop or threading.Event()
@@ -139,6 +141,9 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
             _put_down(router, groups, put_down_timeout_s)
         t1 = time.monotonic()
         stores.release_all(_by(batch, "src"))
+        moved = {m.group: m.dst for m in batch}
+        save(KeyGroupAssignment(router.num_key_groups,
+                                tuple(moved.get(g, o) for g, o in enumerate(router.assignment.owners))))
         t2 = time.monotonic()
         stores.open_all(_by(batch, "dst"))
         t3 = time.monotonic()
@@ -147,12 +152,10 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         report.open_s += t3 - t2
         if not stop_the_world:
             router.serve({m.group: m.dst for m in batch})
-            on_served(router.assignment)
         report.subscale_s.append(time.monotonic() - t0)
         report.subscales += 1
     if stop_the_world:
         router.serve({g: target.owners[g] for g in range(router.num_key_groups)})
-        on_served(router.assignment)
     report.duration_s = time.monotonic() - start
     log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
              report.duration_s, " (stop-the-world)" if stop_the_world else "")
@@ -423,7 +426,7 @@ class KeyedScaler:
         stale = self.router.moving() - {m.group for m in moves(self.router.assignment, new)}
         if stale:
             self.router.serve({g: self.router.assignment.owners[g] for g in stale})
-        self.reports.append(migrate(self.router, self.stores, new, self.settings(), on_served=self._save,
+        self.reports.append(migrate(self.router, self.stores, new, self.settings(), save=self._save,
                                     stop=self._called_off))
         if self._called_off.is_set():
             return
