@@ -113,6 +113,8 @@ class StateStore:
     def __init__(self, path: str | Path, num_key_groups: int = DEFAULT_NUM_KEY_GROUPS,
                  owned: set[int] | None = None):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._home = str(Path(path).parent)   # its identity: a function created again under the name has another
+        self._home_inode = _inode(self._home)
         # The group files `kg-N.sqlite` (a released group's file is its snapshot): stores of one function
         # on one worker may share this directory (functions/migration.py sets it), so a group moves
         # between them without a copy.
@@ -140,10 +142,11 @@ class StateStore:
         if f is not None and _FILES.get(f.path) is f:
             return f
         path = str(self.group_path(group))
-        if f is not None and group in self.owned() and _inode(path) != f.inode:
-            # Its file was moved away under it (the function was deleted, its instance still drains), and the path
-            # may hold another function's file by now (created again under that name): never take that one.
-            raise StateRemovedError(f"key group {group}'s state file {path} was removed (the function was deleted)")
+        if _inode(self._home) != self._home_inode:
+            # Its directory was moved away under it (the function was deleted, its instance still drains), and the
+            # path may hold another function's files by now (created again under that name): never take those.
+            raise StateRemovedError(f"key group {group}: the state directory {self._home} was removed "
+                                    "(the function was deleted)")
         with _FILES_LOCK:
             f = _FILES.get(path)
             if f is not None and _inode(path) != f.inode:

@@ -491,7 +491,7 @@ class Worker:
                 if i not in fn.instances:
                     self._start_instance(fn, i)
             if keyed is not None:   # the front: where instance 0 runs
-                if 0 in ids:
+                if 0 in ids and cfg.parallelism > 0:
                     keyed.start_front(cfg.parallelism)
                 else:
                     keyed.stop_front()

@@ -145,7 +145,11 @@ class ClusterMember:
             if fqfn not in snap.assignment and fqfn not in hosted:
                 continue  # not scheduled yet
             want = {i for i, w in snap.assignment.get(fqfn, {}).items() if w == self.me}
-            if rec.config.keyedState:
+            if rec.config.keyedState and rec.config.parallelism == 0:
+                # asleep: every instance drains where it is and no front moves groups (its groups' owners stay as
+                # saved), also while the leader's assignment still places instances from before
+                want, keep = set(), set()
+            elif rec.config.keyedState:
                 # Break before make, per instance: an instance's key groups are restored from the changelog
                 # by the worker that takes it over, and its route topic has one consumer, so the old worker
                 # stops it first (its changes flushed) and the new one starts it only once no other live

@@ -267,6 +267,9 @@ def test_an_instance_of_a_deleted_function_never_writes_into_the_next_ones_files
     os.replace(tmp_path / "a", tmp_path / "trash")               # the delete moves the function's files aside
     new = store(tmp_path, client, changelog)
     process(new, "k", [("incr_counter", "n", 1)])
+    process(new, "j", [("incr_counter", "n", 1)])
     with pytest.raises(StateRemovedError, match="was removed"):
-        process(old, "k", [("incr_counter", "n", 1)])
-    assert new.for_key("k").get_counter("n") == 1
+        process(old, "k", [("incr_counter", "n", 1)])            # a group whose file it had
+    with pytest.raises(StateRemovedError, match="was removed"):
+        process(old, "j", [("incr_counter", "n", 1)])            # a group it had not opened yet
+    assert new.for_key("k").get_counter("n") == 1 and new.for_key("j").get_counter("n") == 1

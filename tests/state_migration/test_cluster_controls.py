@@ -128,9 +128,13 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
 def test_scale_to_zero_and_back(broker, tmp_path, cluster):
     """Scale to zero (the controller's) drains every instance and keeps the groups' state; back at 2, the groups
     of the third move."""
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kz") as (admin, name, _, producer):
+    with _keyed_count_under_load(broker, tmp_path, cluster, "kz") as (admin, name, src, producer):
         admin.set_parallelism("public", "default", name, 0)
         _wait_running(admin, name, set(), "scaled to zero")
+        # asleep for real: nothing receives the input (before, a cluster kept instance 0 and its front running)
+        wait_until(lambda: not _consumers(broker, src, f"public/default/{name}"), 60,
+                   lambda: f"no consumer on {src} at parallelism 0 (consumers: "
+                           f"{_consumers(broker, src, f'public/default/{name}')})")
         time.sleep(2)
         admin.set_parallelism("public", "default", name, 2)
         _wait_running(admin, name, {0, 1}, "back at 2")
