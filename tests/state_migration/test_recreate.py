@@ -75,25 +75,35 @@ def test_cluster_restores_only_the_new_functions_state(broker, client, tmp_path)
         _delete_and_create_again(FunctionsAdmin(cluster.workers[0].url), client, f"again-{uuid.uuid4().hex[:6]}")
 
 
+def _deleted_while_its_worker_was_down(cluster: WorkerCluster, client, name: str, src: str):
+    """Parallelism 2 on 2 workers, 4 records per key; the worker of instance 1 is killed -9, the function deleted,
+    the worker started again: (an admin client of the other worker, the worker back, its data dir's files of
+    the deleted function)."""
+    admin = FunctionsAdmin(cluster.workers[0].url)
+    _create(admin, name, src, parallelism=2)
+    wait_until(lambda: len(set(_placement(cluster, name).values())) == 2, 60,
+               lambda: f"one instance per worker: {_placement(cluster, name)}")
+    _send(client, src, 4)
+    _expect(admin, name, 4, "the first function")
+    crashed = cluster.by_id(_placement(cluster, name)[1])
+    files = cluster.base_dir / crashed.worker_id / "functions" / "public" / "default" / name
+    assert any(files.rglob("*.sqlite*")), f"no state files of {name} under {files}"
+    admin = FunctionsAdmin(next(w for w in cluster.workers if w is not crashed).url)
+    cluster.kill(crashed)
+    admin.delete("public", "default", name)
+    back = cluster.restart(crashed)
+    cluster.wait_ready()
+    return admin, back, files
+
+
 def test_a_worker_back_from_a_crash_holds_no_state_of_a_function_deleted_meanwhile(broker, client, tmp_path):
     """kill -9 of the worker that ran instance 1 (its files stay on its disk); the function is deleted while it
     is down; back, it runs instance 1 of a function created again under the same name: the files it kept of the
     deleted one are not that function's state."""
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2) as cluster:
-        admin = FunctionsAdmin(cluster.workers[0].url)
         name = f"again-{uuid.uuid4().hex[:6]}"
         first, second = (f"persistent://public/default/{name}-in-{n}" for n in (1, 2))
-        _create(admin, name, first, parallelism=2)
-        wait_until(lambda: len(set(_placement(cluster, name).values())) == 2, 60,
-                   lambda: f"one instance per worker: {_placement(cluster, name)}")
-        _send(client, first, 4)
-        _expect(admin, name, 4, "the first function")
-        crashed = cluster.by_id(_placement(cluster, name)[1])
-        admin = FunctionsAdmin(next(w for w in cluster.workers if w is not crashed).url)
-        cluster.kill(crashed)
-        admin.delete("public", "default", name)
-        back = cluster.restart(crashed)
-        cluster.wait_ready()
+        admin, back, _ = _deleted_while_its_worker_was_down(cluster, client, name, first)
         _create(admin, name, second, parallelism=2)
         wait_until(lambda: _placement(cluster, name).get(1) == back.worker_id, 60,
                    lambda: f"instance 1 on the worker back from the crash: {_placement(cluster, name)}")
@@ -104,22 +114,9 @@ def test_a_worker_back_from_a_crash_holds_no_state_of_a_function_deleted_meanwhi
 def test_a_worker_back_from_a_crash_removes_the_files_of_a_function_deleted_meanwhile(broker, client, tmp_path):
     """Its instance's key-group files (the first function's state) would otherwise stay on its disk for good."""
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2) as cluster:
-        admin = FunctionsAdmin(cluster.workers[0].url)
         name = f"gone-{uuid.uuid4().hex[:6]}"
-        src = f"persistent://public/default/{name}-in"
-        _create(admin, name, src, parallelism=2)
-        wait_until(lambda: len(set(_placement(cluster, name).values())) == 2, 60,
-                   lambda: f"one instance per worker: {_placement(cluster, name)}")
-        _send(client, src, 4)
-        _expect(admin, name, 4, "before the crash")
-        crashed = cluster.by_id(_placement(cluster, name)[1])
-        files = tmp_path / crashed.worker_id / "functions" / "public" / "default" / name
-        assert any(files.rglob("*.sqlite*")), f"no state files of {name} under {files}"
-        admin = FunctionsAdmin(next(w for w in cluster.workers if w is not crashed).url)
-        cluster.kill(crashed)
-        admin.delete("public", "default", name)
-        back = cluster.restart(crashed)
-        cluster.wait_ready()
+        _, back, files = _deleted_while_its_worker_was_down(cluster, client, name,
+                                                            f"persistent://public/default/{name}-in")
         wait_until(lambda: not files.exists(), 30,
                    lambda: f"{files} still there 30 s after the worker came back: {sorted(files.rglob('*'))[:5]} "
                            f"(log: {back.log_path.read_text()[-1500:]})")
