@@ -12,7 +12,7 @@ from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.security.serving import ServerSecurity
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
-from .cluster.member import ClusterMember, ClusterSettings
+from .cluster.member import ClusterSettings, join
 from .config import DEFAULT_MAX_PARALLELISM
 from .rest import create_app
 from .worker import Worker
@@ -36,7 +36,7 @@ class WorkerServer:
                              warm_pool=warm_pool, metrics_url=metrics_url, spark=spark,
                              web_service_url=web_service_url)
         # A cluster member joins (topics, consumer-id slot) before the REST API answers.
-        self.cluster = ClusterMember(self.worker, self.url, cluster, service_url).start() if cluster else None
+        self.cluster = join(self.worker, self.url, cluster, service_url) if cluster else None
         self._server = self.security.make_server(host, self.port, create_app(self.worker, self.cluster))
         self._thread: threading.Thread | None = None
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from urllib.parse import quote
 
+import pulsar
 import requests
 
 from pulsar_autoscale.controller.leader import LeaderElector, Term
@@ -27,7 +28,7 @@ from pulsar_autoscale.snapshot import FunctionCounters
 
 from ..config import FunctionConfig
 from ..status import function_stats, instance_status
-from ..worker import NotFound, Worker
+from ..worker import BrokerUnavailable, NotFound, Worker
 from .assignments import AssignmentTailer, Snapshot
 from .membership import LocalReport, MembershipManager
 from .metadata import FunctionMetaDataManager, MetadataTimeout
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 PROXY_TIMEOUT_S = 2.0
 MISDIRECTED = 421   # a scope=local state call to a worker that holds no instance of the key's group
 LOOP_S = 0.1
+JOIN_TRIES = 3
 LEADER_RETRY_S = 0.5
 
 
@@ -68,24 +70,28 @@ class ClusterMember:
         self.settings = settings
         self.topics = ClusterTopics(settings.name)
         self._client = open_client(client, operation_timeout_seconds=10)
-        worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed_cluster.py)
-        self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
-                                                worker.max_parallelism)
-        self.assignments = AssignmentTailer(self._client, self.topics, self.me)
-        self._report = LocalReport()
-        self.membership = MembershipManager(self._client, self.topics, self.me, url, settings.capacity,
-                                            lambda: self._report, settings.heartbeat_interval_s,
-                                            settings.heartbeat_timeout_s)
-        self.elector = LeaderElector(client, lock_topic=self.topics.leader_lock, identity=self.me)
-        self._leaving = threading.Event()
-        self._closing = threading.Event()
-        self._handoff_since: dict[tuple[str, int], float] = {}
-        self._applied: dict[str, tuple[int, frozenset]] = {}
-        self._restarts_seen: dict[tuple[str, int], int] = {}   # restart requests already acted on here
-        # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
-        self._http = ClientSettings.of(client).http_session()
-        self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
-            (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
+        try:
+            worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed_cluster.py)
+            self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
+                                                    worker.max_parallelism)
+            self.assignments = AssignmentTailer(self._client, self.topics, self.me)
+            self._report = LocalReport()
+            self.membership = MembershipManager(self._client, self.topics, self.me, url, settings.capacity,
+                                                lambda: self._report, settings.heartbeat_interval_s,
+                                                settings.heartbeat_timeout_s)
+            self.elector = LeaderElector(client, lock_topic=self.topics.leader_lock, identity=self.me)
+            self._leaving = threading.Event()
+            self._closing = threading.Event()
+            self._handoff_since: dict[tuple[str, int], float] = {}
+            self._applied: dict[str, tuple[int, frozenset]] = {}
+            self._restarts_seen: dict[tuple[str, int], int] = {}   # restart requests already acted on here
+            # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
+            self._http = ClientSettings.of(client).http_session()
+            self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
+                (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
+        except BaseException:   # a topic that did not open in time: this attempt's readers end with its client
+            self._client.close()
+            raise
 
     def start(self) -> "ClusterMember":
         # pulsar-lite B2: the worker's client is a lite_quirks.incarnation_client, whose consumer ids
@@ -452,6 +458,22 @@ class ClusterMember:
         self.assignments.close()
         self.metadata.close()
         self._client.close()
+
+
+def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSettings | str,
+         tries: int = JOIN_TRIES) -> ClusterMember:
+    """The worker's membership, started. A broker slow to open the cluster's topics (a 10 s timeout each, seen
+    under CPU load) is tried again; after `tries`, a clear error instead of a traceback from the client."""
+    for attempt in range(1, tries + 1):
+        try:
+            return ClusterMember(worker, url, settings, client).start()
+        except pulsar.Timeout:
+            if attempt == tries:
+                raise BrokerUnavailable(f"cannot join cluster {settings.name}: the broker did not open its "
+                                        f"coordination topics in time ({tries} tries of 10 s)") from None
+            log.warning("%s: the broker did not open the cluster's topics in time; joining again (%d of %d)",
+                        worker.worker_id, attempt + 1, tries)
+    raise AssertionError("unreachable")
 
 
 def merge_stats(views: list[dict], owned: set[int]) -> dict:

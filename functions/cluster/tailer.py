@@ -42,6 +42,8 @@ class TopicTailer:
             except pulsar.Timeout:
                 self.caught_up.set()
                 continue
+            except pulsar.AlreadyClosed:   # its client closed (a join that failed): nothing more to read
+                return
             except pulsar.PulsarException as exc:
                 if self._closing.is_set():
                     return
