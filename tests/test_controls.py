@@ -321,3 +321,14 @@ def test_a_deleted_functions_series_disappear(broker, worker, tmp_path):
         wait_until(lambda: series() == [], 20, lambda: f"its series to go: {series()}")
     finally:
         controller.stop()
+
+
+def test_a_scale_to_the_parallelism_in_force_counts_as_applied(worker):
+    """The wake watcher and the period may both wake a sleeping function; the second gets Pulsar's 400 "Update
+    contains no change" (a CI run failed on a decision logged as not applied). What was decided holds."""
+    from pulsar_autoscale.controller.executor import Executor
+    name = make_function(worker)
+    result = Executor(FunctionsAdmin(worker.url)).apply(f"public/default/{name}", 1, None)
+    assert result.ok and result.error is None, result
+    assert Executor(FunctionsAdmin(worker.url)).apply(f"public/default/{name}", 0, None).ok
+    assert parallelism(worker, name) == 0

@@ -45,6 +45,10 @@ class Executor:
                 error = str(exc)
                 break  # credentials or a foreign redirect: retrying cannot help
             except AdminError as exc:
+                if exc.status == 400 and "Update contains no change" in str(exc):
+                    # Pulsar's answer when it is at that parallelism already (the wake watcher and the period
+                    # both woke it): what was decided holds
+                    return Execution(function, parallelism, True, attempt, seconds=time.monotonic() - start)
                 error = str(exc)
                 if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
                     break  # the request itself is wrong (or the epoch stale): retrying cannot help
