@@ -645,14 +645,12 @@ class Worker:
 
     def _retire_files(self, fn: HostedFunction) -> None:
         d = self._fn_dir(fn.config)
-        trash = self._trash_dir() / uuid.uuid4().hex
-        if d.exists():
-            trash.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(d, trash)
+        trash = self._to_trash(d) if d.exists() else None
         def then():
             if fn.keyed is not None:
                 fn.keyed.stores.forget()   # their connections close before their files go
-            shutil.rmtree(trash, ignore_errors=True)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
             if fn.config.cleanupSubscription:
                 self._cleanup_subscription(fn.config)
             self._delete_state_topics(fn.config)
@@ -668,12 +666,17 @@ class Worker:
             for d in sorted((self.data_dir / "functions").glob("*/*/*")):
                 fqfn = "/".join(d.relative_to(self.data_dir / "functions").parts)
                 if d.is_dir() and fqfn not in known and fqfn not in self._functions and fqfn not in self._creating:
-                    gone[fqfn] = self._trash_dir() / uuid.uuid4().hex
-                    gone[fqfn].parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(d, gone[fqfn])
+                    gone[fqfn] = self._to_trash(d)
         for trash in gone.values():
             shutil.rmtree(trash, ignore_errors=True)
         return sorted(gone)
+
+    def _to_trash(self, d: Path) -> Path:
+        """Moves a function's directory aside (its name is free at once); the caller removes what it returns."""
+        trash = self._trash_dir() / uuid.uuid4().hex
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(d, trash)
+        return trash
 
     def _trash_dir(self) -> Path:
         return self.data_dir / "deleted"
