@@ -104,6 +104,7 @@ class _Scope:
 
     group: int
     msg_id: str | None = None            # set: EFFECTIVELY_ONCE, the updates are one transaction
+    file: "_GroupFile | None" = None     # EFFECTIVELY_ONCE: the file whose lock and transaction it holds
     pending: dict = field(default_factory=dict)   # (kind, key) -> Record, the latest change of each
 
 
@@ -160,9 +161,6 @@ class StateStore:
         self._files[group] = f
         return f
 
-    def _lock(self, group: int) -> threading.RLock:
-        return self._file(group).lock
-
     def _connect(self, group: int) -> sqlite3.Connection:
         """A new connection to the group's file (created with its tables if missing)."""
         self.snapshot_dir.mkdir(parents=True, exist_ok=True)
@@ -182,28 +180,27 @@ class StateStore:
             "clean INTEGER NOT NULL); COMMIT;")
         return conn
 
-    def _conn(self, group: int) -> sqlite3.Connection:
-        """The group's connection, for reading (the caller holds its lock)."""
-        return self._file(group).conn
-
-    def _served(self, group: int) -> sqlite3.Connection:
-        """The group's connection, for a change (the caller holds its lock): the first change after a release
-        marks the file as served, since from now on it may hold changes the changelog has not persisted,
+    @staticmethod
+    def _served(f: _GroupFile) -> sqlite3.Connection:
+        """The group file's connection, for a change (the caller holds its lock): the first change after a
+        release marks the file as served, since from now on it may hold changes the changelog has not persisted,
         so a crash makes it untrusted (open replays the group's whole changelog)."""
-        f = self._file(group)
         if f.clean:
             f.conn.execute("INSERT INTO meta VALUES (0, NULL, 0) ON CONFLICT DO UPDATE SET clean = 0")
             f.clean = False
         return f.conn
 
     def _close(self, group: int) -> None:
-        path = str(self.group_path(group))
+        """Closes the file this store used, never another one now at its path (a deleted function's store
+        closes after a function created again under its name opened its own files there)."""
+        f = self._files.pop(group, None)
+        if f is None:
+            return
         with _FILES_LOCK:
-            f = _FILES.pop(path, None)
-        if f is not None:
-            with f.lock:
-                f.conn.close()
-        self._files.pop(group, None)
+            if _FILES.get(f.path) is f:
+                del _FILES[f.path]
+        with f.lock:
+            f.conn.close()
 
     def _existing(self) -> list[int]:
         """The owned groups that have a file here (reads by key alone look only in those)."""
@@ -259,8 +256,9 @@ class StateStore:
 
     def _holding(self, key: str, kind: str | None = None) -> int | None:
         for g in self._existing():
-            with self._lock(g):
-                if self._conn(g).execute("SELECT 1 FROM kv WHERE key = ? AND dead = 0"
+            f = self._file(g)
+            with f.lock:
+                if f.conn.execute("SELECT 1 FROM kv WHERE key = ? AND dead = 0"
                                          + ("" if kind is None else " AND kind = ?"),
                                          (key,) if kind is None else (key, kind)).fetchone():
                     return g
@@ -275,21 +273,22 @@ class StateStore:
         self._local.scope = _Scope(group, msg_id)
         if msg_id is None:
             return True
-        lock = self._lock(group)
-        lock.acquire()
+        f = self._file(group)
+        f.lock.acquire()
         try:
-            conn = self._served(group)
+            conn = self._served(f)
             conn.execute("BEGIN IMMEDIATE")
             if conn.execute("SELECT 1 FROM applied WHERE mid = ?", (msg_id,)).fetchone():
                 conn.execute("ROLLBACK")
                 self._local.scope = None
                 self.duplicates_skipped += 1
-                lock.release()
+                f.lock.release()
                 return False
         except BaseException:
             self._local.scope = None
-            lock.release()
+            f.lock.release()
             raise
+        self._local.scope.file = f
         return True
 
     def apply_once(self, msg_id: str, group: int) -> bool:
@@ -304,7 +303,7 @@ class StateStore:
         records = list(scope.pending.values())
         if scope.msg_id is not None:
             try:
-                conn = self._conn(scope.group)
+                conn = scope.file.conn
                 if records:
                     conn.execute("INSERT INTO applied(mid) VALUES (?)", (scope.msg_id,))
                     records = [Record(r.group, r.kind, r.key, r.value, r.version, r.deleted, scope.msg_id, i,
@@ -313,7 +312,7 @@ class StateStore:
                 if records:
                     self._prune(conn)
             finally:
-                self._lock(scope.group).release()
+                scope.file.lock.release()
         self._send(records)
 
     def abort(self) -> None:
@@ -324,9 +323,9 @@ class StateStore:
             return
         if scope.msg_id is not None:
             try:
-                self._conn(scope.group).execute("ROLLBACK")
+                scope.file.conn.execute("ROLLBACK")
             finally:
-                self._lock(scope.group).release()
+                scope.file.lock.release()
         else:
             self._send(list(scope.pending.values()))
 
@@ -381,8 +380,9 @@ class StateStore:
     # ---- reads and writes in a group -------------------------------------------------------------
     def _write(self, sql: str, args: tuple, kind: str, key: str, group: int, deleted: bool = False):
         self._check_owned(group)
-        with self._lock(group):
-            row = self._served(group).execute(sql, args).fetchone()
+        f = self._file(group)
+        with f.lock:
+            row = self._served(f).execute(sql, args).fetchone()
         if row is None:
             return None
         value, version = row
@@ -415,8 +415,9 @@ class StateStore:
 
     def _read(self, group: int, kind: str, key: str):
         self._check_owned(group)
-        with self._lock(group):
-            row = self._conn(group).execute("SELECT ival, bval FROM kv WHERE kind = ? AND key = ? AND dead = 0",
+        f = self._file(group)
+        with f.lock:
+            row = f.conn.execute("SELECT ival, bval FROM kv WHERE kind = ? AND key = ? AND dead = 0",
                                             (kind, key)).fetchone()
         return None if row is None else row[0] if kind == COUNTER else row[1]
 
@@ -447,8 +448,9 @@ class StateStore:
         """Every live counter of the owned groups (a key in several groups: their sum)."""
         out: dict[str, int] = {}
         for g in self._existing():
-            with self._lock(g):
-                rows = self._conn(g).execute("SELECT key, ival FROM kv WHERE kind = 'c' AND dead = 0").fetchall()
+            f = self._file(g)
+            with f.lock:
+                rows = f.conn.execute("SELECT key, ival FROM kv WHERE kind = 'c' AND dead = 0").fetchall()
             for key, value in rows:
                 out[key] = out.get(key, 0) + value
         return out
@@ -457,8 +459,9 @@ class StateStore:
         """Every live row of the owned groups: (kind, key, group) -> (ival, bval) (tests, bench/state_replay.py)."""
         out = {}
         for g in self._existing():
-            with self._lock(g):
-                for kind, key, ival, bval in self._conn(g).execute(
+            f = self._file(g)
+            with f.lock:
+                for kind, key, ival, bval in f.conn.execute(
                         "SELECT kind, key, ival, bval FROM kv WHERE dead = 0"):
                     out[(kind, key, g)] = (ival, bval)
         return out
@@ -593,8 +596,9 @@ class StateStore:
             by_group.setdefault(g, []).append((kind, key) + v)
         for g in sorted(groups):
             group_rows, group_applied = by_group.get(g, ()), applied.get(g, ())
-            with self._lock(g):
-                conn = self._served(g)
+            f = self._file(g)
+            with f.lock:
+                conn = self._served(f)
                 if not group_rows and not group_applied:
                     continue   # nothing of it in the read (most groups of a refresh): no transaction
                 conn.execute("BEGIN IMMEDIATE")

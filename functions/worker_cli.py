@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import logging
+import os
 import signal
 import sys
 import threading
@@ -23,6 +25,12 @@ from .server import WorkerServer
 # A worker's thread instances, a keyed function's front and its background state copies share one GIL: a thread
 # that wants it waits up to the switch interval for a busy one (CPython's default 5 ms, on every hop of a record).
 GIL_SWITCH_INTERVAL_S = 0.001
+# A stop hands instances over and drains them (up to 30 s each wait); past this the process exits anyway, as a
+# kill -9 would end it (nothing acknowledged is lost: state is in the changelog, unacked input is redelivered).
+SHUTDOWN_TIMEOUT_S = 50.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+log = logging.getLogger(__name__)
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -42,6 +50,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="default instance runtime (per function: instanceRuntime in its config)")
     p.add_argument("--broker-kind", default="auto", choices=["auto", "pulsar-lite", "apache"],
                    help="auto: read --metrics-url to tell pulsar-lite from Apache Pulsar")
+    p.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S, metavar="S",
+                   help="on SIGTERM/SIGINT, exit after this many seconds even if instances are still handing over "
+                        f"or draining (a second signal exits at once; default {SHUTDOWN_TIMEOUT_S:.0f})")
     p.add_argument("--max-parallelism", type=int, default=DEFAULT_MAX_PARALLELISM,
                    help=f"refuse parallelism above this (default {DEFAULT_MAX_PARALLELISM})")
     p.add_argument("--worker-id", default=None, help="worker id reported by the cluster API")
@@ -72,6 +83,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     faulthandler.enable()   # a crash in native code (the Pulsar C++ client, SQLite) leaves every thread's stack
+    if args.shutdown_timeout <= 0:
+        raise ConfigError(f"--shutdown-timeout must be positive, got {args.shutdown_timeout}")
     try:
         cluster = ClusterSettings(args.cluster, args.capacity, args.heartbeat_interval, args.heartbeat_timeout,
                                   args.scheduler) if args.cluster else None
@@ -84,12 +97,45 @@ def run(args: argparse.Namespace) -> int:
                           spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
                           security=ServerSecurity.from_args(args), web_service_url=args.web_service_url).start()
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: stop.set())
     print(f"worker {server.worker.worker_id} serving {server.url} (broker {args.service_url}, "
           f"{server.worker.broker_kind}, runtime {args.runtime}"
           f"{f', cluster {args.cluster}' if cluster else ''}); data in {data_dir}", flush=True)
     stop.wait()
-    print("handing instances over..." if cluster else "draining instances...", flush=True)
-    server.stop()
+    _stop_within(server, args.shutdown_timeout, "handing instances over..." if cluster else "draining instances...")
     return 0
+
+
+def _stop_within(server: WorkerServer, timeout_s: float, announce: str) -> None:
+    """A stop that waits on a broker that is gone, or on user code that never returns, ends anyway: after
+    timeout_s, or at once on a second signal (an operator's second Ctrl-C). The stop runs in a thread of its
+    own, so the main thread stays free to take that signal whatever the stop is blocked in."""
+    over, second, failed = threading.Event(), threading.Event(), []
+
+    def stop() -> None:
+        try:
+            server.stop()
+        except BaseException as exc:   # raised again in the main thread, as before
+            failed.append(exc)
+        finally:
+            over.set()
+
+    def again(*_) -> None:
+        second.set()
+        over.set()
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, again)
+    print(announce, flush=True)   # from here on a second signal counts
+    threading.Thread(target=stop, name="worker-stop", daemon=True).start()
+    over.wait(timeout_s)
+    if failed:
+        raise failed[0]
+    if not over.is_set() or second.is_set():
+        why = "a second signal" if second.is_set() else f"not done after {timeout_s:.0f} s (--shutdown-timeout)"
+        log.error("stop: %s; exiting with instances not drained (they restore as after kill -9); "
+                  "what the stop waited on:", why)
+        faulthandler.dump_traceback()
+        logging.shutdown()
+        os._exit(1)

@@ -113,7 +113,7 @@ def test_kill_9_loses_no_acked_update_and_effectively_once_is_exact(broker, clie
         assert counts == exact
         # The ids the killed worker applied came back with the restore: their redelivery would be skipped.
         applied = [(g, mid) for g in sorted(store.owned()) if store.group_path(g).exists()
-                   for (mid,) in store._conn(g).execute("SELECT mid FROM applied ORDER BY rowid LIMIT 5")][:20]
+                   for (mid,) in store._file(g).conn.execute("SELECT mid FROM applied ORDER BY rowid LIMIT 5")][:20]
         assert len(applied) == 20 and not any(store.begin(kg, mid) for kg, mid in applied)
 
 

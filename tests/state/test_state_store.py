@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import uuid
 
@@ -261,7 +263,6 @@ def test_a_group_file_deleted_with_its_function_is_not_the_next_ones_state(tmp_p
 def test_an_instance_of_a_deleted_function_never_writes_into_the_next_ones_files(tmp_path, client, changelog):
     """Deleted while its instance drains, created again at once: the old store fails on its next call instead of
     taking the new function's file at the same path (one-worker CI run: "database is locked", counts 0)."""
-    import os
     old = store(tmp_path, client, changelog)
     process(old, "k", [("incr_counter", "n", 3)])
     os.replace(tmp_path / "a", tmp_path / "trash")               # the delete moves the function's files aside
@@ -273,3 +274,44 @@ def test_an_instance_of_a_deleted_function_never_writes_into_the_next_ones_files
     with pytest.raises(StateRemovedError, match="was removed"):
         process(old, "j", [("incr_counter", "n", 1)])            # a group it had not opened yet
     assert new.for_key("k").get_counter("n") == 1 and new.for_key("j").get_counter("n") == 1
+
+
+def _close_in_a_thread(s: StateStore) -> threading.Thread:
+    closer = threading.Thread(target=s.close, daemon=True)
+    closer.start()
+    closer.join(10)
+    return closer
+
+
+def test_a_deleted_functions_store_closing_late_leaves_the_next_ones_files_alone(tmp_path, client, changelog):
+    """The deleted function's stores close once its instances drained, which under load is after the function
+    created again under its name began a message in the same group: that message commits, and the close does
+    not wait on it (CI: counts stuck at 0 behind a never-committed transaction, and the worker's stop hung)."""
+    old = store(tmp_path, client, changelog)
+    process(old, "k", [("incr_counter", "n", 3)])
+    os.replace(tmp_path / "a", tmp_path / "trash")
+    new = store(tmp_path, client, changelog)
+    view = new.for_key("k")
+    assert new.begin(view.group, "m1")
+    view.incr_counter("n", 1)
+    closer = _close_in_a_thread(old)
+    assert not closer.is_alive(), "the deleted function's store waited on a group file of the new function"
+    new.commit()
+    assert process(new, "k", [("incr_counter", "n", 1)], "m2")
+    assert new.for_key("k").get_counter("n") == 2
+
+
+def test_a_message_of_a_deleted_function_in_flight_ends_and_lets_its_store_close(tmp_path, client, changelog):
+    """Its instance was in the middle of a message when the function was deleted and created again: the message
+    fails, and its group's lock is free again (the store's close, after the drain, would otherwise hang)."""
+    old = store(tmp_path, client, changelog)
+    view = old.for_key("k")
+    assert old.begin(view.group, "m1")
+    view.incr_counter("n", 1)
+    os.replace(tmp_path / "a", tmp_path / "trash")
+    new = store(tmp_path, client, changelog)
+    assert process(new, "k", [("incr_counter", "n", 1)], "m1")
+    with pytest.raises(Exception):
+        old.commit()
+    assert not _close_in_a_thread(old).is_alive(), "the deleted function's store could not close"
+    assert new.for_key("k").get_counter("n") == 1
