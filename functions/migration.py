@@ -388,11 +388,13 @@ class KeyedScaler:
         """What status shows: whether groups are moving, who owns how many, the last migration, a failure."""
         owners = self.router.assignment.owners
         last = self.reports[-1] if self.reports else None
+        waiting = self.router.waiting_for_absent()   # records of stopped instances, held here (routing.py)
         return {"migrating": self._busy, "groupsPerInstance": {str(i): owners.count(i) for i in sorted(set(owners))},
                 "lastMigration": None if last is None else {
                     "movedGroups": last.moved_groups, "subscales": last.subscales,
                     "seconds": round(last.duration_s, 3), "stopTheWorld": last.stop_the_world,
                     "preCopySeconds": round(last.prepare_s, 3), "preCopyRounds": last.pre_copy_rounds},
+                **({"waitingForStoppedInstances": {str(i): n for i, n in sorted(waiting.items())}} if waiting else {}),
                 **({"failure": self.failure} if self.failure else {})}
 
     def idle(self, timeout_s: float) -> bool:

@@ -31,6 +31,10 @@ from .state import message_group
 
 log = logging.getLogger(__name__)
 RECEIVE_TIMEOUT_MS = 100
+# One worker: a stopped instance keeps its key groups, and their records wait for it in the worker, at most this
+# many times the function's receiverQueueSize; past that the router receives nothing more (every key waits) and
+# the backlog stays on the broker, as Pulsar's maxUnackedMessagesPerConsumer stops delivery to a consumer.
+STOPPED_WAIT_FACTOR = 100
 
 
 def keyed_subscription_type(cfg) -> str:
@@ -149,17 +153,44 @@ class KeyedRouter:
             consumer.close()
 
     def _full(self) -> bool:
-        """Under the lock: whether the mailboxes hold their share already (see __init__)."""
-        return (bool(self._boxes)
-                and sum(len(b.items) for b in self._boxes.values()) >= self._queue_size() * len(self._boxes))
+        """Under the lock: whether the mailboxes hold their share already (see __init__), or the records that
+        wait for stopped instances their bound (STOPPED_WAIT_FACTOR)."""
+        if self._boxes and sum(len(b.items) for b in self._boxes.values()) >= self._queue_size() * len(self._boxes):
+            return True
+        return sum(self._waiting_for_absent().values()) >= STOPPED_WAIT_FACTOR * self._queue_size()
+
+    def _waiting_for_absent(self) -> dict[int, int]:
+        """Under the lock: instance id -> records held for it while it is not here (stopped, or starting)."""
+        out: dict[int, int] = {}
+        for g, queue in self._held.items():
+            if queue and g not in self._moving:
+                owner = self.assignment.owners[g]
+                out[owner] = out.get(owner, 0) + len(queue)
+        return out
+
+    def waiting_for_absent(self) -> dict[int, int]:
+        with self._cond:
+            return self._waiting_for_absent()
 
     def _dispatch(self) -> None:
         consumer = self._consumer
+        paused = False
         while not self._closing.is_set():
-            with self._cond:   # an instance's take, or a detach, wakes it
-                if not self._cond.wait_for(lambda: not self._full() or self._closing.is_set(),
-                                           timeout=RECEIVE_TIMEOUT_MS / 1000):
-                    continue
+            with self._cond:   # an instance's take, a detach or an attach wakes it
+                ready = self._cond.wait_for(lambda: not self._full() or self._closing.is_set(),
+                                            timeout=RECEIVE_TIMEOUT_MS / 1000)
+                waiting = self._waiting_for_absent()
+            bound = STOPPED_WAIT_FACTOR * self._queue_size()
+            if not ready and not paused and sum(waiting.values()) >= bound:
+                paused = True
+                log.warning("keyed input paused: %d records wait for stopped instances %s (at most %d are held in "
+                            "the worker); the rest stays on the broker until they start or the parallelism is "
+                            "lowered", sum(waiting.values()), sorted(waiting), bound)
+            if ready and paused:
+                paused = False
+                log.info("keyed input resumed")
+            if not ready:
+                continue
             try:
                 msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
             except pulsar.Timeout:

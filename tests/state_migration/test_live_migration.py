@@ -122,3 +122,44 @@ def test_a_backlog_stays_on_the_broker_not_in_the_mailboxes(broker, worker, clie
     assert peak >= 50, f"the mailboxes never filled ({peak}): the test saw no backlog"
     producer.close()
     worker.delete(cfg.fqfn)
+
+
+def test_a_stopped_instances_records_wait_in_the_worker_only_up_to_a_bound(broker, worker, client):
+    """A stopped instance keeps its groups and their records wait for it, in the worker's memory up to
+    STOPPED_WAIT_FACTOR x receiverQueueSize records; past that the router receives nothing more and the rest stays
+    on the broker (before, a stopped instance's records came into the worker's memory without end). Status says
+    how many wait; started again, the instance takes them all and every count is exact."""
+    from pulsar_autoscale.functions.routing import STOPPED_WAIT_FACTOR
+    name = f"ks-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    queue, keys, per_key = 2, 40, 50
+    bound = STOPPED_WAIT_FACTOR * queue
+    cfg = worker.create(FunctionConfig.from_dict(
+        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+         "inputs": [src], "parallelism": 2, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+         "subscriptionPosition": "Earliest", "inputSpecs": {src: {"receiverQueueSize": queue}}}),
+        (EXAMPLES / "keyed_count.py").read_bytes(), "keyed_count.py")
+    fn = worker._functions[cfg.fqfn]
+    router = fn.keyed.router
+    wait_until(lambda: router.attached() == {0, 1}, 30, "2 keyed instances attached")
+    worker.set_running(cfg.fqfn, False, 1)
+    wait_until(lambda: router.attached() == {0}, 30, "instance 1 stopped")
+    stopped_keys = {f"k{k}" for k in range(keys) if router.assignment.owners[key_group(f"k{k}", 128)] == 1}
+    assert len(stopped_keys) * per_key > bound, f"the test sends too few records of instance 1's keys to pass {bound}"
+    producer = client.create_producer(src, batching_enabled=True, block_if_queue_full=True)
+    for i in range(keys * per_key):
+        producer.send_async(b"x", None, partition_key=f"k{i % keys}")
+    producer.flush()
+    waiting = lambda: fn.keyed.view().get("waitingForStoppedInstances", {}).get("1", 0)  # noqa: E731
+    wait_until(lambda: waiting() >= bound, 60, lambda: f"{bound} records held for instance 1, saw {waiting()}")
+    received = router.counters.received
+    wait_until(lambda: router.counters.received == received and waiting() == bound, 5,
+               lambda: f"the router to stop receiving at {bound} held (received {router.counters.received})")
+    assert received < keys * per_key, "the whole backlog came into the worker"
+    worker.set_running(cfg.fqfn, True, 1)
+    state = lambda k: worker.state_store(cfg.fqfn, k).get_counter(k)  # noqa: E731
+    wait_until(lambda: all(state(f"k{k}") == per_key for k in range(keys)), 60,
+               lambda: f"{per_key} per key: {({f'k{k}': state(f'k{k}') for k in range(keys)})}")
+    assert "waitingForStoppedInstances" not in fn.keyed.view()
+    producer.close()
+    worker.delete(cfg.fqfn)
