@@ -46,7 +46,7 @@ def varied(client, topic: str) -> None:
     """Unbatched and batched entries; messages with and without key, properties and event time."""
     produce(client, topic, 30, batching=False)
     produce(client, topic, 170, start=30, batching=True)
-    producer = client.create_producer(topic, batching_enabled=True)
+    producer = client.create_producer(topic, batching_enabled=True, block_if_queue_full=True)
     for i in range(200, 260):
         producer.send_async(f"bare {i}".encode(), None, event_timestamp=1_700_000_000_000 + i if i % 2 else None)
     producer.flush()

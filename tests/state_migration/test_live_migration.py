@@ -39,7 +39,8 @@ def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, w
     cfg = _create(worker, name, src, dst, 2)
     fn = worker._functions[cfg.fqfn]
     wait_until(lambda: fn.keyed.router.attached() == {0, 1}, 30, "2 keyed instances attached")
-    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2)
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2,
+                                      block_if_queue_full=True)
     sent = 0
     stop = threading.Event()
 
@@ -99,7 +100,7 @@ def test_a_backlog_stays_on_the_broker_not_in_the_mailboxes(broker, worker, clie
     instance's own would buffer: before, it received a whole backlog into the worker's memory at once."""
     name = f"kb-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
-    producer = client.create_producer(src, batching_enabled=True)
+    producer = client.create_producer(src, batching_enabled=True, block_if_queue_full=True)
     for i in range(1000):
         producer.send_async(b"x", None, partition_key=f"k{i % 50}")
     producer.flush()

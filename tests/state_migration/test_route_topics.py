@@ -49,7 +49,7 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
         worker.host_instances(cfg, str(code), {0, 1})
         topics = KeyedTopics.of(cfg)
         probe = client.subscribe(topics.route(1), "probe", initial_position=pulsar.InitialPosition.Earliest)
-        producer = client.create_producer(src)
+        producer = client.create_producer(src, block_if_queue_full=True)
         _send(producer, KEYS * PER_KEY // 2)
         wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
                    lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
@@ -96,7 +96,7 @@ def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_messag
             worker.host_instances(cfg, str(code), {0, 1})
         else:
             worker.create(cfg, code.read_bytes(), "poison.py")
-        producer = client.create_producer(src)
+        producer = client.create_producer(src, block_if_queue_full=True)
         producer.send(b"poison", partition_key="p")
         producer.send(b"fine", partition_key="p")
         msg = dead.receive(30_000)
