@@ -10,6 +10,15 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran a worker cluster (a `cluster` fixture) reports its workers' log tails."""
+    report = (yield).get_result()
+    cluster = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None
+    if report.when == "call" and report.failed and hasattr(cluster, "log_tails"):
+        report.sections.append(("worker logs", cluster.log_tails()))
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     with EmbeddedBroker(data_dir=str(tmp_path_factory.mktemp("broker"))) as b:

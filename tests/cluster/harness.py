@@ -96,6 +96,12 @@ class WorkerCluster:
             time.sleep(0.1)
         raise AssertionError(f"cluster {self.name} not formed within {timeout_s:.0f}s: {last}")
 
+    def log_tails(self, lines: int = 80) -> str:
+        """The end of every worker's log (a failed test shows them: CI keeps no temporary directory)."""
+        return "\n".join(f"==== {p.name} (last {lines} lines)\n"
+                         + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+                         for p in sorted(self.base_dir.glob("*.log")))
+
     def live(self) -> list[WorkerProc]:
         return [w for w in self.workers if w.alive()]
 

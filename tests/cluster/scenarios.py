@@ -22,6 +22,9 @@ class TimedCollector(OutputCollector):
         return max((b - a for a, b in zip(ts, ts[1:])), default=end - start)
 
 
+RECEIVER_QUEUE = 50
+
+
 @dataclass
 class Flow:
     """A sleepy function fed at `rate` msg/s, its outputs counted; one admin client per worker URL."""
@@ -50,7 +53,7 @@ class Flow:
     def create(self, via: int = 0) -> None:
         self.admin(via).create({"tenant": "public", "namespace": "default", "name": self.name,
                                 "className": "sleepy.Sleepy", "inputs": [self.src], "output": self.dst,
-                                "parallelism": self.parallelism, "receiverQueueSize": 50,
+                                "parallelism": self.parallelism, "receiverQueueSize": RECEIVER_QUEUE,
                                 "userConfig": {"service_ms": self.service_ms, "dist": "deterministic"}},
                                str(EXAMPLES / "sleepy.py"))
 
@@ -67,8 +70,11 @@ class Flow:
         return wait_until(ok, timeout_s, f"{n} running instances of {self.name}", interval_s=0.1)
 
     def start_producing(self, messages: int) -> None:
+        # Batches no larger than the receiver queue: pulsar-lite stalls a Shared subscription on larger ones once a
+        # second consumer (a burst drain) stops receiving (docs/spark-burst.md; CI: the drain took 0, 676 lost).
         self._producer = self.client.create_producer(self.src, batching_enabled=self.batching,
-                                                     batching_max_publish_delay_ms=5, block_if_queue_full=True)
+                                                     batching_max_publish_delay_ms=5,
+                                                     batching_max_messages=RECEIVER_QUEUE, block_if_queue_full=True)
 
         def produce():
             t0 = time.monotonic()
