@@ -162,7 +162,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
     @app.get(FN + "/burst")
     def burst_report(tenant, namespace, name):
         fqfn = f"{tenant}/{namespace}/{name}"
-        worker.get(fqfn)  # 404 for an unknown function
+        admin.get(fqfn)  # 404 for an unknown function (a cluster's: also where no instance runs, as the POST)
         return jsonify(worker.bursts.report(fqfn))
 
     @app.get(FN)

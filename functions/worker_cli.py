@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import add_client_arguments, settings_from_args
 from pulsar_autoscale.security.serving import ServerSecurity, add_server_arguments
@@ -91,11 +91,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     data_dir = args.data_dir or str(user_data_dir("worker", str(args.port)))
-    server = WorkerServer(settings_from_args(args), args.port, args.host, data_dir, args.metrics_url, args.runtime,
-                          args.broker_kind, args.max_parallelism, args.worker_id, cluster,
-                          warm_pool=args.warm_pool,
-                          spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
-                          security=ServerSecurity.from_args(args), web_service_url=args.web_service_url).start()
+    try:
+        server = WorkerServer(settings_from_args(args), args.port, args.host, data_dir, args.metrics_url,
+                              args.runtime, args.broker_kind, args.max_parallelism, args.worker_id, cluster,
+                              warm_pool=args.warm_pool,
+                              spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
+                              security=ServerSecurity.from_args(args), web_service_url=args.web_service_url).start()
+    except PulsarAutoscaleError as exc:   # e.g. a cluster it could not join: the worker's client may be connecting
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        _exit_at_once(2)
     stop = threading.Event()
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: stop.set())
@@ -137,5 +141,14 @@ def _stop_within(server: WorkerServer, timeout_s: float, announce: str) -> None:
         log.error("stop: %s; exiting with instances not drained (they restore as after kill -9); "
                   "what the stop waited on:", why)
         faulthandler.dump_traceback()
-        logging.shutdown()
-        os._exit(1)
+        _exit_at_once(1)
+
+
+def _exit_at_once(code: int) -> None:
+    """Exit without the interpreter's teardown: the Pulsar client's threads may be in the middle of a call (still
+    connecting to a broker that does not answer), and destroying them there aborts the process (SIGABRT)
+    instead of exiting with `code`."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -93,6 +93,10 @@ class ClusterMember:
             self._client.close()
             raise
 
+    def close_client(self) -> None:
+        """A join that failed after construction: this attempt's readers and producers end with its client."""
+        self._client.close()
+
     def start(self) -> "ClusterMember":
         # pulsar-lite B2: the worker's client is a lite_quirks.incarnation_client, whose consumer ids
         # already start at a floor no other live client on the broker uses.
@@ -462,17 +466,27 @@ class ClusterMember:
 
 def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSettings | str,
          tries: int = JOIN_TRIES) -> ClusterMember:
-    """The worker's membership, started. A broker slow to open the cluster's topics (a 10 s timeout each, seen
-    under CPU load) is tried again; after `tries`, a clear error instead of a traceback from the client."""
+    """The worker's membership, started. A broker that does not answer in time (a 10 s timeout each, seen under
+    CPU load; a hung broker refuses connections with ConnectError) is tried again; after `tries`, or on any other
+    error from the client, a one-line error instead of a traceback from the client."""
     for attempt in range(1, tries + 1):
+        member = None
         try:
-            return ClusterMember(worker, url, settings, client).start()
-        except pulsar.Timeout:
+            member = ClusterMember(worker, url, settings, client)
+            return member.start()
+        except (pulsar.Timeout, pulsar.ConnectError) as exc:
+            if member is not None:
+                member.close_client()
             if attempt == tries:
                 raise BrokerUnavailable(f"cannot join cluster {settings.name}: the broker did not open its "
-                                        f"coordination topics in time ({tries} tries of 10 s)") from None
-            log.warning("%s: the broker did not open the cluster's topics in time; joining again (%d of %d)",
-                        worker.worker_id, attempt + 1, tries)
+                                        f"coordination topics in time ({tries} tries of 10 s; the last: "
+                                        f"{type(exc).__name__})") from None
+            log.warning("%s: the broker did not open the cluster's topics in time (%s); joining again (%d of %d)",
+                        worker.worker_id, type(exc).__name__, attempt + 1, tries)
+        except pulsar.PulsarException as exc:
+            if member is not None:
+                member.close_client()
+            raise BrokerUnavailable(f"cannot join cluster {settings.name}: {type(exc).__name__}: {exc}") from None
     raise AssertionError("unreachable")
 
 

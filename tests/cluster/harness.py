@@ -120,7 +120,8 @@ class WorkerCluster:
     def __enter__(self) -> "WorkerCluster":
         for _ in range(self.n):
             self.add()
-        self.wait_ready()
+        if self.workers:   # n=0: the test adds them
+            self.wait_ready()
         return self
 
     def __exit__(self, *exc) -> None:
