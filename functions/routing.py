@@ -157,7 +157,10 @@ class KeyedRouter:
         wait for stopped instances their bound (STOPPED_WAIT_FACTOR)."""
         if self._boxes and sum(len(b.items) for b in self._boxes.values()) >= self._queue_size() * len(self._boxes):
             return True
-        return sum(self._waiting_for_absent().values()) >= STOPPED_WAIT_FACTOR * self._queue_size()
+        return sum(self._waiting_for_absent().values()) >= self._stopped_bound()
+
+    def _stopped_bound(self) -> int:
+        return STOPPED_WAIT_FACTOR * self._queue_size()
 
     def _waiting_for_absent(self) -> dict[int, int]:
         """Under the lock: instance id -> records held for it while it is not here (stopped, or starting)."""
@@ -179,17 +182,16 @@ class KeyedRouter:
             with self._cond:   # an instance's take, a detach or an attach wakes it
                 ready = self._cond.wait_for(lambda: not self._full() or self._closing.is_set(),
                                             timeout=RECEIVE_TIMEOUT_MS / 1000)
-                waiting = self._waiting_for_absent()
-            bound = STOPPED_WAIT_FACTOR * self._queue_size()
-            if not ready and not paused and sum(waiting.values()) >= bound:
-                paused = True
-                log.warning("keyed input paused: %d records wait for stopped instances %s (at most %d are held in "
-                            "the worker); the rest stays on the broker until they start or the parallelism is "
-                            "lowered", sum(waiting.values()), sorted(waiting), bound)
+                waiting = {} if ready or paused else self._waiting_for_absent()   # off the per-record path
             if ready and paused:
                 paused = False
                 log.info("keyed input resumed")
             if not ready:
+                if sum(waiting.values()) >= self._stopped_bound():
+                    paused = True
+                    log.warning("keyed input paused: %d records wait for stopped instances %s (at most %d are held "
+                                "in the worker); the rest stays on the broker until they start or the parallelism "
+                                "is lowered", sum(waiting.values()), sorted(waiting), self._stopped_bound())
                 continue
             try:
                 msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)

@@ -259,8 +259,8 @@ class StateStore:
             f = self._file(g)
             with f.lock:
                 if f.conn.execute("SELECT 1 FROM kv WHERE key = ? AND dead = 0"
-                                         + ("" if kind is None else " AND kind = ?"),
-                                         (key,) if kind is None else (key, kind)).fetchone():
+                                  + ("" if kind is None else " AND kind = ?"),
+                                  (key,) if kind is None else (key, kind)).fetchone():
                     return g
         return None
 
@@ -418,7 +418,7 @@ class StateStore:
         f = self._file(group)
         with f.lock:
             row = f.conn.execute("SELECT ival, bval FROM kv WHERE kind = ? AND key = ? AND dead = 0",
-                                            (kind, key)).fetchone()
+                                 (kind, key)).fetchone()
         return None if row is None else row[0] if kind == COUNTER else row[1]
 
     # ---- by key alone: REST querystate/putstate, and callers without a message -------------------

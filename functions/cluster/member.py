@@ -93,17 +93,17 @@ class ClusterMember:
             self._client.close()
             raise
 
-    def close_client(self) -> None:
-        """A join that failed after construction: this attempt's readers and producers end with its client."""
-        self._client.close()
-
     def start(self) -> "ClusterMember":
         # pulsar-lite B2: the worker's client is a lite_quirks.incarnation_client, whose consumer ids
         # already start at a floor no other live client on the broker uses.
-        self.membership.join()
-        if not (self.metadata.wait_caught_up(15) and self.assignments.caught_up.wait(15)):
-            log.warning("%s: cluster topics not read to the end within 15 s; continuing", self.me)
-        self._discard_deleted()
+        try:
+            self.membership.join()
+            if not (self.metadata.wait_caught_up(15) and self.assignments.caught_up.wait(15)):
+                log.warning("%s: cluster topics not read to the end within 15 s; continuing", self.me)
+            self._discard_deleted()
+        except BaseException:   # as in __init__: this attempt's readers and producers end with its client
+            self._client.close()
+            raise
         for t in self._threads:
             t.start()
         return self
@@ -470,13 +470,9 @@ def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSett
     CPU load; a hung broker refuses connections with ConnectError) is tried again; after `tries`, or on any other
     error from the client, a one-line error instead of a traceback from the client."""
     for attempt in range(1, tries + 1):
-        member = None
         try:
-            member = ClusterMember(worker, url, settings, client)
-            return member.start()
+            return ClusterMember(worker, url, settings, client).start()
         except (pulsar.Timeout, pulsar.ConnectError) as exc:
-            if member is not None:
-                member.close_client()
             if attempt == tries:
                 raise BrokerUnavailable(f"cannot join cluster {settings.name}: the broker did not open its "
                                         f"coordination topics in time ({tries} tries of 10 s; the last: "
@@ -484,8 +480,6 @@ def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSett
             log.warning("%s: the broker did not open the cluster's topics in time (%s); joining again (%d of %d)",
                         worker.worker_id, type(exc).__name__, attempt + 1, tries)
         except pulsar.PulsarException as exc:
-            if member is not None:
-                member.close_client()
             raise BrokerUnavailable(f"cannot join cluster {settings.name}: {type(exc).__name__}: {exc}") from None
     raise AssertionError("unreachable")
 

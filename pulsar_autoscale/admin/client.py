@@ -19,6 +19,7 @@ from pulsar_autoscale.security.redact import redact_url
 
 
 EPOCH_HEADER = "X-Pulsar-Autoscale-Epoch"
+NO_CHANGE_REASON = "Update contains no change"
 log = logging.getLogger(__name__)
 
 
@@ -34,6 +35,11 @@ class AdminError(PulsarAutoscaleError):
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
+
+    @property
+    def no_change(self) -> bool:
+        """Pulsar's 400 for an update to what is in force already (a parallelism it runs at): done, not failed."""
+        return self.status == 400 and NO_CHANGE_REASON.lower() in str(self).lower()
 
 
 @dataclass

@@ -37,7 +37,6 @@ from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.admin.http_auth import AuthConfig, AuthError, RedirectRefused, cluster_session
 from pulsar_autoscale.snapshot import FunctionCounters, InputReading
 
-NO_CHANGE_REASON = "Update contains no change"
 START_METRIC = "pulsar_function_worker_start_instance_process_time_ms"
 STOP_METRIC = "pulsar_function_worker_stop_instance_process_time_ms"
 # Figures of Pulsar's FunctionInstanceStatsData the counters are built from.
@@ -184,7 +183,7 @@ class StockPulsarAdmin(FunctionsAdmin):
         try:
             super().set_parallelism(tenant, namespace, name, parallelism, epoch=epoch)
         except AdminError as exc:
-            if exc.status == 400 and NO_CHANGE_REASON.lower() in str(exc).lower():
+            if exc.no_change:
                 return
             raise
 

@@ -45,7 +45,7 @@ class Executor:
                 error = str(exc)
                 break  # credentials or a foreign redirect: retrying cannot help
             except AdminError as exc:
-                if exc.status == 400 and "Update contains no change" in str(exc):
+                if exc.no_change:
                     # Pulsar's answer when it is at that parallelism already (the wake watcher and the period
                     # both woke it): what was decided holds
                     return Execution(function, parallelism, True, attempt, seconds=time.monotonic() - start)
