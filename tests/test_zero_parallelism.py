@@ -36,6 +36,9 @@ def _wakes_and_processes(admin: FunctionsAdmin, client, name: str) -> None:
 
 
 def _sleep(admin: FunctionsAdmin, client, name: str) -> None:
+    # The input subscription exists once an instance has run: drained before it subscribed, the function
+    # would start from its subscriptionPosition (Latest) and rightly skip what was sent while it slept.
+    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 2, 60, "2 instances running")
     admin.set_parallelism("public", "default", name, 0)
     status = admin.status("public", "default", name)
     assert (status["numInstances"], admin.get("public", "default", name)["parallelism"]) == (0, 0), status
@@ -64,7 +67,6 @@ def test_a_cluster_scales_a_function_to_zero_and_back(broker, client, tmp_path):
         admin = FunctionsAdmin(cluster.workers[0].url)
         name = f"z-{uuid.uuid4().hex[:6]}"
         _create(admin, name)
-        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 2, 60, "2 instances running")
         _sleep(admin, client, name)
         other = FunctionsAdmin(cluster.workers[1].url)
         assert other.get("public", "default", name)["parallelism"] == 0
