@@ -7,6 +7,7 @@ segments are refused, so a path can never reach outside it.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path, PurePosixPath
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
@@ -16,6 +17,15 @@ class PackageNotFound(PulsarAutoscaleError):
     """No file at that path (REST: 404)."""
 
     http_status = 404
+
+
+def write_atomically(path: Path, data: bytes) -> Path:
+    """A reader sees the whole file or none, and writers racing on one path each rename their own copy."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
 
 
 class PackageStore:
@@ -31,11 +41,7 @@ class PackageStore:
         return self.root.joinpath(*parts)
 
     def put(self, path: str, data: bytes) -> None:
-        f = self._file(path)
-        f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_name(f".{f.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, f)
+        write_atomically(self._file(path), data)
 
     def get(self, path: str) -> bytes:
         f = self._file(path)

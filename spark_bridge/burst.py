@@ -49,6 +49,7 @@ import pulsar
 from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.config import FunctionConfig
+from pulsar_autoscale.functions.packages import write_atomically
 from pulsar_autoscale.functions.piped_input import PipedMessage
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
@@ -130,14 +131,8 @@ def _load_process(class_name: str, code_name: str | None, code: bytes | None, sl
     if fn is None:
         path = None
         if code is not None:
-            d = Path(tempfile.gettempdir()) / f"pa-burst-{digest}"
-            d.mkdir(parents=True, exist_ok=True)
-            path = d / code_name
-            if not path.exists():
-                tmp = d / f".{code_name}.{uuid.uuid4().hex[:8]}"
-                tmp.write_bytes(code)
-                tmp.replace(path)
-            path = str(path)
+            path = Path(tempfile.gettempdir()) / f"pa-burst-{digest}" / code_name
+            path = str(path if path.exists() else write_atomically(path, code))
         fn = _LOADED[key] = load_callable(class_name, path)
     return fn
 

@@ -28,6 +28,7 @@ import pulsar
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
 from ..config import FunctionConfig, with_new_state
+from ..packages import write_atomically
 from ..validation import validate
 from ..worker import Conflict, NotFound
 from .tailer import TopicTailer
@@ -215,14 +216,8 @@ class FunctionMetaDataManager:
         return sha, name
 
     def _write_package(self, sha: str, name: str, code: bytes) -> Path:
-        d = self._packages_dir / sha
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / name
-        if not path.is_file():
-            tmp = d / f".{name}.{uuid.uuid4().hex[:6]}"
-            tmp.write_bytes(code)
-            tmp.replace(path)
-        return path
+        path = self._packages_dir / sha / name
+        return path if path.is_file() else write_atomically(path, code)
 
     def _store_package(self, msg: pulsar.Message) -> None:
         props = msg.properties()
