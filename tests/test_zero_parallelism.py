@@ -28,11 +28,13 @@ def _create(admin: FunctionsAdmin, name: str) -> None:
 def _wakes_and_processes(admin: FunctionsAdmin, client, name: str) -> None:
     """Nothing published while it slept is lost: back at parallelism 1 it processes it."""
     collector = OutputCollector(client, f"persistent://public/default/{name}-out")
-    admin.set_parallelism("public", "default", name, 1)
-    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 60, "1 instance running again")
-    wait_until(lambda: collector.distinct() == 1, 30, lambda: f"the message sent while asleep: {collector.counts}")
-    assert collector.counts == {b"asleep!": 1}
-    collector.close()
+    try:
+        admin.set_parallelism("public", "default", name, 1)
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 60, "1 instance running again")
+        wait_until(lambda: collector.distinct() == 1, 30, lambda: f"the message sent while asleep: {collector.counts}")
+        assert collector.counts == {b"asleep!": 1}
+    finally:   # a failure must not leave its thread reading after the module's client closes
+        collector.close()
 
 
 def _sleep(admin: FunctionsAdmin, client, name: str) -> None:
