@@ -21,7 +21,7 @@ demo: install
 	$(BIN)/pulsar-autoscale demo $(DEMO_ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
