@@ -26,6 +26,16 @@ class PipedMessage:
     _partition_key: str
     _topic: str
     _message_id: str
+    _ordering_key: str = ""
+    _redeliveries: int = 0
+
+    @classmethod
+    def of(cls, key: int, msg: pulsar.Message) -> "PipedMessage":
+        """Every part that reaches the function or picks the message's key group (its ordering key, as the
+        worker's router reads it)."""
+        return cls(key, msg.data(), msg.properties(), msg.publish_timestamp(), msg.event_timestamp(),
+                   msg.partition_key(), msg.topic_name(), str(msg.message_id()), msg.ordering_key() or "",
+                   msg.redelivery_count())
 
     def data(self) -> bytes:
         return self._data
@@ -47,6 +57,12 @@ class PipedMessage:
 
     def message_id(self) -> str:
         return self._message_id
+
+    def ordering_key(self) -> str:
+        return self._ordering_key
+
+    def redelivery_count(self) -> int:
+        return self._redeliveries
 
 
 def serve_pipe(conn, lease) -> None:
@@ -72,9 +88,7 @@ def serve_pipe(conn, lease) -> None:
                     continue
                 next_key += 1
                 outstanding[next_key] = msg
-                conn.send(PipedMessage(next_key, msg.data(), msg.properties(), msg.publish_timestamp(),
-                                       msg.event_timestamp(), msg.partition_key(), msg.topic_name(),
-                                       str(msg.message_id())))
+                conn.send(PipedMessage.of(next_key, msg))
             elif op == "ack":
                 lease.acknowledge(outstanding.pop(arg))
             elif op == "nack":

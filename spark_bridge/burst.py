@@ -406,9 +406,7 @@ class BurstDrain:
             timings["close_s"] = time.monotonic() - t2
 
     def _spark_job(self, taken: list, partitions: int, threads: int) -> list[tuple[int, bool, int]]:
-        records = [PipedMessage(i, m.data(), m.properties(), m.publish_timestamp(), m.event_timestamp(),
-                                m.partition_key(), m.topic_name(), str(m.message_id()))
-                   for i, m in enumerate(taken)]
+        records = [PipedMessage.of(i, m) for i, m in enumerate(taken)]
         spec = _TaskSpec(self.config, self.client, self.code_name, self.code, threads, self.state_path,
                          self.config.parallelism + partitions * threads)
         sc = self.spark.sparkContext

@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 
 import pytest
 
 from scenario import wait_until
 
-from state_migration.test_cluster_controls import (_assert_exact, _keyed, _keyed_count_under_load, _running,
-                                                   _wait_running)
+from state_migration.test_cluster_controls import (_admin, _assert_exact, _create, _keyed, _keyed_count_under_load,
+                                                   _running, _wait_running)
+from state_migration.test_property import _counts
 
 pytestmark = pytest.mark.slow
 PROCESS = {"instanceRuntime": "process"}
@@ -76,3 +78,24 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
                     for s in admin.status("public", "default", name)["instances"]}
         assert sorted(restarts.values()) == [0, 1], f"one instance restarted once: {restarts}"
         assert _running(admin, name) == {0, 1}
+
+
+def test_a_process_instance_takes_a_messages_key_group_from_its_ordering_key(broker, client, tmp_path):
+    """A message's key group is its ordering key's, as the worker routes it. The process instance saw only the
+    partition key (the piped message had no ordering key), began the wrong group, failed with NotOwnedError
+    and restarted without end."""
+    name = f"ko-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    keys, per_key = 12, 10
+    with _admin(broker, tmp_path, cluster=False) as admin:
+        _create(admin, name, src, parallelism=2, **PROCESS)
+        producer = client.create_producer(src)
+        for i in range(keys * per_key):   # k{n}'s records all carry ordering key o{n}: its count lives in o{n}'s group
+            producer.send(b"x", partition_key=f"k{i % keys}", ordering_key=f"o{i % keys}")
+        producer.close()
+        want = {f"k{k}": per_key for k in range(keys)}
+        wait_until(lambda: _counts(admin, name, keys) == want, 60,
+                   lambda: f"{per_key} per key: {_counts(admin, name, keys)}; instances "
+                           f"{[(i['instanceId'], i['status']['numRestarts'], i['status']['error']) for i in admin.status('public', 'default', name)['instances']]}")
+        restarts = [i["status"]["numRestarts"] for i in admin.status("public", "default", name)["instances"]]
+        assert restarts == [0, 0], f"an instance failed and restarted: {restarts}"
