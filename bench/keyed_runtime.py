@@ -28,6 +28,7 @@ import pulsar
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.server import WorkerServer
+from pulsar_autoscale.functions.worker_cli import GIL_SWITCH_INTERVAL_S
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "functions" / "examples"
 TIMEOUT_S = 300.0
@@ -80,6 +81,7 @@ def main() -> int:
     args = p.parse_args()
     if args.records % args.keys:
         p.error("--records must be a multiple of --keys (exact counts per key)")
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)   # as `pulsar-autoscale worker` runs: the worker is in this process
     runs = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(data_dir=f"{tmp}/broker") as broker, \
             WorkerServer(broker.service_url, data_dir=f"{tmp}/worker", metrics_url=broker.metrics_url) as worker:
