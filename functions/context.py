@@ -13,7 +13,7 @@ from pulsar.functions.context import Context as PulsarContext
 
 from .config import FunctionConfig, normalize_topic
 from .loader import load_serde
-from .state import StateStore, message_group
+from .state import StateStore, state_group
 from .stats import InstanceStats
 
 
@@ -60,7 +60,7 @@ class InstanceContext(PulsarContext):
     def set_message(self, message: pulsar.Message | None) -> None:
         self._message = message
         self._group_state = self._state if message is None else \
-            self._state.group(message_group(message, self._cfg.numKeyGroups))
+            self._state.group(state_group(message, self._cfg.numKeyGroups, self._cfg.keyedState))
 
     def begin_message(self, message) -> bool:
         """Take a message; False under EFFECTIVELY_ONCE when its id is applied in its group already (its

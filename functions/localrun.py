@@ -33,7 +33,7 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
                               args.tls_allow_insecure_connection)
     state_dir = args.state_dir or user_data_dir("localrun", cfg.tenant, cfg.namespace, cfg.name)
     client = open_client(settings, operation_timeout_seconds=30)
-    state = StateStore(f"{state_dir}/state.sqlite", cfg.numKeyGroups)
+    state = StateStore(f"{state_dir}/state.sqlite", cfg.numKeyGroups, keyed=cfg.keyedState)
     instances = [Instance(cfg, i, client, code, state, lambda: cfg.parallelism) for i in range(cfg.parallelism)]
     threads = [threading.Thread(target=inst.run, name=f"{cfg.fqfn}:{inst.instance_id}", daemon=True)
                for inst in instances]

@@ -130,7 +130,8 @@ def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: s
                   state_conn=None) -> None:
     stats = InstanceStats(instance_id, start_time_ms)
     open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else None
-    state = RemoteStateStore(state_conn) if state_conn is not None else StateStore(state_path, config.numKeyGroups)
+    state = RemoteStateStore(state_conn) if state_conn is not None else \
+        StateStore(state_path, config.numKeyGroups, keyed=config.keyedState)
     instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
                         open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)

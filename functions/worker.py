@@ -359,8 +359,8 @@ class Worker:
         if runtime == "process":   # the fork server boots meanwhile (restore, validation, connecting)
             start_process_server()
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else _Counter(cfg.parallelism)
-        fn = HostedFunction(cfg, code_path, StateStore(self._fn_dir(cfg) / "state.sqlite", cfg.numKeyGroups), num_instances=num,
-                            code_digest=digest, failure=failure)
+        state = StateStore(self._fn_dir(cfg) / "state.sqlite", cfg.numKeyGroups, keyed=cfg.keyedState)
+        fn = HostedFunction(cfg, code_path, state, num_instances=num, code_digest=digest, failure=failure)
         if cfg.keyedState:
             fn.keyed = self._keyed(fn)
         self._functions[cfg.fqfn] = fn

@@ -175,7 +175,7 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
     cfg = spec.config
     process = _load_process(cfg.className, spec.code_name, spec.code, slot)
     if spec.state_path:   # outside a message scope every change is persisted in the changelog at once
-        state = StateStore(spec.state_path, cfg.numKeyGroups)
+        state = StateStore(spec.state_path, cfg.numKeyGroups, keyed=cfg.keyedState)
         state.attach_changelog(client, changelog_of(cfg))
     else:
         state = _NoState()
