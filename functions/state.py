@@ -79,10 +79,15 @@ def message_group(message, num_key_groups: int) -> int:
 
 def state_group(message, num_key_groups: int, keyed: bool) -> int:
     """Where a message's state calls go. A keyedState function's: its message's group, which moves with the
-    message's key. Any other function's: one group (unkeyed messages' NONE_KEY group), so that a state key has one
-    copy whichever message writes it, as in Pulsar's table service. Per message group, a counter that messages of
-    10 keys increment 10 times each read 10, not 100."""
-    return message_group(message, num_key_groups) if keyed else key_group(NONE_KEY, num_key_groups)
+    message's key. Any other function's: its one group, so that a state key has one copy whichever message writes
+    it, as in Pulsar's table service (per message group, a counter that messages of 10 keys increment 10 times
+    each would read 10, not 100)."""
+    return message_group(message, num_key_groups) if keyed else one_group(num_key_groups)
+
+
+def one_group(num_key_groups: int) -> int:
+    """The group that holds all the state of a function without keyedState: unkeyed messages' NONE_KEY group."""
+    return key_group(NONE_KEY, num_key_groups)
 
 
 @dataclass
@@ -131,7 +136,7 @@ class StateStore:
         self.num_key_groups = num_key_groups
         self._owned = None if owned is None else set(owned)
         # Not keyed (a function without keyedState): every key lives in this one group (state_group).
-        self._one_group = None if keyed else key_group(NONE_KEY, num_key_groups)
+        self._one_group = None if keyed else one_group(num_key_groups)
         self._local = threading.local()
         self._changelog: ChangelogWriter | None = None
         self._client: pulsar.Client | None = None
@@ -213,8 +218,10 @@ class StateStore:
             f.conn.close()
 
     def _existing(self) -> list[int]:
-        """The owned groups that have a file here (reads by key alone look only in those)."""
-        return [g for g in sorted(self.owned()) if g in self._files or self.group_path(g).exists()]
+        """The owned groups that have a file here (reads by key alone look only in those); of a store that is not
+        keyed, only its one group."""
+        groups = self.owned() if self._one_group is None else {self._one_group} & self.owned()
+        return [g for g in sorted(groups) if g in self._files or self.group_path(g).exists()]
 
     # ---- the changelog ---------------------------------------------------------------------------
     def attach_changelog(self, client: pulsar.Client, changelog: Changelog) -> None:
@@ -268,8 +275,6 @@ class StateStore:
 
     def _holding(self, key: str, kind: str | None = None) -> int | None:
         for g in self._existing():
-            if self._one_group is not None and g != self._one_group:
-                continue
             f = self._file(g)
             with f.lock:
                 if f.conn.execute("SELECT 1 FROM kv WHERE key = ? AND dead = 0"

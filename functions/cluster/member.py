@@ -40,6 +40,7 @@ PROXY_TIMEOUT_S = 2.0
 MISDIRECTED = 421   # a scope=local state call to a worker that holds no instance of the key's group
 LOOP_S = 0.1
 JOIN_TRIES = 3
+OPERATION_TIMEOUT_S = 10   # the client's: how long a join's try waits for the broker
 LEADER_RETRY_S = 0.5
 
 
@@ -69,7 +70,7 @@ class ClusterMember:
         self.url = url
         self.settings = settings
         self.topics = ClusterTopics(settings.name)
-        self._client = open_client(client, operation_timeout_seconds=10)
+        self._client = open_client(client, operation_timeout_seconds=OPERATION_TIMEOUT_S)
         try:
             worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed_cluster.py)
             self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
@@ -466,8 +467,8 @@ class ClusterMember:
 
 def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSettings | str,
          tries: int = JOIN_TRIES) -> ClusterMember:
-    """The worker's membership, started. A broker that does not answer in time (a 10 s timeout each, seen under
-    CPU load; a hung broker refuses connections with ConnectError) is tried again; after `tries`, or on any other
+    """The worker's membership, started. A broker that does not answer in time (OPERATION_TIMEOUT_S each, seen
+    under CPU load; a hung broker refuses connections with ConnectError) is tried again; after `tries`, or on any other
     error from the client, a one-line error instead of a traceback from the client."""
     for attempt in range(1, tries + 1):
         try:
@@ -475,8 +476,8 @@ def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSett
         except (pulsar.Timeout, pulsar.ConnectError) as exc:
             if attempt == tries:
                 raise BrokerUnavailable(f"cannot join cluster {settings.name}: the broker did not open its "
-                                        f"coordination topics in time ({tries} tries of 10 s; the last: "
-                                        f"{type(exc).__name__})") from None
+                                        f"coordination topics in time ({tries} tries of {OPERATION_TIMEOUT_S} s; "
+                                        f"the last: {type(exc).__name__})") from None
             log.warning("%s: the broker did not open the cluster's topics in time (%s); joining again (%d of %d)",
                         worker.worker_id, type(exc).__name__, attempt + 1, tries)
         except pulsar.PulsarException as exc:
