@@ -3,14 +3,17 @@
 A keyed windowed count (functions/examples/windowed_count.py, keyedState) over 128 key groups and
 10,000 keys, each key's state padded to state_mb / keys bytes, fed at 70% of the measured capacity of
 2 instances. For each mode (live: subscales of 4 groups; stop-the-world: every group pauses, all moves
-as one batch, then all resume) the function scales 2 -> 3 and 3 -> 2. Per change: peak and mean
+as one batch, then all resume, while the instances keep running; restart, on a cluster: every instance stops,
+the parallelism changes, every instance starts, which is what stock Pulsar does on a parallelism change) the
+function scales 2 -> 3 and 3 -> 2. Per change: peak and mean
 end-to-end latency of the records sent during it (from its PUT until 1 s after it finished), its
 duration, and the p99 of keys whose group does not move, during the change vs the steady period before
 (the issue's target) and vs the steady period after (at the new parallelism: after a scale-in the unaffected
 keys' instances carry more load, so their steady p99 is higher whatever the migration does).
 
     .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4] [--workers 3]
-        [--changelog-shards 1] [--cycles 4] [--arrivals FILE [--route-times]] [--rescore FILE]
+        [--changelog-shards 1] [--cycles 4] [--modes live,restart] [--arrivals FILE [--route-times]]
+        [--rescore FILE]
 
 `--cycles N` repeats 2 -> 3 -> 2 N times per mode and also gives the unaffected keys' p99 over the records of
 all N changes of a kind together (`unaffected_p99_pooled`, with a bootstrap 90% interval): a single 3 -> 2
@@ -50,6 +53,7 @@ CHANGE_TAIL_S = 1.0
 # change is polled as often, so both sides of the comparison carry the same cost.
 STATUS_POLL_S = 0.5
 DRAIN_S = 300.0
+MODES = ("live", "stop-the-world", "restart")
 
 
 def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, stop, started, sent, received,
@@ -241,7 +245,7 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
         out["capacity_2_instances_per_s"] = round(capacity, 1)
         load = Load(broker.service_url, src, dst, keys, args.load * capacity, tmp)
         changes = []
-        for mode in ("live", "stop-the-world"):
+        for mode in args.modes:
             how = replace(live, stop_the_world=mode == "stop-the-world")
             fn.keyed.settings = lambda how=how: how
             for target in (3, 2) * args.cycles:
@@ -291,14 +295,19 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             WorkerCluster(broker.service_url, broker.metrics_url, Path(tmp), n=args.workers) as cluster:
         admin = FunctionsAdmin([w.url for w in cluster.live()])
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        for mode in ("live", "stop-the-world"):
+        for mode in args.modes:
             name = f"wc-{uuid.uuid4().hex[:6]}"
             src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
 
             def keyed_view() -> dict:
                 return (admin.status("public", "default", name).get("autoscale") or {}).get("keyedState") or {}
 
-            migration = {"subscaleSize": args.subscale, "duty": args.duty, "mode": mode,
+            def running() -> set[int]:
+                return {i["instanceId"] for i in admin.status("public", "default", name)["instances"]
+                        if i["status"]["running"]}
+
+            migration = {"subscaleSize": args.subscale, "duty": args.duty,
+                         "mode": "stop-the-world" if mode == "restart" else mode,
                          "preCopyMBps": args.pre_copy_mbps}
             admin.create({"tenant": "public", "namespace": "default", "name": name,
                           "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
@@ -340,10 +349,16 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                 before = read_assignment(client, topics.assignment)
                 last = keyed_view().get("lastMigration")
                 t_put = time.time() * 1000
+                if mode == "restart":   # stock Pulsar's parallelism change: every instance stops, then all start
+                    admin.action("public", "default", name, "stop")
+                    _wait(lambda: not running(), 60, "every instance stopped", STATUS_POLL_S / 10)
                 admin.set_parallelism("public", "default", name, target)
+                if mode == "restart":
+                    admin.action("public", "default", name, "start")
                 _wait(lambda: (lambda v: not v.get("migrating") and v.get("lastMigration") not in (None, last)
-                               and len(v.get("groupsPerInstance", {})) == target)(keyed_view()), 600,
-                      f"the {mode} change to {target} instances", STATUS_POLL_S)
+                               and len(v.get("groupsPerInstance", {})) == target)(keyed_view())
+                      and running() == set(range(target)), 600, f"the {mode} change to {target} instances",
+                      STATUS_POLL_S)
                 t_done = time.time() * 1000
                 report = keyed_view()["lastMigration"]
                 after = read_assignment(client, topics.assignment)
@@ -398,10 +413,18 @@ def main() -> None:
                     help="with --workers 3 and --arrivals: also read the instances' route topics and write when the "
                          "front forwarded each record (sent ms, forwarded ms, key, instance), to tell a slow front from a slow "
                          "instance")
+    ap.add_argument("--modes", help="comma-separated, live and the baselines to compare it with (default: all that "
+                                    "apply): stop-the-world (every group pauses, the instances keep running); restart "
+                                    "(every instance stops, the parallelism changes, all start: stock Pulsar's "
+                                    "parallelism change; a cluster only)")
     ap.add_argument("--rescore", metavar="FILE",
                     help="run nothing: score the changes and outputs an earlier run wrote with --arrivals "
                          "(give the same --groups, --steady-s and --cycles)")
     args = ap.parse_args()
+    default = MODES if args.workers > 1 else MODES[:2]
+    args.modes = [m.strip() for m in args.modes.split(",")] if args.modes else list(default)
+    if set(args.modes) - set(default) or "live" not in args.modes or len(args.modes) < 2:
+        ap.error(f"--modes: live and at least one of {', '.join(default[1:])} (got {','.join(args.modes)})")
 
     sys.path.insert(0, str(ROOT))
     if args.rescore:
@@ -469,11 +492,13 @@ def _score(out: dict, changes: list[dict], arrivals: list, args) -> dict:
         })
     out["changes"] = changes
     for change in ("2->3", "3->2"):
-        live = [c for c in changes if c["mode"] == "live" and c["change"] == change]
-        stw = [c for c in changes if c["mode"] == "stop-the-world" and c["change"] == change]
+        of = lambda mode: [c for c in changes if c["mode"] == mode and c["change"] == change]  # noqa: E731
+        live = of("live")
         per_cycle = {
-            "peak_live_over_stw": [round(a["peak_ms"] / b["peak_ms"], 3) for a, b in zip(live, stw)],
-            "mean_live_over_stw": [round(a["mean_ms"] / b["mean_ms"], 3) for a, b in zip(live, stw)],
+            f"{what}_live_over_{abbrev}": [round(a[f"{what}_ms"] / b[f"{what}_ms"], 3) for a, b in zip(live, of(mode))]
+            for mode, abbrev in (("stop-the-world", "stw"), ("restart", "restart")) if of(mode)
+            for what in ("peak", "mean")
+        } | {
             "unaffected_p99_during_over_before": [round(a["unaffected_p99_during_ms"] / a["unaffected_p99_before_ms"], 3)
                                                   for a in live],
             "unaffected_p99_during_over_steady": [round(a["unaffected_p99_during_ms"] / max(

@@ -395,6 +395,9 @@ class RoutedStores:
     def forget(self, instance_ids: set[int] | None = None) -> None:
         self.local.forget(instance_ids)
 
+    def snapshot(self, instance_ids: set[int]) -> None:
+        self.local.snapshot(instance_ids)
+
     def close_clean(self) -> None:
         self.close_front()
         self.local.close_clean()

@@ -239,13 +239,25 @@ class InstanceStateStores:
                  stats.records, stats.bytes / 1e6, stats.seconds)
 
     def forget(self, instance_ids: set[int] | None = None) -> None:
-        """The function's instances (these, or all) left this worker (a cluster moved them): when they come
-        back, their stores open anew and restore, since the function ran elsewhere meanwhile."""
+        """The function's instances (these, or all) left this worker (a cluster stopped or moved them): when they
+        come back, their stores open anew and restore, since the function may have run elsewhere meanwhile."""
         with self._lock:
             for i in list(self._stores) if instance_ids is None else instance_ids & set(self._stores):
                 self._stores.pop(i).close()
                 self._unrestored.discard(i)
                 self._copied.pop(i, None)
+
+    def snapshot(self, instance_ids: set[int]) -> None:
+        """Drained instances' groups, before they are forgotten, so that their next restore here replays only the
+        changelog after now, not all of it (a stop and start of a 50 MB function replayed 50 MB). Best effort: a
+        group left unsnapshotted replays its whole changelog when it opens next (correct, slower)."""
+        with self._lock:
+            for i in sorted(instance_ids & set(self._stores) - self._unrestored):   # unrestored: files not its state
+                try:
+                    self._stores[i].snapshot(self._stores[i].owned())
+                except pulsar.PulsarException as exc:
+                    log.warning("%s: instance %d's key groups were not snapshotted (%s): they restore from the "
+                                "whole changelog when they open next", self._changelog, i, exc)
 
     def instances(self) -> list[int]:
         with self._lock:

@@ -497,6 +497,7 @@ class Worker:
                     keyed.stop_front()
 
     def _forget_stores(self, fn: HostedFunction, left: set[int]) -> None:
+        fn.keyed.stores.snapshot(left)   # they drained; not under the worker's lock: a broker round trip
         with self._lock:   # a start of one of them waits: it must find its store open or gone, not closing
             fn.keyed.stores.forget({i for i in left if i not in fn.instances})
 
