@@ -119,11 +119,13 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         except (MigrationError, pulsar.PulsarException, TimeoutError, OSError, sqlite3.Error) as exc:
             log.warning("pre-copy of %d key groups failed (%s); their opens restore them instead", len(todo), exc)
         report.prepare_s = time.monotonic() - start
-    if stop_the_world:
+    if stop_the_world and todo:
         everything = set(range(router.num_key_groups))
         router.stop_serving(everything)
         _put_down(router, everything, put_down_timeout_s)
-        batches = [todo] if todo else []
+        batches = [todo]
+    elif stop_the_world:
+        batches = []   # nothing moves: nothing pauses
     else:
         batches = subscales(todo, subscale_size)
     pace = Pacer(duty, stop=stop)
@@ -154,7 +156,7 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
             router.serve({m.group: m.dst for m in batch})
         report.subscale_s.append(time.monotonic() - t0)
         report.subscales += 1
-    if stop_the_world:
+    if stop_the_world and todo:
         router.serve({g: target.owners[g] for g in range(router.num_key_groups)})
     report.duration_s = time.monotonic() - start
     log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
@@ -246,6 +248,7 @@ class InstanceStateStores:
                 self._stores.pop(i).close()
                 self._unrestored.discard(i)
                 self._copied.pop(i, None)
+                log.info("%s: instance %d left this worker: its store closed", self._changelog, i)
 
     def snapshot(self, instance_ids: set[int]) -> None:
         """Drained instances' groups, before they are forgotten, so that their next restore here replays only the
@@ -440,8 +443,9 @@ class KeyedScaler:
         stale = self.router.moving() - {m.group for m in moves(self.router.assignment, new)}
         if stale:
             self.router.serve({g: self.router.assignment.owners[g] for g in stale})
-        self.reports.append(migrate(self.router, self.stores, new, self.settings(), save=self._save,
-                                    stop=self._called_off))
+        report = migrate(self.router, self.stores, new, self.settings(), save=self._save, stop=self._called_off)
+        if report.moved_groups or not self.reports:   # status' lastMigration: the last one that moved groups
+            self.reports.append(report)
         if self._called_off.is_set():
             return
         surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)

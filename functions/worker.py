@@ -763,6 +763,9 @@ class Worker:
                 else:
                     fn.stopped.add(i)
                     self._drain(fn, [i])
+            keyed = fn.keyed
+            if running and keyed is not None and fn.config.parallelism not in (0, keyed.router.assignment.parallelism):
+                self._scale(fn, fn.config.parallelism)   # a change made while owners were stopped
 
     def restart(self, fqfn: str, instance_id: int | None = None) -> None:
         self._require_broker()
@@ -796,6 +799,12 @@ class Worker:
     def _scale(self, fn: HostedFunction, target: int) -> None:
         fn.num_instances.value = target
         if fn.keyed is not None and target > 0:
+            fn.stopped = {i for i in fn.stopped if i < target}   # a surplus instance runs to hand its groups over
+            if fn.stopped:   # a stopped owner cannot hand over: the groups move when it starts (as on a cluster)
+                for i in range(target):
+                    if i not in fn.instances and i not in fn.stopped:
+                        self._start_instance(fn, i)
+                return
             for i in range(max(target, fn.keyed.router.assignment.parallelism)):
                 if i not in fn.instances:   # the owners of the current assignment run before groups move
                     self._start_instance(fn, i)

@@ -220,6 +220,30 @@ def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, 
                    lambda: f"the 2 -> 3 finished: {_keyed(admin, name)}")
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
+def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
+    """An operator's parallelism change with everything stopped (as stock Pulsar does on every change, and the
+    restart baseline of bench/state_migration.py): stop every instance, set the parallelism, start every
+    instance, 2 -> 3 and 3 -> 2 under load. As on Pulsar, stop marks the instances there are, so an instance
+    added while stopped starts; the groups end where the new parallelism puts them and counts are exact."""
+    with _keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2) as (admin, name, _, producer):
+        for target, groups in ((3, {"0": 43, "1": 43, "2": 42}), (2, {"0": 64, "1": 64})):
+            admin.action("public", "default", name, "stop")
+            _wait_running(admin, name, set(), f"every instance stopped before the change to {target}")
+            admin.set_parallelism("public", "default", name, target)
+            added = set(range(2, target))
+            _wait_running(admin, name, added, f"only the added instances {sorted(added)} running at {target}")
+            time.sleep(1)   # nothing that was stopped starts on its own
+            assert _running(admin, name) == added
+            admin.action("public", "default", name, "start")
+            _wait_running(admin, name, set(range(target)), f"{target} instances started")
+            wait_until(lambda: _keyed(admin, name).get("groupsPerInstance") == groups
+                       and not _keyed(admin, name).get("migrating"), 120,
+                       lambda: f"the change to {target} finished: {_keyed(admin, name)}")
+            assert _keyed(admin, name)["lastMigration"]["movedGroups"] == 42, _keyed(admin, name)
+        assert producer.wait(90) == 0
+        _assert_exact(admin, name)
+
 
 def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client, tmp_path):
     """pulsar-admin's stop then start of a keyedState function on a cluster: each instance that starts on the
@@ -246,12 +270,18 @@ def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client
         logged = {w.worker_id: w.log_path.stat().st_size for w in cluster.live()}
         admin.action("public", "default", name, "stop")
         _wait_running(admin, name, set(), "every instance stopped")
+        # each has drained and its store closed (an instance started again before that keeps its store open)
+        closed = lambda: {int(m[1]) for w in cluster.live()   # noqa: E731
+                          for m in re.finditer(rf"{name}\S*: instance (\d+) left this worker",
+                                               w.log_path.read_bytes()[logged[w.worker_id]:].decode())}
+        wait_until(lambda: closed() == {0, 1}, 30, lambda: f"both instances' stores closed, saw {closed()}")
         admin.action("public", "default", name, "start")
         _wait_running(admin, name, {0, 1}, "every instance started again")
         send_and_count(20)   # counts stay exact through the stop: the snapshots hold what was counted before
         again = _placement(cluster, name)
-        restores = {(w.worker_id, int(m[1])): tuple(map(int, m.groups()[1:]))
-                    for w in cluster.live() for line in w.log_path.read_bytes()[logged[w.worker_id]:].decode().splitlines()
+        since = {w.worker_id: w.log_path.read_bytes()[logged[w.worker_id]:].decode() for w in cluster.live()}
+        restores = {(wid, int(m[1])): tuple(map(int, m.groups()[1:]))
+                    for wid, text in since.items() for line in text.splitlines()
                     if name in line and (m := RESTORED.search(line))}
     same = [i for i in placed if again.get(i) == placed[i]]
     assert same, f"no instance started again on its worker (before {placed}, after {again}): nothing to check"
