@@ -1,0 +1,105 @@
+"""`pulsar-admin functions stop` then `start` of every instance of a keyedState function with state, on a
+3-worker cluster: how long until every instance has restored its key groups, and what the restores read.
+
+A keyed windowed count (functions/examples/windowed_count.py), 128 key groups, parallelism 2 on 2 workers,
+`--keys` keys with state of `--state-mb` in all, loaded through the function (one record per key). Then
+every instance is stopped (the bench waits until each worker has closed the instance's store), started,
+and the time from the start until every instance logged its restore is reported with each restore's
+groups, how many came from a snapshot, and the changelog it replayed (records, MB, seconds). Prints one
+JSON object.
+
+    .venv/bin/python bench/keyed_stop_start.py [--state-mb 50] [--keys 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pulsar
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from bench.state_migration import _preload, _userconfig  # noqa: E402
+from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
+from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
+from scenario import EXAMPLES, wait_until  # noqa: E402
+from tests.cluster.harness import WorkerCluster  # noqa: E402
+
+RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
+                      r"([\d.]+) MB in ([\d.]+) s")
+CLOSED = re.compile(r"instance (\d+) left this worker")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state-mb", type=float, default=50.0)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--service-ms", type=float, default=4.0, help="work per record (sleep)")
+    args = ap.parse_args()
+    keys = [f"key-{i}" for i in range(args.keys)]
+    name = "wc"
+    src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-keyed-stop-start-"))
+    with EmbeddedBroker(data_dir=str(tmp / "broker"), log_level="warn") as broker, \
+            WorkerCluster(broker.service_url, broker.metrics_url, tmp, n=3) as cluster:
+        cluster.wait_ready()
+        admin = FunctionsAdmin([w.url for w in cluster.live()])
+
+        def running() -> set[int]:
+            return {i["instanceId"] for i in admin.status("public", "default", name)["instances"]
+                    if i["status"]["running"]}
+
+        admin.create({"tenant": "public", "namespace": "default", "name": name,
+                      "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst, "parallelism": 2,
+                      "keyedState": True, "receiverQueueSize": 100, "subscriptionPosition": "Earliest",
+                      "userConfig": _userconfig(args, int(args.state_mb * 1e6 / args.keys))},
+                     str(EXAMPLES / "windowed_count.py"))
+        wait_until(lambda: running() == {0, 1}, 90, "2 instances running")
+        client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
+        seen = [0]
+
+        def processed() -> int:
+            while True:
+                try:
+                    outputs.acknowledge(outputs.receive(100))
+                except pulsar.Timeout:
+                    return seen[0]
+                seen[0] += 1
+
+        _preload(broker.service_url, src, keys, processed)
+        client.close()
+        mb_on_disk = sum(p.stat().st_size for p in tmp.glob("w*/**/*.sqlite*") if p.is_file()) / 1e6
+        logged = {w.worker_id: w.log_path.stat().st_size for w in cluster.live()}
+
+        def since(pattern: re.Pattern) -> list[tuple[str, ...]]:
+            return [m.groups() for w in cluster.live()
+                    for m in pattern.finditer(w.log_path.read_bytes()[logged[w.worker_id]:].decode())]
+
+        t0 = time.monotonic()
+        admin.action("public", "default", name, "stop")
+        wait_until(lambda: not running(), 60, "every instance stopped")
+        wait_until(lambda: len(since(CLOSED)) >= 2, 60, "both instances' stores closed")
+        stopped_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        admin.action("public", "default", name, "start")
+        wait_until(lambda: len(since(RESTORED)) >= 2, 300, "both instances restored")
+        started_s = time.monotonic() - t1
+        restores = [{"instance": int(i), "groups": int(g), "from_snapshot": int(s), "records": int(r),
+                     "mb": float(mb), "seconds": float(sec)} for i, g, s, r, mb, sec in since(RESTORED)]
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"state_mb": args.state_mb, "keys": args.keys, "state_mb_on_disk": round(mb_on_disk, 1),
+                      "stop_s": round(stopped_s, 2), "start_until_restored_s": round(started_s, 2),
+                      "restores": restores}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
