@@ -922,8 +922,13 @@ class Worker:
     def keyed_view(self, fqfn: str) -> dict | None:
         """A keyedState function's routing and migration state (status), else None."""
         with self._lock:
-            keyed = self._get(fqfn).keyed
-        return None if keyed is None else keyed.view()
+            fn = self._get(fqfn)
+            keyed, stopped, parallelism = fn.keyed, sorted(fn.stopped), fn.config.parallelism
+        view = None if keyed is None else keyed.view()
+        if view is not None and stopped and parallelism not in (0, keyed.router.assignment.parallelism):
+            view["waiting"] = (f"the change to {parallelism} instances moves key groups once the stopped instances "
+                               f"{stopped} start")
+        return view
 
     def counters(self, fqfn: str) -> FunctionCounters:
         """Cumulative since the function was created, drained instances included (for the controller)."""

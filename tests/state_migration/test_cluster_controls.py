@@ -235,12 +235,31 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
             _wait_running(admin, name, added, f"only the added instances {sorted(added)} running at {target}")
             time.sleep(1)   # nothing that was stopped starts on its own
             assert _running(admin, name) == added
+            if not cluster:   # a cluster's front runs with instance 0: no view until it starts
+                assert "once the stopped instances [0, 1] start" in _keyed(admin, name)["waiting"], _keyed(admin, name)
             admin.action("public", "default", name, "start")
             _wait_running(admin, name, set(range(target)), f"{target} instances started")
             wait_until(lambda: _keyed(admin, name).get("groupsPerInstance") == groups
                        and not _keyed(admin, name).get("migrating"), 120,
                        lambda: f"the change to {target} finished: {_keyed(admin, name)}")
             assert _keyed(admin, name)["lastMigration"]["movedGroups"] == 42, _keyed(admin, name)
+        assert producer.wait(90) == 0
+        _assert_exact(admin, name)
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
+def test_an_update_of_the_parallelism_and_the_config_together(broker, tmp_path, cluster):
+    """`functions update` with a new parallelism and a new userConfig in one call, under load: the instances
+    restart with the new config and the groups move to the new parallelism, 2 -> 3 and 3 -> 2; exact counts."""
+    with _keyed_count_under_load(broker, tmp_path, cluster, "kb", parallelism=2) as (admin, name, _, producer):
+        for version, (target, groups) in enumerate(((3, {"0": 43, "1": 43, "2": 42}), (2, {"0": 64, "1": 64}))):
+            admin.update({"tenant": "public", "namespace": "default", "name": name, "parallelism": target,
+                          "userConfig": {"version": version}})
+            assert admin.get("public", "default", name)["userConfig"] == {"version": version}
+            _wait_running(admin, name, set(range(target)), f"{target} instances after the update")
+            wait_until(lambda: _keyed(admin, name).get("groupsPerInstance") == groups
+                       and not _keyed(admin, name).get("migrating"), 120,
+                       lambda: f"the change to {target} finished: {_keyed(admin, name)}")
         assert producer.wait(90) == 0
         _assert_exact(admin, name)
 
