@@ -27,7 +27,7 @@ import pulsar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from bench.state_migration import _preload, _userconfig  # noqa: E402
+from bench.state_migration import _userconfig, preload_counting_outputs  # noqa: E402
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from scenario import EXAMPLES, wait_until  # noqa: E402
@@ -64,18 +64,7 @@ def main() -> None:
                      str(EXAMPLES / "windowed_count.py"))
         wait_until(lambda: running() == {0, 1}, 90, "2 instances running")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
-        seen = [0]
-
-        def processed() -> int:
-            while True:
-                try:
-                    outputs.acknowledge(outputs.receive(100))
-                except pulsar.Timeout:
-                    return seen[0]
-                seen[0] += 1
-
-        _preload(broker.service_url, src, keys, processed)
+        preload_counting_outputs(client, broker.service_url, src, dst, keys)
         client.close()
         mb_on_disk = sum(p.stat().st_size for p in tmp.glob("w*/**/*.sqlite*") if p.is_file()) / 1e6
         logged = {w.worker_id: w.log_path.stat().st_size for w in cluster.live()}

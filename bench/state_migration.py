@@ -215,6 +215,25 @@ def _preload(service_url: str, src: str, keys: list[str], processed, timeout_s: 
     return capacity
 
 
+def preload_counting_outputs(client, service_url: str, src: str, dst: str, keys: list[str]) -> float:
+    """_preload a function (on a cluster, whose instances' counters are spread) by counting its outputs on `dst`."""
+    import pulsar
+    outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
+    seen = [0]
+
+    def processed() -> int:
+        while True:
+            try:
+                outputs.acknowledge(outputs.receive(100))
+            except pulsar.Timeout:
+                return seen[0]
+            seen[0] += 1
+
+    capacity = _preload(service_url, src, keys, processed)
+    outputs.unsubscribe()
+    return capacity
+
+
 def _userconfig(args, state_bytes: int) -> dict:
     return {"window_s": 10, "state_bytes": state_bytes, "service_ms": args.service_ms}
 
@@ -317,19 +336,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                           "userConfig": _userconfig(args, state_bytes), **_shards(args)},
                          str(EXAMPLES / "windowed_count.py"))
             _wait(lambda: _spread(cluster, name, 2), 90, "2 instances on 2 workers")
-            outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
-            seen = [0]
-
-            def processed() -> int:
-                while True:
-                    try:
-                        outputs.acknowledge(outputs.receive(100))
-                    except pulsar.Timeout:
-                        return seen[0]
-                    seen[0] += 1
-
-            capacity = _preload(broker.service_url, src, keys, processed)
-            outputs.unsubscribe()
+            capacity = preload_counting_outputs(client, broker.service_url, src, dst, keys)
             out.setdefault("capacity_2_instances_per_s", round(capacity, 1))
             out.setdefault("capacity_by_mode", {})[mode] = round(capacity, 1)
             if mode == "live":
