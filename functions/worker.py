@@ -469,9 +469,10 @@ class Worker:
         self._require_broker()
         return self._client
 
-    def host_instances(self, cfg: FunctionConfig, code_path: str | None, ids: set[int]) -> None:
+    def host_instances(self, cfg: FunctionConfig, code_path: str | None, ids: set[int], front: bool = False) -> None:
         """Run exactly `ids` of the function here: start the missing ones, drain the others (highest
-        first); the rest keep running. A change of anything but parallelism restarts them, as update() does."""
+        first); the rest keep running. A change of anything but parallelism restarts them, as update() does.
+        `front`: a keyedState function's front runs here (instance 0 is assigned here, running or stopped)."""
         self._require_broker()
         with self._lock:
             fn = self._functions.get(cfg.fqfn)
@@ -490,8 +491,8 @@ class Worker:
             for i in sorted(ids):
                 if i not in fn.instances:
                     self._start_instance(fn, i)
-            if keyed is not None:   # the front: where instance 0 runs
-                if 0 in ids and cfg.parallelism > 0:
+            if keyed is not None:
+                if front and cfg.parallelism > 0:
                     keyed.start_front(cfg.parallelism)
                 else:
                     keyed.stop_front()

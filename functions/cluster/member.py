@@ -176,9 +176,12 @@ class ClusterMember:
                 keep = {i for i in hosted.get(fqfn, set()) - want
                         if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
             target = frozenset((want | keep) - rec.stopped)
-            if self._applied.get(fqfn) != (rec.version, target) or not hosted.get(fqfn, set()) >= target:
-                self.worker.host_instances(rec.config, self.metadata.code_path(rec), set(target))
-                self._applied[fqfn] = (rec.version, target)
+            # a keyedState function's front runs where instance 0 is assigned, also while instance 0 is stopped
+            # (its keys wait in its route topic; the others go on), unless every instance is stopped
+            front = 0 in want and bool(set(range(rec.config.parallelism)) - rec.stopped)
+            if self._applied.get(fqfn) != (rec.version, target, front) or not hosted.get(fqfn, set()) >= target:
+                self.worker.host_instances(rec.config, self.metadata.code_path(rec), set(target), front)
+                self._applied[fqfn] = (rec.version, target, front)
                 if (want - rec.stopped) - hosted.get(fqfn, set()):
                     self._beat_when_running(fqfn, want - rec.stopped)
             self._restart_requested(rec, target)

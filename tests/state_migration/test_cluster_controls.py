@@ -127,6 +127,30 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
+def test_a_stopped_instance_0_leaves_the_other_keys_going(broker, tmp_path, cluster):
+    """`functions stop --instance-id 0`: its keys wait, every other key goes on. Before, on a cluster the front
+    (which routes every record) ran only where instance 0 ran, so stopping instance 0 stopped every key: the
+    counts of instance 1's and 2's keys stood still for the 30 s checked."""
+    with _keyed_count_under_load(broker, tmp_path, cluster, "k0") as (admin, name, _, producer):
+        admin.action("public", "default", name, "stop", 0)
+        _wait_running(admin, name, {1, 2}, "instance 0 stopped")
+        time.sleep(1)   # what instance 0 had in hand is counted
+        before = _counts(admin, name, KEYS) if not cluster else None
+        mine = {f"k{k}" for k in range(KEYS) if key_group(f"k{k}", 128) < 43}   # instance 0's groups of 3 (uniform)
+        others = lambda: {k: v for k, v in _counts(admin, name, KEYS).items() if k not in mine}  # noqa: E731
+        first = others()
+        wait_until(lambda: all(v > first[k] for k, v in others().items()), 30,
+                   lambda: f"every key of instances 1 and 2 counted on while instance 0 is stopped: from {first} "
+                           f"to {others()}")
+        if before is not None:   # one worker: instance 0's store stays, its keys' counts stand still
+            assert all(_counts(admin, name, KEYS)[k] == before[k] for k in mine)
+        admin.action("public", "default", name, "start", 0)
+        _wait_running(admin, name, {0, 1, 2}, "instance 0 started again")
+        assert producer.wait(90) == 0
+        _assert_exact(admin, name)
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
 def test_scale_to_zero_and_back(broker, tmp_path, cluster):
     """Scale to zero (the controller's) drains every instance and keeps the groups' state; back at 2, the groups
     of the third move."""

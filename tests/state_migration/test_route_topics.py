@@ -46,7 +46,7 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
                                         "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
                                         "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
                                         "subscriptionPosition": "Earliest", "numKeyGroups": 16})
-        worker.host_instances(cfg, str(code), {0, 1})
+        worker.host_instances(cfg, str(code), {0, 1}, front=True)
         topics = KeyedTopics.of(cfg)
         probe = client.subscribe(topics.route(1), "probe", initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(src, block_if_queue_full=True)
@@ -60,12 +60,13 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
         client.create_producer(topics.route(1)).send(forwarded.data(), properties=forwarded.properties(),
                                                       partition_key=forwarded.partition_key())
 
-        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), str(code), {0, 1, 2})
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), str(code), {0, 1, 2},
+                              front=True)
         wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2 given key groups (OPEN)")
         _send(producer, KEYS * PER_KEY // 2)
-        worker.host_instances(cfg, str(code), {0, 1, 2})   # the member keeps the surplus while it holds groups
+        worker.host_instances(cfg, str(code), {0, 1, 2}, front=True)   # the surplus stays while it holds groups
         wait_until(lambda: not worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2's groups moved off (RELEASE)")
-        worker.host_instances(cfg, str(code), {0, 1})
+        worker.host_instances(cfg, str(code), {0, 1}, front=True)
         expected = {f"k{k}": PER_KEY for k in range(KEYS)}
         wait_until(lambda: _counts(worker, cfg.fqfn) == expected, 30,
                    lambda: f"exact counts (the duplicate applied once): {_counts(worker, cfg.fqfn)}")
@@ -93,7 +94,7 @@ def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_messag
                                         "subscriptionPosition": "Earliest", "numKeyGroups": 16})
         dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
         if spread:
-            worker.host_instances(cfg, str(code), {0, 1})
+            worker.host_instances(cfg, str(code), {0, 1}, front=True)
         else:
             worker.create(cfg, code.read_bytes(), "poison.py")
         producer = client.create_producer(src, block_if_queue_full=True)
