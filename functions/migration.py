@@ -124,9 +124,7 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         router.stop_serving(everything)
         _put_down(router, everything, put_down_timeout_s)
         batches = [todo]
-    elif stop_the_world:
-        batches = []   # nothing moves: nothing pauses
-    else:
+    else:   # (stop-the-world with nothing to move pauses nothing)
         batches = subscales(todo, subscale_size)
     pace = Pacer(duty, stop=stop)
     for n, batch in enumerate(batches):

@@ -764,8 +764,7 @@ class Worker:
                 else:
                     fn.stopped.add(i)
                     self._drain(fn, [i])
-            keyed = fn.keyed
-            if running and keyed is not None and fn.config.parallelism not in (0, keyed.router.assignment.parallelism):
+            if running and self._keyed_change_pending(fn):
                 self._scale(fn, fn.config.parallelism)   # a change made while owners were stopped
 
     def restart(self, fqfn: str, instance_id: int | None = None) -> None:
@@ -799,24 +798,26 @@ class Worker:
     # ---- the diff --------------------------------------------------------------------------------
     def _scale(self, fn: HostedFunction, target: int) -> None:
         fn.num_instances.value = target
-        if fn.keyed is not None and target > 0:
-            fn.stopped = {i for i in fn.stopped if i < target}   # a surplus instance runs to hand its groups over
-            if fn.stopped:   # a stopped owner cannot hand over: the groups move when it starts (as on a cluster)
-                for i in range(target):
-                    if i not in fn.instances and i not in fn.stopped:
-                        self._start_instance(fn, i)
-                return
+        fn.stopped = {i for i in fn.stopped if i < target}   # a keyed surplus instance runs to hand its groups over
+        keyed = fn.keyed is not None and target > 0
+        if keyed and not fn.stopped:
             for i in range(max(target, fn.keyed.router.assignment.parallelism)):
                 if i not in fn.instances:   # the owners of the current assignment run before groups move
                     self._start_instance(fn, i)
             fn.keyed.scale(target)
             return
-        surplus = sorted((i for i in fn.instances if i >= target), reverse=True)
-        self._drain(fn, surplus)
+        # keyed with a stopped owner: it cannot hand its groups over, so they move when it starts (as on a
+        # cluster) and every instance keeps running meanwhile
+        if not keyed:
+            self._drain(fn, sorted((i for i in fn.instances if i >= target), reverse=True))
         for i in range(target):
             if i not in fn.instances and i not in fn.stopped:
                 self._start_instance(fn, i)
-        fn.stopped = {i for i in fn.stopped if i < target}
+
+    @staticmethod
+    def _keyed_change_pending(fn: HostedFunction) -> bool:
+        """A keyedState function whose groups are not yet spread over its parallelism (set while owners stopped)."""
+        return fn.keyed is not None and fn.config.parallelism not in (0, fn.keyed.router.assignment.parallelism)
 
     def _start_instance(self, fn: HostedFunction, i: int) -> None:
         cfg = fn.config
@@ -925,8 +926,9 @@ class Worker:
         with self._lock:
             fn = self._get(fqfn)
             keyed, stopped, parallelism = fn.keyed, sorted(fn.stopped), fn.config.parallelism
+            waits = bool(stopped) and self._keyed_change_pending(fn)
         view = None if keyed is None else keyed.view()
-        if view is not None and stopped and parallelism not in (0, keyed.router.assignment.parallelism):
+        if view is not None and waits:
             view["waiting"] = (f"the change to {parallelism} instances moves key groups once the stopped instances "
                                f"{stopped} start")
         return view
