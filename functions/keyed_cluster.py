@@ -258,7 +258,9 @@ class RouteInput:
 
     def _own(self, group: int) -> None:
         """The front sends a group's records only to its owner: a record of a group this store does not hold
-        (its assignment was read before the front saved the latest) opens the group from the changelog."""
+        (its assignment was read before the front saved the latest) opens the group from the changelog. A surplus
+        instance restores its groups here, at its first record (ClusterKeyed.open_input)."""
+        self._stores.restore(self._id)
         if group not in self.store.owned():
             log.warning("%s instance %d: a record of key group %d, not open here: restoring it", self._topics.name,
                         self._id, group)
@@ -421,17 +423,21 @@ class ClusterKeyed:
         local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, changelog_of(cfg),
                                     restore_always=True)
         self.stores = RoutedStores(client, self.topics, local, self._subscription_type)
-        self.router = KeyedRouter(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)),
-                                  open_input_consumer, forward=self._forward)
+        self._open_input_consumer = open_input_consumer
+        self.router = self._new_router(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)))
         self.scaler: KeyedScaler | None = None
         self._saver: pulsar.Producer | None = None
         self._reply_producer: pulsar.Producer | None = None
         self._lock = threading.Lock()
+        self._front_lock = threading.Lock()   # a front starting here, and the last one closing in the background
 
     # ---- instances here -------------------------------------------------------------------------------
     def open_input(self, instance_id: int) -> RouteInput:
-        """An instance's input: its groups restored (the saved assignment says which), then its route topic."""
-        self.stores.restore(instance_id)
+        """An instance's input: its groups restored (the saved assignment says which), then its route topic. A
+        surplus instance (a scale-in under way: it runs to hand its groups over, maybe on another worker than the
+        one it ran on) restores at its first record instead, if one comes: a release needs no restore."""
+        if instance_id < self._config().parallelism:
+            self.stores.restore(instance_id)
         return RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
                           self._subscription_type, self._config(), self._stall_fence())
 
@@ -455,44 +461,63 @@ class ClusterKeyed:
         producer.send_async(json.dumps(reply).encode(), sent)
 
     # ---- the front ------------------------------------------------------------------------------------
+    def _new_router(self, assignment: KeyGroupAssignment) -> KeyedRouter:
+        """A front's router, one per front: a front still closing in the background (stop_front) closes its own
+        input and acks its own forwards there, never those of a front started here after it."""
+        router = KeyedRouter(assignment, self._open_input_consumer,
+                             forward=lambda instance_id, msg: self._forward(router, instance_id, msg))
+        return router
+
     def start_front(self, parallelism: int) -> None:
         """Instance 0 runs here: take the input over from the saved assignment. The groups an interrupted
         (or a pending) migration still has to move wait from the start; every other group is served."""
-        if self.scaler is None:
-            saved = read_assignment(self._client(), self.topics.assignment)
-            if saved is not None:
-                self.router.assignment = saved
-            target = self.router.assignment.rescale(max(parallelism, 1))
-            self.router.stop_serving({m.group for m in moves(self.router.assignment, target)})
-            self._saver = self._client().create_producer(self.topics.assignment)
-            save_assignment(self._saver, self.router.assignment)
-            self.stores.listen()
-            self.scaler = KeyedScaler(self.router, self.stores, start=lambda _i: None, drain=lambda _ids: None,
-                                      settings=lambda: keyed_migration(self._config()),
-                                      save=lambda a: save_assignment(self._saver, a), retry_s=RETRY_S)
-            self.router.start()
-            log.info("%s: front started here with %s groups per instance", self.topics.name,
-                     self.scaler.view()["groupsPerInstance"])
-        self.scaler.scale(max(parallelism, 1))
+        with self._front_lock:
+            if self.scaler is None:
+                saved = read_assignment(self._client(), self.topics.assignment)
+                if saved is not None:
+                    self.router.assignment = saved
+                target = self.router.assignment.rescale(max(parallelism, 1))
+                self.router.stop_serving({m.group for m in moves(self.router.assignment, target)})
+                self._saver = self._client().create_producer(self.topics.assignment)
+                save_assignment(self._saver, self.router.assignment)
+                self.stores.listen()
+                self.scaler = KeyedScaler(self.router, self.stores, start=lambda _i: None, drain=lambda _ids: None,
+                                          settings=lambda: keyed_migration(self._config()),
+                                          save=lambda a: save_assignment(self._saver, a), retry_s=RETRY_S)
+                self.router.start()
+                log.info("%s: front started here with %s groups per instance", self.topics.name,
+                         self.scaler.view()["groupsPerInstance"])
+            scaler = self.scaler
+        scaler.scale(max(parallelism, 1))
 
     def stop_front(self) -> threading.Thread | None:
         """Instance 0 left this worker: a migration under way ends (bounded), then the input closes (its
-        unacked records go to the next front). In a thread (returned): the caller holds the worker's lock."""
-        scaler, self.scaler = self.scaler, None
-        if scaler is None:
-            return None
-        scaler.stop()
-        saver, self._saver = self._saver, None
+        unacked records go to the next front). In a thread (returned): the caller holds the worker's lock.
+
+        A front may start here again before this one has closed (`functions stop`, then an instance added or
+        `functions start`, within a second): the next front gets a router of its own, and the route producers
+        and the answer listener stay open for it. Before, the closing front closed the new one's input and
+        listener: its records stopped and its migration waited for answers it never heard."""
+        with self._front_lock:
+            scaler, self.scaler = self.scaler, None
+            if scaler is None:
+                return None
+            scaler.stop()
+            saver, self._saver = self._saver, None
+            router, self.router = self.router, self._new_router(self.router.assignment)
 
         def stop():
             scaler.idle(MARKER_TIMEOUT_S)
             try:
-                self.router.close(before_close=self.stores.flush_front)
-                self.stores.close_front()
+                router.close(before_close=self.stores.flush_front)
+                with self._front_lock:
+                    if self.scaler is None:
+                        self.stores.close_front()
                 if saver is not None:
                     saver.close()
             except pulsar.PulsarException as exc:   # the broker is gone: it redelivers what was not acked
                 log.warning("%s: closing the front: %s", self.topics.name, exc)
+            log.info("%s: the front that ran here closed", self.topics.name)
         thread = threading.Thread(target=stop, name=f"front-stop-{self.topics.name}", daemon=True)
         thread.start()
         return thread
@@ -508,7 +533,7 @@ class ClusterKeyed:
             stopping.join(timeout_s)
         return stopping is None or not stopping.is_alive()
 
-    def _forward(self, instance_id: int, msg) -> None:
+    def _forward(self, router: KeyedRouter, instance_id: int, msg) -> None:
         """Under the router's lock (so records keep their order per route topic): forward, ack once persisted."""
         props = {**msg.properties(), ORIGINAL_ID: str(msg.message_id()), ORIGINAL_TOPIC: msg.topic_name(),
                  ORIGINAL_PUBLISH: str(msg.publish_timestamp())}
@@ -521,7 +546,7 @@ class ClusterKeyed:
         if msg.event_timestamp():
             kwargs["event_timestamp"] = msg.event_timestamp()
 
-        consumer = self.router.input   # the one the record came from, open until the forwards are flushed
+        consumer = router.input   # the one the record came from, open until the forwards are flushed
         if consumer is None:           # the input closed: the broker redelivers the record to the next front
             return
 
@@ -552,7 +577,10 @@ class ClusterKeyed:
         """REST querystate/putstate: the store of this worker's instance whose groups hold the key, else of the
         one that holds the key's own group, else None (another worker answers: functions/cluster/member.py)."""
         group = key_group(key, self.router.num_key_groups)
-        here = [self.stores.store(i) for i in self.stores.local.instances()]
+        instances = self.stores.local.instances()
+        for i in instances:   # a surplus instance that has not restored yet (open_input): its files are not its state
+            self.stores.restore(i)
+        here = [self.stores.store(i) for i in instances]
         return (next((s for s in here if s.holds(key)), None)
                 or next((s for s in here if group in s.owned()), None))
 

@@ -5,6 +5,7 @@ RELEASE/OPEN markers with exact counts."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import uuid
 
@@ -72,6 +73,41 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
                    lambda: f"exact counts (the duplicate applied once): {_counts(worker, cfg.fqfn)}")
         wait_until(lambda: set(getattr(read_assignment(client, topics.assignment), "owners", ())) == {0, 1}, 30,
                    lambda: f"the saved assignment without instance 2: {read_assignment(client, topics.assignment)}")
+    finally:
+        worker.close()
+
+
+def test_a_front_started_again_while_the_last_one_closes(broker, client, tmp_path, caplog):
+    """The front leaves this worker and comes back at once (`functions stop`, then an instance added or
+    `functions start`, within a second: the member reconciles twice while the first front still closes in the
+    background). The new front must keep its own input and its answer listener: before, the closing front
+    closed both, so no record was forwarded any more and a migration waited for ever for its answers."""
+    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
+    worker.keyed_spread = True
+    caplog.set_level(logging.INFO, logger="pulsar_autoscale.functions.keyed_cluster")
+    try:
+        name = f"kf-{uuid.uuid4().hex[:6]}"
+        src = f"persistent://public/default/{name}-in"
+        code = shutil.copy(EXAMPLES / "keyed_count.py", tmp_path / "keyed_count.py")
+        cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
+                                        "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
+                                        "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+                                        "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+        worker.host_instances(cfg, str(code), {0, 1}, front=True)
+        producer = client.create_producer(src, block_if_queue_full=True)
+        _send(producer, KEYS * PER_KEY // 2)
+        wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
+                   lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
+        worker.host_instances(cfg, str(code), {0, 1}, front=False)   # the front closes, in the background
+        worker.host_instances(cfg, str(code), {0, 1}, front=True)    # and starts again before it has closed
+        wait_until(lambda: f"{name}: the front that ran here closed" in caplog.text, 30, "the first front closed")
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), str(code), {0, 1, 2},
+                              front=True)
+        wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30,
+                   "instance 2 given key groups: the new front heard the answers to its markers")
+        _send(producer, KEYS * PER_KEY // 2)
+        wait_until(lambda: _counts(worker, cfg.fqfn) == {f"k{k}": PER_KEY for k in range(KEYS)}, 30,
+                   lambda: f"exact counts: the new front forwards every record: {_counts(worker, cfg.fqfn)}")
     finally:
         worker.close()
 
