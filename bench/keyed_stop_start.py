@@ -1,14 +1,16 @@
 """`pulsar-admin functions stop` then `start` of every instance of a keyedState function with state, on a
 3-worker cluster: how long until every instance has restored its key groups, and what the restores read.
 
-A keyed windowed count (functions/examples/windowed_count.py), 128 key groups, parallelism 2 on 2 workers,
-`--keys` keys with state of `--state-mb` in all, loaded through the function (one record per key). Then
-every instance is stopped (the bench waits until each worker has closed the instance's store), started,
-and the time from the start until every instance logged its restore is reported with each restore's
-groups, how many came from a snapshot, and the changelog it replayed (records, MB, seconds). Prints one
-JSON object.
+A keyed windowed count (functions/examples/windowed_count.py), 128 key groups, parallelism `--parallelism`
+(default 2), `--keys` keys with state of `--state-mb` in all, loaded through the function (one record per key).
+Then every instance is stopped (the bench waits until each worker has closed the instance's store), the
+parallelism set to `--to` if given (an operator's parallelism change with everything stopped), every instance
+started, and the time from the start until every instance logged its restore (and, with `--to`, until the
+groups are where the new parallelism puts them) is reported with each restore's and open's groups, how many
+came from a snapshot, and the changelog it replayed (records, MB, seconds), and the groups a surplus instance
+released without restoring them. Prints one JSON object.
 
-    .venv/bin/python bench/keyed_stop_start.py [--state-mb 50] [--keys 10000]
+    .venv/bin/python bench/keyed_stop_start.py [--state-mb 50] [--keys 10000] [--parallelism 2] [--to N]
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from bench.state_migration import _userconfig, preload_counting_outputs  # noqa: E402
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
+from pulsar_autoscale.functions.keygroups import KeyGroupAssignment  # noqa: E402
 from scenario import EXAMPLES, wait_until  # noqa: E402
 from tests.cluster.harness import WorkerCluster  # noqa: E402
 
 RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
                       r"([\d.]+) MB in ([\d.]+) s")
+OPENED = re.compile(r"instance (\d+) opened (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
+                    r"([\d.]+) MB in ([\d.]+) s")
+RELEASED_UNRESTORED = re.compile(r"instance (\d+) released (\d+) key groups it never restored")
 CLOSED = re.compile(r"instance (\d+) left this worker")
 
 
@@ -43,7 +49,10 @@ def main() -> None:
     ap.add_argument("--state-mb", type=float, default=50.0)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--service-ms", type=float, default=4.0, help="work per record (sleep)")
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--to", type=int, help="the parallelism set while every instance is stopped")
     args = ap.parse_args()
+    after = args.to or args.parallelism
     keys = [f"key-{i}" for i in range(args.keys)]
     name = "wc"
     src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
@@ -58,11 +67,12 @@ def main() -> None:
                     if i["status"]["running"]}
 
         admin.create({"tenant": "public", "namespace": "default", "name": name,
-                      "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst, "parallelism": 2,
+                      "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
+                      "parallelism": args.parallelism,
                       "keyedState": True, "receiverQueueSize": 100, "subscriptionPosition": "Earliest",
                       "userConfig": _userconfig(args, int(args.state_mb * 1e6 / args.keys))},
                      str(EXAMPLES / "windowed_count.py"))
-        wait_until(lambda: running() == {0, 1}, 90, "2 instances running")
+        wait_until(lambda: running() == set(range(args.parallelism)), 90, f"{args.parallelism} instances running")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         preload_counting_outputs(client, broker.service_url, src, dst, keys)
         client.close()
@@ -76,18 +86,37 @@ def main() -> None:
         t0 = time.monotonic()
         admin.action("public", "default", name, "stop")
         wait_until(lambda: not running(), 60, "every instance stopped")
-        wait_until(lambda: len(since(CLOSED)) >= 2, 60, "both instances' stores closed")
+        wait_until(lambda: len(since(CLOSED)) >= args.parallelism, 60, "every instance's store closed")
         stopped_s = time.monotonic() - t0
+        if args.to:
+            admin.set_parallelism("public", "default", name, args.to)
         t1 = time.monotonic()
         admin.action("public", "default", name, "start")
-        wait_until(lambda: len(since(RESTORED)) >= 2, 300, "both instances restored")
+        wait_until(lambda: len(since(RESTORED)) >= min(args.parallelism, after), 300, "every instance restored")
         started_s = time.monotonic() - t1
-        restores = [{"instance": int(i), "groups": int(g), "from_snapshot": int(s), "records": int(r),
-                     "mb": float(mb), "seconds": float(sec)} for i, g, s, r, mb, sec in since(RESTORED)]
+        owners = KeyGroupAssignment.uniform(128, after).owners
+        uniform = {str(i): owners.count(i) for i in sorted(set(owners))}
+        keyed = lambda: admin.status("public", "default", name).get("autoscale", {}).get("keyedState") or {}  # noqa
+        wait_until(lambda: keyed().get("groupsPerInstance") == uniform and not keyed().get("migrating"), 300,
+                   lambda: f"the groups where {after} instances put them: {keyed()}")
+        served_s = time.monotonic() - t1
+
+        def stats(pattern: re.Pattern) -> list[dict]:
+            return [{"instance": int(i), "groups": int(g), "from_snapshot": int(s), "records": int(r),
+                     "mb": float(mb), "seconds": float(sec)} for i, g, s, r, mb, sec in since(pattern)]
+        restores, opens = stats(RESTORED), stats(OPENED)
+        released = sum(int(n) for _i, n in since(RELEASED_UNRESTORED))
     shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"state_mb": args.state_mb, "keys": args.keys, "state_mb_on_disk": round(mb_on_disk, 1),
+                      "parallelism": args.parallelism, "to": after,
                       "stop_s": round(stopped_s, 2), "start_until_restored_s": round(started_s, 2),
-                      "restores": restores}, indent=1))
+                      "start_until_groups_served_s": round(served_s, 2), "restores": restores,
+                      "opens": {"count": len(opens), "groups": sum(o["groups"] for o in opens),
+                                "from_snapshot": sum(o["from_snapshot"] for o in opens),
+                                "records": sum(o["records"] for o in opens),
+                                "mb": round(sum(o["mb"] for o in opens), 1),
+                                "seconds": round(sum(o["seconds"] for o in opens), 2)},
+                      "released_unrestored_groups": released}, indent=1))
 
 
 if __name__ == "__main__":

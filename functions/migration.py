@@ -226,9 +226,7 @@ class InstanceStateStores:
         """Restore the instance's groups if its store needs it (see the class); the instance's own thread
         calls it before it takes records, so the worker's lock is not held and instances restore in parallel."""
         store = self.store(instance_id)
-        with self._lock:
-            gate = self._restoring.setdefault(instance_id, threading.Lock())
-        with gate:   # a migration's release/open waits for the instance's restore, and the other way round
+        with self._gate(instance_id):   # a migration's release/open waits for the instance's restore, and back
             if instance_id not in self._unrestored:
                 return
             stats = store.open(store.owned(), restore=True, client=self._client(), changelog=self._changelog)
@@ -237,6 +235,10 @@ class InstanceStateStores:
         log.info("%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, "
                  "%.1f MB in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot,
                  stats.records, stats.bytes / 1e6, stats.seconds)
+
+    def _gate(self, instance_id: int) -> threading.Lock:
+        with self._lock:
+            return self._restoring.setdefault(instance_id, threading.Lock())
 
     def forget(self, instance_ids: set[int] | None = None) -> None:
         """The function's instances (these, or all) left this worker (a cluster stopped or moved them): when they
@@ -290,8 +292,16 @@ class InstanceStateStores:
         return holder or self.store(self._owners().owners[key_group(key, self._num_key_groups)])
 
     def release(self, instance_id: int, groups: set[int]) -> None:
-        self.restore(instance_id)
-        self.store(instance_id).release(groups)
+        """An instance never restored here gives its groups up as they are: it has changed nothing, their state is
+        the changelog's, and their new owner opens them from it. A surplus instance that starts on a cluster only
+        to hand its groups over (keyed_cluster.ClusterKeyed.open_input) replayed their whole changelog first."""
+        store = self.store(instance_id)
+        with self._gate(instance_id):
+            unrestored = instance_id in self._unrestored
+            store.release(groups, snapshot=not unrestored)
+        if unrestored:
+            log.info("%s: instance %d released %d key groups it never restored: they open from the changelog",
+                     self._changelog, instance_id, len(groups))
 
     def _in_use(self) -> set[int]:
         """The groups some store here owns (the caller holds the lock): their files are being served."""

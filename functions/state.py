@@ -498,11 +498,13 @@ class StateStore:
                 f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (marks.get(shard(g)),))
                 f.clean = True
 
-    def release(self, groups: set[int]) -> None:
+    def release(self, groups: set[int], snapshot: bool = True) -> None:
         """Give groups up: flush and record the position in their files (no copy: a file stays on this
-        worker's disk, its connection open in this process, for whichever store opens the group next)."""
+        worker's disk, its connection open in this process, for whichever store opens the group next).
+        snapshot=False: the files are not the groups' state (never restored here) and keep the position they had."""
         groups = set(groups)
-        self.snapshot(groups)
+        if snapshot:
+            self.snapshot(groups)
         self._owned = self.owned() - groups
 
     def open(self, groups: set[int], restore: bool = True, client: pulsar.Client | None = None,
