@@ -38,8 +38,8 @@ from tests.cluster.harness import WorkerCluster  # noqa: E402
 
 RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
                       r"([\d.]+) MB in ([\d.]+) s")
-OPENED = re.compile(r"instance (\d+) opened (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
-                    r"([\d.]+) MB in ([\d.]+) s")
+OPENED = re.compile(r"instance (\d+) (opened|pre-copied) (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog "
+                    r"records, ([\d.]+) MB in ([\d.]+) s")
 RELEASED_UNRESTORED = re.compile(r"instance (\d+) released (\d+) key groups it never restored")
 CLOSED = re.compile(r"instance (\d+) left this worker")
 
@@ -101,21 +101,20 @@ def main() -> None:
                    lambda: f"the groups where {after} instances put them: {keyed()}")
         served_s = time.monotonic() - t1
 
-        def stats(pattern: re.Pattern) -> list[dict]:
-            return [{"instance": int(i), "groups": int(g), "from_snapshot": int(s), "records": int(r),
-                     "mb": float(mb), "seconds": float(sec)} for i, g, s, r, mb, sec in since(pattern)]
-        restores, opens = stats(RESTORED), stats(OPENED)
+        restores = [{"instance": int(i), "groups": int(g), "from_snapshot": int(s), "records": int(r),
+                     "mb": float(mb), "seconds": float(sec)} for i, g, s, r, mb, sec in since(RESTORED)]
+        moves = {what: [(int(r), float(mb), float(sec)) for _i, w, _g, _s, r, mb, sec in since(OPENED) if w == what]
+                 for what in ("pre-copied", "opened")}
         released = sum(int(n) for _i, n in since(RELEASED_UNRESTORED))
     shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"state_mb": args.state_mb, "keys": args.keys, "state_mb_on_disk": round(mb_on_disk, 1),
                       "parallelism": args.parallelism, "to": after,
                       "stop_s": round(stopped_s, 2), "start_until_restored_s": round(started_s, 2),
                       "start_until_groups_served_s": round(served_s, 2), "restores": restores,
-                      "opens": {"count": len(opens), "groups": sum(o["groups"] for o in opens),
-                                "from_snapshot": sum(o["from_snapshot"] for o in opens),
-                                "records": sum(o["records"] for o in opens),
-                                "mb": round(sum(o["mb"] for o in opens), 1),
-                                "seconds": round(sum(o["seconds"] for o in opens), 2)},
+                      **{what.replace("-", "_"): {"count": len(done), "records": sum(r for r, _, _ in done),
+                                                  "mb": round(sum(mb for _, mb, _ in done), 1),
+                                                  "seconds": round(sum(sec for _, _, sec in done), 2)}
+                         for what, done in moves.items()},
                       "released_unrestored_groups": released}, indent=1))
 
 
