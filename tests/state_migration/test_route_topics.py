@@ -36,24 +36,34 @@ def _send(producer: pulsar.Producer, n: int) -> None:
     producer.flush()
 
 
+def _keyed_count(worker: Worker, tmp_path, prefix: str) -> tuple[FunctionConfig, str, str]:
+    """A keyed count at parallelism 2 over 16 groups, hosted here with its front: (config, code path, input)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    code = shutil.copy(EXAMPLES / "keyed_count.py", tmp_path / "keyed_count.py")
+    cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
+                                    "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
+                                    "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+                                    "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+    worker.host_instances(cfg, str(code), {0, 1}, front=True)
+    return cfg, str(code), src
+
+
+def _half_counted(worker: Worker, cfg: FunctionConfig, producer: pulsar.Producer) -> None:
+    _send(producer, KEYS * PER_KEY // 2)
+    wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
+               lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
+
+
 def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tmp_path):
     worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
     worker.keyed_spread = True
     try:
-        name = f"kr-{uuid.uuid4().hex[:6]}"
-        src = f"persistent://public/default/{name}-in"
-        code = shutil.copy(EXAMPLES / "keyed_count.py", tmp_path / "keyed_count.py")
-        cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
-                                        "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
-                                        "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-                                        "subscriptionPosition": "Earliest", "numKeyGroups": 16})
-        worker.host_instances(cfg, str(code), {0, 1}, front=True)
+        cfg, code, src = _keyed_count(worker, tmp_path, "kr")
         topics = KeyedTopics.of(cfg)
         probe = client.subscribe(topics.route(1), "probe", initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(src, block_if_queue_full=True)
-        _send(producer, KEYS * PER_KEY // 2)
-        wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
-                   lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
+        _half_counted(worker, cfg, producer)
 
         # a front that forwarded a record, died before the input ack and forwarded it again
         forwarded = probe.receive(5000)
@@ -61,13 +71,13 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
         client.create_producer(topics.route(1)).send(forwarded.data(), properties=forwarded.properties(),
                                                       partition_key=forwarded.partition_key())
 
-        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), str(code), {0, 1, 2},
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2},
                               front=True)
         wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2 given key groups (OPEN)")
         _send(producer, KEYS * PER_KEY // 2)
-        worker.host_instances(cfg, str(code), {0, 1, 2}, front=True)   # the surplus stays while it holds groups
+        worker.host_instances(cfg, code, {0, 1, 2}, front=True)   # the surplus stays while it holds groups
         wait_until(lambda: not worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2's groups moved off (RELEASE)")
-        worker.host_instances(cfg, str(code), {0, 1}, front=True)
+        worker.host_instances(cfg, code, {0, 1}, front=True)
         expected = {f"k{k}": PER_KEY for k in range(KEYS)}
         wait_until(lambda: _counts(worker, cfg.fqfn) == expected, 30,
                    lambda: f"exact counts (the duplicate applied once): {_counts(worker, cfg.fqfn)}")
@@ -86,22 +96,13 @@ def test_a_front_started_again_while_the_last_one_closes(broker, client, tmp_pat
     worker.keyed_spread = True
     caplog.set_level(logging.INFO, logger="pulsar_autoscale.functions.keyed_cluster")
     try:
-        name = f"kf-{uuid.uuid4().hex[:6]}"
-        src = f"persistent://public/default/{name}-in"
-        code = shutil.copy(EXAMPLES / "keyed_count.py", tmp_path / "keyed_count.py")
-        cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
-                                        "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
-                                        "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-                                        "subscriptionPosition": "Earliest", "numKeyGroups": 16})
-        worker.host_instances(cfg, str(code), {0, 1}, front=True)
+        cfg, code, src = _keyed_count(worker, tmp_path, "kf")
         producer = client.create_producer(src, block_if_queue_full=True)
-        _send(producer, KEYS * PER_KEY // 2)
-        wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
-                   lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
-        worker.host_instances(cfg, str(code), {0, 1}, front=False)   # the front closes, in the background
-        worker.host_instances(cfg, str(code), {0, 1}, front=True)    # and starts again before it has closed
-        wait_until(lambda: f"{name}: the front that ran here closed" in caplog.text, 30, "the first front closed")
-        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), str(code), {0, 1, 2},
+        _half_counted(worker, cfg, producer)
+        worker.host_instances(cfg, code, {0, 1}, front=False)   # the front closes, in the background
+        worker.host_instances(cfg, code, {0, 1}, front=True)    # and starts again before it has closed
+        wait_until(lambda: f"{cfg.name}: the front that ran here closed" in caplog.text, 30, "the first front closed")
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2},
                               front=True)
         wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30,
                    "instance 2 given key groups: the new front heard the answers to its markers")
