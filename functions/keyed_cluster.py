@@ -371,21 +371,27 @@ class RoutedStores:
         for p in producers:
             p.flush()
 
-    def close_front(self) -> None:
+    def take_front(self) -> Callable[[], None]:
+        """Take the front's route producers and answer listener out (a front that starts after this opens its
+        own) and return what closes them: broker round trips, for the caller to run outside its locks (a flush
+        waits for the broker as long as it is down)."""
         with self._lock:
             producers, self._producers = list(self._producers.values()), {}
             listener, self._listener = self._listener, None
-        for p in producers:
-            try:
-                p.flush()
-                p.close()
-            except pulsar.PulsarException:
-                pass
-        if listener is not None:
-            try:
-                listener.unsubscribe()
-            except pulsar.PulsarException:
-                listener.close()
+
+        def close() -> None:
+            for p in producers:
+                try:
+                    p.flush()
+                    p.close()
+                except pulsar.PulsarException:
+                    pass
+            if listener is not None:
+                try:
+                    listener.unsubscribe()
+                except pulsar.PulsarException:
+                    listener.close()
+        return close
 
     # ---- this worker's instances (worker.py uses these, as with migration.InstanceStateStores) --------
     def store(self, instance_id: int) -> StateStore:
@@ -401,7 +407,7 @@ class RoutedStores:
         self.local.snapshot(instance_ids)
 
     def close_clean(self) -> None:
-        self.close_front()
+        self.take_front()()
         self.local.close_clean()
 
 
@@ -510,9 +516,10 @@ class ClusterKeyed:
             scaler.idle(MARKER_TIMEOUT_S)
             try:
                 router.close(before_close=self.stores.flush_front)
-                with self._front_lock:
-                    if self.scaler is None:
-                        self.stores.close_front()
+                with self._front_lock:   # not closed under it: a front starting here must not wait for the broker
+                    close_front = self.stores.take_front() if self.scaler is None else None
+                if close_front is not None:
+                    close_front()
                 if saver is not None:
                     saver.close()
             except pulsar.PulsarException as exc:   # the broker is gone: it redelivers what was not acked
