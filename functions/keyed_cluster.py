@@ -173,6 +173,7 @@ class RouteInput:
             receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs),
             (topics.route(instance_id),), ROUTE_SUBSCRIPTION, stall_fence)
         self._opening: dict[int, threading.Event] = {}   # groups an OPEN is restoring in the background
+        self._restored = False   # its groups, at the first record (ClusterKeyed.open_input): then no more locks per record
         self._scheduler: RecordScheduler[pulsar.Message] = RecordScheduler()
 
     @property
@@ -260,7 +261,9 @@ class RouteInput:
         """The front sends a group's records only to its owner: a record of a group this store does not hold
         (its assignment was read before the front saved the latest) opens the group from the changelog. A surplus
         instance restores its groups here, at its first record (ClusterKeyed.open_input)."""
-        self._stores.restore(self._id)
+        if not self._restored:
+            self._stores.restore(self._id)
+            self._restored = True
         if group not in self.store.owned():
             log.warning("%s instance %d: a record of key group %d, not open here: restoring it", self._topics.name,
                         self._id, group)
