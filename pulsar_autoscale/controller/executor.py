@@ -25,6 +25,7 @@ class Execution:
     error: str | None = None
     seconds: float = 0.0
     started: bool | None = None     # for a burst: False when the worker was still running one
+    in_force: bool = False          # the function was at that parallelism already: nothing changed
 
 
 class Executor:
@@ -47,8 +48,9 @@ class Executor:
             except AdminError as exc:
                 if exc.no_change:
                     # Pulsar's answer when it is at that parallelism already (the wake watcher and the period
-                    # both woke it): what was decided holds
-                    return Execution(function, parallelism, True, attempt, seconds=time.monotonic() - start)
+                    # both woke it): what was decided holds, and this call changed nothing
+                    return Execution(function, parallelism, True, attempt, seconds=time.monotonic() - start,
+                                     in_force=True)
                 error = str(exc)
                 if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
                     break  # the request itself is wrong (or the epoch stale): retrying cannot help

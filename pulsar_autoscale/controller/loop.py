@@ -309,6 +309,14 @@ class Controller:
                 "dry_run": self._dry_run(function), "paused": bool(e and e.paused), "applied": False,
                 "error": None, **fields}
 
+    @staticmethod
+    def _applied(record: dict, result) -> None:
+        """The execution's outcome in the record. A scale already in force (the wake watcher and the
+        period both woke a function) changed nothing, and its record says so: one wake, not two."""
+        record.update(applied=result.ok, error=result.error, execute_seconds=round(result.seconds, 4))
+        if result.in_force:
+            record.update(changed=False, reason=f"{record['reason']} (already in force)")
+
     def _execute(self, decision, epoch: int, now: float, kind: str = "period") -> dict:
         record = self._record(decision.function, epoch, now, kind=kind, old=decision.old,
                               proposed=decision.proposed, new=decision.new, reason=decision.reason,
@@ -322,8 +330,10 @@ class Controller:
                          decision.reason)
             else:
                 result = self.executor.apply(decision.function, decision.new, epoch)
-                record.update(applied=result.ok, error=result.error, execute_seconds=round(result.seconds, 4))
-                if result.ok:
+                self._applied(record, result)
+                if result.in_force:
+                    log.info("%s was at %d already", decision.function, decision.new)
+                elif result.ok:
                     log.info("scaled %s %d -> %d (epoch %d): %s", decision.function, decision.old, decision.new,
                              epoch, decision.reason)
                     direction = "out" if decision.new > decision.old else "in"
@@ -373,9 +383,12 @@ class Controller:
                               reason="wake: a message arrived on its input")
         if not record["dry_run"]:
             result = self.executor.apply(fn, new, term.epoch)
-            record.update(applied=result.ok, error=result.error, execute_seconds=round(result.seconds, 4))
+            self._applied(record, result)
             if result.ok:
                 self._fast_current[fn] = new
+            if result.in_force:
+                log.info("%s was awake already (at %d)", fn, new)
+            elif result.ok:
                 self.metrics.decisions.labels(fn, "out").inc()
                 log.info("woke %s: 0 -> %d in %.3fs (epoch %d)", fn, new, result.seconds, term.epoch)
             else:
