@@ -1,6 +1,6 @@
 """keyedState on the thread runtime vs the process runtime, in the same run: what the pipe to the worker's
-store costs (functions/remote_state.py). Each instance of a process keyed function makes three state
-calls per record (begin, incr_counter, commit under EFFECTIVELY_ONCE), each a pipe round trip.
+store costs (functions/remote_state.py). A record of a process keyed function crosses the pipe twice: its
+receive (which begins its scope) and its incr_counter; the commit and the ack go with the next receive.
 
 A keyed count (functions/examples/keyed_count.py) drains a backlog of `--records` records over `--keys` keys
 at parallelism `--parallelism`, on one worker and pulsar-lite; the runtimes alternate for `--rounds` rounds.

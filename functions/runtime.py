@@ -93,7 +93,7 @@ def _process_main(config: FunctionConfig, instance_id: int, client_settings: Cli
                   code_path: str | None, state_path: str | None, num_instances, stop_event, stats_queue, input_conn,
                   start_time_ms: int, state_conn=None) -> None:
     """Entry point of a process instance: run the loop in a thread, report figures until drained.
-    `state_conn` (keyedState): the state is its worker's, reached over this pipe, not state_path."""
+    `state_conn` (keyedState): the state and the input are its worker's, reached over this pipe."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = open_client(client_settings, pulsar.LoggerLevel.Warn)
     _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
@@ -130,8 +130,11 @@ def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: s
                   state_conn=None) -> None:
     stats = InstanceStats(instance_id, start_time_ms)
     open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else None
-    state = RemoteStateStore(state_conn) if state_conn is not None else \
-        StateStore(state_path, config.numKeyGroups, keyed=config.keyedState)
+    if state_conn is not None:
+        state = RemoteStateStore(state_conn)
+        open_input = state.input
+    else:
+        state = StateStore(state_path, config.numKeyGroups, keyed=config.keyedState)
     instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
                         open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)
@@ -171,22 +174,21 @@ class ProcessInstance(InstanceHandle):
         `keyed` (a keyedState function): its input and its state are served by this worker."""
         self.instance_id = instance_id
         self._figures = InstanceStats(instance_id).figures()
-        state_parent = state_child = None
         if standby is not None:
             self._stop, self._queue, self._proc = standby.stop_event, standby.stats_queue, standby.proc
             parent_conn = standby.input_parent
         else:
             piped = shared_input is not None or keyed is not None
             parent_conn, child_conn = self._ctx.Pipe() if piped else (None, None)
-            state_parent, state_child = self._ctx.Pipe() if keyed is not None else (None, None)
+            input_child, state_child = (None, child_conn) if keyed is not None else (child_conn, None)
             self._stop = self._ctx.Event()
             self._queue = self._ctx.Queue()
             self._proc = self._ctx.Process(
                 target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
                 args=(config, instance_id, client_settings, code_path, state_path, num_instances, self._stop,
-                      self._queue, child_conn, self._figures.start_time_ms, state_child))
+                      self._queue, input_child, self._figures.start_time_ms, state_child))
         if keyed is not None:
-            serve_keyed(parent_conn, state_parent, keyed, f"{config.fqfn}:{instance_id}")
+            serve_keyed(parent_conn, keyed, f"{config.fqfn}:{instance_id}")
         elif shared_input is not None:
             threading.Thread(target=serve_pipe, args=(parent_conn, shared_input.lease()),
                              name=f"{config.fqfn}:{instance_id}:input", daemon=True).start()

@@ -825,7 +825,8 @@ class Worker:
         if fn.runtime(self.default_runtime) == "process" and keyed is not None:
             handle: InstanceHandle = ProcessInstance(
                 cfg, i, self.client_settings, fn.code_path, None, fn.num_instances, None,
-                keyed=KeyedParts(lambda: keyed.open_input(i), keyed.stores.store(i), lambda: self._client))
+                keyed=KeyedParts(lambda: keyed.open_input(i), keyed.stores.store(i), lambda: self._client,
+                                 cfg.numKeyGroups, cfg.processingGuarantees == "EFFECTIVELY_ONCE"))
         elif fn.runtime(self.default_runtime) == "process":
             handle = ProcessInstance(
                 cfg, i, self.client_settings, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
