@@ -12,7 +12,10 @@ At the defaults 8 instances share 200 msg/s at 12.5% utilization: a new instance
 among idle ones (about 8 x 5 ms), so its first message measures the arrival process as much as the
 start. `--service-ms 25` makes 4 instances too few for 200 msg/s (a backlog, the reason for a
 scale-out): the first message then measures the start plus one 25 ms service.
-Usage: python bench/scale_latency.py [--repeats 3] [--pool 4] [--rate 200] [--service-ms 5]
+
+`--keyed`: the function is keyedState (records keyed over 1,000 keys), so a new instance's first message also
+waits for its first key groups to move to it (the first subscale's release and open).
+Usage: python bench/scale_latency.py [--repeats 3] [--pool 4] [--rate 200] [--service-ms 5] [--keyed]
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ from pulsar_autoscale.functions.server import WorkerServer
 STEPS = ((1, 4), (4, 8))
 
 
-def load(service_url: str, topic: str, rate: float, stop: threading.Event) -> None:
+def load(service_url: str, topic: str, rate: float, stop: threading.Event, keyed: bool) -> None:
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
     next_t = time.monotonic()
+    n = 0
     while not stop.is_set():
-        producer.send_async(b"x", None)
+        n += 1
+        producer.send_async(b"x", None, **({"partition_key": f"k{n % 1000}"} if keyed else {}))
         next_t += 1.0 / rate
         time.sleep(max(0.0, next_t - time.monotonic()))
     producer.flush()
@@ -56,7 +61,7 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
 
 
-def run_mode(pool: int, repeats: int, rate: float, service_ms: float) -> dict:
+def run_mode(pool: int, repeats: int, rate: float, service_ms: float, keyed: bool) -> dict:
     out: dict = {f"{a}->{b}": [] for a, b in STEPS}
     sent_out: dict = {f"{a}->{b}": [] for a, b in STEPS}
     with EmbeddedBroker() as broker, WorkerServer(broker.service_url, metrics_url=broker.metrics_url,
@@ -66,9 +71,11 @@ def run_mode(pool: int, repeats: int, rate: float, service_ms: float) -> dict:
         fqfn = f"public/default/{name}"
         admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
                       "output": f"{name}-out", "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
-                      "receiverQueueSize": 10, "userConfig": {"service_ms": service_ms, "dist": "deterministic"}})
+                      "receiverQueueSize": 10, "userConfig": {"service_ms": service_ms, "dist": "deterministic"},
+                      "keyedState": keyed})
         stop = threading.Event()
-        producer = threading.Thread(target=load, args=(broker.service_url, f"{name}-in", rate, stop), daemon=True)
+        producer = threading.Thread(target=load, args=(broker.service_url, f"{name}-in", rate, stop, keyed),
+                                    daemon=True)
         producer.start()
         worker = server.worker
 
@@ -111,13 +118,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200.0, help="msg/s")
     ap.add_argument("--service-ms", type=float, default=5.0)
     ap.add_argument("--no-cold", action="store_true", help="only the pooled mode")
+    ap.add_argument("--keyed", action="store_true", help="a keyedState function")
     args = ap.parse_args()
     started = time.perf_counter()
     result = {"bench": "scale_latency", "runtime": "process", "rate_msgs_per_s": args.rate,
-              "service_ms": args.service_ms, "repeats": args.repeats, "load_avg_before": os.getloadavg()}
+              "service_ms": args.service_ms, "repeats": args.repeats, "keyed": args.keyed,
+              "load_avg_before": os.getloadavg()}
     if not args.no_cold:
-        result["no_pool"] = run_mode(0, args.repeats, args.rate, args.service_ms)
-    result[f"pool_{args.pool}"] = run_mode(args.pool, args.repeats, args.rate, args.service_ms)
+        result["no_pool"] = run_mode(0, args.repeats, args.rate, args.service_ms, args.keyed)
+    result[f"pool_{args.pool}"] = run_mode(args.pool, args.repeats, args.rate, args.service_ms, args.keyed)
     result["load_avg_after"] = os.getloadavg()
     pooled = result[f"pool_{args.pool}"]
     result["target_met"] = all(v["max_ms"] <= 100 for v in pooled.values())

@@ -121,8 +121,12 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_
         client.close()
         return
     instance_id, start_time_ms = activation
+    if config.keyedState:   # its one pipe carries its input and its state calls (functions/remote_state.py)
+        input_conn, state_conn = None, input_conn
+    else:
+        state_conn = None
     _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms, prepared)
+                  input_conn, start_time_ms, prepared, state_conn)
 
 
 def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str | None,

@@ -433,11 +433,11 @@ class Worker:
             fn.warm_pool.close()
             fn.warm_pool = None
         size = self.warm_pool if fn.warm_pool_size is None else fn.warm_pool_size
-        if size > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure and fn.keyed is None:
+        if size > 0 and fn.runtime(self.default_runtime) == "process" and not fn.failure:
             cfg, state_path = fn.config, str(self._fn_dir(fn.config) / "state.sqlite")
             fn.warm_pool = WarmPool(size, lambda: Standby(
                 ProcessInstance._ctx, cfg, self.client_settings, fn.code_path, state_path, fn.num_instances,
-                fn.shared_input is not None))
+                fn.shared_input is not None or fn.keyed is not None))
 
     def set_warm_pool(self, fqfn: str, size: int) -> WarmPoolView:
         """The controller sizes a function's warm pool (controller/warm_sizing.py); at most max_parallelism
@@ -822,15 +822,16 @@ class Worker:
     def _start_instance(self, fn: HostedFunction, i: int) -> None:
         cfg = fn.config
         keyed = fn.keyed
+        standby = fn.warm_pool.take() if fn.warm_pool is not None else None
         if fn.runtime(self.default_runtime) == "process" and keyed is not None:
             handle: InstanceHandle = ProcessInstance(
-                cfg, i, self.client_settings, fn.code_path, None, fn.num_instances, None,
+                cfg, i, self.client_settings, fn.code_path, None, fn.num_instances, None, standby=standby,
                 keyed=KeyedParts(lambda: keyed.open_input(i), keyed.stores.store(i), lambda: self._client,
                                  cfg.numKeyGroups, cfg.processingGuarantees == "EFFECTIVELY_ONCE"))
         elif fn.runtime(self.default_runtime) == "process":
             handle = ProcessInstance(
                 cfg, i, self.client_settings, fn.code_path, str(self._fn_dir(cfg) / "state.sqlite"), fn.num_instances,
-                fn.shared_input, standby=fn.warm_pool.take() if fn.warm_pool is not None else None)
+                fn.shared_input, standby=standby)
         else:
             handle = ThreadInstance(cfg, i, self._client, fn.code_path,
                                     fn.state if keyed is None else keyed.stores.store(i), lambda: fn.num_instances.value,
