@@ -287,13 +287,27 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
         _stop_set_start(admin, name, *SCALE_OUT, cluster)
         logged = {log: log.stat().st_size for log in tmp_path.glob("*.log")}
         _stop_set_start(admin, name, *SCALE_IN, cluster)
-        lines = [line for log in tmp_path.glob("*.log")
-                 for line in log.read_bytes()[logged.get(log, 0):].decode(errors="replace").splitlines()
-                 if name in line and "instance 2 re" in line]
-        released = sum(int(m[1]) for line in lines if (m := RELEASED_UNRESTORED.search(line)))
-        assert released == 42 and not any(RESTORED.search(line) for line in lines), \
+        logs = {log: [line for line in log.read_bytes()[logged.get(log, 0):].decode(errors="replace").splitlines()
+                      if name in line and "instance 2" in line] for log in tmp_path.glob("*.log")}
+        lines = [line for log_lines in logs.values() for line in log_lines]
+        assert not any(RESTORED.search(line) for line in lines), \
             f"the surplus instance 2 restored its groups before it gave them up: {lines}"
+        released = sum(int(m[1]) for line in lines if (m := RELEASED_UNRESTORED.search(line)))
+        # Where the member started it again at once on the worker it was stopped on, its store there stayed open
+        # and current (no "left this worker" between): it releases its groups with a snapshot, as any instance
+        # does. Elsewhere its store there is not its state: it gives its groups up as they are.
+        kept = any(_started_again_with_its_store(log_lines) for log_lines in logs.values())
+        print(f"\nsurplus instance 2: store kept open {kept}, groups released unrestored {released}")
+        assert released == (0 if kept else 42), f"42 groups released unrestored (kept store: {kept}): {lines}"
         _assert_exact(admin, name)
+
+
+def _started_again_with_its_store(lines: list[str]) -> bool:
+    """One worker's log lines about instance 2: it was drained and started again there, its store never closed."""
+    events = [("drained" if "drained" in line else "left" if "left this worker" in line else
+               "started" if "started" in line else "") for line in lines]
+    events = [e for e in events if e]
+    return any(events[i:i + 2] == ["drained", "started"] for i in range(len(events) - 1))
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
