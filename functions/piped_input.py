@@ -65,15 +65,35 @@ class PipedMessage:
         return self._redeliveries
 
 
+class Taken:
+    """Worker side: the messages a process instance received through its worker and has not acked or nacked,
+    by the key its PipedMessage carries. Whatever it still holds when the process goes is negative-acked, so
+    it is redelivered to the surviving instances."""
+
+    def __init__(self):
+        self._messages: dict[int, pulsar.Message] = {}
+        self._next_key = 0
+
+    def take(self, msg: pulsar.Message) -> PipedMessage:
+        self._next_key += 1
+        self._messages[self._next_key] = msg
+        return PipedMessage.of(self._next_key, msg)
+
+    def pop(self, key: int) -> pulsar.Message:
+        return self._messages.pop(key)
+
+    def give_back(self, consumer) -> None:
+        """Negative-ack every message still taken, then close the consumer."""
+        for msg in self._messages.values():
+            consumer.negative_acknowledge(msg)
+        self._messages.clear()
+        consumer.close()
+
+
 def serve_pipe(conn, lease) -> None:
     """Worker side, one thread per process instance: receive on its behalf, ack what it acks. `lease`:
-    anything with a consumer's receive/acknowledge/negative_acknowledge/close.
-
-    Whatever the process took but never acked when it exits is negative-acked, so it is
-    redelivered to the surviving instances.
-    """
-    outstanding: dict[int, pulsar.Message] = {}
-    next_key = 0
+    anything with a consumer's receive/acknowledge/negative_acknowledge/close."""
+    taken = Taken()
     try:
         while True:
             try:
@@ -86,19 +106,15 @@ def serve_pipe(conn, lease) -> None:
                 except pulsar.Timeout:
                     conn.send(None)
                     continue
-                next_key += 1
-                outstanding[next_key] = msg
-                conn.send(PipedMessage.of(next_key, msg))
+                conn.send(taken.take(msg))
             elif op == "ack":
-                lease.acknowledge(outstanding.pop(arg))
+                lease.acknowledge(taken.pop(arg))
             elif op == "nack":
-                lease.negative_acknowledge(outstanding.pop(arg))
+                lease.negative_acknowledge(taken.pop(arg))
             elif op == "close":
                 return
     finally:
-        for msg in outstanding.values():
-            lease.negative_acknowledge(msg)
-        lease.close()
+        taken.give_back(lease)
 
 
 class PipeConsumer:

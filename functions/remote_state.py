@@ -31,7 +31,7 @@ from typing import Callable
 
 import pulsar
 
-from .piped_input import PipedMessage
+from .piped_input import PipedMessage, Taken
 from .state import StateStore, state_group
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,7 @@ class KeyedServer:
         self._parts = parts
         self._store = parts.store
         self._input = None
-        self._taken: dict[int, pulsar.Message] = {}   # received for the process, not acked yet
-        self._next_key = 0
+        self._taken = Taken()
         self._failed: Exception | None = None         # a one-way call's failure, for the next answer
 
     def serve(self) -> None:
@@ -126,24 +125,19 @@ class KeyedServer:
             msg = self._input.receive(timeout_millis)
         except pulsar.Timeout:
             return None
-        self._next_key += 1
-        self._taken[self._next_key] = msg
+        piped = self._taken.take(msg)
         group = state_group(msg, self._parts.num_key_groups, True)
         msg_id = str(msg.message_id()) if self._parts.once else None
         try:
             begun = (True, self._store.begin(group, msg_id))
         except Exception as exc:   # raised by the Context's begin in the process, as on the thread runtime
             begun = (False, _portable(exc))
-        return PipedMessage.of(self._next_key, msg), group, msg_id, begun
+        return piped, group, msg_id, begun
 
     def _close_input(self) -> None:
         keyed_input, self._input = self._input, None
-        if keyed_input is None:
-            return
-        for msg in self._taken.values():   # taken, never acked: redelivered to the instance started in its place
-            keyed_input.negative_acknowledge(msg)
-        self._taken.clear()
-        keyed_input.close()
+        if keyed_input is not None:
+            self._taken.give_back(keyed_input)   # redelivered to the instance started in its place
 
 
 def _apply(store: StateStore, op: str, group: int | None, args: tuple):
@@ -171,7 +165,7 @@ class RemoteStateStore:
         self._lock = threading.Lock()
         self._one_way: list[tuple] = []    # acks come from producer callbacks on other threads: a lock of its own
         self._one_way_lock = threading.Lock()
-        self._begun: tuple | None = None   # the last message's scope, begun with its receive
+        self._begun: list | None = None    # the last message's scope, begun with its receive: group, id, answer
 
     def call(self, op: str, group: int | None, *args):
         with self._lock:
@@ -194,6 +188,14 @@ class RemoteStateStore:
         self.call("open", None)
         return RemoteInput(self)
 
+    def receive(self, timeout_millis: int) -> PipedMessage:
+        """The next message; its scope, begun by the worker with it, is what the next begin() answers."""
+        answer = self.call("recv", None, timeout_millis)
+        if answer is None:
+            raise pulsar.Timeout()
+        msg, *self._begun = answer
+        return msg
+
     def attach_changelog(self, _client, changelog) -> None:
         """The worker's store writes the changelog, with the worker's client."""
         self.call("attach", None, changelog)
@@ -203,7 +205,7 @@ class RemoteStateStore:
 
     def begin(self, group: int, msg_id: str | None = None) -> bool:
         begun, self._begun = self._begun, None
-        if begun is None or begun[:2] != (group, msg_id):
+        if begun is None or begun[:2] != [group, msg_id]:
             return self.call("begin", None, group, msg_id)
         ok, value = begun[2]
         if not ok:
@@ -239,12 +241,7 @@ class RemoteInput:
         self._store = store
 
     def receive(self, timeout_millis: int) -> PipedMessage:
-        answer = self._store.call("recv", None, timeout_millis)
-        if answer is None:
-            raise pulsar.Timeout()
-        msg, group, msg_id, begun = answer
-        self._store._begun = (group, msg_id, begun)
-        return msg
+        return self._store.receive(timeout_millis)
 
     def acknowledge(self, msg: PipedMessage) -> None:
         self._store.send("ack", None, msg.key)

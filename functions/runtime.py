@@ -91,13 +91,12 @@ class ThreadInstance(InstanceHandle):
 
 def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
                   code_path: str | None, state_path: str | None, num_instances, stop_event, stats_queue, input_conn,
-                  start_time_ms: int, state_conn=None) -> None:
-    """Entry point of a process instance: run the loop in a thread, report figures until drained.
-    `state_conn` (keyedState): the state and the input are its worker's, reached over this pipe."""
+                  start_time_ms: int) -> None:
+    """Entry point of a process instance: run the loop in a thread, report figures until drained."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = open_client(client_settings, pulsar.LoggerLevel.Warn)
     _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms, state_conn=state_conn)
+                  input_conn, start_time_ms)
 
 
 def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str, num_instances,
@@ -121,24 +120,21 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_
         client.close()
         return
     instance_id, start_time_ms = activation
-    if config.keyedState:   # its one pipe carries its input and its state calls (functions/remote_state.py)
-        input_conn, state_conn = None, input_conn
-    else:
-        state_conn = None
     _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms, prepared, state_conn)
+                  input_conn, start_time_ms, prepared)
 
 
 def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str | None,
-                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None,
-                  state_conn=None) -> None:
+                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None) -> None:
+    """`input_conn`, a pipe to the worker: a keyedState instance's input and state calls (functions/remote_state.py),
+    else its input on pulsar-lite (lite_quirks.SharedInput); None: it subscribes itself."""
     stats = InstanceStats(instance_id, start_time_ms)
-    open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else None
-    if state_conn is not None:
-        state = RemoteStateStore(state_conn)
+    if config.keyedState:
+        state = RemoteStateStore(input_conn)
         open_input = state.input
     else:
-        state = StateStore(state_path, config.numKeyGroups, keyed=config.keyedState)
+        state = StateStore(state_path, config.numKeyGroups, keyed=False)
+        open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else None
     instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
                         open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)
@@ -184,13 +180,12 @@ class ProcessInstance(InstanceHandle):
         else:
             piped = shared_input is not None or keyed is not None
             parent_conn, child_conn = self._ctx.Pipe() if piped else (None, None)
-            input_child, state_child = (None, child_conn) if keyed is not None else (child_conn, None)
             self._stop = self._ctx.Event()
             self._queue = self._ctx.Queue()
             self._proc = self._ctx.Process(
                 target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
                 args=(config, instance_id, client_settings, code_path, state_path, num_instances, self._stop,
-                      self._queue, input_child, self._figures.start_time_ms, state_child))
+                      self._queue, child_conn, self._figures.start_time_ms))
         if keyed is not None:
             serve_keyed(parent_conn, keyed, f"{config.fqfn}:{instance_id}")
         elif shared_input is not None:
