@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pulsar
 
+from pulsar_autoscale.broker import lite_quirks
+
 if TYPE_CHECKING:
     from .config import FunctionConfig
 
@@ -273,7 +275,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
         producer.close()
     position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
     waited_ms, read_any, n, paced_bytes = 0, False, 0, 0
-    queue = max(1, (READER_QUEUE if pace is None else PACED_READER_QUEUE) // side_by_side)
+    queue = lite_quirks.reader_queue((READER_QUEUE if pace is None else PACED_READER_QUEUE) // side_by_side)
     reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
         while True:

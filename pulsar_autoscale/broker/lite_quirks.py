@@ -624,3 +624,15 @@ def metrics_server_lost(broker_log: str) -> bool:
     broker does not start without its web port): the embedded broker's start fails instead, naming the port,
     or picks another port when it picked that one."""
     return "Metrics server terminated" in broker_log
+
+
+# ---- B16: readers (functions/changelog.py) ------------------------------------------------------------
+
+MIN_READER_QUEUE = 2
+
+
+def reader_queue(size: int) -> int:
+    """B16: a pulsar-lite reader with a receiver queue of 1 that starts from a message id gets nothing (from the
+    earliest it reads). From 2 up it reads everything, with more duplicates, which our readers skip. A queue of
+    2 instead of 1 changes nothing on Apache Pulsar."""
+    return max(MIN_READER_QUEUE, size)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pulsar
 import pytest
 
+from pulsar_autoscale.broker import lite_quirks
+
 from .helpers import client, drain, payloads, produce
 
 N = 10
@@ -54,6 +56,31 @@ def test_reader_from_a_batched_message_id(broker, topic):
     # Pulsar (and, we measured, lite) may redeliver the rest of the batch before `inside`:
     # the source drops ids at or before its start, so only the tail matters here.
     assert [p for p in got if p > inside] == list(range(inside + 1, 100))
+
+
+@pytest.mark.xfail(strict=True, reason="pulsar-lite B16: a reader with a receiver queue of 1 from a message id "
+                                       "gets nothing")
+def test_a_reader_with_a_receiver_queue_of_one_from_a_message_id_reads_the_rest(broker, topic):
+    with client(broker.service_url) as c:
+        ids = produce(c, topic, N)
+        got = _read_all(c, topic, ids[4], receiver_queue_size=1)
+    assert got == list(range(5, N)), f"read {got}"
+
+
+def test_a_reader_with_a_receiver_queue_of_one_from_the_earliest_reads_everything(broker, topic):
+    """B16 is about a start message id: from the earliest a queue of 1 works."""
+    with client(broker.service_url) as c:
+        produce(c, topic, N)
+        assert _read_all(c, topic, pulsar.MessageId.earliest, receiver_queue_size=1) == list(range(N))
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+def test_b16_fence_a_reader_queue_of_two_from_a_message_id_reads_the_rest(broker, topic, batching):
+    """lite_quirks.reader_queue: never under 2. Duplicates come (small queues), and readers skip them by id."""
+    with client(broker.service_url) as c:
+        ids = produce(c, topic, 40, batching=batching)
+        got = _read_all(c, topic, ids[4], receiver_queue_size=lite_quirks.reader_queue(1))
+    assert sorted(set(got)) == list(range(5, 40)), f"read {got}"
 
 
 @pytest.mark.xfail(strict=True, reason="pulsar-lite B5: seek on a live consumer is ignored")

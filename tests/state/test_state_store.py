@@ -10,7 +10,8 @@ import uuid
 import pulsar
 import pytest
 
-from pulsar_autoscale.functions.changelog import COUNTER, Changelog, ChangelogWriter, Record
+from pulsar_autoscale.functions.changelog import (COUNTER, Changelog, ChangelogWriter, ReadStats, Record,
+                                                  read_changelog)
 from pulsar_autoscale.functions.keygroups import key_group
 from pulsar_autoscale.functions.state import NONE_KEY, NotOwnedError, StateRemovedError, StateStore
 
@@ -178,6 +179,24 @@ def test_a_pre_copy_reads_the_changelog_no_faster_than_its_rate(tmp_path, client
     assert copied.bytes >= 400_000, copied
     # paced every 50 records: all but the last stretch's bytes (<= 50 KB here) wait for the rate
     assert copied.seconds >= (copied.bytes - 60_000) / (rate * 1e6), (copied, rate)
+
+
+def test_a_paced_read_beside_many_shards_reads_on_from_a_position(client):
+    """A pre-copy shares a receiver queue of 200 among the shards it reads side by side: beside more than 100, a
+    reader's share was 1, and a pulsar-lite reader with a queue of 1 started from a position reads nothing (B16):
+    the pre-copy of a function with that many changelogShards failed after 15 s with "no record"."""
+    changelog = Changelog(f"persistent://public/default/__state-t{uuid.uuid4().hex[:10]}-changelog", 1, G)
+    writer = ChangelogWriter(client, changelog)
+    for i in range(10):
+        writer.send([Record(0, COUNTER, "n", i + 1, i + 1, msg_id=f"m{i}")])
+        if i == 4:
+            writer.flush()
+            first = ReadStats()
+            assert len(list(read_changelog(client, changelog.shard_topic(0), stats=first))) == 5
+    writer.flush()
+    rest = list(read_changelog(client, changelog.shard_topic(0), first.end, pace=lambda *_: None, side_by_side=150))
+    assert [r.value for _, r in rest] == [6, 7, 8, 9, 10]
+    writer.close()
 
 
 def test_effectively_once_skips_an_applied_message_also_after_a_restore(tmp_path, client, changelog):
