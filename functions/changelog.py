@@ -44,9 +44,13 @@ log = logging.getLogger(__name__)
 READ_STALL_MS = 1_000
 READ_TIMEOUT_MS = 15_000
 # Receiver queues, shared by the readers of one restore that read shards side by side: what the broker pushes at
-# a reader's start, unpaced (a paced read at 50 KB records: 200 are 10 MB at once).
+# a reader's start, unpaced. A paced read (a pre-copy, beside the function's traffic) holds about
+# PACED_READER_BYTES, at most PACED_READER_QUEUE records: it starts with the smallest queue and, once its first
+# record tells the records' size, reads again from its start with the queue they allow (200 records of 50 KB
+# were 10 MB pushed through the broker at once, in the first moments of a change).
 READER_QUEUE = 5000   # pulsar-lite readers with small queues deliver more duplicates
 PACED_READER_QUEUE = 200
+PACED_READER_BYTES = 1_000_000
 PACE_RECORDS = 50
 # A record not persisted within this fails its flush (an error naming the topic) instead of blocking a drain
 # forever while the broker is away; nothing after it is acked, so its input comes again.
@@ -273,9 +277,10 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
         producer.send(nonce, partition_key=MARKER_KEY)
     finally:
         producer.close()
-    position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
+    start = position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
     waited_ms, read_any, n, paced_bytes = 0, False, 0, 0
-    queue = lite_quirks.reader_queue((READER_QUEUE if pace is None else PACED_READER_QUEUE) // side_by_side)
+    sized = pace is None   # a paced read sizes its queue at its first record
+    queue = lite_quirks.reader_queue(READER_QUEUE // side_by_side if sized else 0)
     reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
         while True:
@@ -293,6 +298,13 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
                 continue
             size = len(msg.data())
             waited_ms, n, paced_bytes = 0, n + 1, paced_bytes + size
+            if not sized and msg.partition_key() != MARKER_KEY:
+                sized, smallest = True, queue
+                queue = lite_quirks.reader_queue(min(PACED_READER_QUEUE, PACED_READER_BYTES // max(size, 1))
+                                                 // side_by_side)
+                if queue > smallest:   # from the start again: this record comes again and is skipped below
+                    reader.close()
+                    reader = client.create_reader(topic, start, receiver_queue_size=queue)
             if pace is not None and n % PACE_RECORDS == 0:
                 pace(paced_bytes, time.time() - msg.publish_timestamp() / 1000)   # the bytes, the read's lag
                 paced_bytes = 0

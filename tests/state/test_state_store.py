@@ -10,8 +10,9 @@ import uuid
 import pulsar
 import pytest
 
-from pulsar_autoscale.functions.changelog import (COUNTER, Changelog, ChangelogWriter, ReadStats, Record,
-                                                  read_changelog)
+from pulsar_autoscale.broker.lite_quirks import MIN_READER_QUEUE
+from pulsar_autoscale.functions.changelog import (COUNTER, PACED_READER_BYTES, PACED_READER_QUEUE, Changelog,
+                                                  ChangelogWriter, ReadStats, Record, read_changelog)
 from pulsar_autoscale.functions.keygroups import key_group
 from pulsar_autoscale.functions.state import NONE_KEY, NotOwnedError, StateRemovedError, StateStore
 
@@ -179,6 +180,45 @@ def test_a_pre_copy_reads_the_changelog_no_faster_than_its_rate(tmp_path, client
     assert copied.bytes >= 400_000, copied
     # paced every 50 records: all but the last stretch's bytes (<= 50 KB here) wait for the rate
     assert copied.seconds >= (copied.bytes - 60_000) / (rate * 1e6), (copied, rate)
+
+
+class ReaderQueues:
+    """The test's client, noting the receiver queue of every reader created through it."""
+
+    def __init__(self, client: pulsar.Client):
+        self.client, self.queues = client, []
+
+    def create_reader(self, *args, receiver_queue_size: int, **kwargs):
+        self.queues.append(receiver_queue_size)
+        return self.client.create_reader(*args, receiver_queue_size=receiver_queue_size, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+@pytest.mark.parametrize("value_kb", [1, 50])
+def test_a_pre_copy_holds_about_a_megabyte_in_its_readers_queue(tmp_path, client, changelog, value_kb):
+    """The broker pushes a reader's whole queue at once: with 200 records of 50 KB in it, a pre-copy put 10 MB through
+    the broker at the start of a change, beside the function's traffic. Each round starts with the smallest queue
+    and, once its first record tells the records' size, reads again from its start with a queue of about
+    PACED_READER_BYTES (at most PACED_READER_QUEUE records); every round reads every record (a second round starts
+    from the first one's end: B16 made a reader with a queue of 1 from there read nothing)."""
+    a = store(tmp_path, client, changelog)
+    b = store(tmp_path, client, changelog, "b", owned=set())
+    groups = {key_group(f"k{i}", G) for i in range(7)}
+    for round_ in range(2):
+        for i in range(40):
+            process(a, f"k{i % 7}", [("put_state", "s", b"x" * (value_kb * 1000)), ("incr_counter", "n", 1)],
+                    msg_id=f"m{round_}-{i}")
+        readers = ReaderQueues(client)
+        copied = b.prepare(groups, readers, changelog, mb_per_s=100)
+        assert copied.records >= 80 and copied.bytes >= 40 * value_kb * 1000, copied
+        assert readers.queues[0] == MIN_READER_QUEUE, readers.queues
+        assert MIN_READER_QUEUE < max(readers.queues) <= PACED_READER_QUEUE, readers.queues
+        assert max(readers.queues) * value_kb * 1000 <= 1.1 * PACED_READER_BYTES, readers.queues
+    b.open(groups)
+    keys = [f"k{i}" for i in range(7)]
+    assert [b.for_key(k).get_counter("n") for k in keys] == [a.for_key(k).get_counter("n") for k in keys]
 
 
 def test_a_paced_read_beside_many_shards_reads_on_from_a_position(client):
