@@ -139,21 +139,21 @@ def _pooled_p99(cycles: list[tuple[list[float], list[float], list[float]]], resa
     def p99s(values):
         return np.percentile(rng.choice(values, (resamples, values.size)), 99, axis=1)
 
-    boot_before = p99s(before)
-    out = {"records_before": int(before.size), "p99_before_ms": round(float(np.percentile(before, 99)), 1)}
-    for name, values in (("during", during), ("after", after)):
+    samples = {"before": before, "during": during, "after": after}
+    p99 = {name: float(np.percentile(values, 99)) for name, values in samples.items()}
+    boot = {name: p99s(values) for name, values in samples.items()}
+    out = {"records_before": int(before.size), "p99_before_ms": round(p99["before"], 1)}
+    for name in ("during", "after"):
         out.update({
-            f"records_{name}": int(values.size), f"p99_{name}_ms": round(float(np.percentile(values, 99)), 1),
-            f"{name}_over_before": round(float(np.percentile(values, 99) / np.percentile(before, 99)), 3),
+            f"records_{name}": int(samples[name].size), f"p99_{name}_ms": round(p99[name], 1),
+            f"{name}_over_before": round(p99[name] / p99["before"], 3),
             f"{name}_over_before_90pct_interval": [round(float(q), 3)
-                                                   for q in np.percentile(p99s(values) / boot_before, [5, 95])],
+                                                   for q in np.percentile(boot[name] / boot["before"], [5, 95])],
         })
     # what the migration itself costs them: the level to compare with is the higher of the two parallelisms'
-    boot_after = p99s(after)
-    out["during_over_higher_of_before_and_after"] = round(float(
-        np.percentile(during, 99) / max(np.percentile(before, 99), np.percentile(after, 99))), 3)
+    out["during_over_higher_of_before_and_after"] = round(p99["during"] / max(p99["before"], p99["after"]), 3)
     out["during_over_higher_of_before_and_after_90pct_interval"] = [
-        round(float(q), 3) for q in np.percentile(p99s(during) / np.maximum(boot_before, boot_after), [5, 95])]
+        round(float(q), 3) for q in np.percentile(boot["during"] / np.maximum(boot["before"], boot["after"]), [5, 95])]
     return out
 
 
