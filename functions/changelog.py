@@ -280,7 +280,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
     start = position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
     waited_ms, read_any, n, paced_bytes = 0, False, 0, 0
     sized = pace is None   # a paced read sizes its queue at its first record
-    queue = lite_quirks.reader_queue(READER_QUEUE // side_by_side if sized else 0)
+    queue = lite_quirks.reader_queue(READER_QUEUE // side_by_side) if sized else lite_quirks.MIN_READER_QUEUE
     reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
         while True:
@@ -299,10 +299,10 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
             size = len(msg.data())
             waited_ms, n, paced_bytes = 0, n + 1, paced_bytes + size
             if not sized and msg.partition_key() != MARKER_KEY:
-                sized, smallest = True, queue
-                queue = lite_quirks.reader_queue(min(PACED_READER_QUEUE, PACED_READER_BYTES // max(size, 1))
-                                                 // side_by_side)
-                if queue > smallest:   # from the start again: this record comes again and is skipped below
+                sized = True
+                fits = min(PACED_READER_QUEUE, PACED_READER_BYTES // max(size, 1)) // side_by_side
+                if fits > queue:   # from the start again: this record comes again and is skipped below
+                    queue = fits
                     reader.close()
                     reader = client.create_reader(topic, start, receiver_queue_size=queue)
             if pace is not None and n % PACE_RECORDS == 0:
