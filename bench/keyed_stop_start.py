@@ -96,7 +96,7 @@ def main() -> None:
         started_s = time.monotonic() - t1
         owners = KeyGroupAssignment.uniform(128, after).owners
         uniform = {str(i): owners.count(i) for i in sorted(set(owners))}
-        keyed = lambda: admin.status("public", "default", name).get("autoscale", {}).get("keyedState") or {}  # noqa
+        keyed = lambda: admin.keyed_state("public", "default", name)  # noqa
         wait_until(lambda: keyed().get("groupsPerInstance") == uniform and not keyed().get("migrating"), 300,
                    lambda: f"the groups where {after} instances put them: {keyed()}")
         served_s = time.monotonic() - t1

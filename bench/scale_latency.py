@@ -89,8 +89,7 @@ def run_mode(pool: int, repeats: int, rate: float, service_ms: float, keyed: boo
             return fn.warm_pool is None or sum(s.ready() for s in list(fn.warm_pool._standbys)) >= pool
 
         def migrating() -> bool:
-            return bool(((admin.status("public", "default", name).get("autoscale") or {}).get("keyedState")
-                         or {}).get("migrating"))
+            return bool(admin.keyed_state("public", "default", name).get("migrating"))
 
         try:
             wait_for(lambda: first_processed().get(0), 60, "instance 0 to process")

@@ -13,7 +13,7 @@ keys' instances carry more load, so their steady p99 is higher whatever the migr
 
     .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4] [--workers 3]
         [--changelog-shards 1] [--cycles 4] [--modes live,restart] [--arrivals FILE [--route-times]]
-        [--no-relay] [--rescore FILE]
+        [--no-relay] [--broker-dir DIR] [--rescore FILE]
 
 A latency is from the record's send to its output's receipt, both taken to the microsecond by the load process
 (the output carries its record's event time in whole ms only, and 1 ms is 5-7% of the unaffected keys' p99).
@@ -262,7 +262,7 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
     from pulsar_autoscale.functions.worker import Worker
 
     out["worker"] = "one process, thread instances"
-    with EmbeddedBroker(data_dir=os.path.join(tmp, "broker"), log_level="warn") as broker:
+    with EmbeddedBroker(data_dir=_broker_dir(args, tmp), log_level="warn") as broker:
         worker = Worker(broker.service_url, os.path.join(tmp, "worker"), broker_kind="pulsar-lite")
         name = f"wc-{uuid.uuid4().hex[:6]}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
@@ -308,6 +308,11 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
     return changes, restores, data
 
 
+def _broker_dir(args, tmp: str) -> str:
+    """Named after the run's temporary directory, which is unique, wherever --broker-dir puts it."""
+    return os.path.join(args.broker_dir or tmp, os.path.basename(tmp) + "-broker")
+
+
 def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tuple[list[dict], dict, dict]:
     """`args.workers` worker processes, the function's instances spread over them: (changes, restore log, load).
     Each mode runs on a function of its own, created for it (fresh topics, no group file on any disk), fed at
@@ -327,7 +332,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
     changes: list[dict] = []
     data: dict = {"sent": 0, "arrivals": []}
     lines: list[str] = []
-    with EmbeddedBroker(data_dir=os.path.join(tmp, "broker"), log_level="warn", relay=not args.no_relay) as broker, \
+    with EmbeddedBroker(data_dir=_broker_dir(args, tmp), log_level="warn", relay=not args.no_relay) as broker, \
             WorkerCluster(broker.service_url, broker.metrics_url, Path(tmp), n=args.workers) as cluster:
         admin = FunctionsAdmin([w.url for w in cluster.live()])
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -336,7 +341,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
 
             def keyed_view() -> dict:
-                return (admin.status("public", "default", name).get("autoscale") or {}).get("keyedState") or {}
+                return admin.keyed_state("public", "default", name)
 
             def running() -> set[int]:
                 return {i["instanceId"] for i in admin.status("public", "default", name)["instances"]
@@ -435,6 +440,9 @@ def main() -> None:
     ap.add_argument("--no-relay", action="store_true",
                     help="clients reach pulsar-lite directly, not through the relay that fences B10 (docs/broker.md): "
                          "to measure what the relay's hop costs; nothing here kills a client")
+    ap.add_argument("--broker-dir", metavar="DIR",
+                    help="keep the broker's data in a new directory under DIR (default: beside the workers' stores, "
+                         "in the run's temporary directory): to tell the broker's disk waits from the workers'")
     ap.add_argument("--arrivals", help="also write every output's (received ms, sent ms, key) and the changes here")
     ap.add_argument("--route-times", action="store_true",
                     help="with --workers 3 and --arrivals: also read the instances' route topics and write when the "
@@ -470,6 +478,7 @@ def main() -> None:
         changes, restores, data = run(args, keys, state_bytes, tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(_broker_dir(args, tmp), ignore_errors=True)
     out["rate_per_s"] = round(args.load * out["capacity_2_instances_per_s"], 1)
     arrivals = data["arrivals"]
     if args.arrivals:

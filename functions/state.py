@@ -39,7 +39,7 @@ DEDUPE_WINDOW = 10_000
 _PRUNE_EVERY = 1_000
 
 
-# WAL of a group file: checkpointed every 128 pages and cut back to 512 KB (128 files per function).
+# WAL of a group file: checkpointed at SQLite's default 1,000 pages and cut back to 512 KB (128 files per function).
 _WAL_PAGES = 1000
 _WAL_BYTES = 512 * 1024
 _CACHE_KIB = 512   # SQLite's page cache per group connection (the OS caches the files too)

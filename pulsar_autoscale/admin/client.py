@@ -141,6 +141,11 @@ class FunctionsAdmin:
     def status(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/status"))
 
+    def keyed_state(self, tenant: str, namespace: str, name: str) -> dict:
+        """The status's autoscale.keyedState (groupsPerInstance, migrating, lastMigration...); {} for a function
+        without keyedState."""
+        return (self.status(tenant, namespace, name).get("autoscale") or {}).get("keyedState") or {}
+
     def stats(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/stats"))
 

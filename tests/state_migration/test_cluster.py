@@ -163,7 +163,7 @@ def _keyed_view(cluster: WorkerCluster, name: str) -> dict:
     """The front's autoscale.keyedState, asked of any live worker ({} while none answers)."""
     for w in cluster.live():
         try:
-            return FunctionsAdmin(w.url).status("public", "default", name).get("autoscale", {}).get("keyedState") or {}
+            return FunctionsAdmin(w.url).keyed_state("public", "default", name)
         except (AdminError, requests.RequestException):
             continue
     return {}

@@ -74,7 +74,7 @@ def _running(admin: FunctionsAdmin, name: str) -> set[int]:
 
 
 def _keyed(admin: FunctionsAdmin, name: str) -> dict:
-    return admin.status("public", "default", name).get("autoscale", {}).get("keyedState") or {}
+    return admin.keyed_state("public", "default", name)
 
 
 def _consumers(broker, topic: str, subscription: str) -> float | None:
