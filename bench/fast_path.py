@@ -69,8 +69,8 @@ def table(rows: list[dict], seeds: list[int]) -> tuple[list[dict], str]:
         if w == "paper":
             m["steady_actions_per_hour"] = float(np.mean([r["steady_actions_per_hour"] for r in rs]))
         means.append({"workload": w, "policy": p, "fast": fast, **m})
-    lines = [f"| workload | policy | fast path | mean s | p99 s | inst-s | / clairvoyant | actions/h | "
-             f"steady actions/h | fast actions | lost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | policy | fast path | mean s | p99 s | inst-s | / clairvoyant | actions/h | "
+             "steady actions/h | fast actions | lost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in sorted(means, key=lambda m: (WORKLOADS.index(m["workload"]), POLICIES.index(m["policy"]), m["fast"])):
         steady = f"{m['steady_actions_per_hour']:.1f}" if "steady_actions_per_hour" in m else ""
         lines.append(f"| {m['workload']} | {m['policy']} | {'on' if m['fast'] else 'off'} | {m['mean_rt_s']:.2f} | "

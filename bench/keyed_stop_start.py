@@ -33,7 +33,7 @@ from bench.state_migration import _userconfig, preload_counting_outputs  # noqa:
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from pulsar_autoscale.functions.keygroups import KeyGroupAssignment  # noqa: E402
-from scenario import EXAMPLES, wait_until  # noqa: E402
+from scenario import EXAMPLES, keyed_settled, wait_until  # noqa: E402
 from tests.cluster.harness import WorkerCluster  # noqa: E402
 
 RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
@@ -97,7 +97,7 @@ def main() -> None:
         owners = KeyGroupAssignment.uniform(128, after).owners
         uniform = {str(i): owners.count(i) for i in sorted(set(owners))}
         keyed = lambda: admin.keyed_state("public", "default", name)  # noqa
-        wait_until(lambda: keyed().get("groupsPerInstance") == uniform and not keyed().get("migrating"), 300,
+        wait_until(lambda: keyed_settled(keyed(), uniform), 300,
                    lambda: f"the groups where {after} instances put them: {keyed()}")
         served_s = time.monotonic() - t1
 

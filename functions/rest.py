@@ -23,7 +23,7 @@ from . import rest_parity
 from .config import FunctionConfig, parse_text
 from .metrics import WorkerCollector
 from .stages import StageNotFound
-from .status import function_stats, function_status, instance_metrics, instance_status
+from .status import function_stats, function_status, instance_metrics
 from .worker import BrokerUnavailable, NotFound, StaleEpoch, Worker
 
 if TYPE_CHECKING:

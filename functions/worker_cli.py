@@ -10,6 +10,8 @@ import signal
 import sys
 import threading
 
+import pulsar
+
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import add_client_arguments, settings_from_args
@@ -28,6 +30,7 @@ GIL_SWITCH_INTERVAL_S = 0.001
 # A stop hands instances over and drains them (up to 30 s each wait); past this the process exits anyway, as a
 # kill -9 would end it (nothing acknowledged is lost: state is in the changelog, unacked input is redelivered).
 SHUTDOWN_TIMEOUT_S = 50.0
+NOT_DRAINED = "exiting with instances not drained (they restore as after kill -9)"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 log = logging.getLogger(__name__)
@@ -107,14 +110,16 @@ def run(args: argparse.Namespace) -> int:
           f"{server.worker.broker_kind}, runtime {args.runtime}"
           f"{f', cluster {args.cluster}' if cluster else ''}); data in {data_dir}", flush=True)
     stop.wait()
-    _stop_within(server, args.shutdown_timeout, "handing instances over..." if cluster else "draining instances...")
+    _stop_within(server, args.shutdown_timeout, "handing instances over..." if cluster else "draining instances...",
+                 args.service_url)
     return 0
 
 
-def _stop_within(server: WorkerServer, timeout_s: float, announce: str) -> None:
+def _stop_within(server: WorkerServer, timeout_s: float, announce: str, service_url: str) -> None:
     """A stop that waits on a broker that is gone, or on user code that never returns, ends anyway: after
     timeout_s, or at once on a second signal (an operator's second Ctrl-C). The stop runs in a thread of its
-    own, so the main thread stays free to take that signal whatever the stop is blocked in."""
+    own, so the main thread stays free to take that signal whatever the stop is blocked in. A stop that fails
+    (the broker did not answer a call of it) ends the process too, with what failed in one line."""
     over, second, failed = threading.Event(), threading.Event(), []
 
     def stop() -> None:
@@ -134,12 +139,16 @@ def _stop_within(server: WorkerServer, timeout_s: float, announce: str) -> None:
     print(announce, flush=True)   # from here on a second signal counts
     threading.Thread(target=stop, name="worker-stop", daemon=True).start()
     over.wait(timeout_s)
+    if failed and isinstance(failed[0], pulsar.PulsarException):
+        log.error("stop: the broker at %s did not answer (%s: %s); %s", service_url, type(failed[0]).__name__,
+                  failed[0], NOT_DRAINED)
+        _exit_at_once(1)
     if failed:
-        raise failed[0]
+        log.error("stop failed; %s", NOT_DRAINED, exc_info=failed[0])
+        _exit_at_once(1)
     if not over.is_set() or second.is_set():
         why = "a second signal" if second.is_set() else f"not done after {timeout_s:.0f} s (--shutdown-timeout)"
-        log.error("stop: %s; exiting with instances not drained (they restore as after kill -9); "
-                  "what the stop waited on:", why)
+        log.error("stop: %s; %s; what the stop waited on:", why, NOT_DRAINED)
         faulthandler.dump_traceback()
         _exit_at_once(1)
 

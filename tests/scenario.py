@@ -26,6 +26,12 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what() if callable(what) else what}")
 
 
+def keyed_settled(view: dict, groups: dict[str, int]) -> bool:
+    """A keyedState status view (FunctionsAdmin.keyed_state) with every group where `groups` says and no migration
+    under way: a poll asks for the view once, since each status call gathers every worker's view."""
+    return view.get("groupsPerInstance") == groups and not view.get("migrating")
+
+
 class OutputCollector:
     """Consumes a topic in the background and counts every payload, so duplicates and losses show."""
 

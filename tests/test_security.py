@@ -24,7 +24,7 @@ import pytest
 import requests
 import trustme
 
-from pulsar_autoscale.admin.client import EPOCH_HEADER, AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.leader import LeaderElector
 from pulsar_autoscale.controller.loop import Controller

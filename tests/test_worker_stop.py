@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.netutil import free_port
 from scenario import EXAMPLES, wait_until
 
@@ -21,14 +22,14 @@ DRAIN_TIMEOUT_S = 30   # functions/worker.py: what a stop waits for a busy insta
 
 
 class Worker:
-    def __init__(self, broker, tmp_path: Path, shutdown_timeout_s: float):
+    def __init__(self, broker, tmp_path: Path, shutdown_timeout_s: float, *options: str):
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = tmp_path / "worker.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pulsar_autoscale.cli", "worker", "--service-url", broker.service_url,
                  "--metrics-url", broker.metrics_url, "--port", self.url.rsplit(":", 1)[1], "--data-dir",
-                 str(tmp_path / "data"), "--shutdown-timeout", str(shutdown_timeout_s)],
+                 str(tmp_path / "data"), "--shutdown-timeout", str(shutdown_timeout_s), *options],
                 stdout=out, stderr=subprocess.STDOUT)
         wait_until(self._healthy, 60, lambda: f"the worker to answer; its log: {self.log.read_text()[-2000:]}")
 
@@ -95,3 +96,24 @@ def test_a_second_signal_ends_the_stop_at_once(worker_factory, client):
     except subprocess.TimeoutExpired:
         pytest.fail(f"a second SIGTERM did not end the stop: {worker.log.read_text()[-2000:]}")
     assert rc == 1 and "stop: a second signal" in worker.log.read_text(), worker.log.read_text()[-2000:]
+
+
+def test_a_cluster_worker_stopped_while_the_broker_is_down_exits_with_a_clear_error(tmp_path):
+    """Its leave cannot reach the broker (the last heartbeat's send times out): one line naming the broker and
+    exit 1, not a traceback from the Pulsar client and an abort in the interpreter's teardown (exit -6)."""
+    broker = EmbeddedBroker(data_dir=str(tmp_path / "broker")).start()
+    worker = Worker(broker, tmp_path, 600, "--cluster", f"c{uuid.uuid4().hex[:6]}")
+    try:
+        broker.stop()
+        worker.proc.send_signal(signal.SIGTERM)
+        try:   # the client's send timeout (30 s), well before --shutdown-timeout's 600 s
+            rc = worker.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker was still stopping 90 s after SIGTERM: {worker.log.read_text()[-2000:]}")
+        log = worker.log.read_text()
+        assert rc == 1, log[-3000:]
+        assert f"stop: the broker at {broker.service_url} did not answer" in log, log[-3000:]
+        assert "Traceback" not in log and "Fatal Python error" not in log, log[-3000:]
+    finally:
+        worker.stop()
+        broker.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import uuid
 
-import pulsar
 import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin

@@ -39,7 +39,6 @@ policies run on the same seed see the same arrivals and the same per-station ser
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 

@@ -12,7 +12,7 @@ import collections
 import pulsar
 import pytest
 
-from .helpers import client, drain, payloads, produce
+from .helpers import client, drain, payloads
 
 KEYS = 10
 

@@ -5,7 +5,6 @@ SparkContext (the local session of the other Spark tests)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

@@ -14,9 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
-import pulsar
 import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin

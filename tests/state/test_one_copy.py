@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 
-import pulsar
 import pytest
 
 from scenario import OutputCollector, wait_until

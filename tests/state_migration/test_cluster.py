@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
-from scenario import EXAMPLES, wait_until
+from scenario import EXAMPLES, keyed_settled, wait_until
 
 from cluster.harness import WorkerCluster
 from state_migration.test_property import PRODUCER
@@ -209,8 +209,7 @@ def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
 
 
 def _finished(cluster: WorkerCluster, name: str, groups: dict[str, int], what: str) -> None:
-    wait_until(lambda: (_keyed_view(cluster, name).get("groupsPerInstance") == groups
-                        and not _keyed_view(cluster, name).get("migrating")), 120,
+    wait_until(lambda: keyed_settled(_keyed_view(cluster, name), groups), 120,
                lambda: f"{what}: {_keyed_view(cluster, name)}")
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.functions.keygroups import key_group
-from scenario import EXAMPLES, wait_until
+from scenario import EXAMPLES, keyed_settled, wait_until
 
 from broker_conformance.helpers import metric, scrape
 from cluster.harness import WorkerCluster
@@ -75,6 +75,11 @@ def _running(admin: FunctionsAdmin, name: str) -> set[int]:
 
 def _keyed(admin: FunctionsAdmin, name: str) -> dict:
     return admin.keyed_state("public", "default", name)
+
+
+def _migrated(admin: FunctionsAdmin, name: str, groups: dict[str, int], why: str) -> None:
+    wait_until(lambda: keyed_settled(_keyed(admin, name), groups), 120,
+               lambda: f"{why}: {groups}, saw {_keyed(admin, name)}")
 
 
 def _consumers(broker, topic: str, subscription: str) -> float | None:
@@ -239,9 +244,7 @@ def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, 
         admin.action("public", "default", name, "restart", 1)
         assert producer.wait(90) == 0
         _assert_exact(admin, name)
-        wait_until(lambda: (_keyed(admin, name).get("groupsPerInstance") == {"0": 43, "1": 43, "2": 42}
-                            and not _keyed(admin, name).get("migrating")), 120,
-                   lambda: f"the 2 -> 3 finished: {_keyed(admin, name)}")
+        _migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished")
 
 
 SCALE_OUT, SCALE_IN = (3, {"0": 43, "1": 43, "2": 42}), (2, {"0": 64, "1": 64})
@@ -261,9 +264,7 @@ def _stop_set_start(admin: FunctionsAdmin, name: str, target: int, groups: dict[
         assert "once the stopped instances [0, 1] start" in _keyed(admin, name)["waiting"], _keyed(admin, name)
     admin.action("public", "default", name, "start")
     _wait_running(admin, name, set(range(target)), f"{target} instances started")
-    wait_until(lambda: _keyed(admin, name).get("groupsPerInstance") == groups
-               and not _keyed(admin, name).get("migrating"), 120,
-               lambda: f"the change to {target} finished: {_keyed(admin, name)}")
+    _migrated(admin, name, groups, f"the change to {target} finished")
     assert _keyed(admin, name)["lastMigration"]["movedGroups"] == 42, _keyed(admin, name)
 
 
@@ -320,9 +321,7 @@ def test_an_update_of_the_parallelism_and_the_config_together(broker, tmp_path, 
                           "userConfig": {"version": version}})
             assert admin.get("public", "default", name)["userConfig"] == {"version": version}
             _wait_running(admin, name, set(range(target)), f"{target} instances after the update")
-            wait_until(lambda: _keyed(admin, name).get("groupsPerInstance") == groups
-                       and not _keyed(admin, name).get("migrating"), 120,
-                       lambda: f"the change to {target} finished: {_keyed(admin, name)}")
+            _migrated(admin, name, groups, f"the change to {target} finished")
         assert producer.wait(90) == 0
         _assert_exact(admin, name)
 

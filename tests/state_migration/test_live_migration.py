@@ -7,7 +7,6 @@ import threading
 import time
 import uuid
 
-import pulsar
 import pytest
 
 from pulsar_autoscale.functions.config import FunctionConfig

@@ -4,27 +4,18 @@ the worker down), its key groups' state stays in the worker and its state calls 
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 import uuid
 
 import pytest
 
 from scenario import wait_until
 
-from state_migration.test_cluster_controls import (_admin, _assert_exact, _create, _keyed, _keyed_count_under_load,
+from state_migration.test_cluster_controls import (_admin, _assert_exact, _create, _keyed_count_under_load, _migrated,
                                                    _running, _wait_running)
 from state_migration.test_property import _counts
 
 pytestmark = pytest.mark.slow
 PROCESS = {"instanceRuntime": "process"}
-
-
-def _migrated(admin, name: str, groups: dict[str, int], why: str) -> None:
-    wait_until(lambda: (_keyed(admin, name).get("groupsPerInstance") == groups
-                        and not _keyed(admin, name).get("migrating")), 120,
-               lambda: f"{why}: {groups}, saw {_keyed(admin, name)}")
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
