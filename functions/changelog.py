@@ -51,6 +51,11 @@ READ_TIMEOUT_MS = 15_000
 READER_QUEUE = 5000   # pulsar-lite readers with small queues deliver more duplicates
 PACED_READER_QUEUE = 200
 PACED_READER_BYTES = 1_000_000
+# A paced read calls its pace after every PACE_BYTES read (at most PACE_RECORDS records): the read's average rate
+# is the pace's, and its bursts are what a live topic's records wait behind in the broker. Paced every 50 records of
+# 50 KB (2.5 MB at full speed, then a sleep), a catch-up read at 20 MB/s raised another topic's p99 on pulsar-lite
+# from 0.7 ms to 6.3-8.2 ms; every 100 KB, to 0.8-1.2 ms (BENCHMARKS.md, "A catch-up read's bursts").
+PACE_BYTES = 100_000
 PACE_RECORDS = 50
 # A record not persisted within this fails its flush (an error naming the topic) instead of blocking a drain
 # forever while the broker is away; nothing after it is acked, so its input comes again.
@@ -260,13 +265,14 @@ class ReadStats:
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
                    stats: ReadStats | None = None, groups: set[int] | None = None,
-                   pace: Callable[[int], None] | None = None,
+                   pace: Callable[..., None] | None = None,
                    side_by_side: int = 1) -> Iterator[tuple[pulsar.MessageId, Record]]:
     """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id;
     only those of `groups` when given (the others are skipped before they are decoded). `pace` (a background
-    read that must not crowd out the function's traffic) is called every PACE_RECORDS messages read with their
-    bytes and the read's lag behind the log, and the reader's queue is small, so the broker sends no faster than
-    the reading goes. `side_by_side`: readers of other shards read at the same time, sharing the queue budget.
+    read that must not crowd out the function's traffic) is called every PACE_BYTES (or PACE_RECORDS messages)
+    read with their bytes, the read's lag behind the log and the topic (state.Pacer), and the reader's queue is
+    small, so the broker sends no faster than the reading goes. `side_by_side`: readers of other shards read at
+    the same time, sharing the queue budget.
 
     "Now" is a marker this call publishes first: everything persisted before it is read. Apache
     Pulsar serves a compacted changelog (only the latest record of each key) with read_compacted.
@@ -305,8 +311,8 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
                     queue = fits
                     reader.close()
                     reader = client.create_reader(topic, start, receiver_queue_size=queue)
-            if pace is not None and n % PACE_RECORDS == 0:
-                pace(paced_bytes, time.time() - msg.publish_timestamp() / 1000)   # the bytes, the read's lag
+            if pace is not None and (paced_bytes >= PACE_BYTES or n % PACE_RECORDS == 0):
+                pace(paced_bytes, time.time() - msg.publish_timestamp() / 1000, topic)   # the bytes, the lag
                 paced_bytes = 0
             msg_id = msg.message_id()
             if read_any and not position < msg_id:

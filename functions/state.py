@@ -24,7 +24,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterator
 
 import pulsar
 
@@ -555,7 +555,7 @@ class StateStore:
                     f.clean = True
 
     def _restore(self, groups: set[int], client: pulsar.Client, changelog: Changelog, stats: RestoreStats,
-                 pace: Callable[[int], None] | None = None) -> dict[int, bytes | None]:
+                 pace: Callable[..., None] | None = None) -> dict[int, bytes | None]:
         """Bring the groups' files up to now in one pass over each changelog shard that holds some of them, from
         the oldest position a group of the shard needs (a group's records at or before its own position are in
         its file already); returns the position each group's file now covers (its shard's end). `pace`: a paced
@@ -637,13 +637,18 @@ class StateStore:
 
 class Pacer:
     """Sleeps after each stretch of work so that work takes at most `duty` of the time (duty 1: never) and,
-    given `mb_per_s`, so that the bytes each stretch handled go no faster than that.
+    given `mb_per_s`, so that the bytes each stretch of reading handled go no faster than that.
 
     A read of a log that is still being written passes its lag (now minus the publish time of the record it
     reached): the rate only holds while the read, since its start, has gained CATCH_UP s of lag per s, i.e.
     reads the log at least 1 + CATCH_UP times as fast as it was written; so a log written faster than the rate
     allows (a busy function's changelog) is read at about that multiple of its write rate, and rounds of
-    pre-copy shrink by as much each. A call without a lag (the writes after the read) keeps the last verdict.
+    pre-copy shrink by as much each. Reads of several logs side by side (a restore's changelog shards) each pass
+    their `source`: a log's lag is compared with its own first, and the verdict is on their mean gain (the shards
+    are at different places in their history: one shard's lag against another's said nothing, and flipped the
+    verdict from one call to the next). A call without a lag (the group files' writes after the read) is paced by
+    the duty alone: the rate spares the broker, which the writes do not touch (held to it as well, a 500 MB
+    pre-copy's rounds hardly shrank, BENCHMARKS.md "A catch-up read's bursts").
     """
 
     CATCH_UP = 2.0
@@ -654,25 +659,27 @@ class Pacer:
         self.bytes_per_s = mb_per_s * 1e6 if mb_per_s else None
         self._stop = stop or threading.Event()
         self._t0 = time.perf_counter()
-        self._first_lag: tuple[float, float] | None = None   # (when, lag s) at the first call with a lag
+        self._gains: dict[Hashable, tuple[float, float, float | None]] = {}   # source -> (first call, lag, gain since)
         self._capped = True
 
-    def __call__(self, nbytes: int = 0, lag_s: float | None = None) -> None:
+    def __call__(self, nbytes: int = 0, lag_s: float | None = None, source: Hashable = None) -> None:
         now = time.perf_counter()
         worked = now - self._t0
         wait = worked * (1 - self.duty) / self.duty
-        if self.bytes_per_s and self._catching_up(now, lag_s):
+        if self.bytes_per_s and lag_s is not None and self._catching_up(now, lag_s, source):
             wait = max(wait, nbytes / self.bytes_per_s - worked)
         if wait > 0:
             self._stop.wait(wait)   # pacing, not synchronisation
         self._t0 = time.perf_counter()
 
-    def _catching_up(self, now: float, lag_s: float | None) -> bool:
-        if lag_s is not None:
-            if self._first_lag is None:
-                self._first_lag = (now, lag_s)
-            elif now > self._first_lag[0]:
-                self._capped = (self._first_lag[1] - lag_s) / (now - self._first_lag[0]) >= self.CATCH_UP
+    def _catching_up(self, now: float, lag_s: float, source: Hashable) -> bool:
+        first = self._gains.get(source)
+        if first is None:
+            self._gains[source] = (now, lag_s, None)
+        elif now > first[0]:
+            self._gains[source] = (first[0], first[1], (first[1] - lag_s) / (now - first[0]))
+            gains = [g for _, _, g in self._gains.values() if g is not None]
+            self._capped = sum(gains) / len(gains) >= self.CATCH_UP
         return self._capped
 
 
