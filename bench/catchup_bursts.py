@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402
 
+from bench.state_migration import _pct  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 
 WARM_UP_S = 2.0
@@ -50,11 +51,6 @@ def _read(service_url: str, topic: str, records: int, record_bytes: int, rate_mb
                 time.sleep(ahead)
     result.put((time.monotonic() - t0, n))
     client.close()
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return round(xs[int(q * (len(xs) - 1))], 3)
 
 
 class Probe:
@@ -112,7 +108,7 @@ def measure(broker: EmbeddedBroker, probe: Probe, big: str, records: int, args, 
     out = {"pace_every_records": pace_every, "burst_kb": pace_every * args.record_kb, "read_s": round(read_s, 1),
            "read_records": read_n, "read_mb_per_s": round(read_n * args.record_kb / 1000 / read_s, 1)}
     for name, xs in (("before", before), ("during", during)):
-        out[name] = {"n": len(xs), "p50_ms": _quantile(xs, 0.5), "p99_ms": _quantile(xs, 0.99)}
+        out[name] = {"n": len(xs), "p50_ms": round(_pct(xs, 0.5), 3), "p99_ms": round(_pct(xs, 0.99), 3)}
     out["p50_during_over_before"] = round(out["during"]["p50_ms"] / out["before"]["p50_ms"], 2)
     out["p99_during_over_before"] = round(out["during"]["p99_ms"] / out["before"]["p99_ms"], 2)
     print(f"pace every {pace_every} records: p99 {out['before']['p99_ms']} -> {out['during']['p99_ms']} ms",

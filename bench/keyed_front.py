@@ -30,6 +30,7 @@ import pulsar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from bench.state_migration import _pct  # noqa: E402
 from proc_cpu import tree_cpu_seconds  # noqa: E402
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
@@ -40,11 +41,6 @@ from tests.cluster.harness import WorkerCluster  # noqa: E402
 SETUPS = [("keyed, 1 worker", 1, True), ("keyed, 3 workers", 3, True),
           ("not keyed, 1 worker", 1, False), ("not keyed, 3 workers", 3, False)]
 PARALLELISM = 3
-
-
-def _pct(values: list[int], p: float) -> int:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(p * len(s)))]
 
 
 def run_one(broker: EmbeddedBroker, label: str, workers: int, keyed: bool, args) -> dict:

@@ -139,12 +139,13 @@ def _stop_within(server: WorkerServer, timeout_s: float, announce: str, service_
     print(announce, flush=True)   # from here on a second signal counts
     threading.Thread(target=stop, name="worker-stop", daemon=True).start()
     over.wait(timeout_s)
-    if failed and isinstance(failed[0], pulsar.PulsarException):
-        log.error("stop: the broker at %s did not answer (%s: %s); %s", service_url, type(failed[0]).__name__,
-                  failed[0], NOT_DRAINED)
-        _exit_at_once(1)
     if failed:
-        log.error("stop failed; %s", NOT_DRAINED, exc_info=failed[0])
+        exc = failed[0]
+        if isinstance(exc, pulsar.PulsarException):
+            log.error("stop: the broker at %s did not answer (%s: %s); %s", service_url, type(exc).__name__, exc,
+                      NOT_DRAINED)
+        else:
+            log.error("stop failed; %s", NOT_DRAINED, exc_info=exc)
         _exit_at_once(1)
     if not over.is_set() or second.is_set():
         why = "a second signal" if second.is_set() else f"not done after {timeout_s:.0f} s (--shutdown-timeout)"
