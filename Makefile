@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BUILT := pyproject.toml setup.py spark_bridge/_native_reader.c
 STAMP := $(VENV)/.installed-$(shell cat $(BUILT) | cksum | cut -d' ' -f1)
 
-.PHONY: demo test install clean bench
+.PHONY: demo test test-unit lint install clean bench
 
 $(STAMP): $(BUILT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,8 +20,15 @@ install: $(STAMP)
 demo: install
 	$(BIN)/pulsar-autoscale demo $(DEMO_ARGS)
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
+
+# The unit tier alone: no broker, no subprocess, no Spark; about a minute.
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) build *.egg-info

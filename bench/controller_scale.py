@@ -19,9 +19,9 @@ import statistics
 import time
 
 from pulsar_autoscale.controller.autoscaler import Autoscaler
+from pulsar_autoscale.controller.planner import PlanConfig, Planner
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.graph import AppGraph, FunctionNode
-from pulsar_autoscale.controller.planner import PlanConfig, Planner
 from pulsar_autoscale.policies import available_policies, load_policy
 from pulsar_autoscale.snapshot import FunctionCounters, Snapshot, window_snapshot
 

@@ -1,7 +1,7 @@
 """Which process uses the CPU when: a timeline of per-process CPU, sampled while another bench runs.
 
 `record` samples every 0.1 s, for `--seconds`, the CPU of the processes a keyed-state bench starts: the
-pulsar-lite broker, its relay (pulsar_autoscale.broker.relay), the workers (`pulsar_autoscale.cli worker`,
+pulsar-lite broker, its relay (pulsar_autoscale.broker.relay), the workers (`pulsar_autoscale.cli.main worker`,
 named by their port) and the load generator and bench (`python -c`, bench/*.py); one JSON line per sample.
 `score` reads it with the `--arrivals` file of bench/state_migration.py and prints, per live change, the
 cores each process used in the steady period before it and in each quarter second after the PUT, workers
@@ -36,7 +36,7 @@ def _label(pid: int) -> str | None:
         return "relay"
     if "pulsar_lite/bin" in cmd:
         return "lite"
-    if "pulsar_autoscale.cli worker" in cmd:
+    if "pulsar_autoscale.cli.main worker" in cmd:
         return "worker:" + cmd.split("--port ", 1)[1].split()[0] if "--port " in cmd else "worker"
     if "bench/" in cmd or "python -c" in cmd:
         return "bench"

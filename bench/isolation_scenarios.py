@@ -20,7 +20,7 @@ import pulsar
 import requests
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.server import WorkerServer
+from pulsar_autoscale.functions.api.server import WorkerServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "functions" / "examples"
 EXCLAIM = (EXAMPLES / "exclaim.py").read_bytes()

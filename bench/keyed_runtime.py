@@ -1,5 +1,5 @@
 """keyedState on the thread runtime vs the process runtime, in the same run: what the pipe to the worker's
-store costs (functions/remote_state.py). A record of a process keyed function crosses the pipe twice: its
+store costs (functions/runtimes/remote_state.py). A record of a process keyed function crosses the pipe twice: its
 receive (which begins its scope) and its incr_counter; the commit and the ack go with the next receive.
 
 A keyed count (functions/examples/keyed_count.py) drains a backlog of `--records` records over `--keys` keys
@@ -27,8 +27,8 @@ import pulsar
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.server import WorkerServer
-from pulsar_autoscale.functions.worker_cli import GIL_SWITCH_INTERVAL_S
+from pulsar_autoscale.functions.api.server import WorkerServer
+from pulsar_autoscale.functions.cli.worker import GIL_SWITCH_INTERVAL_S
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "functions" / "examples"
 TIMEOUT_S = 300.0

@@ -18,8 +18,8 @@ import uuid
 import pulsar
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.config import FunctionConfig
-from pulsar_autoscale.functions.server import WorkerServer
+from pulsar_autoscale.functions.api.server import WorkerServer
+from pulsar_autoscale.functions.model.config import FunctionConfig
 
 
 def fill(client, topic: str, n: int, size: int) -> None:

@@ -33,7 +33,7 @@ import pulsar
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.server import WorkerServer
+from pulsar_autoscale.functions.api.server import WorkerServer
 
 STEPS = ((1, 4), (4, 8))
 

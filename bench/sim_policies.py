@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from pulsar_autoscale.sim.apps import load_app
-from pulsar_autoscale.sim.engine import SimConfig, simulate
 from pulsar_autoscale.sim.cli import build_autoscaler, plot
+from pulsar_autoscale.sim.engine import SimConfig, simulate
 from pulsar_autoscale.sim.workloads import load_workload
 
 POLICIES = {  # label -> (policy, params)

@@ -36,9 +36,9 @@ import time
 import uuid
 
 import pulsar
+from proc_cpu import tree_cpu_seconds
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from proc_cpu import tree_cpu_seconds
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.spark_bridge.ranges import RECEIVER_QUEUE
 

@@ -28,10 +28,10 @@ import pulsar
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.server import WorkerServer
-from pulsar_autoscale.snapshot import FunctionSnapshot
 from pulsar_autoscale.controller.burst_plan import should_burst
-from pulsar_autoscale.spark_bridge.burst import BurstDrain
+from pulsar_autoscale.functions.api.server import WorkerServer
+from pulsar_autoscale.functions.spark.burst_drain import BurstDrain
+from pulsar_autoscale.snapshot import FunctionSnapshot
 
 SLEEPY = str(Path(__file__).resolve().parent.parent / "functions" / "examples" / "sleepy.py")
 

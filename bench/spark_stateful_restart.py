@@ -41,8 +41,8 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
+    from pulsar_autoscale.functions.spark.stateful import StatefulStage, StatefulStageConfig
     from pulsar_autoscale.spark_bridge import register
-    from pulsar_autoscale.spark_bridge.stateful import StatefulStage, StatefulStageConfig
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     tmp = tempfile.mkdtemp(prefix="bench-spark-restart-")

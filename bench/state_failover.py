@@ -28,14 +28,14 @@ import pulsar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
-from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
-from pulsar_autoscale.functions.keyed_cluster import KeyedTopics, read_assignment  # noqa: E402
-from pulsar_autoscale.functions.keygroups import key_group  # noqa: E402
 from scenario import EXAMPLES, wait_until  # noqa: E402
 from state_migration.test_cluster import _placement, _spread  # noqa: E402
-from tests.cluster.harness import WorkerCluster  # noqa: E402
 
+from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
+from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
+from pulsar_autoscale.functions.keyed.cluster import KeyedTopics, read_assignment  # noqa: E402
+from pulsar_autoscale.functions.model.keygroups import key_group  # noqa: E402
+from tests.support.cluster_harness import WorkerCluster  # noqa: E402
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ at 50 MB lasts 1-2 s, so its p99 rests on the slowest few of a few hundred recor
 
 Prints one JSON object. `--workers 1` (the default): one worker with thread instances, each key group its
 own file on the worker's disk, so a move copies nothing. `--workers 3`: a 3-worker cluster (worker
-processes, tests/cluster/harness.py); the instances are spread over the workers, so every moving group's
+processes, tests/support/cluster_harness.py); the instances are spread over the workers, so every moving group's
 state crosses workers through the changelog. The mode is the function's customRuntimeOptions.keyedMigration
 (an update between the modes restarts the instances; the next change waits for the backlog to drain).
 """
@@ -264,9 +264,9 @@ def _userconfig(args, state_bytes: int) -> dict:
 def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tuple[list[dict], dict, dict]:
     """One worker in this process, thread instances: (changes, restores, the load's result)."""
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
-    from pulsar_autoscale.functions.config import FunctionConfig, KeyedMigration
-    from pulsar_autoscale.functions.keygroups import moves
-    from pulsar_autoscale.functions.worker import Worker
+    from pulsar_autoscale.functions.model.config import FunctionConfig, KeyedMigration
+    from pulsar_autoscale.functions.model.keygroups import moves
+    from pulsar_autoscale.functions.worker.worker import Worker
 
     out["worker"] = "one process, thread instances"
     with EmbeddedBroker(data_dir=_broker_dir(args, tmp), log_level="warn") as broker:
@@ -328,8 +328,8 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
 
     from pulsar_autoscale.admin.client import FunctionsAdmin
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
-    from pulsar_autoscale.functions.keyed_cluster import KeyedTopics, read_assignment
-    from pulsar_autoscale.functions.keygroups import moves
+    from pulsar_autoscale.functions.keyed.cluster import KeyedTopics, read_assignment
+    from pulsar_autoscale.functions.model.keygroups import moves
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster.harness import WorkerCluster
     from state_migration.test_cluster import _placement, _spread
@@ -425,7 +425,7 @@ def _shards(args) -> dict:
 
 
 def main() -> None:
-    from pulsar_autoscale.functions.config import KeyedMigration
+    from pulsar_autoscale.functions.model.config import KeyedMigration
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--state-mb", type=float, default=50.0)
@@ -500,7 +500,7 @@ def main() -> None:
 def _score(out: dict, changes: list[dict], arrivals: list, args) -> dict:
     """Per change: latencies of the records sent during it, the unaffected keys' p99 before, during and after it;
     per kind of change: live over stop-the-world, and with --cycles the pooled p99s."""
-    from pulsar_autoscale.functions.keygroups import key_group
+    from pulsar_autoscale.functions.model.keygroups import key_group
 
     next_put = {id(c): min((d["t_put"] for d in changes if d["t_put"] > c["t_done"]), default=float("inf"))
                 for c in changes}

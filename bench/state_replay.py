@@ -30,10 +30,10 @@ from pathlib import Path
 import pulsar
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.changelog import Changelog, changelog_topic
-from pulsar_autoscale.functions.config import FunctionConfig
-from pulsar_autoscale.functions.instance import Instance
-from pulsar_autoscale.functions.state import StateStore
+from pulsar_autoscale.functions.instance.instance import Instance
+from pulsar_autoscale.functions.model.config import FunctionConfig
+from pulsar_autoscale.functions.state.changelog import Changelog, changelog_topic
+from pulsar_autoscale.functions.state.store import StateStore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "functions" / "examples"
 

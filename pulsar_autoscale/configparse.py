@@ -8,6 +8,8 @@ import typing
 from dataclasses import fields
 from typing import Any, Mapping
 
+import yaml
+
 from pulsar_autoscale.errors import ConfigError
 
 
@@ -48,3 +50,16 @@ def from_mapping(cls, data: Mapping[str, Any], source: str):
         if typing.get_origin(hints[name]) is tuple:
             normalised[name] = tuple(value)
     return cls(**normalised)
+
+
+def parse_params(items: list[str]) -> dict:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--param {item!r} must be KEY=VALUE")
+        try:
+            params[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--param {item!r}: value is not valid YAML: {exc}") from exc
+    return params

@@ -1,4 +1,9 @@
-"""Shared fixtures: a real pulsar-lite broker on free ports with a temporary data dir."""
+"""Shared fixtures: a real pulsar-lite broker on free ports with a temporary data dir.
+
+Tiers by directory: tests/unit (no broker, no subprocess, no Spark), tests/integration (the session
+broker and single workers), tests/system (worker clusters, faults, property tests, Spark, the quick tour).
+Each test gets its tier's marker, so `-m unit` and the like select a tier.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,15 @@ import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
+
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.path.relative_to(config.rootpath).parts
+        if len(parts) > 1 and parts[0] == "tests" and parts[1] in TIERS:
+            item.add_marker(parts[1])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -35,7 +49,7 @@ def topic():
 def worker(broker, tmp_path_factory):
     """A worker of the test module's own (its functions and state are the module's), on the session broker.
     Modules that need other worker options define their own `worker`."""
-    from pulsar_autoscale.functions.server import WorkerServer
+    from pulsar_autoscale.functions.api.server import WorkerServer
     with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
                       metrics_url=broker.metrics_url) as w:
         yield w

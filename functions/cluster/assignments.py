@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import pulsar
 
-from .scheduler import Assignment
-from .tailer import TopicTailer
-from .topics import ClusterTopics
+from pulsar_autoscale.functions.cluster.scheduler import Assignment
+from pulsar_autoscale.functions.cluster.tailer import TopicTailer
+from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 
 log = logging.getLogger(__name__)
 

@@ -21,19 +21,19 @@ from urllib.parse import quote
 import pulsar
 import requests
 
-from pulsar_autoscale.controller.leader import LeaderElector, Term
 from pulsar_autoscale.errors import PulsarAutoscaleError
+from pulsar_autoscale.functions.cluster.assignments import AssignmentTailer, Snapshot
+from pulsar_autoscale.functions.cluster.membership import LocalReport, MembershipManager
+from pulsar_autoscale.functions.cluster.metadata import FunctionMetaDataManager, MetadataTimeout
+from pulsar_autoscale.functions.cluster.scheduler import POLICIES, WorkerLoad, rebalance, schedule
+from pulsar_autoscale.functions.cluster.topics import ClusterTopics
+from pulsar_autoscale.functions.model.config import FunctionConfig
+from pulsar_autoscale.functions.model.errors import BrokerUnavailable, NotFound
+from pulsar_autoscale.functions.worker.status import function_stats, instance_status
+from pulsar_autoscale.functions.worker.worker import Worker
+from pulsar_autoscale.leader import LeaderElector, Term
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 from pulsar_autoscale.snapshot import FunctionCounters
-
-from ..config import FunctionConfig
-from ..status import function_stats, instance_status
-from ..worker import BrokerUnavailable, NotFound, Worker
-from .assignments import AssignmentTailer, Snapshot
-from .membership import LocalReport, MembershipManager
-from .metadata import FunctionMetaDataManager, MetadataTimeout
-from .scheduler import POLICIES, WorkerLoad, rebalance, schedule
-from .topics import ClusterTopics
 
 log = logging.getLogger(__name__)
 PROXY_TIMEOUT_S = 2.0
@@ -72,7 +72,7 @@ class ClusterMember:
         self.topics = ClusterTopics(settings.name)
         self._client = open_client(client, operation_timeout_seconds=OPERATION_TIMEOUT_S)
         try:
-            worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed_cluster.py)
+            worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed/cluster.py)
             self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
                                                     worker.max_parallelism)
             self.assignments = AssignmentTailer(self._client, self.topics, self.me)

@@ -21,9 +21,8 @@ from typing import Callable
 import pulsar
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
-
-from .tailer import TopicTailer
-from .topics import ClusterTopics
+from pulsar_autoscale.functions.cluster.tailer import TopicTailer
+from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 
 log = logging.getLogger(__name__)
 BUSY_SMOOTHING = 0.5

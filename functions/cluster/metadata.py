@@ -26,13 +26,12 @@ from pathlib import Path
 import pulsar
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
-
-from ..config import FunctionConfig, with_new_state
-from ..packages import write_atomically
-from ..validation import validate
-from ..worker import Conflict, NotFound
-from .tailer import TopicTailer
-from .topics import ClusterTopics
+from pulsar_autoscale.functions.cluster.tailer import TopicTailer
+from pulsar_autoscale.functions.cluster.topics import ClusterTopics
+from pulsar_autoscale.functions.instance.validation import validate
+from pulsar_autoscale.functions.model.config import FunctionConfig, with_new_state
+from pulsar_autoscale.functions.model.errors import Conflict, NotFound
+from pulsar_autoscale.functions.model.files import write_atomically
 
 log = logging.getLogger(__name__)
 MAX_PACKAGE_BYTES = 4 * 1024 * 1024
@@ -201,7 +200,7 @@ class FunctionMetaDataManager:
             raise ConfigError(f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded code "
                               "(send the file as the multipart `data` part)")
         if code is None:
-            validate(cfg.className, None)  # in a child process (functions/validation.py)
+            validate(cfg.className, None)  # in a child process (functions/instance/validation.py)
             return None, None
         name = Path(filename or cfg.py or f"{cfg.className.split('.')[0]}.py").name
         if not name.endswith(".py"):

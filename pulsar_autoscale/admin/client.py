@@ -15,10 +15,9 @@ from typing import Any
 import requests
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
+from pulsar_autoscale.headers import EPOCH_HEADER
 from pulsar_autoscale.security.redact import redact_url
 
-
-EPOCH_HEADER = "X-Pulsar-Autoscale-Epoch"
 NO_CHANGE_REASON = "Update contains no change"
 log = logging.getLogger(__name__)
 

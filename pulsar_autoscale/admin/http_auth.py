@@ -291,7 +291,7 @@ class ClusterSession(requests.Session):
             token = self._token_file.get() if self._token_file else a.token.reveal()
             return f"Bearer {token}"
         if a.mode == "basic":
-            raw = f"{a.username}:{a.password.reveal()}".encode("utf-8")
+            raw = f"{a.username}:{a.password.reveal()}".encode()
             return "Basic " + base64.b64encode(raw).decode("ascii")
         if a.mode == "oauth2":
             return f"Bearer {self._oauth2.get()}"

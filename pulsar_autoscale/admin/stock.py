@@ -337,7 +337,7 @@ class StockPulsarAdmin(FunctionsAdmin):
             return None
         if config.get("topicsPattern"):
             return None  # the matching topics can change: no fixed cap
-        from pulsar_autoscale.functions.config import normalize_topic
+        from pulsar_autoscale.topics import normalize_topic
         tenant, namespace = config.get("tenant", "public"), config.get("namespace", "default")
         inputs = list(config.get("inputs") or []) + list(config.get("inputSpecs") or {})
         topics = dict.fromkeys(normalize_topic(t, tenant, namespace) for t in inputs)

@@ -1,4 +1,4 @@
-"""The one place that knows about pulsar-lite's defects (docs/broker.md, tests/broker_conformance/).
+"""The one place that knows about pulsar-lite's defects (docs/broker.md, tests/integration/broker_conformance/).
 
 Everything else in the project is written for Apache Pulsar's documented behaviour. The
 workaround here is switched on only when the broker is pulsar-lite; it is correct, if less
@@ -403,7 +403,7 @@ PROBE_BATCH = 4
 SETTLE_S = 0.05
 SLOT_TOPIC = "persistent://public/default/__pulsar_autoscale_idslot-{}"
 SLOT_SUBSCRIPTION = "holder"
-# A join's client: the worker's timeout (functions/worker.py). A 5 s one, left from a design that retried
+# A join's client: the worker's timeout (functions/worker/worker.py). A 5 s one, left from a design that retried
 # id collisions, was passed by padding under load (docs/spark-burst.md).
 JOIN_OPERATION_TIMEOUT_S = 30
 JOIN_ATTEMPTS = 3
@@ -543,8 +543,8 @@ def join_shared_subscription(settings: ClientSettings | str, subscribe: Callable
     A join that times out (a slot probe, the padding or the subscribe, under CPU load) is retried on a
     fresh client, `attempts` in all; then LiteJoinError says which step of `what` timed out.
 
-    tests/spark/test_burst.py counts every message of repeated joins next to a consuming instance, and
-    tests/broker_conformance/test_incarnations.py N processes joining and leaving.
+    tests/system/spark/test_burst.py counts every message of repeated joins next to a consuming instance, and
+    tests/integration/broker_conformance/test_incarnations.py N processes joining and leaving.
     """
     for attempt in range(1, attempts + 1):
         try:
@@ -593,7 +593,7 @@ def _pad_consumer_ids(client: pulsar.Client, count: int, subscription: str, chun
         done += n
 
 
-# ---- keyedState functions (functions/routing.py) -------------------------------------------------
+# ---- keyedState functions (functions/keyed/routing.py) -------------------------------------------------
 
 def keyed_subscription_type(subscription_type: str, broker_kind: str) -> str:
     """The subscription type of a keyedState function's worker consumer (routing.keyed_subscription_type).
@@ -601,19 +601,19 @@ def keyed_subscription_type(subscription_type: str, broker_kind: str) -> str:
     On pulsar-lite it is SHARED, never KEY_SHARED: Key_Shared leaves a closed consumer's unacked
     messages stuck (B4: a worker that leaves would strand them), and sticky hash ranges aligned to
     key groups lose messages of pipelined producers (B11: 183-253 of 400). Shared redelivers a
-    closed consumer's messages (tests/broker_conformance/test_shared.py), and the worker's router
+    closed consumer's messages (tests/integration/broker_conformance/test_shared.py), and the worker's router
     keeps each key's records in receive order on the worker. On Apache Pulsar it is unchanged.
     """
     return "SHARED" if broker_kind == "pulsar-lite" else subscription_type
 
 
 def route_subscription_type(broker_kind: str) -> str:
-    """The subscription of a keyedState instance's route topic on a cluster (functions/keyed_cluster.py):
+    """The subscription of a keyedState instance's route topic on a cluster (functions/keyed/cluster.py):
     one consumer at a time, in order. On Apache Pulsar FAILOVER (a dead consumer's unacked messages go
     to the next one, in order). On pulsar-lite SHARED with its one consumer: a Failover subscription
     there delivers messages twice with a receiver queue of 10 or more (B1) and never redelivers a nacked
     message (B13), while Shared redelivers both a nacked message and a closed consumer's unacked ones
-    (tests/broker_conformance/test_shared.py). Break before make keeps one consumer per route topic."""
+    (tests/integration/broker_conformance/test_shared.py). Break before make keeps one consumer per route topic."""
     return "Shared" if broker_kind == "pulsar-lite" else "Failover"
 
 
@@ -626,7 +626,7 @@ def metrics_server_lost(broker_log: str) -> bool:
     return "Metrics server terminated" in broker_log
 
 
-# ---- B16: readers (functions/changelog.py) ------------------------------------------------------------
+# ---- B16: readers (functions/state/changelog.py) ------------------------------------------------------------
 
 MIN_READER_QUEUE = 2
 

@@ -97,7 +97,7 @@ def rewrite_lookup(frame: bytes, broker_url: bytes) -> bytes:
             inner = bytearray()
             _, start = _varint(raw, 0)
             n, start = _varint(raw, start)
-            for f, w, r in _fields(raw[start:start + n]):
+            for f, _w, r in _fields(raw[start:start + n]):
                 inner += _length_delimited(BROKER_SERVICE_URL, broker_url) if f == BROKER_SERVICE_URL else r
             out += _length_delimited(LOOKUP_RESPONSE, bytes(inner))
         else:

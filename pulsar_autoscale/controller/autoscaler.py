@@ -19,9 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pulsar_autoscale.controller import fast as fastpath
+from pulsar_autoscale.controller.planner import (
+    Decision,
+    FunctionPlan,
+    Planner,
+    PlanState,
+    PolicyError,
+    Proposal,
+    validate_proposal,
+)
 from pulsar_autoscale.graph import AppGraph
-from pulsar_autoscale.controller.planner import (Decision, FunctionPlan, Planner, PlanState, PolicyError, Proposal,
-                                                 validate_proposal)
 from pulsar_autoscale.policies.base import Policy
 from pulsar_autoscale.snapshot import Snapshot
 

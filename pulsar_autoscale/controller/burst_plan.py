@@ -2,7 +2,7 @@
 
 Pure, like a policy: the snapshot and the parallelism the Plan step just chose in, a number of
 messages out. The controller (burst.enabled in its config) asks our worker to drain that many
-(functions/bursts.py runs spark_bridge.burst.BurstDrain); stock Pulsar has no such endpoint.
+(functions/spark/bursts.py runs spark_bridge.burst.BurstDrain); stock Pulsar has no such endpoint.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ import argparse
 import signal
 import threading
 
-from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.controller.config import ControllerConfig
+from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.security.serving import ServerSecurity, add_server_arguments
 

@@ -16,8 +16,8 @@ from pulsar_autoscale.configparse import from_mapping
 from pulsar_autoscale.controller.burst_plan import BurstConfig
 from pulsar_autoscale.controller.fast import FastConfig
 from pulsar_autoscale.controller.warm_sizing import WarmPoolConfig
-from pulsar_autoscale.controller.leader import DEFAULT_LOCK_TOPIC
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.leader import DEFAULT_LOCK_TOPIC
 from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.security.redact import redact_url

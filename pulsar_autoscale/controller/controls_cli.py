@@ -11,10 +11,10 @@ import time
 
 import requests
 
-from pulsar_autoscale.controller.rest import PARTIAL_HEADER
+from pulsar_autoscale.configparse import parse_params
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.headers import PARTIAL_HEADER
 from pulsar_autoscale.pulsar_client import add_auth_arguments, settings_from_args
-from pulsar_autoscale.sim.cli import parse_params
 
 DEFAULT_URL = "http://127.0.0.1:9091"
 URL_ENV = "PULSAR_AUTOSCALE_CONTROLLER_URL"

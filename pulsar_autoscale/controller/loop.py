@@ -23,23 +23,24 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY, Autoscaler
+from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY
+from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.controller.burst_plan import burst_size
-from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.capacity import cap_to_capacity, cluster_capacity
+from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.controls import ControlStore, Effective, FunctionControls, effective
 from pulsar_autoscale.controller.decision_log import DecisionLog
-from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.controller.executor import Executor
 from pulsar_autoscale.controller.fast import FastMonitor
-from pulsar_autoscale.controller.leader import LeaderElector
 from pulsar_autoscale.controller.monitor import Monitor
-from pulsar_autoscale.netutil import free_port
-from pulsar_autoscale.controller.rest import build_app
 from pulsar_autoscale.controller.planner import FunctionPlan, PlanConfig, Planner, apply_caps, restart_aware
+from pulsar_autoscale.controller.rest import build_app
 from pulsar_autoscale.controller.wake import WakeWatcher
 from pulsar_autoscale.controller.warm_sizing import WarmPoolSizer
 from pulsar_autoscale.controller.watchdog import IterationWatchdog
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.leader import LeaderElector
+from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.policies import Policy, load_policy
 from pulsar_autoscale.security.redact import redact_url
 from pulsar_autoscale.security.serving import ServerSecurity

@@ -49,7 +49,7 @@ class Observation:
 
 def function_info(config: dict) -> FunctionInfo:
     """From a Pulsar FunctionConfig body (ours or a stock worker's)."""
-    from pulsar_autoscale.functions.config import normalize_topic
+    from pulsar_autoscale.topics import normalize_topic
     tenant, namespace, name = config["tenant"], config["namespace"], config["name"]
     inputs = list(config.get("inputs") or []) + [t for t in (config.get("inputSpecs") or {})]
     inputs = tuple(dict.fromkeys(normalize_topic(t, tenant, namespace) for t in inputs))

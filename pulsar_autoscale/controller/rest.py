@@ -10,12 +10,12 @@ from prometheus_client import generate_latest
 
 from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.headers import PARTIAL_HEADER
 
 if TYPE_CHECKING:
     from pulsar_autoscale.controller.loop import Controller
 
 FN = "/autoscaler/functions/<tenant>/<namespace>/<name>"
-PARTIAL_HEADER = "X-Pulsar-Autoscale-Partial"   # why: the leader's records could not be added, and why
 
 
 def build_app(controller: "Controller") -> Flask:

@@ -1,4 +1,4 @@
-"""How many warm standbys each function's worker should keep (functions/warm_pool.py), asked each period.
+"""How many warm standbys each function's worker should keep (functions/runtimes/warm_pool.py), asked each period.
 
 A standby costs an idle interpreter (counted as instance-seconds at a fraction of an instance), and
 helps only if a scale-out comes: so the pool is sized for the scale-out that is likely next, not for

@@ -19,8 +19,8 @@ from typing import Mapping
 
 from flask import Flask, current_app, g, jsonify, request
 
-from pulsar_autoscale.admin.client import EPOCH_HEADER
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.headers import EPOCH_HEADER
 
 from .tokens import InvalidToken, TokenValidator
 

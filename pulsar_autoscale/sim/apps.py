@@ -92,7 +92,7 @@ APPS: dict[str, SimApp] = {
         _fn("resize-recognize", ("images",), "resized", lognormal(0.020)),
         _fn("recognize", ("resized",), "labels", lognormal(0.250)),
     )),
-    # The live demo's application (pulsar_autoscale/demo.py), for validating the simulator against it.
+    # The live demo's application (pulsar_autoscale/cli/demo.py), for validating the simulator against it.
     "demo-image": SimApp("demo-image", (topic("images"),), (
         _fn("resize-store", ("images",), "stored", lognormal(0.020, 0.5)),
         _fn("resize-recognize", ("images",), "resized", lognormal(0.020, 0.5)),

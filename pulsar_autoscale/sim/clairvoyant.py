@@ -37,8 +37,8 @@ from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.graph import AppGraph, FunctionNode
 from pulsar_autoscale.policies.base import Policy, Proposal
 from pulsar_autoscale.sim.apps import SimApp
-from pulsar_autoscale.snapshot import Snapshot
 from pulsar_autoscale.sim.workloads import BurstWorkload, StepWorkload, Workload
+from pulsar_autoscale.snapshot import Snapshot
 
 LEAD_MARGIN_S = 0.5     # start this much earlier than the start latency strictly needs
 

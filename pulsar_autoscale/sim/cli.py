@@ -9,14 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from pulsar_autoscale.sim.apps import APPS, load_app
+from pulsar_autoscale.configparse import parse_params
 from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.controller.fast import FastConfig
-from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.controller.planner import PlanConfig, Planner, restart_aware
+from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.policies import load_policy
+from pulsar_autoscale.sim.apps import APPS, load_app
 from pulsar_autoscale.sim.clairvoyant import clairvoyant_policy
 from pulsar_autoscale.sim.engine import SimConfig, SimResult, simulate
 from pulsar_autoscale.sim.workloads import PRESETS, load_workload
@@ -57,19 +56,6 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="p99 response-time SLO the clairvoyant bound meets, seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="DIR", help="write a PNG of the run into DIR")
-
-
-def parse_params(items: list[str]) -> dict:
-    params = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--param {item!r} must be KEY=VALUE")
-        try:
-            params[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--param {item!r}: value is not valid YAML: {exc}") from exc
-    return params
 
 
 def build_autoscaler(policy: str, params: dict, max_parallelism: int, plan: dict | None = None,

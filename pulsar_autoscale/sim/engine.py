@@ -45,12 +45,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import simpy
 
-from pulsar_autoscale.sim.apps import SimApp, SimFunction
 from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.controller.fast import topic_window, window_readings
 from pulsar_autoscale.graph import AppGraph, FunctionNode
-from pulsar_autoscale.snapshot import FunctionCounters, InputReading, Snapshot, window_snapshot
+from pulsar_autoscale.sim.apps import SimApp, SimFunction
 from pulsar_autoscale.sim.workloads import Workload
+from pulsar_autoscale.snapshot import FunctionCounters, InputReading, Snapshot, window_snapshot
 
 _DRAW_BLOCK = 4096
 

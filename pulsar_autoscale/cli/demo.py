@@ -1,0 +1,443 @@
+"""`pulsar-autoscale demo`: the whole story on the embedded broker, in one command.
+
+The paper's application (Russo Russo et al., ICPE'21, Sec. 5): images arrive on a source topic;
+`resize-store` resizes and stores them (a sink), `resize-recognize` resizes them for
+`recognize`, a slow recognition-like model call. Service times are emulated by waiting (like a
+call to a model server), so threads scale on two cores. The paper reports no service times;
+we chose resize 20 ms (lognormal, cv 0.5: image sizes vary) and recognize 150 ms (lognormal,
+cv 1.0: inference time depends on content), so at the peak rate recognize needs about 5-7
+instances and resize 1-2, the paper's shape at a scale two cores can run.
+
+Poisson arrivals step through constant-rate intervals; the controller (leader-elected, the
+chosen policy) scales every function through the worker's REST API, restart-free. A live view
+shows rate, backlog, instances, response time and the last decision per function; at the end
+a report directory gets summary.json, timeseries.csv, decisions.jsonl and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pulsar
+
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
+from pulsar_autoscale.controller.config import ControllerConfig
+from pulsar_autoscale.controller.loop import Controller
+
+NS = "public/default"
+SOURCE = f"persistent://{NS}/images"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]
+    output: str
+    service_ms: float
+    cv: float
+
+
+STAGES = (
+    Stage("resize-store", (SOURCE,), f"persistent://{NS}/stored", 20.0, 0.5),
+    Stage("resize-recognize", (SOURCE,), f"persistent://{NS}/resized", 20.0, 0.5),
+    Stage("recognize", (f"persistent://{NS}/resized",), f"persistent://{NS}/labels", 150.0, 1.0),
+)
+SINKS = {f"persistent://{NS}/stored": "images -> resize-store",
+         f"persistent://{NS}/labels": "images -> resize-recognize -> recognize"}
+
+
+@dataclass
+class Sample:
+    t: float
+    target_rate: float
+    instances: dict[str, int]
+    backlog: dict[str, float | None]
+    rt_p50: float | None
+    rt_p99: float | None
+    per_worker: dict[str, dict[str, int]] = field(default_factory=dict)   # --workers N: function -> worker -> running
+
+
+@dataclass
+class Recorder:
+    """Everything measured during the run; response time = sink receive time - source event time."""
+
+    produced: int = 0
+    received: dict[str, dict[bytes, int]] = field(default_factory=lambda: {t: {} for t in SINKS})
+    rts: list[tuple[float, float, str]] = field(default_factory=list)   # (time, rt_s, sink topic)
+    samples: list[Sample] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def window_rts(self, since: float) -> list[float]:
+        with self.lock:
+            return [rt for t, rt, _ in self.rts if t >= since]
+
+
+def load_generator(client, rates: list[float], interval_s: float, rec: Recorder, stop: threading.Event,
+                   seed: int) -> None:
+    """Poisson arrivals at a constant rate per interval (the paper's workload shape)."""
+    rng = np.random.default_rng(seed)
+    producer = client.create_producer(SOURCE, batching_enabled=False, block_if_queue_full=True)
+    start = time.monotonic()
+    next_t = start
+    i = 0
+    while not stop.is_set():
+        k = int((next_t - start) // interval_s)
+        if k >= len(rates):
+            break
+        next_t += rng.exponential(1.0 / rates[k])
+        delay = next_t - time.monotonic()
+        if delay > 0 and stop.wait(delay):
+            break
+        producer.send_async(str(i).encode(), None, event_timestamp=int(time.time() * 1000))
+        i += 1
+        rec.produced = i
+    producer.flush()
+    producer.close()
+
+
+def sink_collector(client, rec: Recorder, stop: threading.Event) -> None:
+    consumer = client.subscribe(list(SINKS), "demo-sink", consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    while not stop.is_set():
+        try:
+            msg = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        now = time.time()
+        topic = msg.topic_name()
+        with rec.lock:
+            seen = rec.received.setdefault(topic, {})
+            seen[msg.data()] = seen.get(msg.data(), 0) + 1
+            rec.rts.append((now, now - msg.event_timestamp() / 1000.0, topic))
+        consumer.acknowledge(msg)
+    consumer.close()
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default="queueing", help="policy name or .py path (default queueing)")
+    p.add_argument("--param", action="append", default=[], metavar="K=V", help="policy parameter (repeatable)")
+    p.add_argument("--duration", type=float, default=240.0, help="seconds of load (default 240; then drain)")
+    p.add_argument("--rates", default="4,12,28,12,4", help="msg/s per constant-rate interval (default 4,12,28,12,4)")
+    p.add_argument("--period", type=float, default=5.0, help="controller period in seconds (default 5)")
+    p.add_argument("--window", type=float, default=10.0, help="metrics window in seconds (default 10)")
+    p.add_argument("--fast-period", type=float, default=1.0, metavar="S",
+                   help="fast scale-out check every S seconds on the consumers' counters (default 1; 0: off)")
+    p.add_argument("--fast-window", type=float, default=2.0, metavar="S",
+                   help="the fast check's window (default 2)")
+    p.add_argument("--max-parallelism", type=int, default=8, help="per function (default 8)")
+    p.add_argument("--receiver-queue", type=int, default=10,
+                   help="messages each instance prefetches (default 10; 1 makes instances share one FIFO queue, "
+                        "the simulator's model)")
+    p.add_argument("--report", default=None, help="report directory (default reports/demo-<policy>)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-live", action="store_true", help="print a progress line every 10 s instead of a live view")
+    p.add_argument("--workers", type=int, default=1,
+                   help="run N workers as one cluster (docs/cluster.md); the live view shows "
+                        "instances per worker (default 1)")
+
+
+def parse_params(items: list[str]) -> dict:
+    from pulsar_autoscale.errors import ConfigError
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r} must be KEY=VALUE")
+        try:
+            params[key] = json.loads(value)
+        except ValueError:
+            params[key] = value
+    return params
+
+
+def run(args: argparse.Namespace) -> int:
+    from pulsar_autoscale.errors import ConfigError
+    from pulsar_autoscale.functions.api.server import WorkerServer
+    from pulsar_autoscale.functions.cluster.member import ClusterSettings
+    try:
+        rates = [float(r) for r in args.rates.split(",")]
+    except ValueError:
+        raise ConfigError(f"--rates {args.rates!r} must be comma-separated numbers") from None
+    if not rates or min(rates) <= 0 or args.duration <= 0:
+        raise ConfigError("--rates must be positive and --duration > 0")
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    report = Path(args.report or f"reports/demo-{Path(args.policy).stem}")
+    report.mkdir(parents=True, exist_ok=True)
+    logging.getLogger().setLevel(logging.WARNING)
+    # a fast check still running when the next is due is skipped; on a busy machine that is no news
+    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
+    interval = args.duration / len(rates)
+    fast = f"fast check every {args.fast_period:g}s" if args.fast_period > 0 else "no fast path"
+    print(f"demo: policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s, {fast}; "
+          f"report -> {report}", flush=True)
+    with EmbeddedBroker(data_dir=None) as broker, contextlib.ExitStack() as stack:
+        cluster = ClusterSettings(f"demo{os.getpid()}") if args.workers > 1 else None
+        workers = [stack.enter_context(WorkerServer(broker.service_url, metrics_url=broker.metrics_url,
+                                                    worker_id=f"w{i}" if cluster else None, cluster=cluster))
+                   for i in range(args.workers)]
+        worker = workers[0]
+        admin = FunctionsAdmin([w.url for w in workers])
+        for s in STAGES:
+            admin.create({"tenant": "public", "namespace": "default", "name": s.name,
+                          "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy", "inputs": list(s.inputs),
+                          "output": s.output, "parallelism": 1, "receiverQueueSize": args.receiver_queue,
+                          "userConfig": {"service_ms": s.service_ms, "dist": "lognormal", "cv": s.cv}})
+        wait_running(admin, [s.name for s in STAGES])
+        config = ControllerConfig(
+            service_url=broker.service_url, admin_url=tuple(w.url for w in workers), metrics_url=broker.metrics_url,
+            policy=args.policy, policy_params=parse_params(args.param), period_s=args.period,
+            window_s=args.window, plan={"max_parallelism": args.max_parallelism},
+            fast={"enabled": args.fast_period > 0, "period_s": args.fast_period or 1.0,
+                  "window_s": max(args.fast_window, args.fast_period)},
+            decision_log=str(report / "decisions.jsonl"), http_port=0, identity="demo-controller")
+        (report / "decisions.jsonl").unlink(missing_ok=True)
+        controller = Controller(config).start()
+        client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        rec = Recorder()
+        stop_load, stop_sink = threading.Event(), threading.Event()
+        sink = threading.Thread(target=sink_collector, args=(client, rec, stop_sink), daemon=True)
+        sink.start()
+        load = threading.Thread(target=load_generator, args=(client, rates, interval, rec, stop_load, args.seed),
+                                daemon=True)
+        t0 = time.time()
+        load.start()
+        try:
+            watch(admin if cluster else worker, controller, rec, rates, interval, t0, load, args.no_live)
+            drain(rec, t0)
+        except KeyboardInterrupt:
+            stop_load.set()
+            print("interrupted: writing the report of what ran", file=sys.stderr)
+        stop_load.set()
+        controller.stop()
+        stop_sink.set()
+        sink.join(5)
+        client.close()
+    summary = summarize(rec, config, rates, interval, t0)
+    write_report(report, rec, summary)
+    print_summary(summary, report)
+    return 0 if summary["lost"] == 0 else 1
+
+
+def wait_running(admin: FunctionsAdmin, names: list[str], timeout_s: float = 30.0) -> None:
+    """A function's subscription starts at the latest message (as in Pulsar): load starts once all have one."""
+    from pulsar_autoscale.errors import PulsarAutoscaleError
+    deadline = time.monotonic() + timeout_s
+    while not all(admin.status("public", "default", n)["numRunning"] >= 1 for n in names):
+        if time.monotonic() > deadline:
+            raise PulsarAutoscaleError(f"demo functions did not start within {timeout_s:.0f}s")
+        time.sleep(0.1)
+
+
+def sample(worker, controller, rec: Recorder, rate: float, now: float) -> Sample:
+    """`worker`: the one WorkerServer, or (--workers N) the cluster's FunctionsAdmin."""
+    instances, backlog, per_worker = {}, {}, {}
+    obs = controller.last_observation
+    for s in STAGES:
+        fqfn = f"{NS}/{s.name}"
+        if isinstance(worker, FunctionsAdmin):
+            running = [i["status"]["workerId"] for i in worker.status("public", "default", s.name)["instances"]
+                       if i["status"]["running"]]
+            instances[s.name] = len(running)
+            per_worker[s.name] = {w: running.count(w) for w in sorted(set(running))}
+        else:
+            _, figs, _ = worker.worker.instance_figures(fqfn)
+            instances[s.name] = sum(1 for f in figs.values() if f.running)
+        fs = obs.snapshot.functions.get(fqfn) if obs else None
+        backlog[s.name] = fs.backlog if fs else None
+    rts = rec.window_rts(now - 10)
+    return Sample(now, rate, instances, backlog, percentile(rts, 50), percentile(rts, 99), per_worker)
+
+
+def watch(worker, controller, rec, rates, interval, t0, load, plain: bool) -> None:
+    from rich.live import Live
+    with Live(render(controller, rec, None, 0), refresh_per_second=2, transient=False,
+              auto_refresh=not plain) if not plain else _NoLive() as live:
+        last_print = 0.0
+        seen: set = set()
+        while load.is_alive():
+            now = time.time()
+            k = min(int((now - t0) // interval), len(rates) - 1)
+            s = sample(worker, controller, rec, rates[k], now)
+            rec.samples.append(s)
+            if plain:
+                for it in list(controller.history):
+                    for d in it.decisions:
+                        if d.get("new") != d.get("old") and (d["time"], d["function"]) not in seen:
+                            seen.add((d["time"], d["function"]))
+                            print(f'  {d["function"].rsplit("/", 1)[-1]}: {short_decision(d, t0)}', flush=True)
+                if now - last_print >= 10:
+                    last_print = now
+                    print(progress_line(s, now - t0), flush=True)
+            else:
+                live.update(render(controller, rec, s, now - t0, t0))
+            load.join(1.0)
+
+
+class _NoLive:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def progress_line(s: Sample, elapsed: float) -> str:
+    inst = " ".join(f"{k}={v}" + (f"({' '.join(f'{w}:{n}' for w, n in s.per_worker[k].items())})"
+                                  if k in s.per_worker else "") for k, v in s.instances.items())
+    p99 = f"{s.rt_p99:.2f}s" if s.rt_p99 is not None else "-"
+    return f"[{elapsed:5.0f}s] rate {s.target_rate:g}/s  instances {inst}  p99 {p99}"
+
+
+def short_decision(d: dict, t0: float) -> str:
+    """A decision in a few characters (the full reason is in decisions.jsonl): kind, change, when."""
+    return f'{d.get("kind", "period")} {d["old"]}->{d["new"]} @{d["time"] - t0:.0f}s'
+
+
+def render(controller, rec: Recorder, s: Sample | None, elapsed: float, t0: float = 0.0):
+    """The live table; it fits 80 columns."""
+    from rich.table import Table
+    table = Table(title=f"demo t={elapsed:.0f}s produced={rec.produced} policy={controller.config.policy}",
+                  width=80)
+    columns = (("function", 16), ("arrival/s", 9), ("backlog", 7), ("inst", 4), ("util", 4), ("last decision", 18))
+    if s is not None and s.per_worker:  # --workers N: instances per worker, at the expense of the decision column
+        columns = columns[:4] + (("per worker", 16),) + columns[4:5] + (("last decision", 10),)
+    for col, width in columns:
+        table.add_column(col, max_width=width, no_wrap=True, overflow="ellipsis")
+    obs = controller.last_observation
+    last = {}
+    for it in controller.history:
+        for d in it.decisions:
+            if d.get("new") != d.get("old"):
+                last[d["function"]] = short_decision(d, t0)
+    for st in STAGES:
+        fqfn = f"{NS}/{st.name}"
+        fs = obs.snapshot.functions.get(fqfn) if obs else None
+        fmt = (lambda v, p=1: "?" if v is None else f"{v:.{p}f}")
+        spread = ((" ".join(f"{w}:{n}" for w, n in s.per_worker.get(st.name, {}).items()) or "-",)
+                  if s is not None and s.per_worker else ())
+        table.add_row(st.name, fmt(fs.arrival_rate if fs else None), fmt(fs.backlog if fs else None, 0),
+                      str(s.instances[st.name]) if s else "1", *spread, fmt(fs.utilization if fs else None, 2),
+                      last.get(fqfn, "-"))
+    if s is not None:
+        table.caption = (f"target rate {s.target_rate:g} msg/s   response time (last 10 s): p50 "
+                         f"{'-' if s.rt_p50 is None else f'{s.rt_p50:.2f}s'}  p99 "
+                         f"{'-' if s.rt_p99 is None else f'{s.rt_p99:.2f}s'}")
+    return table
+
+
+def drain(rec: Recorder, t0: float, timeout_s: float = 90.0) -> None:
+    deadline = time.time() + timeout_s
+    print("load finished; draining backlogs...", flush=True)
+    while time.time() < deadline:
+        with rec.lock:
+            done = all(len(seen) >= rec.produced for seen in rec.received.values())
+        if done:
+            return
+        time.sleep(0.5)
+    print(f"drain did not finish within {timeout_s:.0f}s", file=sys.stderr)
+
+
+def summarize(rec: Recorder, config: ControllerConfig, rates, interval, t0) -> dict:
+    rts = [rt for _, rt, _ in rec.rts]
+    per_path = {}
+    for topic, label in SINKS.items():
+        path_rts = [rt for _, rt, t in rec.rts if t == topic]
+        per_path[label] = {"mean_rt_s": _r(np.mean(path_rts)) if path_rts else None,
+                           "p95_rt_s": _r(percentile(path_rts, 95)), "p99_rt_s": _r(percentile(path_rts, 99)),
+                           "received": len(rec.received.get(topic, {}))}
+    dt = [b.t - a.t for a, b in zip(rec.samples, rec.samples[1:])]
+    inst_seconds = {s.name: sum(a.instances[s.name] * d for a, d in zip(rec.samples, dt)) for s in STAGES}
+    total_time = sum(dt) or 1.0
+    return {
+        "policy": config.policy, "rates_msg_s": rates, "interval_s": interval, "period_s": config.period_s,
+        "fast": config.fast,
+        "produced": rec.produced,
+        "lost": sum(max(rec.produced - len(seen), 0) for seen in rec.received.values()),
+        "duplicates": sum(c - 1 for seen in rec.received.values() for c in seen.values()),
+        "mean_rt_s": _r(np.mean(rts)) if rts else None, "p95_rt_s": _r(percentile(rts, 95)),
+        "p99_rt_s": _r(percentile(rts, 99)), "max_rt_s": _r(max(rts)) if rts else None,
+        "slo_violation_share": _r(sum(1 for r in rts if r > 1.0) / len(rts)) if rts else None,
+        "paths": per_path,
+        "avg_instances": {k: _r(v / total_time) for k, v in inst_seconds.items()},
+        "avg_instances_total": _r(sum(inst_seconds.values()) / total_time),
+        "instance_seconds": _r(sum(inst_seconds.values())),
+    }
+
+
+def _r(x):
+    return None if x is None else round(float(x), 4)
+
+
+def write_report(report: Path, rec: Recorder, summary: dict) -> None:
+    decisions = [json.loads(line) for line in (report / "decisions.jsonl").read_text().splitlines()] \
+        if (report / "decisions.jsonl").exists() else []
+    summary["scaling_actions"] = sum(1 for d in decisions if d.get("applied"))  # from the controller's own log
+    summary["fast_actions"] = sum(1 for d in decisions if d.get("applied") and d.get("kind") == "fast")
+    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    with (report / "timeseries.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        names = [s.name for s in STAGES]
+        w.writerow(["t_s", "target_rate"] + [f"instances_{n}" for n in names] + [f"backlog_{n}" for n in names]
+                   + ["rt_p50_s", "rt_p99_s"])
+        t0 = rec.samples[0].t if rec.samples else 0
+        for s in rec.samples:
+            w.writerow([round(s.t - t0, 2), s.target_rate] + [s.instances[n] for n in names]
+                       + [s.backlog[n] for n in names] + [s.rt_p50, s.rt_p99])
+    plot(report, rec, summary)
+
+
+def plot(report: Path, rec: Recorder, summary: dict) -> None:
+    """Three stacked panels in the style of the paper's Fig. 5-7: arrival rate, instances, response time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    if not rec.samples:
+        return
+    t0 = rec.samples[0].t
+    t = [s.t - t0 for s in rec.samples]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    axes[0].step(t, [s.target_rate for s in rec.samples], where="post")
+    axes[0].set_ylabel("arrival rate (msg/s)")
+    for st in STAGES:
+        axes[1].step(t, [s.instances[st.name] for s in rec.samples], where="post", label=st.name)
+    axes[1].set_ylabel("instances")
+    axes[1].legend(loc="upper left", fontsize=8)
+    for topic, label in SINKS.items():
+        pts = [(ts - t0, rt) for ts, rt, tp in rec.rts if tp == topic]
+        if pts:
+            axes[2].plot([p[0] for p in pts], [p[1] for p in pts], ".", markersize=2, label=label)
+    axes[2].axhline(1.0, color="red", linestyle="--", linewidth=0.8, label="R_max 1 s")
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("response time (s)")
+    axes[2].set_xlabel("time (s)")
+    axes[2].legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"policy {summary['policy']}: mean RT {summary['mean_rt_s']}s, p99 {summary['p99_rt_s']}s, "
+                 f"avg instances {summary['avg_instances_total']}")
+    fig.tight_layout()
+    fig.savefig(report / "run.png", dpi=100)
+    plt.close(fig)
+
+
+def print_summary(summary: dict, report: Path) -> None:
+    print("\n=== summary ===")
+    print(json.dumps({k: v for k, v in summary.items() if k != "paths"}, indent=2))
+    for label, figs in summary["paths"].items():
+        print(f"path {label}: {figs}")
+    print(f"report: {report}/summary.json, timeseries.csv, decisions.jsonl, run.png")

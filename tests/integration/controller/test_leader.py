@@ -1,0 +1,72 @@
+"""Leader election through the broker: one leader at a time, fast takeover after kill -9, and a
+deposed leader's late action refused by the worker (epoch fencing)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.functions.api.server import WorkerServer
+from pulsar_autoscale.leader import LeaderElector
+from tests.support.scenario import EXAMPLES, wait_until
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from pulsar_autoscale.leader import LeaderElector
+    e = LeaderElector(sys.argv[1], sys.argv[2], identity="holder")
+    term = e.try_acquire()
+    print("LEADER", term.epoch if term else 0, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_one_leader_and_epochs_increase(broker, topic):
+    a = LeaderElector(broker.service_url, topic, identity="a")
+    b = LeaderElector(broker.service_url, topic, identity="b")
+    term_a = a.try_acquire()
+    assert term_a is not None and term_a.epoch == 1
+    assert b.try_acquire() is None, "two leaders at once"
+    assert a.check()
+    a.release()
+    term_b = wait_until(b.try_acquire, 10, "b to take over after a released")
+    assert term_b.epoch == 2
+    b.release()
+
+
+def test_standby_takes_over_after_kill_9(broker, topic):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, broker.service_url, topic], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        line = holder.stdout.readline()
+        assert line.startswith("LEADER 1"), f"holder did not become leader: {line!r}"
+        standby = LeaderElector(broker.service_url, topic, identity="standby")
+        assert standby.try_acquire() is None
+        os.kill(holder.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        term = wait_until(standby.try_acquire, 30, "standby to lead after kill -9 of the leader", interval_s=0.01)
+        takeover_s = time.monotonic() - killed
+        print(f"\ntakeover after kill -9: {takeover_s:.3f}s, epoch {term.epoch}")
+        assert term.epoch == 2
+        standby.release()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_worker_refuses_a_deposed_leaders_epoch(broker, tmp_path):
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path), metrics_url=broker.metrics_url) as w:
+        admin = FunctionsAdmin(w.url)
+        admin.create({"tenant": "public", "namespace": "default", "name": "fenced", "className": "exclaim.Exclaim",
+                      "inputs": ["fenced-in"]}, str(EXAMPLES / "exclaim.py"))
+        admin.set_parallelism("public", "default", "fenced", 2, epoch=3)   # the new leader acts
+        with pytest.raises(AdminError, match="stale leader epoch 2 < 3") as stale:
+            admin.set_parallelism("public", "default", "fenced", 1, epoch=2)   # the old one wakes up late
+        assert stale.value.status == 409
+        assert admin.get("public", "default", "fenced")["parallelism"] == 2

@@ -1,0 +1,146 @@
+"""A spread keyedState function's parts in one process (functions/keyed/cluster.py), driven as a cluster member
+drives them: the front forwards records to the instances' route topics, a record forwarded twice applies once
+under EFFECTIVELY_ONCE (deduped on the original message id), and scale 2 -> 3 -> 2 migrates groups through
+RELEASE/OPEN markers with exact counts."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+
+import pulsar
+import pytest
+
+from pulsar_autoscale.functions.keyed.cluster import ORIGINAL_ID, KeyedTopics, read_assignment
+from pulsar_autoscale.functions.model.config import FunctionConfig
+from pulsar_autoscale.functions.model.errors import NotFound
+from pulsar_autoscale.functions.worker.worker import Worker
+from tests.support.scenario import EXAMPLES, wait_until
+
+KEYS, PER_KEY = 20, 10
+
+
+def _counts(worker: Worker, fqfn: str) -> dict[str, int]:
+    out = {}
+    for k in range(KEYS):
+        try:
+            out[f"k{k}"] = worker.state_store(fqfn, f"k{k}").for_key(f"k{k}").get_counter(f"k{k}")
+        except NotFound:
+            out[f"k{k}"] = -1
+    return out
+
+
+def _send(producer: pulsar.Producer, n: int) -> None:
+    for i in range(n):
+        producer.send_async(b"x", None, partition_key=f"k{i % KEYS}")
+    producer.flush()
+
+
+def _keyed_count(worker: Worker, tmp_path, prefix: str) -> tuple[FunctionConfig, str, str]:
+    """A keyed count at parallelism 2 over 16 groups, hosted here with its front: (config, code path, input)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    code = shutil.copy(EXAMPLES / "keyed_count.py", tmp_path / "keyed_count.py")
+    cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
+                                    "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
+                                    "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+                                    "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+    worker.host_instances(cfg, str(code), {0, 1}, front=True)
+    return cfg, str(code), src
+
+
+def _half_counted(worker: Worker, cfg: FunctionConfig, producer: pulsar.Producer) -> None:
+    _send(producer, KEYS * PER_KEY // 2)
+    wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
+               lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
+
+
+def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tmp_path):
+    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
+    worker.keyed_spread = True
+    try:
+        cfg, code, src = _keyed_count(worker, tmp_path, "kr")
+        topics = KeyedTopics.of(cfg)
+        probe = client.subscribe(topics.route(1), "probe", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(src, block_if_queue_full=True)
+        _half_counted(worker, cfg, producer)
+
+        # a front that forwarded a record, died before the input ack and forwarded it again
+        forwarded = probe.receive(5000)
+        assert ORIGINAL_ID in forwarded.properties(), (forwarded.properties(), forwarded.data())
+        client.create_producer(topics.route(1)).send(forwarded.data(), properties=forwarded.properties(),
+                                                      partition_key=forwarded.partition_key())
+
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2},
+                              front=True)
+        wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2 given key groups (OPEN)")
+        _send(producer, KEYS * PER_KEY // 2)
+        worker.host_instances(cfg, code, {0, 1, 2}, front=True)   # the surplus stays while it holds groups
+        wait_until(lambda: not worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2's groups moved off (RELEASE)")
+        worker.host_instances(cfg, code, {0, 1}, front=True)
+        expected = {f"k{k}": PER_KEY for k in range(KEYS)}
+        wait_until(lambda: _counts(worker, cfg.fqfn) == expected, 30,
+                   lambda: f"exact counts (the duplicate applied once): {_counts(worker, cfg.fqfn)}")
+        wait_until(lambda: set(getattr(read_assignment(client, topics.assignment), "owners", ())) == {0, 1}, 30,
+                   lambda: f"the saved assignment without instance 2: {read_assignment(client, topics.assignment)}")
+    finally:
+        worker.close()
+
+
+def test_a_front_started_again_while_the_last_one_closes(broker, client, tmp_path, caplog):
+    """The front leaves this worker and comes back at once (`functions stop`, then an instance added or
+    `functions start`, within a second: the member reconciles twice while the first front still closes in the
+    background). The new front must keep its own input and its answer listener: before, the closing front
+    closed both, so no record was forwarded any more and a migration waited for ever for its answers."""
+    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
+    worker.keyed_spread = True
+    caplog.set_level(logging.INFO, logger="pulsar_autoscale.functions.keyed.cluster")
+    try:
+        cfg, code, src = _keyed_count(worker, tmp_path, "kf")
+        producer = client.create_producer(src, block_if_queue_full=True)
+        _half_counted(worker, cfg, producer)
+        worker.host_instances(cfg, code, {0, 1}, front=False)   # the front closes, in the background
+        worker.host_instances(cfg, code, {0, 1}, front=True)    # and starts again before it has closed
+        wait_until(lambda: f"{cfg.name}: the front that ran here closed" in caplog.text, 30, "the first front closed")
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2},
+                              front=True)
+        wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30,
+                   "instance 2 given key groups: the new front heard the answers to its markers")
+        _send(producer, KEYS * PER_KEY // 2)
+        wait_until(lambda: _counts(worker, cfg.fqfn) == {f"k{k}": PER_KEY for k in range(KEYS)}, 30,
+                   lambda: f"exact counts: the new front forwards every record: {_counts(worker, cfg.fqfn)}")
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("spread", [True, False], ids=["route-topics", "one-worker-mailboxes"])
+def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_message_retries(broker, client, tmp_path,
+                                                                                         spread):
+    """On a cluster the front acks the input once a record is forwarded, so retries and the dead-letter topic
+    apply on the route topic; on one worker on the input itself, through the router's one consumer. Either way:
+    maxMessageRetries redeliveries, then the function's dead-letter topic."""
+    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
+    worker.keyed_spread = spread
+    try:
+        name = f"kp-{uuid.uuid4().hex[:6]}"
+        src, dlq = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-dlq"
+        code = shutil.copy(EXAMPLES / "poison.py", tmp_path / "poison.py")
+        cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
+                                        "className": "poison.Poison", "inputs": [src], "parallelism": 2,
+                                        "keyedState": True, "maxMessageRetries": 2, "deadLetterTopic": dlq,
+                                        "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+        dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
+        if spread:
+            worker.host_instances(cfg, str(code), {0, 1}, front=True)
+        else:
+            worker.create(cfg, code.read_bytes(), "poison.py")
+        producer = client.create_producer(src, block_if_queue_full=True)
+        producer.send(b"poison", partition_key="p")
+        producer.send(b"fine", partition_key="p")
+        msg = dead.receive(30_000)
+        assert msg.data() == b"poison"
+        deliveries = worker.state_store(cfg.fqfn, "p").for_key("p").get_counter("deliveries:poison")
+        assert deliveries == 3, f"{deliveries} deliveries: 1 + maxMessageRetries 2"
+    finally:
+        worker.close()

@@ -1,0 +1,136 @@
+"""Worker processes of one cluster, started and killed by pid (tests and bench/cluster_scale.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from pulsar_autoscale.netutil import free_port
+
+
+@dataclass
+class WorkerProc:
+    worker_id: str
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class WorkerCluster:
+    """`n` worker processes joined to one cluster on one broker; use as a context manager."""
+
+    service_url: str
+    metrics_url: str
+    base_dir: Path
+    n: int = 3
+    runtime: str = "thread"
+    heartbeat_timeout_s: float = 2.5
+    name: str = field(default_factory=lambda: f"c{uuid.uuid4().hex[:8]}")
+    workers: list[WorkerProc] = field(default_factory=list)
+    extra_args: tuple[str, ...] = ()
+    cluster: bool = True   # False: plain single workers (no --cluster), today's one-machine default
+
+    def add(self) -> WorkerProc:
+        port = free_port()
+        w = self._launch(f"w{len(self.workers)}-{port}", port)
+        self.workers.append(w)
+        return w
+
+    def restart(self, w: WorkerProc) -> WorkerProc:
+        """Start a stopped worker again as itself: its id, port and data dir (a machine back after a crash)."""
+        assert not w.alive(), f"{w.worker_id} is still running"
+        again = self._launch(w.worker_id, w.port)
+        self.workers[self.workers.index(w)] = again
+        return again
+
+    def _launch(self, wid: str, port: int) -> WorkerProc:
+        log_path = self.base_dir / f"{wid}.log"
+        cmd = [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", self.service_url,
+               "--metrics-url", self.metrics_url, "--port", str(port), "--data-dir", str(self.base_dir / wid),
+               "--worker-id", wid, "--runtime", self.runtime, *self.extra_args]
+        if self.cluster:
+            cmd += ["--cluster", self.name, "--heartbeat-timeout", str(self.heartbeat_timeout_s)]
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return WorkerProc(wid, port, proc, log_path)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Every live worker answers and sees every other live worker."""
+        deadline = time.monotonic() + timeout_s
+        want = {w.worker_id for w in self.live()}
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                views = [{m["workerId"] for m in requests.get(w.url + "/admin/v2/worker/cluster", timeout=2).json()}
+                         for w in self.live()]
+                leader = requests.get(self.live()[0].url + "/admin/v2/worker/cluster/leader", timeout=2)
+                if all(v == want for v in views) and leader.status_code == 200:
+                    return
+                last = views
+            except requests.RequestException as exc:
+                last = exc
+            for w in self.workers:
+                if w.proc.poll() is not None and w in self.live():
+                    raise AssertionError(f"worker {w.worker_id} exited: {w.log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"cluster {self.name} not formed within {timeout_s:.0f}s: {last}")
+
+    def log_tails(self, lines: int = 80) -> str:
+        """The end of every worker's log (a failed test shows them: CI keeps no temporary directory)."""
+        return "\n".join(f"==== {p.name} (last {lines} lines)\n"
+                         + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+                         for p in sorted(self.base_dir.glob("*.log")))
+
+    def live(self) -> list[WorkerProc]:
+        return [w for w in self.workers if w.alive()]
+
+    def by_id(self, worker_id: str) -> WorkerProc:
+        return next(w for w in self.workers if w.worker_id == worker_id)
+
+    def kill(self, w: WorkerProc) -> None:
+        """kill -9 of a worker this cluster started (by pid)."""
+        os.kill(w.pid, signal.SIGKILL)
+        w.proc.wait(10)
+
+    def terminate(self, w: WorkerProc, timeout_s: float = 60.0) -> None:
+        os.kill(w.pid, signal.SIGTERM)
+        w.proc.wait(timeout_s)
+
+    def __enter__(self) -> "WorkerCluster":
+        for _ in range(self.n):
+            self.add()
+        if self.workers:   # n=0: the test adds them
+            self.wait_ready()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for w in self.workers:
+            if w.alive():
+                w.proc.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            try:
+                w.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait(5)

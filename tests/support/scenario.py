@@ -1,0 +1,153 @@
+"""End-to-end scenarios shared by tests (which assert on them) and bench/ (which reports them)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pulsar
+
+from pulsar_autoscale.admin.client import FunctionsAdmin
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02):
+    """Poll predicate until it returns a truthy value; fail with `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what() if callable(what) else what}")
+
+
+def keyed_settled(view: dict, groups: dict[str, int]) -> bool:
+    """A keyedState status view (FunctionsAdmin.keyed_state) with every group where `groups` says and no migration
+    under way: a poll asks for the view once, since each status call gathers every worker's view."""
+    return view.get("groupsPerInstance") == groups and not view.get("migrating")
+
+
+class OutputCollector:
+    """Consumes a topic in the background and counts every payload, so duplicates and losses show."""
+
+    def __init__(self, client: pulsar.Client, topic: str):
+        self.counts: dict[bytes, int] = {}
+        self.properties: list[dict] = []
+        self.times: list[float] = []   # time.monotonic() of each arrival (gaps in processing)
+        self.lags_ms: list[int] = []   # each arrival's wall-clock ms after its event time (end-to-end latency)
+        # Shared, not the default Exclusive: pulsar-lite duplicates deliveries on Exclusive (B1).
+        self._consumer = client.subscribe(topic, f"collector-{uuid.uuid4().hex[:8]}",
+                                          consumer_type=pulsar.ConsumerType.Shared,
+                                          initial_position=pulsar.InitialPosition.Earliest)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                msg = self._consumer.receive(100)
+            except pulsar.Timeout:
+                continue
+            with self._lock:
+                self.counts[msg.data()] = self.counts.get(msg.data(), 0) + 1
+                self.properties.append(msg.properties())
+                self.times.append(time.monotonic())
+                self.lags_ms.append(int(time.time() * 1000) - msg.event_timestamp())
+            self._consumer.acknowledge(msg)
+
+    def distinct(self) -> int:
+        with self._lock:
+            return len(self.counts)
+
+    def duplicates(self) -> int:
+        with self._lock:
+            return sum(c - 1 for c in self.counts.values())
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        self._consumer.close()
+
+
+@dataclass
+class ScalingResult:
+    runtime: str
+    messages: int
+    lost: int
+    duplicates: int
+    steps: list[int]
+    scale_out_latency_ms: dict[int, float] = field(default_factory=dict)   # target -> first message after PUT
+    instance0_restarts: int = 0
+    instance0_start_changed: bool = False
+    seconds: float = 0.0
+
+
+def run_scaling(service_url: str, admin_url: str, runtime: str, messages: int = 5000,
+                steps: tuple[int, ...] = (4, 8, 2, 1), rate: float = 1000.0, service_ms: float = 2.0,
+                timeout_s: float = 120.0) -> ScalingResult:
+    """Produce `messages` at `rate`/s through a sleepy function while PUTting each parallelism in `steps`."""
+    admin = FunctionsAdmin(admin_url)
+    name = f"scale-{runtime}-{uuid.uuid4().hex[:6]}"
+    src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    collector = OutputCollector(client, dst)
+    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy",
+                  "inputs": [src], "output": dst, "parallelism": 1, "instanceRuntime": runtime,
+                  "userConfig": {"service_ms": service_ms, "dist": "deterministic"}},
+                 str(EXAMPLES / "sleepy.py"))
+    started = time.monotonic()
+
+    def status():
+        return admin.status("public", "default", name)
+
+    wait_until(lambda: status()["numRunning"] == 1, 30, f"{name} instance 0 running")
+    start0 = status()["instances"][0]["status"]["instanceStartTimeMs"]
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                      block_if_queue_full=True)
+
+    def produce():
+        t0 = time.monotonic()
+        for i in range(messages):
+            delay = t0 + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            producer.send_async(str(i).encode(), None)
+        producer.flush()
+
+    sender = threading.Thread(target=produce, daemon=True)
+    sender.start()
+    result = ScalingResult(runtime=runtime, messages=messages, lost=0, duplicates=0, steps=list(steps))
+    current = 1
+    period = messages / rate / (len(steps) + 1)
+    for target in steps:
+        time.sleep(period)  # the load schedule itself, not synchronisation
+        admin.set_parallelism("public", "default", name, target)
+        put_ms = time.time() * 1000
+        if target > current:
+            first = wait_until(
+                lambda: min((s["status"].get("firstProcessedTimeMs") or 0 for s in status()["instances"][current:]),
+                            default=0), 60, f"new instances of {name} to process a message")
+            result.scale_out_latency_ms[target] = max(first - put_ms, 0.0)
+        current = target
+    sender.join(timeout_s)
+    wait_until(lambda: collector.distinct() >= messages, timeout_s,
+               lambda: f"all {messages} outputs of {name} (got {collector.distinct()} distinct; "
+                       f"function stats {admin.stats('public', 'default', name)['autoscale']})")
+    final = status()["instances"][0]["status"]
+    result.lost = messages - collector.distinct()
+    result.duplicates = collector.duplicates()
+    result.instance0_restarts = final["numRestarts"]
+    result.instance0_start_changed = final["instanceStartTimeMs"] != start0
+    result.seconds = time.monotonic() - started
+    admin.delete("public", "default", name)
+    collector.close()
+    producer.close()
+    client.close()
+    return result

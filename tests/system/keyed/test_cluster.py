@@ -1,0 +1,257 @@
+"""keyedState spread over a 3-worker cluster (functions/keyed/cluster.py): instances on 3 workers fed by one
+front through route topics; scale 3 -> 2 -> 3 through REST on different workers (live migrations between
+workers), kill -9 of a worker without the front, then of the front's worker. Counts stay exact under
+EFFECTIVELY_ONCE, every record counted; prints how long the killed workers' groups took to serve again.
+The same through SIGTERM of a worker and of the front's worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+
+import pytest
+import requests
+
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from tests.support.cluster_harness import WorkerCluster
+from tests.support.scenario import EXAMPLES, keyed_settled, wait_until
+from tests.system.keyed.test_property import PRODUCER
+
+pytestmark = pytest.mark.slow
+KEYS, RECORDS, RATE = 30, 3000, 100.0
+FQFN = "public/default/{}"
+
+
+def _placement(cluster: WorkerCluster, name: str) -> dict[int, str]:
+    """instance id -> worker id of every running instance, as each live worker reports its own (surplus
+    instances of a scale-in included)."""
+    out: dict[int, str] = {}
+    for w in cluster.live():
+        try:
+            resp = requests.get(f"{w.url}/admin/v3/functions/{FQFN.format(name)}/status", params={"scope": "local"},
+                                timeout=3)
+        except requests.RequestException:
+            continue
+        if resp.status_code == 200:
+            out.update({int(i): w.worker_id for i, s in resp.json().items() if s["status"]["running"]})
+    return out
+
+
+def _spread(cluster: WorkerCluster, name: str, n: int) -> dict[int, str] | None:
+    placed = _placement(cluster, name)
+    return placed if sorted(placed) == list(range(n)) and len(set(placed.values())) == n else None
+
+
+def _counts(cluster: WorkerCluster, name: str) -> dict[str, int]:
+    """Each key's counter, from whichever live worker holds its key group."""
+    out = {}
+    for k in range(KEYS):
+        out[f"k{k}"] = 0
+        for w in cluster.live():
+            try:
+                out[f"k{k}"] = FunctionsAdmin(w.url).get_state("public", "default", name, f"k{k}")["numberValue"]
+                break
+            except AdminError:
+                continue
+    return out
+
+
+def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str) -> dict[int, str] | None:
+    placed = _placement(cluster, name)
+    return placed if all(placed.get(i) not in (None, victim) for i in ids) else None
+
+
+def _create(cluster: WorkerCluster, url: str, name: str, src: str) -> dict[int, str]:
+    FunctionsAdmin(url).create(
+        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+         "inputs": [src], "parallelism": 3, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+         "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+    return wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 different workers")
+
+
+def _assert_exact(cluster: WorkerCluster, name: str) -> None:
+    expected = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
+    wait_until(lambda: _counts(cluster, name) == expected, 120,
+               lambda: f"exact counts {expected['k0']} per key: {_counts(cluster, name)}")
+
+
+def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_path):
+    name = f"ks-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        a, b, _ = cluster.live()
+        placed = _create(cluster, a.url, name, src)
+        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
+                                     str(KEYS), str(RATE)])
+        timings = {}
+        try:
+            time.sleep(2)
+            FunctionsAdmin(a.url).set_parallelism("public", "default", name, 2)
+            t0 = time.monotonic()
+            wait_until(lambda: sorted(_placement(cluster, name)) == [0, 1], 60,
+                       lambda: f"instance 2 drained once its groups left: {_placement(cluster, name)}")
+            timings["scale 3->2 (instance 2 drained)"] = time.monotonic() - t0
+            front_view = lambda: FunctionsAdmin(b.url).status("public", "default", name).get("autoscale")  # noqa: E731
+            wait_until(lambda: (front_view() or {}).get("keyedState", {}).get("groupsPerInstance") == {"0": 64, "1": 64},
+                       30, lambda: f"status from the front: 64 groups on each of 2 instances: {front_view()}")
+            assert front_view()["keyedState"]["lastMigration"]["movedGroups"] == 42
+            FunctionsAdmin(b.url).set_parallelism("public", "default", name, 3)
+            t0 = time.monotonic()
+            placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 workers again")
+            timings["scale 2->3 (instance 2 running)"] = time.monotonic() - t0
+            time.sleep(2)
+            victim = next(w for w in cluster.live() if w.worker_id != placed[0])   # not the front
+            lost = {i for i, w in placed.items() if w == victim.worker_id}
+            cluster.kill(victim)
+            t0 = time.monotonic()
+            placed = wait_until(lambda: _serving_again(cluster, name, lost, victim.worker_id), 60,
+                                f"instances {lost} of killed {victim.worker_id} serving on a survivor")
+            timings["kill -9 non-front: groups serve again"] = time.monotonic() - t0
+            time.sleep(2)
+            front = cluster.by_id(placed[0])
+            lost = {i for i, w in placed.items() if w == front.worker_id}
+            cluster.kill(front)
+            t0 = time.monotonic()
+            wait_until(lambda: _serving_again(cluster, name, lost, front.worker_id), 60,
+                       f"instances {lost} of the killed front {front.worker_id} serving on the survivor")
+            timings["kill -9 front: groups serve again"] = time.monotonic() - t0
+            assert producer.wait(90) == 0
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        _assert_exact(cluster, name)
+        print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
+
+
+def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_counts(broker, tmp_path):
+    """Break before make per instance: the leaving worker drains its instances (changes flushed), their new
+    hosts restore from the changelog and consume the route topics; the front moves with instance 0."""
+    name = f"kt-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        placed = _create(cluster, cluster.live()[0].url, name, src)
+        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
+                                     str(KEYS), str(RATE)])
+        timings = {}
+        try:
+            for instance in (1, 0):   # a worker without the front, then the front's
+                time.sleep(3)
+                leaving = cluster.by_id(placed[instance])
+                moving = {i for i, w in placed.items() if w == leaving.worker_id}
+                t0 = time.monotonic()
+                cluster.terminate(leaving)
+                placed = wait_until(lambda: _serving_again(cluster, name, moving, leaving.worker_id), 60,
+                                    f"instances {moving} of {leaving.worker_id} (SIGTERM) serving on a survivor")
+                timings[f"SIGTERM of instance {instance}'s worker: serving again"] = time.monotonic() - t0
+            assert producer.wait(90) == 0
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        _assert_exact(cluster, name)
+        print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {RECORDS} records counted once")
+
+
+def _keyed_view(cluster: WorkerCluster, name: str) -> dict:
+    """The front's autoscale.keyedState, asked of any live worker ({} while none answers)."""
+    for w in cluster.live():
+        try:
+            return FunctionsAdmin(w.url).keyed_state("public", "default", name)
+        except (AdminError, requests.RequestException):
+            continue
+    return {}
+
+
+def _mid_migration(cluster: WorkerCluster, name: str, instance: str, at_least: int) -> dict | None:
+    """The view while a migration is under way and `instance` holds at least / at most `at_least` groups."""
+    view = _keyed_view(cluster, name)
+    held = (view.get("groupsPerInstance") or {}).get(instance, 0)
+    reached = held >= at_least if at_least > 0 else held <= -at_least
+    return view if view.get("migrating") and reached else None
+
+
+def _create_paced(cluster: WorkerCluster, name: str, src: str, parallelism: int) -> dict[int, str]:
+    """The keyed count with subscales of 1 group paced to a duty of 5%: a migration goes on for many seconds."""
+    FunctionsAdmin(cluster.live()[0].url).create(
+        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
+         "inputs": [src], "parallelism": parallelism, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
+         "subscriptionPosition": "Earliest",
+         "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'},
+        str(EXAMPLES / "keyed_count.py"))
+    return wait_until(lambda: _spread(cluster, name, parallelism), 60,
+                      f"{parallelism} instances on {parallelism} different workers")
+
+
+@contextmanager
+def _load(broker, src: str):
+    """RECORDS records over KEYS keys at RATE from a producer process, killed if the test leaves early."""
+    producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS), str(KEYS),
+                                 str(RATE)])
+    try:
+        yield producer
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+
+
+def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
+    FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 2)
+    wait_until(lambda: _mid_migration(cluster, name, "2", -38), 60,
+               lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
+
+
+def _finished(cluster: WorkerCluster, name: str, groups: dict[str, int], what: str) -> None:
+    wait_until(lambda: keyed_settled(_keyed_view(cluster, name), groups), 120,
+               lambda: f"{what}: {_keyed_view(cluster, name)}")
+
+
+def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker, tmp_path):
+    """A machine dies while key groups are moving, as an operator's would: the front's worker half-way through
+    a 2 -> 3 (some groups already opened on instance 2, the rest still with their old owners: a new front redoes
+    the interrupted subscale from the saved assignment and the changelog), then the worker of the surplus
+    instance 2 half-way through the 3 -> 2 back (no worker is assigned a surplus instance, so the front's worker
+    runs it again until its groups have left; before, its groups waited for it for ever). Counts end exact
+    under EFFECTIVELY_ONCE."""
+    name = f"km-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        _create_paced(cluster, name, src, 2)
+        with _load(broker, src) as producer:
+            time.sleep(2)
+            FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 3)
+            view = wait_until(lambda: _mid_migration(cluster, name, "2", 3), 60,
+                              lambda: f"a 2 -> 3 under way with groups on instance 2: {_keyed_view(cluster, name)}")
+            placed = wait_until(lambda: _spread(cluster, name, 3), 30, "instance 2 on the third worker")
+            assert view["migrating"] and placed[2] != placed[0]
+            cluster.kill(cluster.by_id(placed[0]))   # the front's worker
+            _finished(cluster, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished under a new front")
+            _scale_in_to_2_under_way(cluster, name)
+            cluster.kill(cluster.by_id(_placement(cluster, name)[2]))   # the surplus instance's worker
+            _finished(cluster, name, {"0": 64, "1": 64}, "the 3 -> 2 finished without instance 2's worker")
+            assert producer.wait(90) == 0
+        _assert_exact(cluster, name)
+
+
+def test_sigterm_of_the_surplus_instances_worker_in_the_middle_of_a_scale_in(broker, tmp_path):
+    """The operator stops (SIGTERM) the worker of the instance a 3 -> 2 is emptying, half-way through: the worker
+    keeps it while its groups leave (up to its 30 s leave), after which the front's worker would run it."""
+    name = f"kn-{uuid.uuid4().hex[:6]}"
+    src = f"persistent://public/default/{name}-in"
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
+        cluster.wait_ready()
+        placed = _create_paced(cluster, name, src, 3)
+        with _load(broker, src) as producer:
+            time.sleep(2)
+            _scale_in_to_2_under_way(cluster, name)
+            cluster.terminate(cluster.by_id(placed[2]))
+            _finished(cluster, name, {"0": 64, "1": 64}, "the 3 -> 2 finished without instance 2's worker")
+            assert producer.wait(90) == 0
+        _assert_exact(cluster, name)
