@@ -3,10 +3,16 @@
 Tiers by directory: tests/unit (no broker, no subprocess, no Spark), tests/integration (the session
 broker and single workers), tests/system (worker clusters, faults, property tests, Spark, the quick tour).
 Each test gets its tier's marker, so `-m unit` and the like select a tier.
+
+`--broker apache` runs the broker-sensitive tests against Apache Pulsar standalone (fetched through Maven,
+started once per session on free ports) instead of the embedded pulsar-lite. pulsar-lite's known defects
+are fenced here, in one place: a test marked `lite_defect` is a strict xfail on pulsar-lite and must pass
+on Apache Pulsar (or it is not a defect of pulsar-lite).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -15,13 +21,53 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 
 TIERS = ("unit", "integration", "system")
+BROKERS = ("lite", "apache")
+# What runs against Apache Pulsar with --broker apache (paths under tests/, or test modules): the tests whose
+# claims are about the broker and our use of it. Everything else is broker-independent or pulsar-lite's own.
+ON_APACHE = (
+    "integration/broker_conformance/",
+    "integration/worker/test_runtime_scaling.py",
+    "integration/worker/test_worker_api.py",
+    "integration/worker/test_function_semantics.py",
+    "integration/keyed/test_live_migration.py",
+    "integration/state/test_state_store.py",
+    "system/test_apache_standalone.py",
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--broker", choices=BROKERS, default=os.environ.get("PULSAR_AUTOSCALE_TEST_BROKER", "lite"),
+                     help="the broker the broker-sensitive tests run on: the embedded pulsar-lite (default) or "
+                          "Apache Pulsar standalone (only the tests listed in tests/conftest.py ON_APACHE run)")
 
 
 def pytest_collection_modifyitems(config, items):
+    kind = config.getoption("--broker")
+    kept, dropped = [], []
     for item in items:
-        parts = item.path.relative_to(config.rootpath).parts
-        if len(parts) > 1 and parts[0] == "tests" and parts[1] in TIERS:
-            item.add_marker(parts[1])
+        rel = item.path.relative_to(config.rootpath / "tests").as_posix()
+        tier = rel.split("/")[0]
+        if tier in TIERS:
+            item.add_marker(tier)
+        if kind == "apache" and not rel.startswith(ON_APACHE):
+            dropped.append(item)
+            continue
+        kept.append(item)
+        for mark in item.iter_markers("lite_defect"):
+            if kind == "lite":
+                item.add_marker(pytest.mark.xfail(strict=mark.kwargs.get("strict", True), reason=mark.kwargs["reason"],
+                                                  raises=mark.kwargs.get("raises")))
+        for mark in item.iter_markers("lite_only"):
+            if kind != "lite":
+                item.add_marker(pytest.mark.skip(reason=f"pulsar-lite only: {mark.args[0]}"))
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def broker_kind(request) -> str:
+    return request.config.getoption("--broker")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -34,7 +80,12 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory):
+def broker(tmp_path_factory, broker_kind):
+    if broker_kind == "apache":
+        from pulsar_autoscale.broker.apache import ApacheStandalone
+        with ApacheStandalone(data_dir=str(tmp_path_factory.mktemp("apache"))) as b:
+            yield b
+        return
     with EmbeddedBroker(data_dir=str(tmp_path_factory.mktemp("broker"))) as b:
         yield b
 

@@ -7,7 +7,7 @@ import pytest
 import requests
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B7: no admin REST API (topic stats, functions); only /metrics")
+@pytest.mark.lite_defect(reason="pulsar-lite B7: no admin REST API (topic stats, functions); only /metrics")
 def test_topic_stats_over_the_admin_api(broker, topic):
     base = broker.metrics_url.rsplit("/metrics", 1)[0]
     path = topic.replace("persistent://", "")

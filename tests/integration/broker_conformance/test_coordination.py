@@ -55,7 +55,7 @@ def test_exclusive_subscription_frees_after_kill9_of_the_holder_process(broker, 
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B3: a command error (here: refused Exclusive subscribe) closes the "
+@pytest.mark.lite_defect(reason="pulsar-lite B3: a command error (here: refused Exclusive subscribe) closes the "
                                        "whole connection, so the client's other consumers are dropped and re-subscribed")
 def test_refused_command_leaves_other_consumers_of_the_client_alone(broker, topic):
     lock = topic + "-lock"
@@ -75,7 +75,7 @@ def test_refused_command_leaves_other_consumers_of_the_client_alone(broker, topi
     assert again == [], "the bystander consumer was re-subscribed: its unacked message came back"
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B6: producer access mode Exclusive is ignored")
+@pytest.mark.lite_defect(reason="pulsar-lite B6: producer access mode Exclusive is ignored")
 def test_exclusive_producer_refuses_a_second_producer(broker, topic):
     with client(broker.service_url) as c, client(broker.service_url, op_timeout_s=1) as other:
         c.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)

@@ -61,7 +61,7 @@ def test_key_shared_keeps_per_key_order_within_one_client(broker, topic):
     assert len(set(owner.values())) >= 2, f"all keys went to one consumer: {owner}"
 
 
-@pytest.mark.xfail(strict=False, reason="pulsar-lite, like B1: Key_Shared sometimes delivers a message twice to the "
+@pytest.mark.lite_defect(strict=False, reason="pulsar-lite, like B1: Key_Shared sometimes delivers a message twice to the "
                                         "same consumer (1-4 of 500 in about half the runs), too rare to xfail strictly")
 def test_key_shared_delivers_each_message_once(broker, topic):
     n = 500
@@ -70,7 +70,7 @@ def test_key_shared_delivers_each_message_once(broker, topic):
     assert max(counts.values()) == 1, f"duplicates: {sorted(p for p, k in counts.items() if k > 1)[:10]}"
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B4: Key_Shared messages left unacked by a closed consumer stay stuck")
+@pytest.mark.lite_defect(reason="pulsar-lite B4: Key_Shared messages left unacked by a closed consumer stay stuck")
 def test_key_shared_unacked_messages_of_a_closed_consumer_go_to_the_survivors(broker, topic):
     n = 100
     with client(broker.service_url) as c:
@@ -125,7 +125,7 @@ def test_key_shared_sticky_ranges_give_each_consumer_exactly_its_hash_ranges(bro
     _check_sticky(_sticky_receive(broker, topic, 400, STICKY, pipelined=False, batching_enabled=False), STICKY, 400)
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B11: sticky Key_Shared consumers lose messages of pipelined "
+@pytest.mark.lite_defect(reason="pulsar-lite B11: sticky Key_Shared consumers lose messages of pipelined "
                                        "producers (105-361 of 400 never delivered, batched by key or unbatched)")
 @pytest.mark.parametrize("batching", ["none", "key-based"])
 def test_key_shared_sticky_ranges_with_pipelined_producers(broker, topic, batching):

@@ -47,8 +47,7 @@ def test_batched_producer_is_unbatched_in_order_for_the_consumer(broker, topic):
 
 
 NACKED_REDELIVERED = [pytest.param(pulsar.ConsumerType.Shared, id="Shared"),
-                      pytest.param(pulsar.ConsumerType.Failover, id="Failover", marks=pytest.mark.xfail(
-                          strict=True, reason="pulsar-lite B13: a nacked message of a Failover subscription is "
+                      pytest.param(pulsar.ConsumerType.Failover, id="Failover", marks=pytest.mark.lite_defect(reason="pulsar-lite B13: a nacked message of a Failover subscription is "
                                               "never redelivered"))]
 
 
@@ -67,7 +66,7 @@ def test_negative_ack_redelivers_to_the_same_subscription(broker, topic, kind):
     assert again.redelivery_count() >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B8: deliver_after is ignored, the message is delivered at once")
+@pytest.mark.lite_defect(reason="pulsar-lite B8: deliver_after is ignored, the message is delivered at once")
 def test_deliver_after_delays_delivery(broker, topic):
     """Not used by the runtime today; tells us when delayed retries become available on lite."""
     with client(broker.service_url) as c:

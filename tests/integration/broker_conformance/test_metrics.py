@@ -55,7 +55,7 @@ def test_backlog_counts_entries_not_messages_when_batching(broker, topic):
     assert 0 < seen["pulsar_subscription_back_log"] < n, f"backlog {seen['pulsar_subscription_back_log']} for {n} batched messages"
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B14 (docs/broker.md): an unsubscribed subscription's series stay "
+@pytest.mark.lite_defect(reason="pulsar-lite B14 (docs/broker.md): an unsubscribed subscription's series stay "
                    "in /metrics for good (backlog 0), and creating new subscriptions slows as they pile up")
 def test_an_unsubscribed_subscription_leaves_the_metrics(broker, topic):
     """Apache Pulsar drops a deleted subscription's series. Why lite_quirks pads consumer ids on one

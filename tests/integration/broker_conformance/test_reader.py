@@ -57,7 +57,7 @@ def test_reader_from_a_batched_message_id(broker, topic):
     assert [p for p in got if p > inside] == list(range(inside + 1, 100))
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B16: a reader with a receiver queue of 1 from a message id "
+@pytest.mark.lite_defect(reason="pulsar-lite B16: a reader with a receiver queue of 1 from a message id "
                                        "gets nothing")
 def test_a_reader_with_a_receiver_queue_of_one_from_a_message_id_reads_the_rest(broker, topic):
     with client(broker.service_url) as c:
@@ -82,7 +82,7 @@ def test_b16_fence_a_reader_queue_of_two_from_a_message_id_reads_the_rest(broker
     assert sorted(set(got)) == list(range(5, 40)), f"read {got}"
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B5: seek on a live consumer is ignored")
+@pytest.mark.lite_defect(reason="pulsar-lite B5: seek on a live consumer is ignored")
 def test_seek_on_a_live_consumer_rewinds(broker, topic):
     """Fresh topic and subscription only: seek(earliest) breaks a lite subscription for good."""
     with client(broker.service_url) as c:

@@ -50,7 +50,7 @@ def test_unacked_messages_of_a_closed_consumer_go_to_the_survivors(broker, topic
 
 
 @pytest.mark.parametrize("sub_type", ["Exclusive", "Failover"])
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B1: duplicate deliveries on Exclusive/Failover with the default "
+@pytest.mark.lite_defect(reason="pulsar-lite B1: duplicate deliveries on Exclusive/Failover with the default "
                                        "receiver queue (2000 unbatched async sends: 40-140% extra, 16 of 16 runs)")
 def test_single_active_consumer_gets_each_message_once(broker, topic, sub_type):
     """Why the runtime never uses Exclusive for data, and why retainOrdering (Failover) is fenced on lite."""

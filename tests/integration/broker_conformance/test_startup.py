@@ -15,7 +15,7 @@ from pulsar_autoscale.netutil import free_port, wait_for_port
 from tests.support.scenario import wait_until
 
 
-@pytest.mark.xfail(strict=True, reason="pulsar-lite B15 (docs/broker.md): with its metrics port taken it logs "
+@pytest.mark.lite_defect(reason="pulsar-lite B15 (docs/broker.md): with its metrics port taken it logs "
                                        "'Metrics server terminated' and runs on without /metrics")
 def test_a_broker_whose_metrics_port_is_taken_does_not_run(tmp_path):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
