@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 
+from pulsar_autoscale.cliargs import spread
 from pulsar_autoscale.errors import PulsarAutoscaleError
 
 # subcommand -> (module, help). Each module defines configure_parser(parser) and run(args) -> int.
@@ -21,6 +22,7 @@ COMMANDS = {
                    "per-function controls of a running controller: pause, resume, get, set, why, reload"),
     "tokens": ("pulsar_autoscale.security.tokens_cli", "create keys and tokens (Pulsar's bin/pulsar tokens)"),
     "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),
+    "plan": ("pulsar_autoscale.planning.cli", "capacity planning: measure MST on a testbed and plan a target rate"),
     "demo": ("pulsar_autoscale.cli.demo", "run the end-to-end demo on the embedded broker"),
     "produce": ("pulsar_autoscale.cli.client", "send messages to a topic (like pulsar-client produce)"),
     "consume": ("pulsar_autoscale.cli.client", "receive messages from a topic (like pulsar-client consume)"),
@@ -42,6 +44,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.set_defaults(_module=module)
         if command in (None, name):
             importlib.import_module(module).configure_parser(p)
+            spread(p)   # connection and auth options before or after the action
     return parser
 
 

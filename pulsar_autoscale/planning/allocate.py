@@ -1,0 +1,80 @@
+"""Per-function parallelism that maximizes the source rate under a budget of instances.
+
+The app sustains min over functions of capacity_f(k_f) / gain_f (gain: messages reaching f per source
+message). With capacity curves that never decrease in k, adding the next instance to the current
+bottleneck is exact: any allocation that beats greedy must give the bottleneck more instances than
+greedy did, which greedy only withheld when it was not the bottleneck. A curve that stops rising
+(a hot key group) stops the search: more instances there buy nothing, and the plan says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from pulsar_autoscale.errors import ConfigError
+
+Curve = Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    parallelism: dict[str, int]
+    rate: float              # source messages/s the allocation sustains (by the curves)
+    budget: int              # instances allowed
+    used: int                # instances used (less than budget when a bound or a capped curve stops it)
+    limited_by: str          # what stopped it: "budget", "<function> at max bound", "<function> capped"
+
+
+def _rate(curves: Mapping[str, Curve], gains: Mapping[str, float], k: Mapping[str, int]) -> tuple[float, str]:
+    best, name = float("inf"), ""
+    for f, c in curves.items():
+        r = c(k[f]) / gains[f] if gains[f] > 0 else float("inf")
+        if r < best:
+            best, name = r, f
+    return best, name
+
+
+def allocation_path(curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int,
+                    bounds: Mapping[str, tuple[int, int]] | None = None) -> list[Allocation]:
+    """Greedy allocations for every budget from the minimum up to `budget` (one pass: the greedy
+    allocation for B+1 is that for B plus one instance), so a budget sweep costs one allocation."""
+    bounds = bounds or {}
+    k = {f: max(1, bounds.get(f, (1, 10**9))[0]) for f in curves}
+    if sum(k.values()) > budget:
+        raise ConfigError(f"budget {budget} is below the minimum parallelism of the functions ({sum(k.values())})")
+    out: list[Allocation] = []
+    limited = "budget"
+    while True:
+        rate, b = _rate(curves, gains, k)
+        used = sum(k.values())
+        out.append(Allocation(dict(k), rate, used, used, "budget"))
+        if used >= budget:
+            break
+        hi = bounds.get(b, (1, 10**9))[1]
+        if k[b] >= hi:
+            limited = f"{b} at max bound {hi}"
+            break
+        if curves[b](k[b] + 1) <= curves[b](k[b]) * (1 + 1e-9):
+            limited = f"{b} capped at {k[b]} instances"
+            break
+        k[b] += 1
+    last = out[-1]
+    out[-1] = Allocation(last.parallelism, last.rate, budget if limited == "budget" else last.used, last.used,
+                         limited)
+    return out
+
+
+def allocate(curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int,
+             bounds: Mapping[str, tuple[int, int]] | None = None) -> Allocation:
+    last = allocation_path(curves, gains, budget, bounds)[-1]
+    return Allocation(last.parallelism, last.rate, budget, last.used, last.limited_by)
+
+
+def for_rate(curves: Mapping[str, Curve], gains: Mapping[str, float], rate: float, max_budget: int,
+             bounds: Mapping[str, tuple[int, int]] | None = None) -> Allocation | None:
+    """The smallest greedy allocation that sustains `rate`, or None if `max_budget` does not."""
+    for a in allocation_path(curves, gains, max_budget, bounds):
+        if a.rate >= rate:
+            return Allocation(a.parallelism, a.rate, a.used, a.used, "rate")
+    return None

@@ -1,0 +1,206 @@
+"""From profiles to a plan: MST against budget, a model chosen by held-out error, and the inversion
+for a target rate.
+
+1. Allocate each measured budget greedily over the per-function curves and measure its MST (real
+   runs: the curves alone never see how functions interfere on shared workers).
+2. Fit MST against budget with every family (linear, log, sqrt, power, profile) and keep the one
+   that best predicts the upper half of the budgets from the lower half.
+3. For a target rate: the smallest budget whose predicted MST covers the rate plus headroom, its
+   allocation, an error band, and the workers that allocation needs (from measured CPU per message).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.planning.allocate import Allocation, allocation_path
+from pulsar_autoscale.planning.extrapolate import FAMILIES, MAX_EXTRAPOLATION, Band, Fit, band, invert, select
+from pulsar_autoscale.planning.mst import MstResult, MstSettings, measure_mst
+from pulsar_autoscale.planning.profile import AppProfile
+from pulsar_autoscale.planning.testbed import Testbed, TestConfig
+
+MODEL_FAMILIES = FAMILIES + ("profile",)
+
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    budget: int
+    parallelism: dict[str, int]
+    profile_rate: float          # what the per-function curves say the allocation sustains
+    measured: MstResult
+
+
+@dataclass(frozen=True)
+class CapacityModel:
+    profile: AppProfile
+    points: tuple[BudgetPoint, ...]
+    fit: Fit
+    candidates: tuple[Fit, ...]
+    max_budget: int              # the profile shape is tabulated up to here
+
+    def allocation(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None) -> Allocation:
+        path = allocation_path(self.profile.curves(), self.profile.gains(), budget, bounds)
+        return path[-1]
+
+    def predict(self, budget: int) -> float:
+        return float(self.fit.predict(budget))
+
+    @property
+    def runs(self) -> int:
+        return self.profile.runs + sum(p.measured.runs for p in self.points)
+
+    @property
+    def testbed_s(self) -> float:
+        return self.profile.testbed_s + sum(p.measured.testbed_s for p in self.points)
+
+    def to_json(self) -> dict:
+        return {"model": self.fit.to_json(), "candidates": [c.to_json() for c in self.candidates],
+                "measured": [{"budget": p.budget, "parallelism": p.parallelism, "mst": p.measured.mst,
+                              "profile_rate": p.profile_rate, "runs": p.measured.runs,
+                              "testbed_s": p.measured.testbed_s} for p in self.points],
+                "runs": self.runs, "testbed_s": self.testbed_s}
+
+
+def default_budgets(n_functions: int, largest: int) -> list[int]:
+    """Budgets to measure: from one instance per function to `largest`, roughly geometric, at least 4."""
+    largest = max(largest, n_functions + 3)
+    xs = np.unique(np.round(np.geomspace(n_functions, largest, 6)).astype(int))
+    return [int(x) for x in xs]
+
+
+def profile_shape(profile: AppProfile, max_budget: int) -> callable:
+    """Budget -> the greedy allocation's rate by the per-function curves (a budget below the minimum:
+    the minimum's rate)."""
+    path = allocation_path(profile.curves(), profile.gains(), max_budget)
+    first = path[0].used
+    rates = np.array([a.rate for a in path])
+
+    def shape(x) -> np.ndarray:
+        b = np.clip(np.floor(np.asarray(x, dtype=float)).astype(int) - first, 0, len(rates) - 1)
+        return rates[b]
+    return shape
+
+
+def build_model(testbed: Testbed, profile: AppProfile, budgets: Sequence[int],
+                settings: MstSettings = MstSettings(), families: Sequence[str] = MODEL_FAMILIES) -> CapacityModel:
+    max_budget = int(max(budgets) * MAX_EXTRAPOLATION) + 1
+    shape = profile_shape(profile, max_budget)
+    points = []
+    for b in budgets:
+        alloc = allocation_path(profile.curves(), profile.gains(), b)[-1]
+        res = measure_mst(testbed, TestConfig(alloc.parallelism), settings)
+        points.append(BudgetPoint(b, alloc.parallelism, alloc.rate, res))
+    xs = [p.budget for p in points]
+    ys = [p.measured.mst for p in points]
+    best, cands = select(xs, ys, families, shape)
+    return CapacityModel(profile, tuple(points), best, tuple(cands), max_budget)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    budget: int
+    mst: float
+    band: Band
+    allocation: Allocation
+
+
+def predict(model: CapacityModel, budget: int) -> Prediction:
+    mst = model.predict(budget)
+    return Prediction(budget, mst, band(model.fit, budget, mst), model.allocation(budget))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The production workers, for the worker count."""
+
+    cores_per_worker: float = 4.0
+    instances_per_worker: int = 8
+    runtime: str = "thread"          # thread: one interpreter lock, so about one core of Python per worker
+    target_cpu: float = 0.7          # plan CPU to this share of what a worker offers
+
+    @property
+    def usable_cores(self) -> float:
+        return (1.0 if self.runtime == "thread" else self.cores_per_worker) * self.target_cpu
+
+
+@dataclass(frozen=True)
+class Plan:
+    target_rate: float
+    headroom: float
+    budget: int
+    parallelism: dict[str, int]
+    workers: int
+    cpu_cores: float
+    predicted_mst: float
+    band: Band
+    model: Fit
+    limited_by: str
+    runs: int
+    testbed_s: float
+    wall_s: float
+    refused: str | None = None
+
+    def to_json(self) -> dict:
+        return {"target_rate": self.target_rate, "headroom": self.headroom, "budget": self.budget,
+                "parallelism": self.parallelism, "workers": self.workers, "cpu_cores": round(self.cpu_cores, 3),
+                "predicted_mst": self.predicted_mst,
+                "band": {"low": self.band.low, "high": self.band.high, "relative": self.band.relative,
+                         "extrapolation": self.band.extrapolation, "trusted": self.band.trusted,
+                         "note": self.band.note},
+                "model": self.model.to_json(), "limited_by": self.limited_by, "runs": self.runs,
+                "testbed_s": self.testbed_s, "wall_s": self.wall_s, "refused": self.refused}
+
+
+def cpu_per_source_msg(profile: AppProfile) -> float:
+    """CPU seconds a source message costs over all functions (measured CPU per message x gain)."""
+    total = 0.0
+    for fp in profile.functions.values():
+        cpus = [p.cpu_per_msg_s for p in fp.points if p.cpu_per_msg_s is not None]
+        total += (float(np.median(cpus)) if cpus else 0.0) * fp.gain
+    return total
+
+
+def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.10,
+                  cluster: Cluster = Cluster(), started: float | None = None) -> Plan:
+    """The smallest budget whose predicted MST is at least target x (1 + headroom)."""
+    if target_rate <= 0:
+        raise ConfigError(f"--target-rate must be > 0, got {target_rate}")
+    need = target_rate * (1 + headroom)
+    first = model.points[0].budget
+    x = invert(model.fit, need, x_lo=float(first), x_hi=float(model.max_budget))
+    refused = None
+    if x is None:
+        budget = model.max_budget
+        refused = (f"no budget up to {model.max_budget} instances ({MAX_EXTRAPOLATION:.0f}x the largest measured) "
+                   f"reaches {need:.1f}/s by the {model.fit.family} model")
+    else:
+        budget = int(math.ceil(x - 1e-9))
+        while model.predict(budget) < need and budget < model.max_budget:
+            budget += 1
+    pred = predict(model, budget)
+    if refused is None and not pred.band.trusted:
+        refused = pred.band.note
+    cores = cpu_per_source_msg(model.profile) * need
+    workers = max(math.ceil(pred.allocation.used / cluster.instances_per_worker),
+                  math.ceil(cores / cluster.usable_cores - 1e-9), 1)
+    wall = time.perf_counter() - started if started is not None else 0.0
+    return Plan(target_rate, headroom, budget, pred.allocation.parallelism, workers, cores, pred.mst, pred.band,
+                model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused)
+
+
+def controller_snippet(plan: Plan, floor_share: float = 0.25) -> str:
+    """controller.yaml `plan.bounds` from the plan: max = the planned parallelism (what the target rate
+    needs, with headroom), min = a quarter of it (the autoscaler scales in under lighter load)."""
+    lines = [f"# capacity plan: target {plan.target_rate:.1f} msg/s (+{plan.headroom:.0%} headroom), predicted MST "
+             f"{plan.predicted_mst:.1f} msg/s [{plan.band.low:.1f}, {plan.band.high:.1f}]",
+             "plan:", "  bounds:"]
+    for fn, k in sorted(plan.parallelism.items()):
+        pattern = fn if "/" in fn else f"public/default/{fn}"
+        lines.append(f"    - {{pattern: {pattern}, min: {max(1, math.floor(k * floor_share))}, max: {k}}}")
+    return "\n".join(lines) + "\n"
