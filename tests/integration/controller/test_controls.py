@@ -263,7 +263,7 @@ def test_stock_mode_refuses_min_zero():
 
 
 def test_the_docs_example_policy_runs_in_the_controller(broker, worker, tmp_path):
-    from test_policy_checks import doc_example
+    from tests.integration.test_policy_checks import doc_example
     name = make_function(worker)
     fqfn = f"public/default/{name}"
     controller = start(broker, worker, tmp_path, policy=doc_example(tmp_path), policy_params={"target": 0.6})
