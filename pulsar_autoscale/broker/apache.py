@@ -1,0 +1,485 @@
+"""A real Apache Pulsar: `bin/pulsar standalone` from the binary distribution on Maven Central.
+
+Broker-facing behaviour is tested on stock Pulsar as well as on the embedded pulsar-lite, and
+this is the one-command way to get it: the distribution
+(`org.apache.pulsar:pulsar-server-distribution:<version>:tar.gz:bin`) is fetched through Maven,
+verified and unpacked once into the user's cache directory; every instance then runs from a
+private copy of `conf/` in its own data directory, on free ports, so several can run at once and
+nothing is ever written into the cache tree.
+
+`bin/pulsar` execs java, so the child's pid is the JVM's own; the JVM gets a parent-death signal
+(as the embedded broker does), so a killed wrapper never leaves a standalone holding its ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import requests
+import yaml
+
+from pulsar_autoscale.broker.embedded import _die_with_parent
+from pulsar_autoscale.errors import BrokerError
+from pulsar_autoscale.netutil import free_port
+
+log = logging.getLogger(__name__)
+HOST = "127.0.0.1"
+APP = "pulsar-autoscale"
+# The newest 4.0.x (LTS) release on Maven Central when this was written; override with version= or the env.
+DEFAULT_VERSION = "4.0.8"
+VERSION_ENV = "PULSAR_AUTOSCALE_APACHE_VERSION"
+GROUP, ARTIFACT = "org.apache.pulsar", "pulsar-server-distribution"
+MVN_TIMEOUT_S = 1800.0
+PORT_TRIES = 3
+# Sized for a 2-core, 24 GB machine shared with tests: the distribution's defaults are 2 GB heap, 4 GB direct
+# memory and -XX:+AlwaysPreTouch (which alone costs seconds of system time at every start).
+DEFAULT_MEM = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=1g"
+DEFAULT_GC = "-XX:+UseG1GC -XX:ParallelGCThreads=2 -XX:ConcGCThreads=1 -XX:+PerfDisableSharedMem"
+BOOKIE_CACHE_MB = 32
+LEADER_READY_LOG = "FunctionMetaDataManager done becoming leader"
+LEADER_LOG_GRACE_S = 20.0
+
+
+def artifact(version: str) -> str:
+    return f"{GROUP}:{ARTIFACT}:{version}:tar.gz:bin"
+
+
+def cache_root() -> Path:
+    """`$XDG_CACHE_HOME/pulsar-autoscale/apache-pulsar` (default ~/.cache/...): re-fetchable, never user data."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / APP / "apache-pulsar"
+
+
+def require_tools(*tools: str) -> None:
+    """One line naming what is missing, before anything is downloaded or spawned."""
+    why = {"java": "Java 17+ runs Apache Pulsar", "mvn": "Maven fetches the Pulsar distribution"}
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise BrokerError("Apache Pulsar needs " + " and ".join(f"`{t}` on PATH ({why.get(t, 'required')})"
+                                                              for t in missing) + ": not found")
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock: two test processes never fetch or unpack the same version at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _m2_sha1(version: str) -> str | None:
+    """The .sha1 Maven downloaded beside the artifact in the local repository, if it kept one."""
+    name = f"{ARTIFACT}-{version}-bin.tar.gz.sha1"
+    f = Path.home() / ".m2" / "repository" / GROUP.replace(".", "/") / ARTIFACT / version / name
+    try:
+        return f.read_text().split()[0].strip().lower()
+    except (OSError, IndexError):
+        return None
+
+
+def _sha1(path: Path) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch(version: str, into: Path) -> Path:
+    """`mvn dependency:copy` of the distribution into `into`; the tarball's path."""
+    cmd = ["mvn", "-q", "-B", "dependency:copy", f"-Dartifact={artifact(version)}", f"-DoutputDirectory={into}"]
+    log.info("fetching %s through Maven", artifact(version))
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=MVN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise BrokerError(f"mvn did not fetch {artifact(version)} within {MVN_TIMEOUT_S:.0f}s") from None
+    tarball = into / f"{ARTIFACT}-{version}-bin.tar.gz"
+    if done.returncode != 0 or not tarball.is_file():
+        lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+        err = next((ln for ln in lines if "ERROR" in ln), lines[-1] if lines else f"exit {done.returncode}")
+        raise BrokerError(f"mvn could not fetch {artifact(version)} (unknown version, or no access to Maven "
+                          f"Central?): {err.strip()[:300]}")
+    return tarball
+
+
+def ensure_distribution(version: str | None = None) -> Path:
+    """PULSAR_HOME of `version`, fetched, verified and unpacked once under the cache directory.
+
+    The tree appears by a rename of a fully unpacked temp dir, so a killed fetch or unpack never
+    leaves a half tree that a later run would trust.
+    """
+    version = version or os.environ.get(VERSION_ENV) or DEFAULT_VERSION
+    vdir = cache_root() / version
+    home = vdir / "dist"
+    if (home / "bin" / "pulsar").is_file():
+        return home
+    require_tools("java", "mvn")
+    with _locked(vdir / ".lock"):
+        if (home / "bin" / "pulsar").is_file():      # another process finished it while we waited
+            return home
+        work = Path(tempfile.mkdtemp(prefix=".unpack-", dir=vdir))
+        try:
+            tarball = _fetch(version, work)
+            expected = _m2_sha1(version)
+            if expected is not None and _sha1(tarball) != expected:
+                raise BrokerError(f"{tarball.name}: sha1 differs from Maven's {expected} (corrupt download?); "
+                                  f"delete it from ~/.m2 and retry")
+            if expected is None:
+                log.warning("no .sha1 for %s in ~/.m2: only checking that it unpacks with bin/pulsar", tarball.name)
+            out = work / "tree"
+            out.mkdir()
+            done = subprocess.run(["tar", "xzf", str(tarball), "-C", str(out)], capture_output=True, text=True)
+            tops = [p for p in out.iterdir() if (p / "bin" / "pulsar").is_file()] if done.returncode == 0 else []
+            if not tops:
+                raise BrokerError(f"{tarball.name} is not a Pulsar distribution (no bin/pulsar after unpacking): "
+                                  f"{done.stderr.strip()[:200] or 'tar failed'}")
+            tops[0].rename(home)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return home
+
+
+# What Pulsar's python instance (instances/python-instance) imports beyond the standard library and its own dir:
+# pulsar-client[functions] brings them all.
+PYTHON_INSTANCE_MODULES = ("pulsar", "google.protobuf", "grpc", "prometheus_client", "ratelimit", "bookkeeper")
+
+
+def python_instance_missing(python: str) -> list[str]:
+    """The modules of PYTHON_INSTANCE_MODULES that `python` cannot import (found by spec, nothing imported)."""
+    code = ("import importlib.util as u, sys\n"
+            "def ok(m):\n"
+            "    try:\n        return u.find_spec(m) is not None\n"
+            "    except ModuleNotFoundError:\n        return False\n"
+            "print(' '.join(m for m in sys.argv[1:] if not ok(m)))")
+    try:
+        done = subprocess.run([python, "-c", code, *PYTHON_INSTANCE_MODULES], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"(cannot run {python}: {exc})"]
+    return done.stdout.split() if done.returncode == 0 else [f"(cannot run {python}: {done.stderr.strip()[-200:]})"]
+
+
+def _python_shim(python: str) -> str:
+    """`python3` for the process runtime: execs `python` with a parent-death signal set first, so the function
+    instances Pulsar spawns die with the JVM (without it, a SIGKILLed standalone leaves them running, reparented
+    to init); one that finds its parent already gone exits."""
+    boot = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+            "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])")
+    return f'#!/bin/sh\nexec "{python}" -c "{boot}" "{python}" "$@"\n'
+
+
+def _set_properties(path: Path, values: dict[str, object]) -> None:
+    """key=value edits of a Java properties file: replace the key's lines, append the keys it lacks."""
+    lines = path.read_text().splitlines()
+    seen: set[str] = set()
+    out = []
+    for line in lines:
+        key = line.split("=", 1)[0].strip() if "=" in line and not line.lstrip().startswith("#") else None
+        if key in values:
+            if key in seen:
+                continue
+            seen.add(key)
+            line = f"{key}={values[key]}"
+        out.append(line)
+    out += [f"{k}={v}" for k, v in values.items() if k not in seen]
+    path.write_text("\n".join(out) + "\n")
+
+
+@dataclass
+class ApacheStandalone:
+    """A running `bin/pulsar standalone` (broker, BookKeeper, RocksDB metadata, functions worker); use as a
+    context manager or call start()/stop()."""
+
+    version: str | None = None            # default: $PULSAR_AUTOSCALE_APACHE_VERSION or DEFAULT_VERSION
+    port: int = 0                         # brokerServicePort (default: a free port)
+    web_port: int = 0                     # webServicePort: admin REST, /metrics, functions API
+    data_dir: str | None = None           # default: a temporary directory removed on stop()
+    functions_worker: bool = True
+    startup_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    jvm_mem: str = DEFAULT_MEM
+    jvm_gc: str = DEFAULT_GC
+    log_level: str = "info"
+    # statsUpdateFrequencyInSecs and its initial delay (Pulsar's default: 60 s): topic rates (msgRateIn/Out) and
+    # the /metrics gauges refresh this often, like pulsar-lite's gauges (about 5 s)
+    stats_interval_s: int = 5
+    # The interpreter the process runtime launches for Python functions: Pulsar runs `python3` from PATH, so the
+    # JVM's PATH starts with a directory whose `python3` execs this one (_python_shim). It needs
+    # pulsar-client[functions]: see PYTHON_INSTANCE_MODULES; start() warns about what it lacks.
+    python: str = sys.executable
+    start_s: float | None = field(default=None, init=False)
+    python_missing: list[str] = field(default_factory=list, init=False)   # modules the python instance lacks
+    home: Path | None = field(default=None, init=False, repr=False)
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _owns_dir: bool = field(default=False, init=False, repr=False)
+    _log_start: int = field(default=0, init=False, repr=False)
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{HOST}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """The web service: admin REST v2, the functions worker's /admin/v3/functions, /metrics."""
+        return f"http://{HOST}:{self.web_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.admin_url}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's pid (bin/pulsar execs java)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.data_dir or ".", "logs", "pulsar-standalone.out")
+
+    def start(self) -> "ApacheStandalone":
+        require_tools("java")
+        self.home = ensure_distribution(self.version)
+        picked = (not self.port, not self.web_port)
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                return self._start()
+            except BrokerError as exc:
+                in_use = "address already in use" in str(exc).lower()
+                if not in_use or attempt == PORT_TRIES or not any(picked):
+                    raise
+                log.warning("apache pulsar: a port picked for it was taken meanwhile; picking others")
+            self.port = 0 if picked[0] else self.port
+            self.web_port = 0 if picked[1] else self.web_port
+        raise AssertionError("unreachable")
+
+    def _start(self) -> "ApacheStandalone":
+        self.port = self.port or free_port()
+        self.web_port = self.web_port or free_port()
+        bk_port, stream_port, zk_port = free_port(), free_port(), free_port()
+        if self.data_dir is None:
+            self.data_dir = tempfile.mkdtemp(prefix="apache-pulsar-")
+            self._owns_dir = True
+        data = Path(self.data_dir)
+        conf = self._write_conf(data, bk_port)
+        pybin = data / "pybin"
+        pybin.mkdir(exist_ok=True)
+        shim = pybin / "python3"
+        shim.write_text(_python_shim(self.python))
+        shim.chmod(0o755)
+        env = dict(os.environ,
+                   PULSAR_MEM=self.jvm_mem, PULSAR_GC=self.jvm_gc,
+                   PULSAR_LOG_DIR=str(data / "logs"), PULSAR_LOG_LEVEL=self.log_level,
+                   PULSAR_LOG_CONF=str(conf / "log4j2.yaml"), FUNCTIONS_LOG_CONF=str(conf / "functions_log4j2.xml"),
+                   PULSAR_STANDALONE_CONF=str(conf / "standalone.conf"),
+                   PULSAR_ROUTING_APPENDER_DEFAULT="Console",
+                   PATH=f"{pybin}{os.pathsep}{os.environ.get('PATH', '')}")
+        cmd = [str(self.home / "bin" / "pulsar"), "standalone",
+               "--config", str(conf / "standalone.conf"),
+               "--functions-worker-conf", str(conf / "functions_worker.yml"),
+               "--metadata-dir", str(data / "metadata"),
+               "--bookkeeper-dir", str(data / "bookkeeper"), "--bookkeeper-port", str(bk_port),
+               "--zookeeper-dir", str(data / "zookeeper"), "--zookeeper-port", str(zk_port),
+               "--stream-storage-port", str(stream_port), "--no-stream-storage",
+               "--advertised-address", HOST]
+        if not self.functions_worker:
+            cmd.append("--no-functions-worker")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "ab")
+        self._log_start = out.tell()
+        spawned = time.monotonic()
+        # bin/pulsar cds to PULSAR_HOME (the cache tree) before exec'ing java: every path the standalone writes is
+        # made absolute, under the data dir, in _write_conf and the flags above.
+        self._proc = subprocess.Popen(cmd, cwd=data, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        out.close()
+        if self.functions_worker:
+            self.python_missing = python_instance_missing(self.python)
+            if self.python_missing:
+                log.warning("Python functions on this standalone will fail to start: %s lacks %s "
+                            "(pip install 'pulsar-client[functions]' there)", self.python, ", ".join(self.python_missing))
+        self._wait_ready(spawned)
+        self.start_s = time.monotonic() - spawned
+        log.info("apache pulsar %s ready in %.1fs (pid %s, RSS %.0f MB)", self.home.parent.name, self.start_s,
+                 self.pid, self.rss_mb() or 0)
+        return self
+
+    def _write_conf(self, data: Path, bk_port: int) -> Path:
+        """A private copy of the distribution's conf/ with this instance's ports, dirs and sizing."""
+        conf = data / "conf"
+        shutil.rmtree(conf, ignore_errors=True)
+        shutil.copytree(self.home / "conf", conf)
+        _set_properties(conf / "standalone.conf", {
+            "brokerServicePort": self.port, "webServicePort": self.web_port,
+            "bindAddress": HOST, "advertisedAddress": HOST, "clusterName": "standalone",
+            "managedLedgerDefaultEnsembleSize": 1, "managedLedgerDefaultWriteQuorum": 1,
+            "managedLedgerDefaultAckQuorum": 1,
+            # the bookie reads standalone.conf too: small caches (the default is direct memory / 8 each)
+            "dbStorage_writeCacheMaxSizeMb": BOOKIE_CACHE_MB, "dbStorage_readAheadCacheMaxSizeMb": BOOKIE_CACHE_MB,
+            "httpServerEnabled": "false", "bookiePort": bk_port,
+            "brokerShutdownTimeoutMs": 5000,
+            "statsUpdateFrequencyInSecs": self.stats_interval_s, "statsUpdateInitialDelayInSecs": self.stats_interval_s,
+            # the functions worker's package store (the file system provider in RocksDB-metadata mode); its
+            # default is the relative "packages-storage", i.e. inside the cache tree
+            "STORAGE_PATH": data / "packages-storage",
+        })
+        fw_path = conf / "functions_worker.yml"
+        fw = yaml.safe_load(fw_path.read_text()) or {}
+        fw.update({
+            "pulsarFunctionsCluster": "standalone",
+            "workerHostname": HOST, "workerPort": self.web_port,
+            "pulsarServiceUrl": self.service_url, "pulsarWebServiceUrl": self.admin_url,
+            "downloadDirectory": str(data / "download" / "pulsar_functions"),
+            "connectorsDirectory": str(data / "connectors"), "functionsDirectory": str(data / "functions"),
+            "functionRuntimeFactoryClassName": "org.apache.pulsar.functions.runtime.process.ProcessRuntimeFactory",
+        })
+        # Process runtime. The python instance (instances/python-instance/python_instance_main.py) is run as
+        # `python3 python_instance_main.py ...` with its own dir on sys.path (Function_pb2, server, log, ...);
+        # it imports `pulsar`, google.protobuf (gencode 6.31: protobuf >= 6 needed), grpc, prometheus_client
+        # and, through state_context / python_instance, `bookkeeper` (apache-bookkeeper-client) and `ratelimit`:
+        # pulsar-client[functions]. pythonInstanceLocation stays the distribution's (read-only use).
+        runtime = dict(fw.get("functionRuntimeFactoryConfigs") or {})
+        runtime["logDirectory"] = str(data / "logs" / "functions")
+        fw["functionRuntimeFactoryConfigs"] = runtime
+        fw_path.write_text(yaml.safe_dump(fw, sort_keys=False))
+        return conf
+
+    def _ready_problem(self) -> str | None:
+        """What is not ready yet (None: all of it), from the admin REST API."""
+        checks = [("/admin/v2/clusters", "standalone"), ("/admin/v2/namespaces/public", "public/default")]
+        if self.functions_worker:
+            checks.append(("/admin/v3/functions/public/default", None))
+            checks.append(("/admin/v2/worker/cluster/leader", "workerId"))
+        for path, needle in checks:
+            try:
+                r = requests.get(self.admin_url + path, timeout=2)
+            except requests.RequestException:
+                return f"{path} does not answer"
+            if r.status_code != 200 or (needle is not None and needle not in r.text):
+                return f"{path} answers {r.status_code} {r.text.strip()[:120]}"
+        return None
+
+    def _leader_ready(self) -> bool:
+        """The functions worker's leader can take writes. The REST API answers reads and names the leader about
+        1.5 s before that: a create in between gets 503 "Leader not yet ready", and no GET tells the two apart,
+        so this reads the log line the leader writes once its metadata producer is up (INFO level)."""
+        if not self.functions_worker or self.log_level not in ("info", "debug", "trace"):
+            return True
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return LEADER_READY_LOG in f.read().decode(errors="replace")
+        except OSError:
+            return False
+
+    def _wait_ready(self, spawned: float) -> None:
+        deadline = spawned + self.startup_timeout_s
+        problem = "not started"
+        rest_ready_at: float | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                self._fail(f"apache pulsar standalone exited with {self._proc.returncode} during startup")
+            if rest_ready_at is None:
+                problem = self._ready_problem()
+                rest_ready_at = time.monotonic() if problem is None else None
+            if rest_ready_at is not None:
+                if self._leader_ready():
+                    return
+                if time.monotonic() - rest_ready_at > LEADER_LOG_GRACE_S:   # another version's wording: go on
+                    log.warning("no %r in the log %.0fs after the REST API answered; assuming the functions "
+                                "worker's leader is ready", LEADER_READY_LOG, LEADER_LOG_GRACE_S)
+                    return
+                problem = "functions worker leader not ready"
+            time.sleep(0.25)
+        self._fail(f"apache pulsar standalone not ready within {self.startup_timeout_s:.0f}s ({problem})")
+
+    def _fail(self, reason: str) -> None:
+        tail = self.log_tail(40)
+        self.stop()
+        raise BrokerError(f"{reason}; log {self.log_path}, tail:\n{tail}")
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def rss_mb(self) -> float | None:
+        """The JVM's resident set (VmRSS), MB; None when it is not running."""
+        pid = self.pid
+        if pid is None:
+            return None
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM (the standalone's shutdown hook closes broker, worker and bookie), then SIGKILL."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("apache pulsar did not stop within %.0fs of SIGTERM; killing it", self.stop_timeout_s)
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        if self._owns_dir and self.data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+            self._owns_dir = False
+
+    def __enter__(self) -> "ApacheStandalone":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    """`pulsar-autoscale broker --kind apache`: start, print where it is, run until SIGINT/SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    broker = ApacheStandalone(version=args.version, port=args.port, web_port=args.metrics_port,
+                              data_dir=args.data_dir, log_level=args.log_level).start()
+    print(f"apache pulsar {broker.home.parent.name} ready: service-url {broker.service_url}  "
+          f"admin-url {broker.admin_url}  metrics {broker.metrics_url}", flush=True)
+    print(f"started in {broker.start_s:.1f}s  pid {broker.pid}  RSS {broker.rss_mb() or 0:.0f} MB  "
+          f"log {broker.log_path}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            if not broker.alive():
+                print(f"apache pulsar exited unexpectedly. Log tail:\n{broker.log_tail()}", file=sys.stderr)
+                return 1
+    finally:
+        broker.stop()
+    print("broker stopped", flush=True)
+    return 0
