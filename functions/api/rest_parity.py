@@ -26,6 +26,7 @@ from pulsar_autoscale.functions.worker.worker import Worker
 
 FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
 STATE_VALUE_FIELDS = ("stringValue", "numberValue", "byteValue")
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
@@ -116,6 +117,8 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
         if given[0] == "numberValue":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"numberValue must be an integer, got {json.dumps(value)}")
+            if not INT64_MIN <= value <= INT64_MAX:   # Pulsar's counters are 64-bit
+                raise ConfigError(f"numberValue {value} does not fit a 64-bit counter")
             store.set_counter(key, value)
         elif given[0] == "stringValue":
             if not isinstance(value, str):

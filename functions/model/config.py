@@ -240,12 +240,21 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return parse_text(text, str(p))
 
 
+def _refuse_aliases(text: str, source: str) -> None:
+    """YAML aliases let a few hundred bytes expand into megabytes (nested aliases multiply at each level):
+    a function config has no use for them, so they are refused before anything is built."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise ConfigError(f"{source}: YAML aliases (*{event.anchor}) are not accepted in a config; write the value out")
+
+
 def parse_text(text: str, source: str) -> dict[str, Any]:
     """JSON or YAML text to a mapping, with a message that names the source on failure."""
     try:
         data = json.loads(text)
     except ValueError:
         try:
+            _refuse_aliases(text, source)
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{source} is neither valid JSON nor YAML: {exc}") from exc

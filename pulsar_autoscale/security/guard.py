@@ -80,7 +80,7 @@ def install_guard(app: Flask, policy: AccessPolicy) -> None:
         try:
             role = policy.validator.role(token)
         except InvalidToken as exc:
-            log.info("401 on %s %s from %s: %s", request.method, request.path, request.remote_addr, exc)
+            log.info("401 on %s %r from %s: %s", request.method, request.path, request.remote_addr, exc)   # %r: no forged lines
             return _deny(401, f"authentication failed: {exc}")
         g.role = role
         if request.path in AUTHENTICATED_PATHS:
@@ -89,7 +89,7 @@ def install_guard(app: Flask, policy: AccessPolicy) -> None:
         if policy.may_administer(role, tenant):
             return None
         what = f"tenant {tenant!r}" if tenant is not None else "this endpoint (superusers only)"
-        log.info("403 on %s %s: role %r", request.method, request.path, role)
+        log.info("403 on %s %r: role %r", request.method, request.path, role)
         return _deny(403, f"role {role!r} is not authorized for {what}")
 
 

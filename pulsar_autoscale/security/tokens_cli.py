@@ -58,6 +58,7 @@ def _write(path: str | None, data: bytes) -> None:
         sys.stdout.buffer.flush()
         return
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)   # a key: readable by its owner only
+    os.fchmod(fd, 0o600)   # the mode above applies only to a new file: an existing one keeps its own otherwise
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
 

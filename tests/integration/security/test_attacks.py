@@ -1,0 +1,82 @@
+"""Attacks a tenant admin or an unauthenticated caller could try, each retried as the attack and asserted to
+obtain nothing: a forged log line, a YAML alias bomb, a state number past 64 bits, a key file left readable."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.functions.model.config import parse_text
+from tests.integration.test_security import FNS, SUPERUSER, call, function, token
+
+
+def test_a_cr_lf_in_a_refused_path_writes_no_forged_log_line(worker, keys, caplog):
+    forged = "2026-01-01 00:00:00 INFO pulsar_autoscale: superuser login accepted"
+    with caplog.at_level(logging.INFO, logger="pulsar_autoscale.security.guard"):
+        r = requests.get(worker.url + "/admin/v3/functions/public/default/x%0A" + forged.replace(" ", "%20"),
+                         headers={"Authorization": "Bearer not-a-jwt"}, verify=keys["ca"], timeout=30)
+    assert r.status_code == 401
+    lines = [line for record in caplog.records for line in record.getMessage().splitlines()]
+    assert any("401 on GET" in line for line in lines), lines
+    assert not any(line.startswith(forged) for line in lines), lines
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands():
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"] + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]"
+                                                      for i in range(8)]
+    bomb = "\n".join(levels) + "\ntenant: public\n"
+    assert len(bomb) < 1000
+    with pytest.raises(ConfigError, match="aliases"):
+        parse_text(bomb, "functionConfig")
+
+
+def test_a_yaml_alias_bomb_sent_to_the_worker_gets_a_400_and_creates_nothing(worker, keys):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\ntenant: public\n"
+    r = call(worker, keys, "POST", f"{FNS}/public/default/bomb", role=SUPERUSER,
+             files={"functionConfig": (None, bomb, "application/yaml")})
+    assert r.status_code == 400 and "aliases" in r.text, (r.status_code, r.text)
+    assert call(worker, keys, "GET", f"{FNS}/public/default/bomb", role=SUPERUSER).status_code == 404
+
+
+def test_putstate_past_int64_is_a_400_not_a_500(worker, keys):
+    cfg = function("public", "counter")
+    cfg["namespace"] = "default"
+    cfg["inputs"] = ["persistent://public/default/counter-in"]
+    exclaim = b"from pulsar import Function\nclass Exclaim(Function):\n    def process(self, i, c):\n        return i + '!'\n"
+    r = call(worker, keys, "POST", f"{FNS}/public/default/counter", role=SUPERUSER,
+             files={"functionConfig": (None, json.dumps(cfg), "application/json"), "data": ("exclaim.py", exclaim)})
+    assert r.status_code in (200, 204), r.text
+    try:
+        for value in (2 ** 63, -(2 ** 63) - 1, 10 ** 30):
+            r = call(worker, keys, "POST", f"{FNS}/public/default/counter/state/n", role=SUPERUSER,
+                     files={"state": (None, json.dumps({"key": "n", "numberValue": value}), "application/json")})
+            assert r.status_code == 400 and "64-bit" in r.text, (value, r.status_code, r.text)
+        r = call(worker, keys, "POST", f"{FNS}/public/default/counter/state/n", role=SUPERUSER,
+                 files={"state": (None, json.dumps({"key": "n", "numberValue": 2 ** 63 - 1}), "application/json")})
+        assert r.status_code in (200, 204), r.text
+    finally:
+        call(worker, keys, "DELETE", f"{FNS}/public/default/counter", role=SUPERUSER)
+
+
+def test_a_secret_key_written_over_a_readable_file_becomes_owner_only(tmp_path):
+    path = tmp_path / "secret.key"
+    path.write_bytes(b"old")
+    os.chmod(path, 0o644)
+    proc = subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", "tokens", "create-secret-key",
+                           "--output", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_bytes() != b"old"
+
+
+def test_the_token_helpers_are_the_suite_s(keys):
+    """The attacks above use real tokens: a superuser token is accepted where none is refused."""
+    assert token(keys, SUPERUSER)
