@@ -80,3 +80,22 @@ def test_a_secret_key_written_over_a_readable_file_becomes_owner_only(tmp_path):
 def test_the_token_helpers_are_the_suite_s(keys):
     """The attacks above use real tokens: a superuser token is accepted where none is refused."""
     assert token(keys, SUPERUSER)
+
+
+def test_an_upload_onto_an_uploaded_file_or_directory_is_a_400_that_names_no_server_path(worker, keys):
+    def upload(path: str):
+        return call(worker, keys, "POST", "/admin/v3/functions/upload", role=SUPERUSER,
+                    files={"data": ("f.py", b"x = 1\n"), "path": (None, path)})
+
+    assert upload("clash/a.py").status_code in (200, 204)
+    for path in ("clash/a.py/b.py", "clash"):   # a file where a directory goes; a directory where a file goes
+        r = upload(path)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        assert "clashes" in r.text and str(worker.worker.data_dir) not in r.text, r.text
+    leftovers = [p.name for p in (worker.worker.data_dir / "packages").rglob(".*")]
+    assert leftovers == [], f"half-written uploads left behind: {leftovers}"
+
+
+def test_a_path_with_cr_lf_is_a_400_not_a_500(worker, keys):
+    r = call(worker, keys, "GET", "/admin/v3/functions/download", role=SUPERUSER, params={"path": "a\r\nb.py"})
+    assert r.status_code == 400, (r.status_code, r.text)
