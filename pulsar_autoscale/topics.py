@@ -6,6 +6,9 @@ import re
 
 from pulsar_autoscale.errors import ConfigError
 
+# The local names of this project's coordination topics (leader lock and epochs, controls, cluster membership and
+# assignments, consumer-id slots) start with this: no function may read or write them.
+INTERNAL_PREFIX = "__pulsar_autoscale"
 _TOPIC_RE = re.compile(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$")
 
 
@@ -25,3 +28,7 @@ def normalize_topic(topic: str, tenant: str = "public", namespace: str = "defaul
     if not _TOPIC_RE.match(topic):
         raise ConfigError(f"invalid topic name {topic!r}: expected persistent://tenant/namespace/topic")
     return topic
+
+
+def is_internal(topic: str) -> bool:
+    return topic.rsplit("/", 1)[-1].startswith(INTERNAL_PREFIX)

@@ -19,7 +19,7 @@ import yaml
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.keygroups import DEFAULT_NUM_KEY_GROUPS, MAX_NUM_KEY_GROUPS
-from pulsar_autoscale.topics import normalize_topic
+from pulsar_autoscale.topics import INTERNAL_PREFIX, is_internal, normalize_topic
 
 GUARANTEES = ("ATLEAST_ONCE", "ATMOST_ONCE", "EFFECTIVELY_ONCE", "MANUAL")
 RUNTIMES = ("PYTHON", "JAVA", "GO")
@@ -571,6 +571,11 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
     if cfg.inputs and cfg.topicsPattern:
         raise ConfigError("topicsPattern and inputs cannot both be set on this worker (one consumer per function "
                           "instance): put the topics in the pattern, or list them in inputs")
+    for label, topic in [("input", i) for i in cfg.inputs] + [("output", cfg.output), ("logTopic", cfg.logTopic),
+                                                              ("deadLetterTopic", cfg.deadLetterTopic)]:
+        if topic and is_internal(topic):
+            raise ConfigError(f"{label} {topic} is one of pulsar-autoscale's own coordination topics "
+                              f"({INTERNAL_PREFIX}*): a function may not read or write it")
     if cfg.output and cfg.output in cfg.inputs:
         raise ConfigError(f"Output topic {cfg.output} is also an input topic of the function")
     if cfg.parallelism < min_parallelism:

@@ -99,3 +99,18 @@ def test_an_upload_onto_an_uploaded_file_or_directory_is_a_400_that_names_no_ser
 def test_a_path_with_cr_lf_is_a_400_not_a_500(worker, keys):
     r = call(worker, keys, "GET", "/admin/v3/functions/download", role=SUPERUSER, params={"path": "a\r\nb.py"})
     assert r.status_code == 400, (r.status_code, r.text)
+
+
+@pytest.mark.parametrize("field", ["inputs", "output", "logTopic", "deadLetterTopic"])
+def test_a_function_may_not_read_or_write_the_internal_topics(worker, keys, field):
+    cfg = function("public", f"spy-{field.lower()}")
+    cfg["namespace"] = "default"
+    cfg["inputs"] = ["persistent://public/default/spy-in"]
+    internal = "persistent://public/default/__pulsar_autoscale_leader-controls"
+    cfg[field] = [internal] if field == "inputs" else internal
+    if field == "deadLetterTopic":
+        cfg["maxMessageRetries"] = 3
+    r = call(worker, keys, "POST", f"{FNS}/public/default/{cfg['name']}", role=SUPERUSER,
+             files={"functionConfig": (None, json.dumps(cfg), "application/json"),
+                    "data": ("exclaim.py", b"def process(i):\n    return i\n")})
+    assert r.status_code == 400 and "coordination topics" in r.text, (r.status_code, r.text)
