@@ -37,6 +37,9 @@ class ControllerConfig:
     namespaces: tuple[str, ...] = ("public/default",)
     policy: str = "queueing"                    # entry-point name or path to a .py file
     policy_params: dict = field(default_factory=dict)
+    # Per-function policies (REST controls, a function's customRuntimeOptions) are named, never given as files:
+    # an entry-point name, or NAME for NAME.py in this directory of plugins the operator trusts.
+    policy_dir: str | None = None
     period_s: float = 30.0                      # MAPE period (paper: 30 s)
     window_s: float = 30.0                      # metrics window W (paper: 30 s)
     dry_run: bool = False                       # recommend only: log decisions, apply nothing

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import pulsar
 import requests
@@ -286,8 +287,22 @@ class Controller:
     def _policy(self, spec: str, params: dict) -> tuple[str, Policy]:
         key = f"{spec} {json.dumps(params, sort_keys=True)}"
         if key not in self._policies:
-            self._policies[key] = load_policy(spec, params)
+            self._policies[key] = load_policy(self._named_policy(spec), params)
         return key, self._policies[key]
+
+    def _named_policy(self, name: str) -> str:
+        """What a per-function policy name loads. Such names come from REST callers and from functions' own
+        configs, so they never reach a file the operator did not put in policy_dir."""
+        if name == self.config.policy:   # the controller's own, from its config file
+            return name
+        if name.endswith(".py") or "/" in name or "\\" in name:
+            raise ConfigError(f"policy {name!r}: a per-function policy is given by name, not by file: register it "
+                              f"as an entry point or put NAME.py in the controller's policy_dir")
+        if self.config.policy_dir:
+            plugin = Path(self.config.policy_dir, f"{name}.py")
+            if plugin.is_file():
+                return str(plugin)
+        return name
 
     def _effective(self, fn: str, operator: FunctionControls) -> Effective:
         lo, hi = self.autoscaler.planner.config.limits(fn)
@@ -451,7 +466,7 @@ class Controller:
                               f"min stays at least 1")
         e = self._effective(fn, controls)
         if (e.policy, e.policy_params) != (self.config.policy, dict(self.config.policy_params)):
-            load_policy(e.policy, e.policy_params)   # a bad policy or parameter is refused now, not each period
+            self._policy(e.policy, e.policy_params)   # a bad policy or parameter is refused now, not each period
         self.controls.put(fn, controls)
         log.info("controls of %s set: %s", fn, controls.set_fields() or "none (controller defaults)")
         return self.controls_of(fn)

@@ -147,9 +147,11 @@ def test_bounds_policy_and_dry_run_per_function(broker, worker, tmp_path):
     declared = make_function(worker, autoscale={"max": 1})    # travels with the function's config
     other = make_function(worker)
     fd, fo = f"public/default/{declared}", f"public/default/{other}"
-    constant = tmp_path / "constant.py"
+    plugins = tmp_path / "plugins"            # the operator's trusted policy directory: `constant` is constant.py
+    plugins.mkdir()
+    constant = plugins / "constant.py"
     constant.write_text(CONSTANT)
-    controller = start(broker, worker, tmp_path)
+    controller = start(broker, worker, tmp_path, policy_dir=str(plugins))
     try:
         wait_until(lambda: len(controller.why(fd, 5)) >= 2, 20, "two evaluations")
         got = api(controller, "GET", f"/autoscaler/functions/{fd}").json()
@@ -157,12 +159,12 @@ def test_bounds_policy_and_dry_run_per_function(broker, worker, tmp_path):
                                                                                           {"max": 1})
         assert parallelism(worker, declared) == 1 and "bounded to [1, 1]" in controller.why(fd, 1)[0]["reason"]
         # the operator's layer wins over the function's config; a policy of its own for one function
-        r = api(controller, "PUT", f"/autoscaler/functions/{fd}", json={"max": 4, "policy": str(constant),
+        r = api(controller, "PUT", f"/autoscaler/functions/{fd}", json={"max": 4, "policy": "constant",
                                                                           "policy_params": {"k": 3}})
         assert r.status_code == 200 and r.json()["sources"]["max"] == "operator", r.text
         wait_until(lambda: parallelism(worker, declared) == 3, 20,
                    lambda: f"the override policy to scale to 3: {controller.why(fd, 2)}")
-        wait_until(lambda: controller.why(fd, 1)[0]["policy"] == str(constant), 10, "the override in the log")
+        wait_until(lambda: controller.why(fd, 1)[0]["policy"] == "constant", 10, "the override in the log")
         # dry run for one function only: the other keeps toggling for real
         assert api(controller, "PUT", f"/autoscaler/functions/{fd}", json={"dry_run": True, "policy_params": {"k": 2}}
                    ).status_code == 200
@@ -174,6 +176,8 @@ def test_bounds_policy_and_dry_run_per_function(broker, worker, tmp_path):
         # refused with a reason, never a 500
         for body, needle in (({"min": 5, "max": 2}, "min 5 is above max 2"), ({"mn": 1}, "unknown option(s) mn"),
                              ({"policy": "no-such-policy"}, "unknown policy 'no-such-policy'"),
+                             ({"policy": str(constant)}, "given by name, not by file"),
+                             ({"policy": "/etc/passwd"}, "given by name, not by file"),
                              ([1], "must be a JSON object")):
             r = api(controller, "PUT", f"/autoscaler/functions/{fo}", json=body)
             assert r.status_code == 400 and needle in r.json()["reason"], r.text
