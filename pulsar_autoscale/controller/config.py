@@ -55,6 +55,9 @@ class ControllerConfig:
     http_port: int = 9091                       # /metrics and /status; 0 = a free port
     lock_topic: str = DEFAULT_LOCK_TOPIC
     identity: str | None = None                 # replica name in logs and the decision log
+    # The other controller replicas' HTTP URLs: the only places a standby forwards a `why` to (with this
+    # controller's own credentials, never its caller's). A leader URL read from the broker is not trusted alone.
+    peers: tuple[str, ...] = ()
     execute_retries: int = 3
     auth: dict = field(default_factory=dict, repr=False)  # cluster auth (http_auth.AuthConfig): bearer, basic, tls, oauth2
     client: dict = field(default_factory=dict, repr=False)  # broker client auth/TLS (pulsar_client.ClientSettings)

@@ -24,6 +24,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.admin.http_auth import cluster_session, host_port
 from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY
 from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.controller.burst_plan import burst_size
@@ -479,10 +480,10 @@ class Controller:
         """This replica's evaluations of fn (a replica logs only the terms it led)."""
         return self.log.recent(fn, limit)
 
-    def why_with_leader(self, fn: str, limit: int = 10, authorization: str | None = None
-                        ) -> tuple[list[dict], str | None]:
+    def why_with_leader(self, fn: str, limit: int = 10) -> tuple[list[dict], str | None]:
         """Asked of a replica that does not lead: its own records merged with the leader's, fetched from
-        the URL the leader advertised with its term (the caller's credentials go along). The second
+        the URL the leader advertised with its term, if that URL is one of the configured peers, with this
+        controller's own credentials (the caller's never leave this replica). The second
         value says why only this replica's records could be given, else None."""
         own = self.why(fn, limit)
         if self.elector.is_leader():
@@ -493,9 +494,12 @@ class Controller:
             return own, f"the broker did not say who leads ({exc}): this replica's records only"
         if term is None or term.holder == self.identity or not term.url:
             return own, None
+        if host_port(term.url) not in {host_port(u) for u in self.config.peers}:
+            return own, (f"the leader {term.holder} advertises {term.url}, which is not one of this controller's "
+                         f"peers: this replica's records only")
         try:
-            resp = requests.get(f"{term.url}/autoscaler/functions/{fn}/why", params={"limit": limit}, timeout=5,
-                                headers={"Authorization": authorization} if authorization else None)
+            session = cluster_session(self.config.peers, self.config.auth, timeout_s=5)
+            resp = session.get(f"{term.url}/autoscaler/functions/{fn}/why", params={"limit": limit})
             resp.raise_for_status()
             theirs = resp.json()
         except (requests.RequestException, ValueError) as exc:

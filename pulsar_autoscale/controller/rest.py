@@ -90,8 +90,7 @@ def build_app(controller: "Controller") -> Flask:
         raw = request.args.get("limit", "10")
         if not raw.isdigit() or int(raw) < 1:
             raise ConfigError(f"limit must be a positive integer, got {raw!r}")
-        records, note = controller.why_with_leader(known(tenant, namespace, name), int(raw),
-                                                   request.headers.get("Authorization"))
+        records, note = controller.why_with_leader(known(tenant, namespace, name), int(raw))
         resp = jsonify(records)
         if note:
             resp.headers[PARTIAL_HEADER] = note

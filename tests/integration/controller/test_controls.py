@@ -124,7 +124,7 @@ def test_why_asked_of_a_standby_replica_answers_with_the_leaders_records(broker,
     try:
         # three, as `why --limit 3` below must show three (the CLI no longer takes a second to start)
         wait_until(lambda: len(leader.why(fqfn, 5)) >= 3, 20, "three evaluations by the leader")
-        standby = start(broker, worker, tmp_path)
+        standby = start(broker, worker, tmp_path, peers=(f"http://127.0.0.1:{leader.http_port}",))
         assert not standby.elector.is_leader() and standby.why(fqfn, 5) == []   # it has no records of its own
         url = f"http://127.0.0.1:{standby.http_port}"
         assert cli_main(["autoscaler", "why", fqfn, "--limit", "3", "--json", "--controller-url", url]) == 0
@@ -359,3 +359,49 @@ def test_a_wake_that_finds_the_function_awake_is_logged_as_no_change(broker, wor
         assert parallelism(worker, name) == 1
     finally:
         controller.stop()
+
+
+def test_a_forged_leader_record_collects_no_token(broker, worker, tmp_path):
+    """A record written to the epochs topic (by anyone who can write there) with a higher term and a URL of
+    the attacker's: the standby does not forward to it, so the caller's bearer token goes nowhere."""
+    import http.server
+    import threading
+
+    seen: list[dict] = []
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            seen.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+        def log_message(self, *args):
+            pass
+
+    trap = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=trap.serve_forever, daemon=True).start()
+    name = make_function(worker)
+    fqfn = f"public/default/{name}"
+    lock = f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}"   # its own: the forged term stays there
+    leader = start(broker, worker, tmp_path, lock_topic=lock)
+    standby = None
+    try:
+        wait_until(lambda: leader.why(fqfn, 5), 20, "an evaluation by the leader")
+        client = pulsar.Client(broker.service_url)
+        try:
+            producer = client.create_producer(lock + "-epochs")
+            producer.send(f"999999 mallory http://127.0.0.1:{trap.server_address[1]}".encode())
+        finally:
+            client.close()
+        standby = start(broker, worker, tmp_path, lock_topic=lock, peers=(f"http://127.0.0.1:{leader.http_port}",))
+        r = requests.get(f"http://127.0.0.1:{standby.http_port}/autoscaler/functions/{fqfn}/why",
+                         headers={"Authorization": "Bearer secret-admin-token"}, timeout=10)
+        assert r.status_code == 200, r.text
+        assert "not one of this controller's peers" in r.headers.get("X-Pulsar-Autoscale-Partial", ""), r.headers
+        assert seen == [], f"the standby forwarded to the forged URL: {seen}"
+    finally:
+        trap.shutdown()
+        if standby is not None:
+            standby.stop()
+        leader.stop()
