@@ -25,6 +25,7 @@ from pulsar_autoscale.functions.worker.status import function_stats, function_st
 from pulsar_autoscale.functions.worker.worker import Worker
 from pulsar_autoscale.security.guard import trusted_epoch
 from pulsar_autoscale.security.redact import keep_masked_secrets, redact_secrets
+from pulsar_autoscale.security.serving import form_text
 
 if TYPE_CHECKING:
     from pulsar_autoscale.functions.cluster.member import ClusterMember
@@ -66,9 +67,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         return jsonify(reason=f"internal error: {type(exc).__name__}: {exc}"), 500
 
     def form_config() -> dict:
-        raw = request.form.get("functionConfig")
-        if raw is None and request.files.get("functionConfig"):
-            raw = request.files["functionConfig"].read().decode("utf-8", "replace")
+        raw = form_text("functionConfig")
         if raw is None and request.is_json:
             data = request.get_json(silent=True)
             if not isinstance(data, dict):

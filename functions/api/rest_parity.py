@@ -23,6 +23,7 @@ from pulsar_autoscale.functions.model.errors import NotFound
 from pulsar_autoscale.functions.state.store import StateStore
 from pulsar_autoscale.functions.worker.packages import PackageStore
 from pulsar_autoscale.functions.worker.worker import Worker
+from pulsar_autoscale.security.serving import form_text
 
 FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
 STATE_VALUE_FIELDS = ("stringValue", "numberValue", "byteValue")
@@ -97,9 +98,7 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
 
     @app.post(FN + "/state/<path:key>")
     def put_state(tenant, namespace, name, key):
-        raw = request.form.get("state")
-        if raw is None and request.files.get("state") is not None:
-            raw = request.files["state"].read().decode("utf-8", "replace")
+        raw = form_text("state")
         if raw is None:
             raise ConfigError('the multipart part `state` is missing: a FunctionState JSON such as '
                               '{"key": "k", "stringValue": "v"}')

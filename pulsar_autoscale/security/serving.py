@@ -11,7 +11,8 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
-from flask import Flask
+from flask import Flask, current_app, request
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from pulsar_autoscale.errors import ConfigError
@@ -21,6 +22,20 @@ from .tokens import TokenValidator
 
 DEFAULT_MAX_REQUEST_MB = 64       # a function's .py and its config; anything larger is refused with 413
 MAX_FORM_FIELD_BYTES = 1 << 20    # a functionConfig (or any other non-file form field) above 1 MiB: 413
+
+
+def form_text(name: str) -> str | None:
+    """A text part of a multipart request (a functionConfig, a state value), whether sent as a form field or as a
+    file part. A file part is not held to the form-field limit by the HTTP layer, so the same limit is kept here:
+    a config cannot walk around it by being sent as a file."""
+    value = request.form.get(name)
+    if value is not None or request.files.get(name) is None:
+        return value
+    limit = current_app.config.get("MAX_FORM_MEMORY_SIZE") or MAX_FORM_FIELD_BYTES
+    data = request.files[name].read(limit + 1)
+    if len(data) > limit:
+        raise RequestEntityTooLarge(f"the part {name!r} is over {limit} bytes")
+    return data.decode("utf-8", "replace")
 
 
 def is_loopback(host: str) -> bool:

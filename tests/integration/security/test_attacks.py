@@ -114,3 +114,18 @@ def test_a_function_may_not_read_or_write_the_internal_topics(worker, keys, fiel
              files={"functionConfig": (None, json.dumps(cfg), "application/json"),
                     "data": ("exclaim.py", b"def process(i):\n    return i\n")})
     assert r.status_code == 400 and "coordination topics" in r.text, (r.status_code, r.text)
+
+
+def test_a_config_sent_as_a_file_part_is_held_to_the_form_field_limit(broker, tmp_path):
+    """A worker whose request limit (64 MiB by default) is far above the form-field limit: a 3 MiB functionConfig
+    is refused the same whether it comes as a form field or as a file part."""
+    from pulsar_autoscale.functions.api.server import WorkerServer
+    from pulsar_autoscale.security.serving import ServerSecurity
+
+    cfg = {"tenant": "public", "namespace": "default", "name": "big", "className": "exclaim.Exclaim",
+           "inputs": ["persistent://public/default/big-in"], "userConfig": {"padding": "x" * (3 << 20)}}
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), security=ServerSecurity()) as w:
+        for part in ((None, json.dumps(cfg), "application/json"), ("config.json", json.dumps(cfg), "application/json")):
+            r = requests.post(f"{w.url}{FNS}/public/default/big", files={"functionConfig": part}, timeout=30)
+            assert r.status_code == 413, (part[0], r.status_code, r.text[:200])
+        assert requests.get(f"{w.url}{FNS}/public/default/big", timeout=30).status_code == 404
