@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat $(BUILT) | cksum | cut -d' ' -f1)
 $(STAMP): $(BUILT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,spark]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark,apache]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -23,7 +23,7 @@ demo: install
 test: install lint
 	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
 
-# The unit tier alone: no broker, no subprocess, no Spark; about a minute.
+# The unit tier alone: no broker, no subprocess, no Spark; about 20 s.
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
@@ -32,3 +32,38 @@ lint: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Headline benchmarks (BENCHMARKS.md, "Make targets"): each runs the command its section names.
+BENCH_TARGETS := bench-overhead bench-scale bench-controller bench-policies bench-wake bench-failover \
+	bench-migration bench-spark bench-burst bench-cluster
+.PHONY: $(BENCH_TARGETS)
+
+bench-overhead: install
+	$(BIN)/python bench/runtime_overhead.py --messages 20000
+
+bench-scale: install
+	$(BIN)/python bench/scale_latency.py --repeats 3 --pool 4
+
+bench-controller: install
+	$(BIN)/python bench/controller_scale.py
+
+bench-policies: install
+	$(BIN)/python bench/fast_path.py
+
+bench-wake: install
+	$(BIN)/python bench/wake_latency.py --rounds 10 --runtime process --warm-pool 2
+
+bench-failover: install
+	$(BIN)/python bench/state_failover.py --state-mb 50 --kill 1
+
+bench-migration: install
+	TMPDIR=/dev/shm $(BIN)/python bench/state_migration.py --workers 3 --state-mb 500 --cycles 2 --steady-s 20 --modes live,restart
+
+bench-spark: install
+	$(BIN)/python bench/spark_bridge.py --messages 500000 --repeat 5
+
+bench-burst: install
+	$(BIN)/python bench/spark_burst.py
+
+bench-cluster: install
+	$(BIN)/python bench/cluster_scale.py --messages 1500
