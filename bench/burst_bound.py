@@ -1,4 +1,4 @@
-"""Is issue #5's `burst` target (p99 at most half of queueing's) reachable? A bound, by simulation.
+"""Is the `burst` target (p99 at most half of queueing's) reachable? A bound, by simulation.
 
 Runs queueing, predictive and `react-max` (bench/policies/react_max.py: straight to the cap on the
 first period that sees the burst, the fastest answer a policy can give, with 0, 1 or 2 instances

@@ -1,4 +1,4 @@
-"""What a paced catch-up read costs another topic's records on the broker, by how the read is paced (issue 13).
+"""What a paced catch-up read costs another topic's records on the broker, by how the read is paced (keyed state's pre-copy).
 
 A key group's pre-copy reads the function's changelog from its start while the function's records flow through
 the same broker. This bench puts BIG MB of RECORD-KB records on one topic, then sends small probe records at
@@ -125,7 +125,7 @@ def main() -> int:
     ap.add_argument("--pace-every", default="50,2", help="pacings to compare: records per burst, comma-separated")
     ap.add_argument("--probe-rate", type=float, default=300.0, help="probe records per second")
     ap.add_argument("--seconds", type=float, default=15.0, help="the baseline's length before each read")
-    ap.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (docs/broker.md)")
+    ap.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (docs/dev/pulsar-lite-defects.md, B10)")
     args = ap.parse_args()
     pacings = [int(p) for p in args.pace_every.split(",")]
     records = args.mb * 1000 // args.record_kb

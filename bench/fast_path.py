@@ -1,4 +1,4 @@
-"""Every policy with and without the fast path, against the clairvoyant bound (issue #12).
+"""Every policy with and without the fast path, against the clairvoyant bound (BENCHMARKS.md, section 4).
 
 paper-image under `paper` and `burst`, regular period 30 s, seeds 0-4: mean, p99, instance-seconds,
 their ratio to clairvoyant's (per seed, then the mean), scaling actions per hour, and on `paper`

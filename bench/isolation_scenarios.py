@@ -1,4 +1,4 @@
-"""Issue 14's isolation, bad-input and status scenarios against a real worker and pulsar-lite, with the
+"""The isolation, bad-input and status scenarios against a real worker and pulsar-lite, with the
 worker's default bounds (validation 30 s, drain 30 s, stall 30 s). Prints one JSON object:
 each scenario's status code and timings (docs/reliability.md).
 

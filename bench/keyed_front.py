@@ -1,4 +1,4 @@
-"""What a keyedState function's routing costs, on one worker and on a worker cluster (issue 13).
+"""What a keyedState function's routing costs, on one worker and on a worker cluster (BENCHMARKS.md, section 10).
 
 The same keyed count (functions/examples/keyed_count.py), 3 thread instances, in four setups: with keyedState
 on one worker (no --cluster: one input consumer, records reach the instances through in-process mailboxes) and

@@ -37,7 +37,7 @@ TIMEOUT_S = 300.0
 def _run(admin: FunctionsAdmin, client: pulsar.Client, runtime: str, args) -> dict:
     name = f"kr-{runtime}-{uuid.uuid4().hex[:6]}"
     src, dst = (f"persistent://public/default/{name}-{t}" for t in ("in", "out"))
-    # Shared: pulsar-lite delivers an Exclusive subscription's messages twice (B1, docs/broker.md)
+    # Shared: pulsar-lite delivers an Exclusive subscription's messages twice (B1, docs/dev/pulsar-lite-defects.md)
     outputs = client.subscribe(dst, "bench", consumer_type=pulsar.ConsumerType.Shared,
                                initial_position=pulsar.InitialPosition.Earliest)
     producer = client.create_producer(src, block_if_queue_full=True)   # else send_async drops beyond 1,000

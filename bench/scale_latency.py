@@ -1,4 +1,4 @@
-"""Process-runtime scale-out latency with and without the warm pool (issue #12).
+"""Process-runtime scale-out latency with and without the warm pool (BENCHMARKS.md, section 2).
 
 For each mode (no pool, pool of 4 standbys per function) and each repetition: a Sleepy function
 (--service-ms, default 5 ms, deterministic) on the process runtime under a steady --rate (default

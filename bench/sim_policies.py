@@ -65,7 +65,7 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def dominates(a: dict, b: dict, slo_s: float = 2.0) -> bool:
-    """Issue #5's rule: p99 no worse at no more instance-seconds, or the SLO met where b misses it."""
+    """The dominance rule: p99 no worse at no more instance-seconds, or the SLO met where b misses it."""
     cheaper_and_better = a["p99_rt_s"] <= b["p99_rt_s"] and a["instance_seconds"] <= b["instance_seconds"]
     return cheaper_and_better or (a["p99_rt_s"] <= slo_s < b["p99_rt_s"])
 

@@ -1,5 +1,5 @@
 """kill -9 of a worker that runs instances of a keyedState function spread over a 3-worker cluster: how long
-until their key groups serve again on a survivor, which restores them from the changelog (issue 13, "Show").
+until their key groups serve again on a survivor, which restores them from the changelog (BENCHMARKS.md, section 8).
 
 A keyed windowed count (functions/examples/windowed_count.py), 128 key groups, parallelism 3 (one
 instance per worker, fed by the front on instance 0's worker), `--keys` keys with state of `--state-mb`
@@ -33,7 +33,8 @@ from state_migration.test_cluster import _placement, _spread  # noqa: E402
 
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
-from pulsar_autoscale.functions.keyed.cluster import KeyedTopics, read_assignment  # noqa: E402
+from pulsar_autoscale.functions.keyed.cluster import read_assignment  # noqa: E402
+from pulsar_autoscale.functions.keyed.protocol import KeyedTopics  # noqa: E402
 from pulsar_autoscale.functions.model.keygroups import key_group  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Live migration of key groups vs stop-migrate-restart, on the same keyed workload in the same run (issue 13).
+"""Live migration of key groups vs stop-migrate-restart, on the same keyed workload in the same run (BENCHMARKS.md, section 9).
 
 A keyed windowed count (functions/examples/windowed_count.py, keyedState) over 128 key groups and
 10,000 keys, each key's state padded to state_mb / keys bytes, fed at 70% of the measured capacity of
@@ -328,7 +328,8 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
 
     from pulsar_autoscale.admin.client import FunctionsAdmin
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
-    from pulsar_autoscale.functions.keyed.cluster import KeyedTopics, read_assignment
+    from pulsar_autoscale.functions.keyed.cluster import read_assignment
+    from pulsar_autoscale.functions.keyed.protocol import KeyedTopics
     from pulsar_autoscale.functions.model.keygroups import moves
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster.harness import WorkerCluster
@@ -445,7 +446,7 @@ def main() -> None:
                     help="2 -> 3 -> 2 cycles per mode: the unaffected keys' p99 is also given over the records of every "
                          "cycle together (one 3 -> 2 lasts 1-2 s at 50 MB, so its own p99 rests on a few records)")
     ap.add_argument("--no-relay", action="store_true",
-                    help="clients reach pulsar-lite directly, not through the relay that fences B10 (docs/broker.md): "
+                    help="clients reach pulsar-lite directly, not through the relay that fences B10 (docs/dev/pulsar-lite-defects.md): "
                          "to measure what the relay's hop costs; nothing here kills a client")
     ap.add_argument("--broker-dir", metavar="DIR",
                     help="keep the broker's data in a new directory under DIR (default: beside the workers' stores, "

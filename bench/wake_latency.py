@@ -1,5 +1,5 @@
 """Scale to zero and wake-up: how long the first message on a sleeping function's input takes to come
-out of the function (issue #11).
+out of the function (BENCHMARKS.md, section 7).
 
 Embedded pulsar-lite broker, our worker (thread runtime) and a controller (period 0.5 s) on loopback;
 one function (exclaim) whose controls say min 0, idle_s 1. Each round waits until the function is at

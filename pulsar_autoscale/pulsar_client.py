@@ -8,13 +8,20 @@ pulsar-client's: `--auth-plugin`/`--auth-params`, `--tls-trust-cert-path`, ...
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
+import threading
+import time
 from dataclasses import dataclass
 
 import pulsar
 import requests
 
-from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.cliargs import env_default, global_options
+from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+
+SERVICE_URL_ENV = "PULSAR_AUTOSCALE_SERVICE_URL"
 
 TOKEN_PLUGINS = ("token", "org.apache.pulsar.client.impl.auth.AuthenticationToken")
 TLS_PLUGINS = ("tls", "org.apache.pulsar.client.impl.auth.AuthenticationTls")
@@ -82,7 +89,7 @@ class ClientSettings:
 
 class _TrustSession(requests.Session):
     """A session whose own `verify` (the trusted CA) wins over REQUESTS_CA_BUNDLE, which requests otherwise
-    prefers (requests issue 3829)."""
+    prefers (https://github.com/psf/requests/issues/3829)."""
 
     def request(self, method, url, *args, **kwargs):
         kwargs.setdefault("verify", self.verify)
@@ -105,30 +112,99 @@ def _token(params: str | None) -> str:
     return params
 
 
-def open_client(settings: ClientSettings | str, log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Error,
+CLIENT_LOGGER = "pulsar_autoscale.pulsar"
+REPEAT_S = 60.0   # the same client line again within this long is counted, not logged
+_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) \[[^]]*\] (?P<where>[^ |]*) \| (?P<message>.*)$")
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR}
+
+
+class _ClientLog:
+    """The C++ client's log lines, into our logging (logger `pulsar_autoscale.pulsar`). The client writes
+    them, filtered by level in C++, to a pipe that a thread of ours reads: a Python logger given to the client
+    would be called, under the GIL, for each of its per-message debug lines. A line that repeats (a broker
+    that refuses connections: one per retry) is logged once per REPEAT_S with how often it came."""
+
+    def __init__(self) -> None:
+        self._path: str | None = None
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, int]] = {}   # line without its digits -> (last logged, repeats since)
+
+    def path(self) -> str:
+        with self._lock:
+            if self._path is None:
+                read_fd, write_fd = os.pipe()
+                threading.Thread(target=self._read, args=(read_fd,), name="pulsar-client-log", daemon=True).start()
+                self._path = f"/dev/fd/{write_fd}"
+            return self._path
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "r", errors="replace") as lines:
+            for line in lines:
+                self.emit(line.rstrip("\n"), time.monotonic())
+
+    def emit(self, line: str, now: float) -> None:
+        m = _LINE.match(line)
+        level, message = (_LEVELS.get(m["level"], logging.WARNING), m["message"]) if m else (logging.WARNING, line)
+        key = re.sub(r"\d+", "#", message)
+        last, repeats = self._seen.get(key, (None, 0))
+        if last is not None and now - last < REPEAT_S:
+            self._seen[key] = (last, repeats + 1)
+            return
+        self._seen[key] = (now, 0)
+        more = f" (and {repeats} more like it in {REPEAT_S:.0f} s)" if repeats else ""
+        logging.getLogger(CLIENT_LOGGER).log(level, "%s%s", message, more)
+
+
+_client_log = _ClientLog()
+
+
+def open_client(settings: ClientSettings | str, log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Warn,
                 client_class: type[pulsar.Client] = pulsar.Client, **kwargs) -> pulsar.Client:
-    """A pulsar.Client (or client_class) with the settings' auth and TLS; kwargs are pulsar.Client's
-    (operation_timeout_seconds, ...)."""
+    """A pulsar.Client (or client_class) with the settings' auth and TLS, its log lines at `log_level` and
+    above through our logging; kwargs are pulsar.Client's (operation_timeout_seconds, ...)."""
     settings = ClientSettings.of(settings)
-    return client_class(settings.service_url, logger=pulsar.ConsoleLogger(log_level),
+    return client_class(settings.service_url, logger=client_logger(log_level),
                         **{**settings.client_kwargs(), **kwargs})
+
+
+def client_logger(log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Warn) -> pulsar.FileLogger:
+    """The `logger=` for a pulsar.Client that writes its lines into our logging (see _ClientLog)."""
+    return pulsar.FileLogger(log_level, _client_log.path())
+
+
+def broker_error(service_url: str, exc: Exception) -> PulsarAutoscaleError:
+    """A client call that failed, as one line: which broker, what happened, what to check."""
+    return PulsarAutoscaleError(
+        f"the broker at {service_url} did not answer ({type(exc).__name__}: {exc}): is it running, and is "
+        f"--service-url (env {SERVICE_URL_ENV}) right? with credentials, check --auth-plugin/--auth-params")
 
 
 def add_client_arguments(p: argparse.ArgumentParser, service_url_required: bool = True) -> None:
     """pulsar-admin's client flags, for every command that opens a Pulsar client."""
-    p.add_argument("--service-url", required=service_url_required, help="broker URL, e.g. pulsar://127.0.0.1:6650")
+    add_service_url(p, service_url_required)
     add_auth_arguments(p)
+
+
+def add_service_url(p: argparse.ArgumentParser, required: bool = False) -> None:
+    """--service-url; where it may be left out, $PULSAR_AUTOSCALE_SERVICE_URL or the caller's default applies."""
+    global_options(p).add_argument(
+        "--service-url", required=required, default=None if required else env_default(SERVICE_URL_ENV),
+        help="broker URL, e.g. pulsar://127.0.0.1:6650" + ("" if required else f"; env {SERVICE_URL_ENV}"))
 
 
 def add_auth_arguments(p: argparse.ArgumentParser) -> None:
     """Credentials and trust, for a Pulsar client or an admin REST client."""
-    p.add_argument("--auth-plugin", default=os.environ.get("PULSAR_AUTH_PLUGIN"),
+    g = global_options(p)
+    g.add_argument("--auth-plugin", default=env_default("PULSAR_AUTH_PLUGIN"),
                    help="token or tls (or Pulsar's class name); env PULSAR_AUTH_PLUGIN")
-    p.add_argument("--auth-params", default=os.environ.get("PULSAR_AUTH_PARAMS"),
+    g.add_argument("--auth-params", default=env_default("PULSAR_AUTH_PARAMS"),
                    help="token:XXX, file:/path/to/token, or tlsCertFile:..,tlsKeyFile:..; env PULSAR_AUTH_PARAMS "
                         "(prefer the env or a file: a flag shows in ps)")
-    p.add_argument("--tls-trust-cert-path", default=None, help="CA bundle that signed the server's certificate (broker, or worker for the REST API)")
-    p.add_argument("--tls-allow-insecure-connection", action="store_true", help="accept any server certificate (tests only)")
+    g.add_argument("--tls-trust-cert-path", default=env_default("PULSAR_TLS_TRUST_CERT_PATH"),
+                   help="CA bundle that signed the server's certificate (broker, or worker for the REST API); "
+                        "env PULSAR_TLS_TRUST_CERT_PATH")
+    g.add_argument("--tls-allow-insecure-connection", action="store_true",
+                   help="accept any server certificate (tests only)")
 
 
 def settings_from_args(args: argparse.Namespace, url: str | None = None) -> ClientSettings:

@@ -32,6 +32,7 @@ ON_APACHE = (
     "integration/keyed/test_live_migration.py",
     "integration/state/test_state_store.py",
     "system/test_apache_standalone.py",
+    "system/test_stock_apache.py",
 )
 
 

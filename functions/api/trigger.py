@@ -3,7 +3,7 @@
 As Pulsar's worker does it: listen on the output topic from now, publish the value to the input
 topic, and return the first output whose `__pfn_input_topic__`/`__pfn_input_msg_id__` properties
 name that message. The listener is a throwaway Shared subscription (not a Reader: a Reader opened
-on a topic without messages can stall on pulsar-lite, docs/broker.md), removed afterwards.
+on a topic without messages can stall on pulsar-lite, docs/dev/pulsar-lite-defects.md), removed afterwards.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`pulsar-autoscale functions ...`: pulsar-admin's `functions` commands and flag names, over REST.
 
 `localrun` needs no worker: it runs the function in this process against the broker, like
-Pulsar's `functions localrun`. Flags that only make sense on a global command (`--admin-url`)
-work before or after the action.
+Pulsar's `functions localrun`. Connection and auth flags (`--admin-url`, `--auth-plugin`, ...) work
+before or after the action (pulsar_autoscale.cliargs).
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.cliargs import env_default, global_options
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.config import GUARANTEES, SUBSCRIPTION_POSITIONS, parse_text, read_config_file
-from pulsar_autoscale.pulsar_client import add_auth_arguments, settings_from_args
+from pulsar_autoscale.pulsar_client import add_auth_arguments, add_service_url, settings_from_args
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:6750"
+ADMIN_URL_ENV = "PULSAR_AUTOSCALE_ADMIN_URL"
 HELP = {"list": "list functions of a namespace",
         "burst": "our worker: drain part of the backlog with Spark (--messages), or show the drains (without)",
         "localrun": "run a function in the foreground against a broker, without a worker",
@@ -32,10 +34,11 @@ NAMED = {"create", "update", "localrun", "get", "status", "stats", "delete", "st
          "querystate", "putstate", "burst", "download"}
 
 
-def add_admin_url(p: argparse.ArgumentParser, after_action: bool = False) -> None:
-    """--admin-url on the command and again on each action, so it may come before or after the action."""
-    p.add_argument("--admin-url", default=argparse.SUPPRESS if after_action else DEFAULT_ADMIN_URL,
-                   help=f"worker admin REST URL (default {DEFAULT_ADMIN_URL})")
+def add_admin_url(p: argparse.ArgumentParser) -> None:
+    """--admin-url: where a worker's REST API answers (any worker of a cluster, or several)."""
+    global_options(p).add_argument(
+        "--admin-url", default=env_default(ADMIN_URL_ENV, DEFAULT_ADMIN_URL),
+        help=f"a worker's admin REST URL, or several comma-separated (env {ADMIN_URL_ENV}, default {DEFAULT_ADMIN_URL})")
 
 
 def _bool(text: str) -> bool:
@@ -97,15 +100,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     for action in ACTIONS:
         a = sub.add_parser(action, help=HELP.get(action, f"{action} a function"),
                            description=HELP.get(action, f"{action} a function"))
-        if action != "localrun":
-            add_admin_url(a, after_action=True)
         if action != "upload":
             add_identity_args(a, "function" if action in NAMED else None)
         if action in ("create", "update", "localrun"):
             add_config_flags(a)
         if action == "localrun":
-            from pulsar_autoscale.pulsar_client import add_client_arguments
-            add_client_arguments(a, service_url_required=False)
+            add_service_url(a)
             a.add_argument("--broker-service-url", default=None,
                            help="pulsar-admin's name for --service-url (default pulsar://127.0.0.1:6650)")
             a.add_argument("--state-dir", default=None,

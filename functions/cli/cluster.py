@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pulsar_autoscale.functions.cli.admin import DEFAULT_ADMIN_URL, admin_from_args
-from pulsar_autoscale.pulsar_client import add_auth_arguments
+from pulsar_autoscale.functions.cli.admin import add_admin_arguments, admin_from_args
 
 ACTIONS = {
     "get-cluster": "list the cluster's live workers",
@@ -17,9 +16,7 @@ ACTIONS = {
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL,
-                   help=f"any worker's admin REST URL, or several comma-separated (default {DEFAULT_ADMIN_URL})")
-    add_auth_arguments(p)
+    add_admin_arguments(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action, help_text in ACTIONS.items():
         sub.add_parser(action, help=help_text, description=help_text)

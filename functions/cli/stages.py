@@ -10,7 +10,7 @@ import argparse
 import json
 
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.functions.cli.admin import add_admin_arguments, add_admin_url, add_identity_args, admin_from_args, identity
+from pulsar_autoscale.functions.cli.admin import add_admin_arguments, add_identity_args, admin_from_args, identity
 from pulsar_autoscale.functions.model.config import parse_text
 
 ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "print a stage's config",
@@ -22,7 +22,6 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action, help_text in ACTIONS.items():
         a = sub.add_parser(action, help=help_text, description=help_text)
-        add_admin_url(a, after_action=True)
         add_identity_args(a, "stage" if action != "list" else None)
         if action == "create":
             a.add_argument("--stage-config-file", required=True,

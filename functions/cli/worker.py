@@ -12,6 +12,7 @@ import threading
 
 import pulsar
 
+from pulsar_autoscale.broker.profile import KINDS
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.cluster.member import ClusterSettings
@@ -50,7 +51,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "(default $XDG_DATA_HOME/pulsar-autoscale/worker/<port>, ~/.local/share without XDG_DATA_HOME)")
     p.add_argument("--runtime", default="thread", choices=RUNTIMES,
                    help="default instance runtime (per function: instanceRuntime in its config)")
-    p.add_argument("--broker-kind", default="auto", choices=["auto", "pulsar-lite", "apache"],
+    p.add_argument("--broker-kind", default="auto", choices=KINDS,
                    help="auto: read --metrics-url to tell pulsar-lite from Apache Pulsar")
     p.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S, metavar="S",
                    help="on SIGTERM/SIGINT, exit after this many seconds even if instances are still handing over "
@@ -93,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     data_dir = args.data_dir or str(user_data_dir("worker", str(args.port)))
+    security = ServerSecurity.from_args(args)
     try:
         server = WorkerServer(settings_from_args(args), args.port, args.host, data_dir, args.metrics_url,
                               args.runtime, args.broker_kind, args.max_parallelism, args.worker_id, cluster,
                               warm_pool=args.warm_pool,
                               spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
-                              security=ServerSecurity.from_args(args), web_service_url=args.web_service_url).start()
+                              security=security, web_service_url=args.web_service_url).start()
     except PulsarAutoscaleError as exc:   # e.g. a cluster it could not join: the worker's client may be connecting
         print(f"error: {exc}", file=sys.stderr, flush=True)
         _exit_at_once(2)
@@ -107,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(f"worker {server.worker.worker_id} serving {server.url} (broker {args.service_url}, "
           f"{server.worker.broker_kind}, runtime {args.runtime}"
-          f"{f', cluster {args.cluster}' if cluster else ''}); data in {data_dir}", flush=True)
+          f"{f', cluster {args.cluster}' if cluster else ''}; {security.describe()}); data in {data_dir}",
+          flush=True)
     stop.wait()
     _stop_within(server, args.shutdown_timeout, "handing instances over..." if cluster else "draining instances...",
                  args.service_url)

@@ -21,6 +21,7 @@ from urllib.parse import quote
 import pulsar
 import requests
 
+from pulsar_autoscale.broker.lite.function_limits import check_function
 from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.functions.cluster.assignments import AssignmentTailer, Snapshot
 from pulsar_autoscale.functions.cluster.membership import LocalReport, MembershipManager
@@ -95,7 +96,7 @@ class ClusterMember:
             raise
 
     def start(self) -> "ClusterMember":
-        # pulsar-lite B2: the worker's client is a lite_quirks.incarnation_client, whose consumer ids
+        # pulsar-lite B2: the worker's client is a lite.incarnation.incarnation_client, whose consumer ids
         # already start at a floor no other live client on the broker uses.
         try:
             self.membership.join()
@@ -289,11 +290,17 @@ class ClusterMember:
 
     # ---- the cluster-wide admin answers -----------------------------------------------------------------
     def create(self, cfg: FunctionConfig, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
+        self._check(cfg)
         return self.metadata.create(cfg, code, filename)
 
     def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None
                ) -> FunctionConfig:
-        return self.metadata.update(fqfn, changes, code, filename)
+        return self.metadata.update(fqfn, changes, code, filename, check=self._check)
+
+    def _check(self, cfg: FunctionConfig) -> None:
+        """What this broker cannot serve is refused before any worker runs it (broker/lite/function_limits.py)."""
+        self.worker.link.require()
+        check_function(cfg, self.worker.link.profile)
 
     def delete(self, fqfn: str) -> None:
         self.metadata.delete(fqfn)

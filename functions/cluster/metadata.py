@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import pulsar
 
@@ -144,7 +145,9 @@ class FunctionMetaDataManager:
                      "filename": name})
         return cfg
 
-    def update(self, fqfn: str, changes: dict, code: bytes | None, filename: str | None) -> FunctionConfig:
+    def update(self, fqfn: str, changes: dict, code: bytes | None, filename: str | None,
+               check: Callable[[FunctionConfig], None] = lambda _cfg: None) -> FunctionConfig:
+        """`check`: refuses a merged config the broker cannot serve (raises ConfigError)."""
         synced = False
         for _ in range(UPDATE_ATTEMPTS):
             rec = self.get(fqfn)
@@ -160,6 +163,7 @@ class FunctionMetaDataManager:
                 if code is None:
                     raise
                 new = rec.config
+            check(new)
             package, name = (self._publish_code(new, code, filename) if code is not None
                              else (rec.package, rec.filename))
             outcome = self._write({"op": "update", "fqfn": fqfn, "config": new.to_dict(), "package": package,

@@ -23,7 +23,7 @@ class TopicTailer:
 
     def __init__(self, client: pulsar.Client, topic: str, handle: Callable[[pulsar.Message], None], name: str,
                  producer: pulsar.Producer):
-        # pulsar-lite: a Reader opened on a topic without messages can stop receiving (docs/broker.md),
+        # pulsar-lite: a Reader opened on a topic without messages can stop receiving (docs/dev/pulsar-lite-defects.md),
         # so every reader's worker first writes a marker, which readers skip.
         producer.send(b"", properties={MARKER: "1"})
         self._producer = producer

@@ -2,7 +2,7 @@
 
 userConfig: `service_ms` (mean, default 20), `dist` (exponential | lognormal | deterministic, default
 exponential), `cv` (coefficient of variation for lognormal, default 1). Waiting rather than spinning
-lets threads scale on two cores (DESIGN.md, "Where the time goes").
+lets threads scale on two cores (a function that spins, spin.py, cannot scale past the cores).
 """
 
 import math

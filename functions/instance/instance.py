@@ -143,7 +143,7 @@ class Instance:
         self._state = state
         self._num_instances = num_instances
         # Where messages come from: the instance's own consumer (Apache Pulsar), or on pulsar-lite
-        # a lease on the function's one shared consumer (lite_quirks) with the same methods.
+        # a lease on the function's one shared consumer (broker/lite/shared_input.py) with the same methods.
         self._open_input = open_input or self._subscribe
         self._prepared = prepared
         self._stop = threading.Event()

@@ -153,8 +153,9 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
             router.serve({m.group: m.dst for m in batch})
         report.subscale_s.append(time.monotonic() - t0)
         report.subscales += 1
-    if stop_the_world and todo:
-        router.serve({g: target.owners[g] for g in range(router.num_key_groups)})
+    if stop_the_world and todo:   # stopped before its one batch: every group back to its owner
+        owners = target.owners if report.subscales else router.assignment.owners
+        router.serve({g: owners[g] for g in range(router.num_key_groups)})
     report.duration_s = time.monotonic() - start
     log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
              report.duration_s, " (stop-the-world)" if stop_the_world else "")
@@ -352,8 +353,9 @@ class KeyedScaler:
 
     Scale-out starts the new instances (they own nothing yet), then moves groups to them; scale-in
     first moves every group off the surplus instances, then drains them. One background thread per
-    function applies the latest wanted parallelism; a change that arrives during a migration is applied
-    after it, from the assignment it left.
+    function applies the latest wanted parallelism; a change that arrives during a migration stops it after
+    its current subscale (every group served by one owner) and the next starts from the assignment it left,
+    so a migration never goes on towards a parallelism the function no longer has (a resumed one included).
     """
 
     def __init__(self, router: KeyedRouter, stores: InstanceStores, start: Callable[[int], None],
@@ -374,6 +376,8 @@ class KeyedScaler:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._called_off = threading.Event()
+        self._interrupt = threading.Event()   # set: the migration under way stops (called off, or a new target)
+        self._target: int | None = None       # what the migration under way moves to
 
     def stop(self) -> None:
         """No more retries: this scaler's router is closing (a cluster's front moved); a migration under way
@@ -385,6 +389,7 @@ class KeyedScaler:
         served by one owner), and nothing more starts."""
         self._stopped = True
         self._called_off.set()
+        self._interrupt.set()
 
     def halt(self, timeout_s: float) -> bool:
         """call_off(), then wait for the migration under way to stop (False: still busy after timeout_s)."""
@@ -402,6 +407,8 @@ class KeyedScaler:
         with self._cond:
             self._wanted = target
             self._busy = True
+            if self._target is not None and target != self._target:
+                self._interrupt.set()   # stop moving towards a parallelism the function no longer has
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="keyed-scaler", daemon=True)
                 self._thread.start()
@@ -428,9 +435,12 @@ class KeyedScaler:
             with self._cond:
                 target, self._wanted = self._wanted, None
                 if target is None or self._called_off.is_set():
-                    self._busy = False
+                    self._busy, self._target = False, None
                     self._cond.notify_all()
                     return
+                self._target = target
+                if not self._called_off.is_set():
+                    self._interrupt.clear()
             try:
                 self._apply(target)
                 self.failure = ""
@@ -450,10 +460,10 @@ class KeyedScaler:
         stale = self.router.moving() - {m.group for m in moves(self.router.assignment, new)}
         if stale:
             self.router.serve({g: self.router.assignment.owners[g] for g in stale})
-        report = migrate(self.router, self.stores, new, self.settings(), save=self._save, stop=self._called_off)
+        report = migrate(self.router, self.stores, new, self.settings(), save=self._save, stop=self._interrupt)
         if report.moved_groups or not self.reports:   # status' lastMigration: the last one that moved groups
             self.reports.append(report)
-        if self._called_off.is_set():
+        if self._interrupt.is_set():   # called off, or retargeted: _run goes on from the assignment left
             return
         surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)
         if surplus:

@@ -1,4 +1,4 @@
-"""Record scheduling at a keyedState instance (DRRS, ../shared/papers/004: "record scheduling that lets
+"""Record scheduling at a keyedState instance (DRRS, the live-rescaling paper's "record scheduling that lets
 unaffected keys go on").
 
 A move ends with a burst: the records the front held while a group was in transit reach the new owner all at

@@ -1,7 +1,7 @@
 """Key-group routing: a keyed stateful function's records reach the instance that owns their key group.
 
 One `KeyedRouter` per keyed function per worker holds the worker's input (one consumer, as
-lite_quirks.SharedInput does for process instances) and a mailbox per local instance. Its
+lite.shared_input.SharedInput does for process instances) and a mailbox per local instance. Its
 dispatcher thread receives, maps the record's key to its group (state.message_group: the hash
 Pulsar's Key_Shared uses) and appends the record to the mailbox of the group's owner, so records
 of one key stay in receive order on the worker. A group in transit (live migration,
@@ -11,7 +11,7 @@ a group it no longer owns (it was in its mailbox when the group moved) hands it 
 router, which re-routes it: never dropped, never processed by a non-owner.
 
 Acks go to the one consumer the record came from; a worker that dies leaves its unacked records
-to the broker, which redelivers them (docs/keyed-state.md).
+to the broker, which redelivers them (docs/dev/keyed-state-design.md).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ COMPRESSION_TYPES = ("NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY")
 BATCH_BUILDERS = ("DEFAULT", "KEY_BASED")
 DEFAULT_MAX_PARALLELISM = 64
 # Small on purpose: messages prefetched by old instances are not given to a new one,
-# so the prefetch queue bounds how soon a scale-out takes effect (DESIGN.md "Prefetch").
+# so the prefetch queue bounds how soon a scale-out takes effect (docs/runtime.md, "Receiver queue").
 DEFAULT_RECEIVER_QUEUE_SIZE = 100
 # 128 groups / 16 = 8 a shard: a subscale's open reads about 1/16 of the tail (BENCHMARKS.md, changelog shards)
 DEFAULT_KEYED_CHANGELOG_SHARDS = 16

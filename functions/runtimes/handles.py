@@ -5,7 +5,7 @@ threads, start in milliseconds and share one connection. Process instances give 
 function its own interpreter (no shared GIL) at the cost of a ~1 s start. Each thread instance
 is a consumer of the function's subscription, as in Pulsar. Process instances on pulsar-lite
 cannot join that subscription from their own connection (B2), so they receive through their
-worker over a pipe (lite_quirks). A keyedState function's process instance receives through its
+worker over a pipe (broker/lite/shared_input.py). A keyedState function's process instance receives through its
 worker too, and its state calls go to its worker's store (functions/runtimes/remote_state.py).
 """
 
@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import pulsar
 
-from pulsar_autoscale.broker import lite_quirks
+from pulsar_autoscale.broker.lite.shared_input import SharedInput
 from pulsar_autoscale.functions.instance.instance import Instance, prepare
 from pulsar_autoscale.functions.instance.stats import InstanceFigures, InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -126,7 +126,7 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_
 def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str | None,
                   num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None) -> None:
     """`input_conn`, a pipe to the worker: a keyedState instance's input and state calls (functions/runtimes/remote_state.py),
-    else its input on pulsar-lite (lite_quirks.SharedInput); None: it subscribes itself."""
+    else its input on pulsar-lite (lite.shared_input.SharedInput); None: it subscribes itself."""
     stats = InstanceStats(instance_id, start_time_ms)
     if config.keyedState:
         state = RemoteStateStore(input_conn)
@@ -167,7 +167,7 @@ class ProcessInstance(InstanceHandle):
     _ctx = _process_context()  # never fork the worker itself: it holds pulsar-client threads
 
     def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings, code_path: str | None,
-                 state_path: str | None, num_instances, shared_input: lite_quirks.SharedInput | None, standby=None,
+                 state_path: str | None, num_instances, shared_input: SharedInput | None, standby=None,
                  keyed: KeyedParts | None = None):
         """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn.
         `keyed` (a keyedState function): its input and its state are served by this worker."""

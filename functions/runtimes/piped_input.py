@@ -1,7 +1,7 @@
 """A process instance's input through its worker: messages cross a pipe, acks come back.
 
 Used where the worker, not the instance process, holds what the instance receives from: on
-pulsar-lite every process instance (B2: lite_quirks.SharedInput), and everywhere a keyedState
+pulsar-lite every process instance (B2: lite.shared_input.SharedInput), and everywhere a keyedState
 function's process instance (its key groups' mailbox or route topic, functions/keyed/routing.py and
 functions/keyed/cluster.py).
 """

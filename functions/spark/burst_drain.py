@@ -25,10 +25,10 @@ produced, or a message nacked after its output was sent, yields a duplicate outp
 is lost. Only Shared subscriptions are drained: a Failover or Key_Shared function keeps
 (per-key) order, which parallel partitions would break.
 
-pulsar-lite (docs/broker.md, B2): the driver's client is a second connection on the
+pulsar-lite (docs/dev/pulsar-lite-defects.md, B2): the driver's client is a second connection on the
 subscription and its consumer ids start at 0, colliding with the worker's.
-`lite_quirks.join_shared_subscription` is the throwaway-consumer workaround; it is used only
-on pulsar-lite.
+`lite.incarnation.join_shared_subscription` gives the driver consumer ids of its own; it is used only
+where the broker profile asks for consumer-id floors (pulsar-lite).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pulsar
 
-from pulsar_autoscale.broker import lite_quirks
+from pulsar_autoscale.broker.lite.incarnation import LiteJoinError, join_shared_subscription
+from pulsar_autoscale.broker.profile import BrokerProfile, resolve
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.model.files import write_atomically
@@ -265,13 +266,14 @@ class BurstDrain:
     """Drain a bounded slice of one function's backlog with Spark; see the module docstring.
 
     `code_path` is the function's .py file (None: className is importable on the executors);
-    its bytes travel with the job. `broker_kind` is "apache", "pulsar-lite" or "auto" (read
-    from `metrics_url`, as the worker does). `state_path`: the worker's state store, when
+    its bytes travel with the job. `broker_kind` is a BrokerProfile, or "apache", "pulsar-lite" or
+    "auto" (read from `metrics_url`, as the worker does). `state_path`: the worker's state store, when
     process() uses counters/state and the executors can reach the file.
     """
 
     def __init__(self, spark: "SparkSession", service_url: ClientSettings | str, function_config: FunctionConfig,
-                 code_path: str | None = None, *, broker_kind: str = "auto", metrics_url: str | None = None,
+                 code_path: str | None = None, *, broker_kind: BrokerProfile | str = "auto",
+                 metrics_url: str | None = None,
                  receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS, receiver_queue: int = DEFAULT_RECEIVER_QUEUE,
                  state_path: str | None = None):
         from pulsar_autoscale.functions.instance.loader import load_callable
@@ -283,36 +285,39 @@ class BurstDrain:
             raise ConfigError(f"burst drain: function {cfg.fqfn} uses a {cfg.subscription_type} subscription "
                               "(retainOrdering/retainKeyOrdering/EFFECTIVELY_ONCE); draining it in parallel "
                               "partitions would break its order. Only SHARED functions can burst")
-        if broker_kind not in ("auto", "apache", "pulsar-lite"):
-            raise ConfigError(f"burst drain: broker_kind {broker_kind!r}: use auto, apache or pulsar-lite")
         client = ClientSettings.of(service_url)
         if not str(client.service_url).startswith(("pulsar://", "pulsar+ssl://")):
             raise ConfigError(f"burst drain: service_url {client.service_url!r} must start with pulsar://")
         load_callable(cfg.className, code_path)  # refuse code that cannot load before taking anything
-        if broker_kind == "auto":
-            from pulsar_autoscale.broker.lite_quirks import detect_broker_kind
-
-            broker_kind = detect_broker_kind(metrics_url)
+        try:
+            broker = resolve(broker_kind, metrics_url)
+        except ConfigError as exc:
+            raise ConfigError(f"burst drain: {exc}") from None
         self.spark = spark
         self.client = client
         self.config = cfg
         self.code_name = Path(code_path).name if code_path else None
         self.code = Path(code_path).read_bytes() if code_path else None
-        self.broker_kind = broker_kind
+        self.broker = broker
         self.receive_timeout_ms = receive_timeout_ms
         self.receiver_queue = receiver_queue
         self.state_path = state_path
+
+    @property
+    def broker_kind(self) -> str:
+        """The broker's kind, as --broker-kind names it (what "auto" found)."""
+        return self.broker.name
 
     def _join(self):
         name = f"{self.config.fqfn}:burst-{uuid.uuid4().hex[:8]}"
         queue = max(1, self.receiver_queue)
         what = (f"joining subscription {self.config.subscription_name!r} of {', '.join(self.config.inputs)} "
                 f"as consumer {name!r}")
-        if self.broker_kind == "pulsar-lite":
+        if self.broker.consumer_id_floors:
             try:
-                return lite_quirks.join_shared_subscription(
+                return join_shared_subscription(
                     self.client, lambda client: _subscribe(client, self.config, name, queue), what)
-            except lite_quirks.LiteJoinError as exc:
+            except LiteJoinError as exc:
                 raise BurstDrainError(f"burst drain of {self.config.fqfn}: {exc}") from exc
         client = open_client(self.client)
         try:
@@ -346,7 +351,7 @@ class BurstDrain:
                                               max(self.receive_timeout_ms, FIRST_RECEIVE_TIMEOUT_MS)))
             except pulsar.Timeout:
                 break
-        if self.broker_kind == "pulsar-lite":
+        if self.broker.large_batches_may_stall:
             largest = max((_batch_size(m.message_id().serialize()) for m in taken), default=0)
             if largest > self.config.receiverQueueSize:
                 log.warning("burst drain of %s: batches of up to %d messages, more than the receiver queue (%d); "

@@ -20,6 +20,7 @@ from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.config import FunctionConfig
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pulsar_autoscale.broker.profile import BrokerProfile
     from pulsar_autoscale.pulsar_client import ClientSettings
     from pulsar_autoscale.spark_bridge.session import SparkSettings
 
@@ -48,9 +49,9 @@ class BurstRunner:
     """`client`: the broker URL, or ClientSettings with auth and TLS; `spark`: where drains run
     (default local[*]; a Spark cluster with the worker's --spark-master)."""
 
-    def __init__(self, client: "ClientSettings | str", broker_kind: str, spark: "SparkSettings | None" = None):
+    def __init__(self, client: "ClientSettings | str", broker: "BrokerProfile", spark: "SparkSettings | None" = None):
         self.client = client
-        self.broker_kind = broker_kind
+        self.broker = broker   # the worker's; replaced once an "auto" worker has learnt it
         self.spark = spark
         self._lock = threading.Lock()
         self._running: dict[str, BurstRecord] = {}
@@ -67,7 +68,7 @@ class BurstRunner:
         except ImportError as exc:  # the spark extra is not installed
             raise ConfigError(f"burst: this worker cannot run Spark ({exc}); install pulsar-autoscale[spark]") from None
         # Checks the function (SHARED subscription, loadable code) before anything is taken.
-        drain = BurstDrain(None, self.client, cfg, code_path, broker_kind=self.broker_kind, state_path=state_path)
+        drain = BurstDrain(None, self.client, cfg, code_path, broker_kind=self.broker, state_path=state_path)
         with self._lock:
             if cfg.fqfn in self._running:
                 return self._running[cfg.fqfn], False

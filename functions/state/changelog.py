@@ -14,7 +14,7 @@ ranges, so that opening a few groups after a move reads the tail of their range 
 
 Where the changelog ends is found with a marker record: a reader reads up to the marker it has just
 published, which needs no `has_message_available` or `get_last_message_id` (both unreliable on
-pulsar-lite, docs/broker.md) and no seek (B5).
+pulsar-lite, docs/dev/pulsar-lite-defects.md) and no seek (B5).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pulsar
 
-from pulsar_autoscale.broker import lite_quirks
+from pulsar_autoscale.broker.lite.readers import MIN_READER_QUEUE, reader_queue
 
 if TYPE_CHECKING:
     from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -286,7 +286,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
     start = position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
     waited_ms, read_any, n, paced_bytes = 0, False, 0, 0
     sized = pace is None   # a paced read sizes its queue at its first record
-    queue = lite_quirks.reader_queue(READER_QUEUE // side_by_side) if sized else lite_quirks.MIN_READER_QUEUE
+    queue = reader_queue(READER_QUEUE // side_by_side) if sized else MIN_READER_QUEUE
     reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
         while True:

@@ -319,7 +319,7 @@ class StateStore:
         return True
 
     def apply_once(self, msg_id: str, group: int) -> bool:
-        """STATE.md's name for begin(group, msg_id)."""
+        """docs/state.md's name for begin(group, msg_id)."""
         return self.begin(group, msg_id)
 
     def commit(self) -> None:

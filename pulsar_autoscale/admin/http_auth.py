@@ -318,7 +318,7 @@ class ClusterSession(requests.Session):
             raise TypeError(f"ClusterSession.request got unsupported arguments {sorted(unknown)}")
         prep = self.prepare_request(req)
         # The configured CA must win over REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE, which requests prefers to a
-        # session's verify (requests issue 3829): pass it explicitly.
+        # session's verify (https://github.com/psf/requests/issues/3829): pass it explicitly.
         settings = self.merge_environment_settings(prep.url, send_kw.pop("proxies", {}), send_kw.pop("stream", None),
                                                    send_kw.pop("verify", self.verify), send_kw.pop("cert", self.cert))
         send_kw.update(settings)

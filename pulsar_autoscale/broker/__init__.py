@@ -1,1 +1,2 @@
-"""The broker side: the embedded pulsar-lite (embedded), its known defects (lite_quirks), its Prometheus metrics."""
+"""The broker side: the embedded pulsar-lite (embedded), its known defects fenced (lite/), which
+fences apply to which broker (profile), its Prometheus metrics."""

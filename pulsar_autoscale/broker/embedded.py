@@ -27,7 +27,7 @@ from pathlib import Path
 
 import requests
 
-from pulsar_autoscale.broker import lite_quirks
+from pulsar_autoscale.broker.lite.startup import metrics_server_lost
 from pulsar_autoscale.errors import BrokerError
 from pulsar_autoscale.netutil import free_port, wait_for_port
 
@@ -179,7 +179,7 @@ class EmbeddedBroker:
 
     def _metrics_answer(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.alive() and not lite_quirks.metrics_server_lost(self._this_log()):
+        while time.monotonic() < deadline and self.alive() and not metrics_server_lost(self._this_log()):
             try:
                 if requests.get(self.metrics_url, timeout=1).status_code == 200:
                     return True
@@ -192,7 +192,7 @@ class EmbeddedBroker:
         """Which of pulsar-lite's ports another process holds, from its log: the metrics port (B15: it runs
         on) or its own (it exits; with that port taken, a connect may reach the other process)."""
         text = self._this_log()
-        if lite_quirks.metrics_server_lost(text):
+        if metrics_server_lost(text):
             return "metrics"
         if "address already in use" in text.lower() and (self._proc is None or self._proc.poll() is not None):
             return "lite" if self.relay else "client"
@@ -258,9 +258,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on 127.0.0.1 (default: a free port)")
     p.add_argument("--data-dir", default=None, help="storage directory (default: a temporary directory removed on exit)")
     p.add_argument("--log-level", default="info", choices=["error", "warn", "info", "debug", "trace"])
+    p.add_argument("--kind", default="lite", choices=["lite", "apache"],
+                   help="lite: embedded pulsar-lite; apache: Apache Pulsar standalone (needs java and mvn; "
+                        "--metrics-port is then its web port: admin REST, functions API, /metrics)")
+    p.add_argument("--version", default=None,
+                   help="Apache Pulsar version for --kind apache (default: $PULSAR_AUTOSCALE_APACHE_VERSION or 4.0.8)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "kind", "lite") == "apache":
+        from pulsar_autoscale.broker import apache
+        return apache.run(args)
     broker = EmbeddedBroker(args.port, args.metrics_port, args.data_dir, args.log_level).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -8,14 +8,23 @@ consume TOPIC -s SUB [-n N] [-t Shared] [-p Earliest]: prints each message as pu
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 import pulsar
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
-from pulsar_autoscale.pulsar_client import add_client_arguments, open_client, settings_from_args
+from pulsar_autoscale.pulsar_client import (
+    CLIENT_LOGGER,
+    add_client_arguments,
+    broker_error,
+    open_client,
+    settings_from_args,
+)
 
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
+# a broker that does not answer fails the command within this long, in one line (the client's default: 30 s)
+OPERATION_TIMEOUT_S = 10
 SUBSCRIPTION_TYPES = {"Exclusive": pulsar.ConsumerType.Exclusive, "Shared": pulsar.ConsumerType.Shared,
                       "Failover": pulsar.ConsumerType.Failover, "Key_Shared": pulsar.ConsumerType.KeyShared}
 
@@ -48,7 +57,18 @@ def _settings(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    return produce(args) if args.command == "produce" else consume(args)
+    """A failed client call ends the command with one line naming the broker; the client's own log lines
+    (a retry per second against a broker that is down) only with -v."""
+    if not args.verbose:
+        logging.getLogger(CLIENT_LOGGER).setLevel(logging.CRITICAL)
+    try:
+        return produce(args) if args.command == "produce" else consume(args)
+    except pulsar.PulsarException as exc:
+        raise broker_error(args.service_url, exc) from None
+
+
+def _open(args: argparse.Namespace) -> pulsar.Client:
+    return open_client(_settings(args), operation_timeout_seconds=OPERATION_TIMEOUT_S)
 
 
 def produce(args: argparse.Namespace) -> int:
@@ -61,7 +81,7 @@ def produce(args: argparse.Namespace) -> int:
         properties = dict(p.split("=", 1) for p in args.properties)
     except ValueError:
         raise ConfigError(f"--properties must be k=v, got {args.properties}") from None
-    client = open_client(_settings(args))
+    client = _open(args)
     failed: list = []
     try:
         # Asynchronous sends on a schedule: --rate holds even when the broker answers slowly.
@@ -87,7 +107,7 @@ def produce(args: argparse.Namespace) -> int:
 
 
 def consume(args: argparse.Namespace) -> int:
-    client = open_client(_settings(args))
+    client = _open(args)
     received = 0
     try:
         consumer = client.subscribe(args.topic, args.subscription_name,

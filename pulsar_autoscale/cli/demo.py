@@ -35,8 +35,11 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.paths import user_data_dir
+from pulsar_autoscale.pulsar_client import open_client
 
 NS = "public/default"
+DEFAULT_SLO_S = 1.0   # the paper's R_max per path
 SOURCE = f"persistent://{NS}/images"
 
 
@@ -144,7 +147,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--receiver-queue", type=int, default=10,
                    help="messages each instance prefetches (default 10; 1 makes instances share one FIFO queue, "
                         "the simulator's model)")
-    p.add_argument("--report", default=None, help="report directory (default reports/demo-<policy>)")
+    p.add_argument("--report", default=None,
+                   help="report directory (default $XDG_DATA_HOME/pulsar-autoscale/demo/<policy>, "
+                        "~/.local/share without XDG_DATA_HOME)")
+    p.add_argument("--slo", type=float, default=None, metavar="S",
+                   help="response-time SLO the summary counts violations of (default: the policy's r_max_s "
+                        "parameter, else 1 s, the paper's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-live", action="store_true", help="print a progress line every 10 s instead of a live view")
     p.add_argument("--workers", type=int, default=1,
@@ -178,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--rates must be positive and --duration > 0")
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
-    report = Path(args.report or f"reports/demo-{Path(args.policy).stem}")
+    report = Path(args.report) if args.report else user_data_dir("demo", Path(args.policy).stem)
     report.mkdir(parents=True, exist_ok=True)
     logging.getLogger().setLevel(logging.WARNING)
     # a fast check still running when the next is due is skipped; on a busy machine that is no news
@@ -209,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
             decision_log=str(report / "decisions.jsonl"), http_port=0, identity="demo-controller")
         (report / "decisions.jsonl").unlink(missing_ok=True)
         controller = Controller(config).start()
-        client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        client = open_client(broker.service_url, pulsar.LoggerLevel.Error)
         rec = Recorder()
         stop_load, stop_sink = threading.Event(), threading.Event()
         sink = threading.Thread(target=sink_collector, args=(client, rec, stop_sink), daemon=True)
@@ -229,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         stop_sink.set()
         sink.join(5)
         client.close()
-    summary = summarize(rec, config, rates, interval, t0)
+    summary = summarize(rec, config, rates, interval, t0, slo_s(args))
     write_report(report, rec, summary)
     print_summary(summary, report)
     return 0 if summary["lost"] == 0 else 1
@@ -354,7 +362,16 @@ def drain(rec: Recorder, t0: float, timeout_s: float = 90.0) -> None:
     print(f"drain did not finish within {timeout_s:.0f}s", file=sys.stderr)
 
 
-def summarize(rec: Recorder, config: ControllerConfig, rates, interval, t0) -> dict:
+def slo_s(args: argparse.Namespace) -> float:
+    """--slo, else the response time the policy aims at (its r_max_s), else the paper's 1 s."""
+    from pulsar_autoscale.errors import ConfigError
+    slo = args.slo if args.slo is not None else parse_params(args.param).get("r_max_s", DEFAULT_SLO_S)
+    if not isinstance(slo, (int, float)) or slo <= 0:
+        raise ConfigError(f"the SLO must be a positive number of seconds, got {slo!r}")
+    return float(slo)
+
+
+def summarize(rec: Recorder, config: ControllerConfig, rates, interval, t0, slo: float = 1.0) -> dict:
     rts = [rt for _, rt, _ in rec.rts]
     per_path = {}
     for topic, label in SINKS.items():
@@ -373,7 +390,7 @@ def summarize(rec: Recorder, config: ControllerConfig, rates, interval, t0) -> d
         "duplicates": sum(c - 1 for seen in rec.received.values() for c in seen.values()),
         "mean_rt_s": _r(np.mean(rts)) if rts else None, "p95_rt_s": _r(percentile(rts, 95)),
         "p99_rt_s": _r(percentile(rts, 99)), "max_rt_s": _r(max(rts)) if rts else None,
-        "slo_violation_share": _r(sum(1 for r in rts if r > 1.0) / len(rts)) if rts else None,
+        "slo_s": slo, "slo_violation_share": _r(sum(1 for r in rts if r > slo) / len(rts)) if rts else None,
         "paths": per_path,
         "avg_instances": {k: _r(v / total_time) for k, v in inst_seconds.items()},
         "avg_instances_total": _r(sum(inst_seconds.values()) / total_time),
@@ -390,6 +407,8 @@ def write_report(report: Path, rec: Recorder, summary: dict) -> None:
         if (report / "decisions.jsonl").exists() else []
     summary["scaling_actions"] = sum(1 for d in decisions if d.get("applied"))  # from the controller's own log
     summary["fast_actions"] = sum(1 for d in decisions if d.get("applied") and d.get("kind") == "fast")
+    load_s = summary["interval_s"] * len(summary["rates_msg_s"])
+    summary["scaling_actions_per_hour"] = round(summary["scaling_actions"] * 3600 / load_s, 1)
     (report / "summary.json").write_text(json.dumps(summary, indent=2))
     with (report / "timeseries.csv").open("w", newline="") as f:
         w = csv.writer(f)
@@ -423,7 +442,7 @@ def plot(report: Path, rec: Recorder, summary: dict) -> None:
         pts = [(ts - t0, rt) for ts, rt, tp in rec.rts if tp == topic]
         if pts:
             axes[2].plot([p[0] for p in pts], [p[1] for p in pts], ".", markersize=2, label=label)
-    axes[2].axhline(1.0, color="red", linestyle="--", linewidth=0.8, label="R_max 1 s")
+    axes[2].axhline(summary["slo_s"], color="red", linestyle="--", linewidth=0.8, label=f"SLO {summary['slo_s']:g} s")
     axes[2].set_yscale("log")
     axes[2].set_ylabel("response time (s)")
     axes[2].set_xlabel("time (s)")
@@ -435,9 +454,20 @@ def plot(report: Path, rec: Recorder, summary: dict) -> None:
     plt.close(fig)
 
 
+def slo_line(summary: dict) -> str:
+    """The run against its SLO, and what the scaling cost, in one line."""
+    share = summary["slo_violation_share"]
+    p99 = summary["p99_rt_s"]
+    return (f"SLO {summary['slo_s']:g} s: p99 {'-' if p99 is None else f'{p99:.2f} s'} against it, "
+            f"{'-' if share is None else f'{share:.1%}'} of responses over it (slo_violation_share "
+            f"{share}); {summary['scaling_actions']} scaling actions ({summary['scaling_actions_per_hour']:g}/h, "
+            f"{summary['fast_actions']} fast)")
+
+
 def print_summary(summary: dict, report: Path) -> None:
     print("\n=== summary ===")
     print(json.dumps({k: v for k, v in summary.items() if k != "paths"}, indent=2))
     for label, figs in summary["paths"].items():
         print(f"path {label}: {figs}")
+    print(slo_line(summary))
     print(f"report: {report}/summary.json, timeseries.csv, decisions.jsonl, run.png")

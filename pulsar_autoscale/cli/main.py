@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from pulsar_autoscale.cliargs import spread
@@ -59,6 +60,15 @@ def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()   # a reader that went away shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:   # a command's output read by `| head -1`
+        return _reader_gone()
+
+
+def _main(argv: list[str] | None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = next((a for a in given if not a.startswith("-")), None)   # -v is the only option before it
     parser = build_parser(command if command in COMMANDS else None)
@@ -79,6 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (`| head -1`): stop quietly. stdout now points at /dev/null, so
+    the interpreter's flush at exit does not fail a second time; exit 1, as Python's own docs advise."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1
 
 
 if __name__ == "__main__":

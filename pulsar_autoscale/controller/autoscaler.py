@@ -102,7 +102,7 @@ def _keep(old: PlanState, new: PlanState, functions: Mapping[str, Any]) -> PlanS
     def merged(a: Mapping, b: Mapping) -> dict:
         return {**{fn: v for fn, v in a.items() if fn in functions}, **b}
     return PlanState(merged(old.last_change, new.last_change), merged(old.recent, new.recent),
-                     merged(old.idle_since, new.idle_since))
+                     merged(old.idle_since, new.idle_since), merged(old.fast_out, new.fast_out))
 
 
 def _describe(exc: Exception) -> str:

@@ -47,15 +47,15 @@ def run(args: argparse.Namespace) -> int:
         overrides["identity"] = args.identity
     if overrides:
         config = ControllerConfig(**{**config.__dict__, **overrides})
-    controller = Controller(config, config_path=args.config, overrides=overrides,
-                            security=ServerSecurity.from_args(args)).start()
+    security = ServerSecurity.from_args(args)
+    controller = Controller(config, config_path=args.config, overrides=overrides, security=security).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     # SIGHUP: re-read the config file; off the signal handler, which must not wait for a running period
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=_reload, args=(controller,), daemon=True).start())
     print(f"controller {controller.identity}: policy {config.policy}, period {config.period_s}s, "
-          f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; status on "
+          f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; {security.describe()}; status on "
           f"http://{config.http_host}:{controller.http_port}/status; decision log {config.decision_log}", flush=True)
     stop.wait()
     controller.stop()

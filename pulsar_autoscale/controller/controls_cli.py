@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 import requests
 
+from pulsar_autoscale.cliargs import env_default, global_options
 from pulsar_autoscale.configparse import parse_params
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.headers import PARTIAL_HEADER
@@ -21,17 +21,15 @@ URL_ENV = "PULSAR_AUTOSCALE_CONTROLLER_URL"
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    # given before or after the action; the action's copy only overrides when given
-    for parser, default in ((p, None), (common, argparse.SUPPRESS)):
-        parser.add_argument("--controller-url", default=default,
-                            help=f"a controller replica's HTTP address (env {URL_ENV}, default {DEFAULT_URL})")
-        parser.add_argument("--json", action="store_true", default=default or False, help="print JSON")
+    g = global_options(p)
+    g.add_argument("--controller-url", default=env_default(URL_ENV, DEFAULT_URL),
+                   help=f"a controller replica's HTTP address (env {URL_ENV}, default {DEFAULT_URL})")
+    g.add_argument("--json", action="store_true", help="print JSON")
     add_auth_arguments(p)
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def action(name: str, help_text: str, function: bool = True) -> argparse.ArgumentParser:
-        a = actions.add_parser(name, help=help_text, description=help_text, parents=[common])
+        a = actions.add_parser(name, help=help_text, description=help_text)
         if function:
             a.add_argument("function", metavar="FUNCTION", help="tenant/namespace/name, or name in public/default")
         return a
@@ -59,7 +57,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = (args.controller_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+    base = args.controller_url.rstrip("/")
     session = settings_from_args(args, base).http_session()   # --auth-plugin/--auth-params, TLS trust
     if args.action == "reload":
         return _print(args, _call(session, "POST", f"{base}/autoscaler/reload"))

@@ -34,8 +34,9 @@ topic reload), the backlog as its subscription's msgBacklog (counted by the brok
 request); the service rate as above, from FunctionStats (avgProcessLatency x processed).
 
 Scale-in stays with the regular period, after the Plan step's stabilization window, which the
-fast path raises to at least one period (`stabilization`), so a fast scale-out is not undone by
-the next period's window that still holds the time before the burst.
+fast path raises to at least one metrics window, and after a hold on each fast scale-out of one metrics
+window plus one period (`stabilization`): a fast scale-out is not undone by a period whose window
+still holds the time before the burst, only by one that sees that the load has fallen.
 """
 
 from __future__ import annotations
@@ -67,11 +68,15 @@ class FastConfig:
         if self.backlog_s < 0:
             raise ConfigError(f"fast.backlog_s must be >= 0, got {self.backlog_s}")
 
-    def stabilization(self, plan: Mapping, period_s: float) -> dict:
-        """Plan settings with the fast path on: scale in only on a full period of evidence after a scale-out."""
+    def stabilization(self, plan: Mapping, period_s: float, window_s: float | None = None) -> dict:
+        """Plan settings with the fast path on: scale in only to the highest recommendation over a metrics
+        window (`window_s`, default the period; at least one period), and not below a fast scale-out until a
+        period's window lies after it, one period more for the broker's gauges to catch up."""
         out = dict(plan)
         if self.enabled:
-            out["scale_in_stabilization_s"] = max(float(out.get("scale_in_stabilization_s", 0.0)), period_s)
+            window = max(window_s if window_s is not None else period_s, period_s)
+            out["scale_in_stabilization_s"] = max(float(out.get("scale_in_stabilization_s", 0.0)), window)
+            out["fast_scale_in_hold_s"] = max(float(out.get("fast_scale_in_hold_s", 0.0)), window + period_s)
         return out
 
 

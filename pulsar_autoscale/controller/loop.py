@@ -118,7 +118,7 @@ class Iteration:
 def build_planner(config: ControllerConfig) -> Planner:
     # stock Pulsar restarts every instance on each update: plan fewer, larger changes there
     plan = restart_aware(config.plan, config.period_s) if config.mode == "stock" else dict(config.plan)
-    plan = config.fast_config().stabilization(plan, config.period_s)
+    plan = config.fast_config().stabilization(plan, config.period_s, config.window_s)
     try:
         return Planner(plan_config(plan))
     except TypeError as exc:

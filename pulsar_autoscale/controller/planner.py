@@ -9,7 +9,10 @@ re-implements them (Ray Serve wraps user policies the same way). Per function, i
 1. bounds: the function's own (FunctionPlan, from its controls), else the first glob pattern in
    `bounds` that matches the name, else the defaults;
 2. scale-in stabilization: scale in only to the highest recommendation of the last
-   `scale_in_stabilization_s` seconds (Kubernetes HPA's downscale stabilization);
+   `scale_in_stabilization_s` seconds (Kubernetes HPA's downscale stabilization); and for
+   `fast_scale_in_hold_s` after a fast scale-out, no regular period scales in below it: until
+   then the period's metrics window still holds the time before the burst, so its lower
+   recommendation says nothing about whether the load has fallen (after the hold it does);
 3. no scale-in while the backlog is above `draining_backlog` (FLINK-31318: scaling in a job
    that is still catching up makes it fall behind again); an unknown backlog does not block;
 4. at most `max_step` instances added or removed;
@@ -50,6 +53,7 @@ class PlanConfig:
     bounds: tuple[tuple[str, int, int], ...] = ()   # (glob on tenant/namespace/name, min, max); first match wins
     cooldown_s: float = 0.0                         # no change to a function this soon after its last applied one
     scale_in_stabilization_s: float = 0.0           # scale in only to the max recommendation of this window
+    fast_scale_in_hold_s: float = 0.0               # no period scales in below a fast scale-out for this long
     max_step: int | None = None                     # most instances added or removed in one decision
     no_scale_in_while_draining: bool = True
     draining_backlog: float = 100.0                 # messages: above this a backlog counts as draining
@@ -104,6 +108,7 @@ class PlanState:
     last_change: Mapping[str, Stamped] = field(default_factory=dict)
     recent: Mapping[str, tuple[Stamped, ...]] = field(default_factory=dict)   # recommendations in the window
     idle_since: Mapping[str, float] = field(default_factory=dict)   # min-0 functions: idle since (empty input)
+    fast_out: Mapping[str, Stamped] = field(default_factory=dict)   # the last fast scale-out, while it holds
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,8 @@ class Planner:
         last_change = {fn: s for fn, s in state.last_change.items() if fn in current}
         recent: dict[str, tuple[Stamped, ...]] = {}
         idle_since: dict[str, float] = {}
+        fast_out = {fn: s for fn, s in state.fast_out.items()
+                    if fn in current and now - s.time < c.fast_scale_in_hold_s}
         decisions = []
         for fn, old in current.items():
             rule = (rules or {}).get(fn) or c.rules(fn)
@@ -173,6 +180,11 @@ class Planner:
                     why.append(f"stabilization: highest recommendation in {c.scale_in_stabilization_s:g}s "
                                f"is {stable}")
                     new = stable
+            held = fast_out.get(fn)
+            if not fast and held is not None and new < min(held.parallelism, old):
+                why.append(f"fast scale-out to {held.parallelism} {now - held.time:.0f}s ago: no scale-in within "
+                           f"{c.fast_scale_in_hold_s:g}s of it")
+                new = min(held.parallelism, old)
             if new > old and c.scale_out_headroom > 0:
                 grown = math.ceil(new * (1 + c.scale_out_headroom) - 1e-9)
                 if grown > new:
@@ -197,8 +209,10 @@ class Planner:
                 why.append(f"outside bounds [{lo}, {hi}]: {new}")
             if new != old:
                 last_change[fn] = Stamped(now, new)
+                if fast and new > old and c.fast_scale_in_hold_s > 0:
+                    fast_out[fn] = Stamped(now, new)
             decisions.append(Decision(fn, old, proposed, new, "; ".join(w for w in why if w), fs))
-        return decisions, PlanState(last_change=last_change, recent=recent, idle_since=idle_since)
+        return decisions, PlanState(last_change=last_change, recent=recent, idle_since=idle_since, fast_out=fast_out)
 
 
 def _scale_to_zero(fn: str, old: int, rule: FunctionPlan, fs: FunctionSnapshot | None, idle_since: float,

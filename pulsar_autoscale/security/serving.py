@@ -65,6 +65,11 @@ class ServerSecurity:
         if self.max_request_bytes <= 0:
             raise ConfigError("the maximum request size must be > 0")
 
+    def describe(self) -> str:
+        """For a start-up banner: whether callers must authenticate and whether the API is served over TLS."""
+        return (f"authentication {'on (tokens)' if self.access is not None else 'off'}, "
+                f"TLS {'on' if self.tls_cert_file else 'off'}")
+
     @property
     def scheme(self) -> str:
         return "https" if self.tls_cert_file else "http"

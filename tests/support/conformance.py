@@ -64,12 +64,15 @@ def produce(client_: pulsar.Client, topic: str, n: int, batching: bool = False, 
     return ids
 
 
-def drain(consumer, idle_ms: int = 500, ack: bool = True, limit: int | None = None) -> list[pulsar.Message]:
-    """Receive until nothing arrives for idle_ms (or limit messages), acking unless told not to."""
+def drain(consumer, idle_ms: int = 500, ack: bool = True, limit: int | None = None,
+          first_ms: int | None = None) -> list[pulsar.Message]:
+    """Receive until nothing arrives for idle_ms (or limit messages), acking unless told not to. first_ms: how
+    long to wait for the first message (Apache Pulsar starts a new Failover consumer after
+    activeConsumerFailoverDelayTimeMillis, 1 s by default)."""
     out: list[pulsar.Message] = []
     while limit is None or len(out) < limit:
         try:
-            msg = consumer.receive(idle_ms)
+            msg = consumer.receive(first_ms if first_ms is not None and not out else idle_ms)
         except pulsar.Timeout:
             break
         out.append(msg)

@@ -152,7 +152,7 @@ def _deploy_exclaim(url: str, name: str, src: str, dst: str, parallelism: int) -
 
 def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
                 down_s: float = 2.0, parallelism: int = 3, relay: bool = True) -> Outcome:
-    """Issue 14's scenario: exclaim at parallelism 3, n messages at `rate` from a producer process,
+    """The worker kill -9 scenario of docs/reliability.md: exclaim at parallelism 3, n messages at `rate` from a producer process,
     the worker killed with -9 at about `kill_at` outputs and restarted `down_s` later on the same
     port and data dir. relay=False: clients reach pulsar-lite directly (B10 unfenced, for comparison)."""
     with tempfile.TemporaryDirectory(prefix="fault-") as tmp, EmbeddedBroker(relay=relay) as broker:

@@ -4,7 +4,7 @@
     hold URL TOPIC N             a plain client that acks N messages, then holds what it prefetched until killed
     publish-big URL TOPIC 0      a plain client that holds what it prefetched from TOPIC and publishes 512 KB
                                  messages to TOPIC-big until killed (a kill lands in the middle of a frame)
-    incarnation URL TOPIC IDLE_S a lite_quirks.incarnation_client; prints FLOOR n, exits after IDLE_S
+    incarnation URL TOPIC IDLE_S a lite.incarnation.incarnation_client; prints FLOOR n, exits after IDLE_S
                                  without a message or on SIGTERM (closing its client cleanly)
 """
 
@@ -22,9 +22,10 @@ def main(mode: str, url: str, topic: str, idle_s: str) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if mode == "incarnation":
-        from pulsar_autoscale.broker.lite_quirks import incarnation_client
+        from pulsar_autoscale.broker.lite.incarnation import incarnation_client
+        from pulsar_autoscale.broker.profile import LITE
 
-        client = incarnation_client(url, "pulsar-lite")
+        client = incarnation_client(url, LITE)
         print(f"FLOOR {client.floor}", flush=True)
     else:
         client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))

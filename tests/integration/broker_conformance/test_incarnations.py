@@ -1,5 +1,5 @@
 """Client incarnations on one Shared subscription: a client killed with -9 (B10), and N processes
-joining and leaving with lite_quirks.incarnation_client (B2's consumer-id floors).
+joining and leaving with lite.incarnation.incarnation_client (B2's consumer-id floors).
 
 B10: a client killed while the broker is still sending to it (data unread in its socket) resets
 the connection, and pulsar-lite 0.2.0 skips its connection cleanup on a read error: the dead
@@ -91,6 +91,11 @@ def _kill_under_load_then_recover(broker, topic: str, service_url: str) -> tuple
     return _recover(broker, topic, n, set(dead.got()), timeout_s=15)
 
 
+def _direct_url(broker) -> str:
+    """The broker itself, not pulsar-lite's relay in front of it (Apache Pulsar has no relay)."""
+    return getattr(broker, "direct_service_url", broker.service_url)
+
+
 def _recover(broker, topic: str, n: int, acked_by_dead: set[int], timeout_s: float) -> tuple[int, int]:
     """A fresh client drains the subscription until every message was acked by someone or timeout_s
     passed. Returns (lost, recovered)."""
@@ -124,7 +129,7 @@ def test_a_killed_client_s_messages_reach_the_next_client(broker, topic):
     dispatched nothing more to the stopped child, and its kill is then a clean close (one CI run saw
     a single round lose nothing, so this strict xfail passed)."""
     for attempt in range(3):
-        lost, recovered = _kill_under_load_then_recover(broker, f"{topic}-{attempt}", broker.direct_service_url)
+        lost, recovered = _kill_under_load_then_recover(broker, f"{topic}-{attempt}", _direct_url(broker))
         assert lost == 0, f"{lost} messages stuck with the killed client's consumers ({recovered} recovered)"
 
 
@@ -221,7 +226,7 @@ def test_a_stream_ending_inside_a_frame_through_the_relay_loses_nothing(broker, 
 @pytest.mark.lite_defect(reason="pulsar-lite B10: a stream that ends inside a frame ('bytes remaining on "
                                        "stream') skips the broker's cleanup; the client's consumers keep their messages")
 def test_a_stream_ending_inside_a_frame_loses_nothing(broker, topic):
-    lost, recovered = _stream_ends_mid_frame_then_recover(broker, topic, int(broker.direct_service_url.rsplit(":", 1)[1]))
+    lost, recovered = _stream_ends_mid_frame_then_recover(broker, topic, int(_direct_url(broker).rsplit(":", 1)[1]))
     assert lost == 0, f"{lost} messages stuck with the cut-off client's consumer ({recovered} recovered)"
 
 
@@ -244,7 +249,7 @@ def test_a_client_killed_while_publishing_large_messages_loses_nothing_through_t
         assert lost == 0, f"kill {k + 1}: {lost} messages stuck with the killed client's consumer ({recovered} recovered)"
 
 
-def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(broker, topic):
+def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(broker, broker_kind, topic):
     """Four incarnation clients in separate processes on one Shared subscription: two from the start,
     a third joins mid-stream, the first leaves and a fourth joins (taking the freed floor). Every
     message is counted: none lost, none twice."""
@@ -272,18 +277,20 @@ def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(brok
     lost, duplicates = n - len(counts), sum(v - 1 for v in counts.values())
     print(f"\nincarnations: floors {floors}, took {[len(c.got()) for c in everyone]}, lost {lost}, "
           f"duplicates {duplicates}")
-    assert len(set(floors[1:])) == 3, f"live incarnations shared a floor: {floors}"
+    if broker_kind == "lite":   # consumer id floors are pulsar-lite's fence (B2); Apache Pulsar needs none
+        assert len(set(floors[1:])) == 3, f"live incarnations shared a floor: {floors}"
     assert first[0].got() and third.got(), "the first or the mid-stream joiner received nothing"
     assert lost == 0 and duplicates == 0
 
 
-# ---- lite_quirks.join_shared_subscription: what a join leaves behind, what a failed one says ---------------
+# ---- lite.incarnation.join_shared_subscription: what a join leaves behind, what a failed one says ---------------
 
+@pytest.mark.lite_only("the padding of consumer ids is pulsar-lite's B2 fence")
 def test_joins_pad_consumer_ids_on_one_subscription_per_slot(broker, topic):
     """B14: a fresh padding subscription per join left 256 series on the scratch topics each time and
-    made every later padding slower, until a drain's join timed out (issue 10). Three joins next to a
+    made every later padding slower, until a drain's join timed out (defect B14). Three joins next to a
     holder of slot 0 (so each pads) leave only slot subscriptions there."""
-    from pulsar_autoscale.broker.lite_quirks import MAX_SLOTS, PAD_TOPIC, _SlotLock, join_shared_subscription
+    from pulsar_autoscale.broker.lite.incarnation import MAX_SLOTS, PAD_TOPIC, _SlotLock, join_shared_subscription
     from tests.support.conformance import scrape, topic_label
 
     try:
@@ -314,7 +321,7 @@ def test_joins_pad_consumer_ids_on_one_subscription_per_slot(broker, topic):
 def test_a_join_that_times_out_says_what_timed_out(broker):
     """A bare pulsar.Timeout ('Pulsar error: TimeOut') once ended a burst drain on a loaded machine; a join
     retries on a fresh client, then names the join and the step."""
-    from pulsar_autoscale.broker.lite_quirks import LiteJoinError, join_shared_subscription
+    from pulsar_autoscale.broker.lite.incarnation import LiteJoinError, join_shared_subscription
 
     calls = []
 

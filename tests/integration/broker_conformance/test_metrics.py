@@ -36,12 +36,14 @@ def test_backlog_counter_and_rates_per_topic_and_subscription(broker, topic):
         assert before["pulsar_subscription_consumers_count"] == 1
         assert before["pulsar_rate_in"] is not None, "no per-topic pulsar_rate_in"
         assert len(drain(consumer)) == n
-        after = _when(broker, topic, "fn", lambda v: v["pulsar_subscription_back_log"] == 0,
-                      "backlog to converge to 0 after acking everything")
+        # the delivery rate is a rate over the last refresh period on Apache Pulsar: the refresh that covers
+        # the drain shows it, and it may have dropped back to 0 by the time the backlog reads 0
+        rates: list[float] = []
+        after = _when(broker, topic, "fn", lambda v: rates.append(v["pulsar_subscription_msg_rate_out"] or 0.0)
+                      or (v["pulsar_subscription_back_log"] == 0 and max(rates) > 0),
+                      "backlog 0 after acking everything, and a delivery rate reported")
     assert after["pulsar_in_messages_total"] == n
     assert after["pulsar_subscription_unacked_messages"] == 0
-    assert after["pulsar_subscription_msg_rate_out"] is not None and after["pulsar_subscription_msg_rate_out"] > 0, \
-        f"delivery rate not reported: {after}"
 
 
 def test_backlog_counts_entries_not_messages_when_batching(broker, topic):
@@ -55,7 +57,7 @@ def test_backlog_counts_entries_not_messages_when_batching(broker, topic):
     assert 0 < seen["pulsar_subscription_back_log"] < n, f"backlog {seen['pulsar_subscription_back_log']} for {n} batched messages"
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B14 (docs/broker.md): an unsubscribed subscription's series stay "
+@pytest.mark.lite_defect(reason="pulsar-lite B14 (docs/dev/pulsar-lite-defects.md): an unsubscribed subscription's series stay "
                    "in /metrics for good (backlog 0), and creating new subscriptions slows as they pile up")
 def test_an_unsubscribed_subscription_leaves_the_metrics(broker, topic):
     """Apache Pulsar drops a deleted subscription's series. Why lite_quirks pads consumer ids on one

@@ -1,7 +1,7 @@
 """Several processes on one Shared subscription (the process runtime).
 
 The process runtime runs instance i in its own process with its own client. On lite that
-needs the B2 workaround in pulsar_autoscale/broker/lite_quirks.py: instance i's process opens i
+needs the B2 workaround in pulsar_autoscale/broker/lite/shared_input.py: instance i's process opens i
 throwaway consumers first, so its consumer id differs from every other instance's.
 """
 
@@ -31,7 +31,7 @@ def _join_from_another_process(broker, topic: str, pad: int) -> tuple[str, list[
 
 
 def test_second_process_joins_shared_subscription_with_throwaway_consumers(broker, topic):
-    """The B2 workaround the process runtime uses (lite_quirks.align_consumer_ids)."""
+    """The published B2 workaround (throwaway consumers); the process runtime uses lite.shared_input instead."""
     verdict, mine, theirs = _join_from_another_process(broker, topic, pad=1)
     assert verdict == "JOINED"
     assert mine and theirs, f"load not split across processes: {len(mine)} here, {len(theirs)} in the child"

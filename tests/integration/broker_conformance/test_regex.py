@@ -1,6 +1,6 @@
 """Regex (topicsPattern) subscriptions: the client lists the namespace's topics (GetTopicsOfNamespace)
 and subscribes to those that match. pulsar-lite never answers that request (B9), so the worker refuses
-topicsPattern on pulsar-lite (lite_quirks.check_function) and passes the pattern to the client on Apache Pulsar."""
+topicsPattern on pulsar-lite (lite.function_limits.check_function) and passes the pattern to the client on Apache Pulsar."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def test_single_active_consumer_gets_each_message_once(broker, topic, sub_type):
     with client(broker.service_url) as c:
         consumer = c.subscribe(topic, "s", consumer_type=getattr(pulsar.ConsumerType, sub_type))
         produce(c, topic, n)  # unbatched, async: batched entries showed no duplicates
-        got = payloads(drain(consumer))
+        got = payloads(drain(consumer, first_ms=5000))
     dups = len(got) - len(set(got))
     assert sorted(set(got)) == list(range(n)), f"lost {n - len(set(got))} messages"
     assert dups == 0, f"{dups} duplicate deliveries out of {n} ({100 * dups / n:.0f}%)"
@@ -67,12 +67,12 @@ def test_single_active_consumer_gets_each_message_once(broker, topic, sub_type):
 
 @pytest.mark.parametrize("sub_type", ["Exclusive", "Failover"])
 def test_single_active_consumer_with_a_small_receiver_queue_gets_each_message_once(broker, topic, sub_type):
-    """B1's fence (lite_quirks.failover_receiver_queue): with a receiver queue of 10 the duplicates do not occur."""
+    """B1's fence (BrokerProfile.input_receiver_queue): with a receiver queue of 10 the duplicates do not occur."""
     n = 2000
     with client(broker.service_url) as c:
         consumer = c.subscribe(topic, "s", consumer_type=getattr(pulsar.ConsumerType, sub_type), receiver_queue_size=1)
         produce(c, topic, n)
-        got = payloads(drain(consumer))
+        got = payloads(drain(consumer, first_ms=5000))
     dups = len(got) - len(set(got))
     assert sorted(set(got)) == list(range(n)), f"lost {n - len(set(got))} messages"
     assert dups == 0, f"{dups} duplicate deliveries out of {n} ({100 * dups / n:.0f}%)"

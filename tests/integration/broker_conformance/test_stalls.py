@@ -1,4 +1,4 @@
-"""The B12 fence (lite_quirks.StallFence): an input the broker stopped dispatching to is reopened.
+"""The B12 fence (lite.stalls.StallFence): an input the broker stopped dispatching to is reopened.
 
 B12 itself (tests/system/spark/test_burst.py::test_repeated_lite_joins_lose_nothing) does not happen on demand,
 so the stalled input here is the state B12 leaves, made on purpose: the input's first consumer is on a
@@ -11,7 +11,8 @@ import time
 
 import pulsar
 
-from pulsar_autoscale.broker.lite_quirks import StallFence, fence_stalls
+from pulsar_autoscale.broker.lite.stalls import StallFence, fence_stalls
+from pulsar_autoscale.broker.profile import APACHE, LITE
 from tests.support.conformance import client, drain, produce
 
 
@@ -43,9 +44,9 @@ def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(brok
 
 
 def test_no_stall_fence_on_apache_pulsar(broker, topic):
-    """lite_quirks is keyed on the broker's kind: on Apache Pulsar (or without metrics) the input is the consumer."""
-    assert StallFence.for_broker("apache", broker.metrics_url) is None
-    assert StallFence.for_broker("pulsar-lite", None) is None
+    """The fence is keyed on the broker's profile: on Apache Pulsar (or without metrics) the input is the consumer."""
+    assert StallFence.for_broker(APACHE, broker.metrics_url) is None
+    assert StallFence.for_broker(LITE, None) is None
     with client(broker.service_url) as c:
         consumer = fence_stalls(lambda: c.subscribe(topic, "fn"), [topic], "fn", None)
         assert isinstance(consumer, pulsar.Consumer)

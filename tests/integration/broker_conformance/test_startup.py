@@ -1,4 +1,4 @@
-"""pulsar-lite's own start when a port it was told to use is taken (B15, docs/broker.md).
+"""pulsar-lite's own start when a port it was told to use is taken (B15, docs/dev/pulsar-lite-defects.md).
 
 Run without our launcher's check (broker/embedded.py), so the defect itself is what is tested."""
 
@@ -9,13 +9,14 @@ import subprocess
 
 import pytest
 
-from pulsar_autoscale.broker import lite_quirks
 from pulsar_autoscale.broker.embedded import find_binary, render_config
+from pulsar_autoscale.broker.lite.startup import metrics_server_lost
 from pulsar_autoscale.netutil import free_port, wait_for_port
 from tests.support.scenario import wait_until
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B15 (docs/broker.md): with its metrics port taken it logs "
+@pytest.mark.lite_only("starts pulsar-lite's own binary: nothing of the session broker is tested")
+@pytest.mark.lite_defect(reason="pulsar-lite B15 (docs/dev/pulsar-lite-defects.md): with its metrics port taken it logs "
                                        "'Metrics server terminated' and runs on without /metrics")
 def test_a_broker_whose_metrics_port_is_taken_does_not_run(tmp_path):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
@@ -28,7 +29,7 @@ def test_a_broker_whose_metrics_port_is_taken_does_not_run(tmp_path):
         with open(log, "ab") as out:
             proc = subprocess.Popen([find_binary(), "--config", str(conf)], stdout=out, stderr=subprocess.STDOUT)
         try:
-            wait_until(lambda: proc.poll() is not None or lite_quirks.metrics_server_lost(log.read_text()), 20,
+            wait_until(lambda: proc.poll() is not None or metrics_server_lost(log.read_text()), 20,
                        "pulsar-lite to exit or to report its metrics server lost")
             assert wait_for_port("127.0.0.1", port, 5, alive=lambda: proc.poll() is None)   # serving clients
             assert proc.poll() is not None, f"pulsar-lite runs without metrics: {log.read_text().strip()}"

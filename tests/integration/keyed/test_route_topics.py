@@ -12,7 +12,8 @@ import uuid
 import pulsar
 import pytest
 
-from pulsar_autoscale.functions.keyed.cluster import ORIGINAL_ID, KeyedTopics, read_assignment
+from pulsar_autoscale.functions.keyed.cluster import read_assignment
+from pulsar_autoscale.functions.keyed.protocol import ORIGINAL_ID, KeyedTopics
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.model.errors import NotFound
 from pulsar_autoscale.functions.worker.worker import Worker

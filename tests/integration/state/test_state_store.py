@@ -10,7 +10,7 @@ import uuid
 import pulsar
 import pytest
 
-from pulsar_autoscale.broker.lite_quirks import MIN_READER_QUEUE
+from pulsar_autoscale.broker.lite.readers import MIN_READER_QUEUE
 from pulsar_autoscale.functions.model.keygroups import key_group
 from pulsar_autoscale.functions.state.changelog import (
     COUNTER,

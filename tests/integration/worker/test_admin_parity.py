@@ -1,4 +1,4 @@
-"""pulsar-admin parity (issue 11): trigger, querystate/putstate, upload/download, localrun, produce/consume,
+"""pulsar-admin parity: trigger, querystate/putstate, upload/download, localrun, produce/consume,
 pulsar-admin's flags, unknown endpoints and flags reported as such."""
 
 from __future__ import annotations

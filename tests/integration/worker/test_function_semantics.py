@@ -41,8 +41,9 @@ def deliveries(worker, name: str, payload: str) -> int:
 
 @pytest.mark.parametrize("ordering", [False, True], ids=["shared", "failover"])
 def test_poison_message_is_delivered_three_times_then_dead_lettered(admin, client, worker, ordering):
-    """retainOrdering: a FAILOVER subscription, whose nacks pulsar-lite never redelivers (B13): the fence in
-    lite_quirks must give the same retries and dead letter as Shared."""
+    """retainOrdering: a FAILOVER subscription, whose nacks pulsar-lite never redelivers (B13) and Apache Pulsar
+    redelivers without a redelivery count: the input's own redelivery (broker/lite/nack_redelivery.py) must give
+    the same retries and dead letter as Shared on both brokers."""
     name = unique("poison")
     out, dlq = f"persistent://public/default/{name}-out", f"persistent://public/default/{name}-dlq"
     create(admin, name, output=out, maxMessageRetries=2, deadLetterTopic=dlq, retainOrdering=ordering)
@@ -120,13 +121,28 @@ def test_unknown_serde_class_is_refused_at_create(admin):
     ({"receiverQueueSize": 2**31}, "receiverQueueSize must be an integer from 1 to 2147483647"),
     ({"retainOrdering": "false"}, "retainOrdering must be a boolean"),
     ({"windowConfig": {"windowLengthCount": 3}}, "windowConfig is not supported by this worker"),
-    ({"topicsPattern": "persistent://public/default/x-.*", "inputs": []}, "topicsPattern is not supported on pulsar-lite"),
-    ({"skipToLatest": True}, "skipToLatest is not supported on pulsar-lite"),
 ])
 def test_bad_types_and_refused_fields_answer_400_naming_the_field(admin, fields, needle):
     with pytest.raises(AdminError, match=needle) as err:
         admin.create({"tenant": "public", "namespace": "default", "name": unique("bad"), "className": "poison.Poison", "inputs": ["x"], **fields}, POISON)
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"topicsPattern": "persistent://public/default/x-.*", "inputs": []}, "topicsPattern is not supported on pulsar-lite"),
+    ({"skipToLatest": True}, "skipToLatest is not supported on pulsar-lite"),
+])
+def test_fields_pulsar_lite_cannot_serve_are_refused_there_only(admin, broker_kind, fields, needle):
+    """B5, B9: refused with a 400 naming the field on pulsar-lite; taken on Apache Pulsar."""
+    config = {"tenant": "public", "namespace": "default", "name": unique("lim"), "className": "poison.Poison",
+              "inputs": ["x"], **fields}
+    if broker_kind == "lite":
+        with pytest.raises(AdminError, match=needle) as err:
+            admin.create(config, POISON)
+        assert err.value.status == 400
+        return
+    admin.create(config, POISON)
+    admin.delete("public", "default", config["name"])
 
 
 def test_delete_removes_the_subscription_unless_told_not_to(admin, client, worker):

@@ -1,4 +1,4 @@
-"""Isolation of user code (issue 14, items 3-4): code is validated in a child process, put in place only
+"""Isolation of user code: code is validated in a child process, put in place only
 once valid, a function cannot take the worker down or hold its API, and status tells the truth."""
 
 from __future__ import annotations

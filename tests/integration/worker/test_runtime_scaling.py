@@ -1,5 +1,5 @@
 """Scaling 1 -> 4 -> 8 -> 2 -> 1 through REST PUT while 5,000 messages flow: nothing lost,
-instance 0 never restarts, new instances pick up work (issue 3, "Show")."""
+instance 0 never restarts, new instances pick up work."""
 
 from __future__ import annotations
 

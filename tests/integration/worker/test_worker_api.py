@@ -1,5 +1,5 @@
 """The worker's Functions REST API: Pulsar's examples run unmodified, bad input gets a clear 4xx
-and the worker keeps serving (issue 3)."""
+and the worker keeps serving."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Three worker processes form one cluster through Pulsar topics (issue 10, "Show")."""
+"""Three worker processes form one cluster through Pulsar topics (docs/cluster.md)."""
 
 from __future__ import annotations
 

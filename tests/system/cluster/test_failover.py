@@ -1,4 +1,4 @@
-"""Failures and membership changes of a 3-worker cluster (issue 10, item 5): every test starts
+"""Failures and membership changes of a 3-worker cluster (docs/cluster.md): every test starts
 its own worker processes and kills only those, by pid."""
 
 from __future__ import annotations

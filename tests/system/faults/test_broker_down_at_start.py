@@ -1,5 +1,5 @@
 """A worker (re)started while its broker is down: the API answers at once, status says why nothing
-runs, and the saved functions process as soon as the broker is back (issue 14 items 1, 5, 6)."""
+runs, and the saved functions process as soon as the broker is back (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A hung broker (SIGSTOP, connections open) makes `status` honest within seconds: no instance says
-`running` while the broker does not answer, and all run again once it does (issue 14 item 5,
+`running` while the broker does not answer, and all run again once it does (docs/reliability.md,
 functions/worker/broker_watch.py). The test stops and continues only the broker it started, by pid."""
 
 from __future__ import annotations

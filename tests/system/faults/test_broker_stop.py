@@ -1,5 +1,5 @@
 """The broker hung with SIGSTOP under load (pulsar-lite itself; connections stay open through the relay)
-and continued: nothing is lost, outputs flow again, and `status` during the pause is recorded (issue 14)."""
+and continued: nothing is lost, outputs flow again, and `status` during the pause is recorded (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`pulsar-autoscale broker`: a killed wrapper takes pulsar-lite with it; a broker that cannot start fails
-loudly (issue 14 item 6)."""
+loudly (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A worker, or the broker, killed with -9 under load and restarted on its data dir and port (issue 14)."""
+"""A worker, or the broker, killed with -9 under load and restarted on its data dir and port (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hypothesis (issue 13): any sequence of up to 10 operations among scale out/in, worker SIGTERM and worker
+"""Hypothesis, keyed state: any sequence of up to 10 operations among scale out/in, worker SIGTERM and worker
 kill -9 + restart, under load, ends with exact counts per key under EFFECTIVELY_ONCE, and counts >= exact
 (the excess reported as redeliveries) under ATLEAST_ONCE. One worker process of its own (killed by pid),
 a keyedState count per message key, state through live migrations and restarts.

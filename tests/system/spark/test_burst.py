@@ -134,21 +134,22 @@ def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, worker,
 
 # ---- the pulsar-lite join, many times, next to a consuming instance -----------------------------------
 
-@pytest.mark.xfail(strict=False, reason="pulsar-lite B12 (docs/broker.md): under CPU load the broker stops "
+@pytest.mark.xfail(strict=False, reason="pulsar-lite B12 (docs/dev/pulsar-lite-defects.md): under CPU load the broker stops "
                    "dispatching to the instance's consumer after the joins (3 of 4 runs with 2 busy loops; "
                    "0 of 5 idle); the messages stay on the subscription")
 def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
-    """lite_quirks.join_shared_subscription (an incarnation client with a consumer-id floor of its own, B2) five times in a row while an
+    """lite.incarnation.join_shared_subscription (an incarnation client with a consumer-id floor of its own, B2) five times in a row while an
     instance consumes the same Shared subscription from another connection: every message is
     received exactly once by one of them. Counts what the workaround lost in process scaling runs."""
     import threading
 
-    from pulsar_autoscale.broker.lite_quirks import incarnation_client, join_shared_subscription
+    from pulsar_autoscale.broker.lite.incarnation import incarnation_client, join_shared_subscription
+    from pulsar_autoscale.broker.profile import LITE
     from pulsar_autoscale.functions.spark.burst_drain import _ends_entry, _subscribe
 
     n, drains, per_drain = 15_000, 5, 1000
     cfg = FunctionConfig.from_dict(_config(f"join-{uuid.uuid4().hex[:6]}"))
-    worker_client = incarnation_client(broker.service_url, "pulsar-lite")  # as the worker's: a floor of its own
+    worker_client = incarnation_client(broker.service_url, LITE)  # as the worker's: a floor of its own
     instance = worker_client.subscribe(list(cfg.inputs), cfg.subscription_name,
                                        consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100)
     counts: dict[bytes, int] = {}

@@ -34,7 +34,7 @@ def read_topic(client, topic: str, expected: int, timeout_s: float = 60.0) -> li
     """All messages of `topic`, each once; waits until at least `expected` arrived, then for stragglers.
 
     A Reader is an Exclusive subscription: pulsar-lite may deliver a message twice (B1,
-    docs/broker.md); a second copy of one message id is not a sink replay, so it is dropped.
+    docs/dev/pulsar-lite-defects.md); a second copy of one message id is not a sink replay, so it is dropped.
     A Reader that delivers nothing for 2 s short of `expected` is replaced by a fresh one from
     the start (pulsar-lite's Readers stall now and then under load, as the source's do: seen
     here stuck at 5,000 of 10,000); the ids already seen keep each message once, in order.

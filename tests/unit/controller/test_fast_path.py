@@ -100,7 +100,10 @@ def test_a_policy_can_opt_out_of_fast_checks():
 def test_fast_config_is_validated():
     with pytest.raises(ConfigError, match="window_s"):
         FastConfig(enabled=True, period_s=2.0, window_s=1.0)
-    assert FastConfig(enabled=True).stabilization({}, 30.0) == {"scale_in_stabilization_s": 30.0}
+    assert FastConfig(enabled=True).stabilization({}, 30.0) == {"scale_in_stabilization_s": 30.0,
+                                                                "fast_scale_in_hold_s": 60.0}
+    assert FastConfig(enabled=True).stabilization({}, 5.0, 10.0) == {"scale_in_stabilization_s": 10.0,
+                                                                     "fast_scale_in_hold_s": 15.0}
     assert FastConfig().stabilization({}, 30.0) == {}
 
 

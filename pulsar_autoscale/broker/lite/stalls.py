@@ -1,0 +1,164 @@
+"""B12: under CPU load pulsar-lite may stop dispatching to a Shared consumer left alone after other
+clients' joins; the fence reopens such an input.
+
+Tests: tests/integration/broker_conformance/test_stalls.py (the fence on an input put in B12's state),
+tests/system/spark/test_burst.py::test_repeated_lite_joins_lose_nothing (the defect, under load).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import pulsar
+
+from pulsar_autoscale.broker.profile import BrokerProfile
+from pulsar_autoscale.errors import PulsarAutoscaleError
+
+log = logging.getLogger(__name__)
+
+STALL_IDLE_S = 10.0        # waited in receive() with nothing this long before the broker is asked
+STALL_MAX_CHECK_S = 300.0  # an idle input asks again after 1, 2, 4, ... times STALL_IDLE_S, at most this
+STALL_METRICS_TTL_S = 2.0  # one /metrics read answers every fenced input of those topics this long
+
+
+class StallFence:
+    """B12 fence, one per worker on pulsar-lite (`for_broker`): an input that has waited `idle_s` in receive()
+    with nothing while the broker reports a backlog on its subscription and no unacknowledged message there
+    (no consumer holds anything, so the broker is not dispatching what it has) is closed and reopened: a
+    fresh consumer gets the backlog (docs/dev/pulsar-lite-defects.md B12). `reopens` counts them per (topic, subscription).
+    A reopen that delivers nothing (still stalled at the next check) is a failure, not a quiet retry: `failure`
+    names it for the function's status until a message arrives again (the input still reopens meanwhile)."""
+
+    def __init__(self, metrics_url: str, idle_s: float = STALL_IDLE_S):
+        self.metrics_url = metrics_url
+        self.idle_s = idle_s
+        self.reopens: dict[tuple[str, str], int] = {}
+        self._failures: dict[tuple[str, str], str] = {}   # (topic, subscription) -> why its input is stuck
+        self._lock = threading.Lock()
+        self._readings: dict[tuple[str, ...], tuple[float, object]] = {}   # topics -> (read at, BrokerMetrics)
+
+    @classmethod
+    def for_broker(cls, broker: BrokerProfile, metrics_url: str | None) -> "StallFence | None":
+        """Only where the broker stalls (pulsar-lite), and only with its /metrics to ask; None (no fence) otherwise."""
+        if not broker.stall_fence or not metrics_url:
+            return None
+        return cls(metrics_url)
+
+    def watch(self, open_consumer: Callable[[], object], topics, subscription: str) -> "StalledInputWatch":
+        return StalledInputWatch(self, open_consumer, tuple(topics), subscription)
+
+    def stalled_topic(self, topics: tuple[str, ...], subscription: str) -> tuple[str, float] | None:
+        """(topic, backlog entries) of a topic whose subscription has a backlog and nothing unacked, or None."""
+        from pulsar_autoscale.broker.metrics import fetch
+
+        with self._lock:
+            read_at, reading = self._readings.get(topics, (float("-inf"), None))
+            if time.monotonic() - read_at > STALL_METRICS_TTL_S:
+                reading = fetch(self.metrics_url, time.time(), topics=topics)
+                self._readings[topics] = (time.monotonic(), reading)
+        for topic in topics:
+            backlog = reading.backlog.get((topic, subscription), 0.0)
+            if backlog > 0 and reading.unacked.get((topic, subscription)) == 0:
+                return topic, backlog
+        return None
+
+    def fail(self, topic: str, subscription: str, why: str) -> None:
+        with self._lock:
+            self._failures[(topic, subscription)] = why
+
+    def recovered(self, topics: tuple[str, ...], subscription: str) -> None:
+        with self._lock:
+            for topic in topics:
+                self._failures.pop((topic, subscription), None)
+
+    def failure(self, inputs) -> str:
+        """Why one of these (topic, subscription) inputs is stuck on this worker ("" when none is)."""
+        with self._lock:
+            return next((self._failures[i] for i in inputs if i in self._failures), "")
+
+    def count(self, topic: str, subscription: str) -> int:
+        with self._lock:
+            n = self.reopens[(topic, subscription)] = self.reopens.get((topic, subscription), 0) + 1
+            return n
+
+
+def fence_stalls(open_consumer: Callable[[], object], topics, subscription: str, fence: StallFence | None):
+    """The function's input, watched by the worker's StallFence (B12) on pulsar-lite; elsewhere as it opens."""
+    return open_consumer() if fence is None else fence.watch(open_consumer, topics, subscription)
+
+
+class StalledInputWatch:
+    """An input consumer under a StallFence: the consumer's methods (others pass through); receive() counts
+    the time it waited with nothing, and past the fence's idle_s asks the broker and reopens when stalled.
+    It reopens only when the broker holds no unacked message on the subscription, so no message this
+    consumer handed out is left to ack on the consumer it replaces."""
+
+    def __init__(self, fence: StallFence, open_consumer: Callable[[], object], topics: tuple[str, ...],
+                 subscription: str):
+        self._fence = fence
+        self._open = open_consumer
+        self.topics = topics
+        self.subscription = subscription
+        self._consumer = open_consumer()
+        self._waited = 0.0                  # seconds spent in receive() with nothing since the last message
+        self._check_after = fence.idle_s    # the next broker check, in seconds waited
+        self._reopened = False              # reopened since the last message: a stall now means the reopen failed
+
+    def receive(self, timeout_millis: int):
+        t0 = time.monotonic()
+        try:
+            msg = self._consumer.receive(timeout_millis)
+        except pulsar.Timeout:
+            self._waited += time.monotonic() - t0
+            if self._waited >= self._check_after:
+                self._check()
+            raise
+        self._waited, self._check_after = 0.0, self._fence.idle_s
+        if self._reopened:
+            self._reopened = False
+            self._fence.recovered(self.topics, self.subscription)
+        return msg
+
+    def _check(self) -> None:
+        self._check_after = min(self._check_after * 2, self._waited + STALL_MAX_CHECK_S)
+        try:
+            stalled = self._fence.stalled_topic(self.topics, self.subscription)
+        except PulsarAutoscaleError as exc:   # metrics unreadable: the input goes on as it is
+            log.debug("stall fence: %s", exc)
+            return
+        if stalled is None:
+            return
+        topic, backlog = stalled
+        if self._reopened:
+            self._fence.fail(topic, self.subscription, (
+                f"stalled: pulsar-lite B12: the broker holds a backlog of {backlog:.0f} entries on subscription "
+                f"{self.subscription!r} of {topic} and dispatches none of it; reopening the input delivered nothing "
+                f"({self._fence.reopens.get((topic, self.subscription), 0)} reopen(s) on this worker, "
+                "docs/dev/pulsar-lite-defects.md B12)"))
+        fresh = self._open()
+        old, self._consumer = self._consumer, fresh
+        try:
+            old.close()
+        except pulsar.PulsarException as exc:
+            log.debug("stall fence: closing the stalled consumer: %s", exc)
+        n = self._fence.count(topic, self.subscription)
+        log.warning("pulsar-lite B12: the input on subscription %r of %s received nothing for %.0f s while the broker "
+                    "reports a backlog of %d entries and nothing unacknowledged; reopened its consumer (reopen %d of "
+                    "this subscription on this worker)", self.subscription, topic, self._waited, backlog, n)
+        self._waited, self._check_after, self._reopened = 0.0, self._fence.idle_s, True
+
+    def acknowledge(self, msg) -> None:
+        self._consumer.acknowledge(msg)
+
+    def negative_acknowledge(self, msg) -> None:
+        self._consumer.negative_acknowledge(msg)
+
+    def close(self) -> None:
+        self._fence.recovered(self.topics, self.subscription)
+        self._consumer.close()
+
+    def __getattr__(self, name):   # is_connected, unsubscribe, seek, ...: the current consumer's own
+        return getattr(self._consumer, name)
