@@ -20,8 +20,11 @@ install: $(STAMP)
 demo: install
 	$(BIN)/pulsar-autoscale demo $(DEMO_ARGS)
 
+# Everything on the embedded pulsar-lite, then the broker-sensitive tests again on Apache Pulsar standalone
+# (fetched through Maven on first use; tests/conftest.py ON_APACHE lists what runs there).
 test: install lint
 	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=10 --broker apache $(PYTEST_ARGS)
 
 # The unit tier alone: no broker, no subprocess, no Spark; about 20 s.
 test-unit: install
