@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BUILT := pyproject.toml setup.py spark_bridge/_native_reader.c
 STAMP := $(VENV)/.installed-$(shell cat $(BUILT) | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-unit lint install clean bench
+.PHONY: demo test test-unit lint typecheck install clean bench
 
 $(STAMP): $(BUILT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,8 +30,19 @@ test: install lint
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
-lint: install
+lint: install typecheck
 	$(BIN)/ruff check .
+
+# mypy over the installed layout: functions/, policies/ and spark_bridge/ are pulsar_autoscale.* sub-packages
+# (pyproject's package-dir), so the checker reads them through a tree of links that has that layout.
+TYPECHECK_TREE := build/typecheck/pulsar_autoscale
+typecheck: install
+	rm -rf build/typecheck && mkdir -p $(TYPECHECK_TREE)
+	for f in pulsar_autoscale/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/; done
+	ln -s "$(CURDIR)/functions" $(TYPECHECK_TREE)/functions
+	ln -s "$(CURDIR)/policies" $(TYPECHECK_TREE)/policies
+	ln -s "$(CURDIR)/spark_bridge" $(TYPECHECK_TREE)/spark_bridge
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml pulsar_autoscale
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,7 +14,8 @@ from pulsar.functions.context import Context as PulsarContext
 from pulsar_autoscale.functions.instance.loader import load_serde
 from pulsar_autoscale.functions.instance.stats import InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
-from pulsar_autoscale.functions.state.store import StateStore, state_group
+from pulsar_autoscale.functions.state.backend import StateBackend
+from pulsar_autoscale.functions.state.store import state_group
 from pulsar_autoscale.topics import normalize_topic
 
 _NUMBER_STARTS = frozenset("+-.(iInN")
@@ -39,7 +40,7 @@ def identity_deserialize(data: bytes):
 
 class InstanceContext(PulsarContext):
     def __init__(self, config: FunctionConfig, instance_id: int, num_instances: Callable[[], int],
-                 client: pulsar.Client, stats: InstanceStats, state: StateStore, logger: logging.Logger,
+                 client: pulsar.Client, stats: InstanceStats, state: StateBackend, logger: logging.Logger,
                  track_pending: Callable[[int], None] | None = None,
                  ack: Callable[[object, str | None], None] | None = None):
         self._cfg = config

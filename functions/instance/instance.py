@@ -21,8 +21,8 @@ from pulsar_autoscale.functions.instance.context import InstanceContext, identit
 from pulsar_autoscale.functions.instance.loader import load_callable, load_serde
 from pulsar_autoscale.functions.instance.stats import InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
+from pulsar_autoscale.functions.state.backend import StateBackend
 from pulsar_autoscale.functions.state.changelog import changelog_of
-from pulsar_autoscale.functions.state.store import StateStore
 
 SUBSCRIPTION_TYPES = {
     "SHARED": pulsar.ConsumerType.Shared,
@@ -133,7 +133,7 @@ def prepare(client: pulsar.Client, cfg: FunctionConfig, code_path: str | None) -
 
 class Instance:
     def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
-                 state: StateStore, num_instances: Callable[[], int], stats: InstanceStats | None = None,
+                 state: StateBackend, num_instances: Callable[[], int], stats: InstanceStats | None = None,
                  open_input: Callable[[], object] | None = None, prepared: Prepared | None = None):
         self.config = config
         self.instance_id = instance_id

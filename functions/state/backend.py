@@ -1,0 +1,43 @@
+"""What an instance and its Context need of a state store, as a type: the worker's local StateStore and the
+process runtime's RemoteStateStore (its calls served by the worker over a pipe) both provide it, so the
+instance code is the same whichever runtime hosts it (as Pulsar's Python instance depends on a StateContext
+with two implementations)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+
+class GroupState(Protocol):
+    """One key group's state: the Pulsar Context's state verbs."""
+
+    def incr_counter(self, key: str, amount: int) -> int: ...
+
+    def get_counter(self, key: str) -> int: ...
+
+    def del_counter(self, key: str) -> None: ...
+
+    def put_state(self, key: str, value: Any) -> None: ...
+
+    def get_state(self, key: str) -> Any: ...
+
+
+class StateBackend(Protocol):
+    """A function instance's state: per key group, with a message's changes applied as one unit (begin, then
+    commit or abort) and acks released once what they depend on is persisted."""
+
+    def attach_changelog(self, client: Any, changelog: Any) -> None: ...
+
+    def group(self, group: int) -> GroupState: ...
+
+    def begin(self, group: int, msg_id: str | None = None) -> bool: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def flush_before_ack(self) -> None: ...
+
+    def flush(self, everything: bool = False) -> None: ...
+
+    def when_persisted(self, callback: Callable[[], None]) -> None: ...
