@@ -133,7 +133,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", default="queueing", help="policy name or .py path (default queueing)")
+    p.add_argument("--policy", default="predictive", help="policy name or .py path (default predictive)")
     p.add_argument("--param", action="append", default=[], metavar="K=V", help="policy parameter (repeatable)")
     p.add_argument("--duration", type=float, default=240.0, help="seconds of load (default 240; then drain)")
     p.add_argument("--rates", default="4,12,28,12,4", help="msg/s per constant-rate interval (default 4,12,28,12,4)")

@@ -16,8 +16,9 @@ example controller.yaml:
   service_url: pulsar://127.0.0.1:6650
   admin_url: http://127.0.0.1:6750
   metrics_url: http://127.0.0.1:8080/metrics
-  policy: queueing            # threshold | queueing | ds2 | ... | path/to/policy.py
-  policy_params: {level: path, r_max_s: 1.0}
+  policy: predictive          # the default; threshold | queueing | ds2 | ... | path/to/policy.py
+  policy_params: {p99_s: 1.0, scale_in_periods: 2}
+  fast: {enabled: true, period_s: 1}   # recommended (off by default): a scale-out check every second
   period_s: 30
   window_s: 30
   plan: {min_parallelism: 1, max_parallelism: 15, cooldown_s: 60,

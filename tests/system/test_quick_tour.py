@@ -1,6 +1,8 @@
-"""The README's quick tour, run verbatim from a fresh clone: it sends messages, shows outputs, a controller
-scales the slow function out, and the checkout stays clean (`git status`). Only the ports and the
-scratch directory are substituted, so the run cannot collide with anything else on the machine."""
+"""The README's quick tour, run verbatim from a fresh clone twice in a row (the second run must not find the
+first's functions), then its secured variant from docs/security.md: it sends messages, shows outputs, a
+controller scales the slow function out, what the comments promise is what the output says, and the checkout
+stays clean (`git status`). Only the ports and the scratch directory are substituted, so the run cannot
+collide with anything else on the machine."""
 
 from __future__ import annotations
 
@@ -18,37 +20,31 @@ from pulsar_autoscale.netutil import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def tour_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Quick tour"):]
+def block(doc: str, heading: str) -> str:
+    text = (ROOT / doc).read_text()
+    section = text[text.index(heading):]
     return re.search(r"```\n(.*?)```", section, re.S).group(1)
 
 
-@pytest.mark.slow
-def test_quick_tour_from_a_fresh_clone(tmp_path):
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
-    script = tour_block()
-    ports = {p: str(free_port()) for p in ("6650", "8080", "6750", "9091")}
+def substituted(script: str, ports: dict[str, str], scratch: Path, config: Path) -> str:
     for old, new in ports.items():
         script = script.replace(old, new)
-    script = script.replace("/tmp/pa-tour", str(tmp_path / "pa-tour"))
+    script = script.replace("/tmp/pa-tour", str(scratch))
     # The tour relies on the default admin and service URLs: those ports are substituted too.
     script = script.replace("pulsar-autoscale functions ",
                             f"pulsar-autoscale functions --admin-url http://127.0.0.1:{ports['6750']} ")
     for command in ("produce", "consume"):
         script = script.replace(f"pulsar-autoscale {command} ",
                                 f"pulsar-autoscale {command} --service-url pulsar://127.0.0.1:{ports['6650']} ")
-    config = (clone / "examples" / "tour-controller.yaml").read_text()
-    for old, new in ports.items():
-        config = config.replace(old, new)
-    (tmp_path / "tour-controller.yaml").write_text(config)
-    script = script.replace("examples/tour-controller.yaml", str(tmp_path / "tour-controller.yaml"))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "XDG_DATA_HOME": str(tmp_path / "xdg")}
-    # Its own process group: whatever the tour started in the background goes when the test ends.
+    return script.replace("examples/tour-controller.yaml", str(config))
+
+
+def run(script: str, clone: Path, env: dict, out_dir: Path) -> str:
+    """stdout and stderr together; fails with both when the block exits non-zero."""
+    out_dir.mkdir()
+    # Its own process group: whatever the tour started in the background goes when the run ends.
     # Output to files: background jobs would hold a pipe open after the shell is done.
-    with open(tmp_path / "out", "w") as out_f, open(tmp_path / "err", "w") as err_f:
+    with open(out_dir / "out", "w") as out_f, open(out_dir / "err", "w") as err_f:
         proc = subprocess.Popen(["bash", "-e", "-c", script], cwd=clone, env=env, stdout=out_f, stderr=err_f,
                                 start_new_session=True)
         try:
@@ -59,15 +55,60 @@ def test_quick_tour_from_a_fresh_clone(tmp_path):
             except ProcessLookupError:
                 pass
             proc.wait()
-    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    out, err = (out_dir / "out").read_text(), (out_dir / "err").read_text()
     assert rc == 0, f"tour failed:\n{out}\n{err[-3000:]}"
-    contents = sorted(line.split("content:")[1] for line in out.splitlines() if "content:" in line)
-    assert contents == ["functions!", "hello!", "pulsar!"], out
-    assert "again!" in out.splitlines()
-    instances = int(re.search(r'"numInstances": (\d+)', out).group(1))
-    assert instances >= 2, f"the controller did not scale the slow function out:\n{out}"
-    assert f"data in {tmp_path / 'pa-tour' / 'worker'}" in out
-    assert str(tmp_path / "xdg" / "pulsar-autoscale" / "controller" / "decisions.jsonl") in out
+    return out + err
+
+
+def check_comments(script: str, output: str, ports: dict[str, str]) -> None:
+    """Every figure a comment of the block promises, against the output (or the command it sits on)."""
+    scaled = re.search(r"scaled (\S+ \d+ -> \d+)", script).group(1)
+    assert f"scaled {scaled} " in output, f"the comment promises 'scaled {scaled}':\n{output}"
+    instances = re.search(r'# "numInstances": (\d+)', script).group(1)
+    assert f'"numInstances": {instances},' in output, output
+    gauge = re.search(r"target_parallelism\S*\s+# \.\.\. ([\d.]+)", script).group(1)
+    assert re.search(rf'^pulsar_autoscale_target_parallelism\{{function="public/default/slow"\}} {re.escape(gauge)}$',
+                     output, re.M), output
+    assert float(gauge) == int(instances)
+    n, rate, secs, rate_c, per_instance = map(float, re.search(
+        r"-n (\d+) --rate (\d+) &\s+# (\d+) s at (\d+) msg/s; 1 instance does (\d+)/s", script).groups())
+    service_ms = float(re.search(r'"service_ms": (\d+)', script).group(1))
+    assert (n / rate, rate) == (secs, rate_c) and 1000 / service_ms == per_instance
+    tries, pause = re.search(r"seq (\d+)\); do pulsar-autoscale functions .*?list.*?sleep ([\d.]+)", script).groups()
+    bound = re.search(r"# at most (\d+) s", script).group(1)
+    assert int(tries) * float(pause) == float(bound)
+    if "/status on :" in script:
+        assert f"status on http://127.0.0.1:{ports['9091']}/status" in output, output
+
+
+@pytest.mark.slow
+def test_quick_tour_from_a_fresh_clone_twice_then_secured(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    ports = {p: str(free_port()) for p in ("6650", "8080", "6750", "9091")}
+    config = (ROOT / "examples" / "tour-controller.yaml").read_text()
+    for old, new in ports.items():
+        config = config.replace(old, new)
+    (tmp_path / "tour-controller.yaml").write_text(config)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    scratch = tmp_path / "pa-tour"
+    script = substituted(block("README.md", "## Quick tour"), ports, scratch, tmp_path / "tour-controller.yaml")
+    for attempt in (1, 2):
+        output = run(script, clone, env, tmp_path / f"run{attempt}")
+        assert "already exists" not in output, f"run {attempt} found an earlier run's functions:\n{output}"
+        contents = sorted(line.split("content:")[1] for line in output.splitlines() if "content:" in line)
+        assert contents == ["functions!", "hello!", "pulsar!"], output
+        assert "again!" in output.splitlines()
+        assert f"data in {scratch / 'worker'}" in output
+        assert str(tmp_path / "xdg" / "pulsar-autoscale" / "controller" / "decisions.jsonl") in output
+        check_comments(script, output, ports)
+
+    secured = substituted(block("docs/security.md", "## The quick tour, secured"), ports, scratch, Path("unused"))
+    output = run(secured, clone, env, tmp_path / "secured")
+    assert "authentication on (tokens)" in output and "-> 401: authentication required" in output, output
+    check_comments(secured, output, ports)
+
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True,
                             check=True).stdout
     assert status == "", f"the tour left files in the checkout:\n{status}"
