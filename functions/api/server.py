@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 import threading
@@ -44,7 +43,6 @@ class WorkerServer:
         return f"{self.security.scheme}://{self.host}:{self.port}"
 
     def start(self) -> "WorkerServer":
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self._thread = threading.Thread(target=self._server.serve_forever, name="worker-rest", daemon=True)
         self._thread.start()
         return self

@@ -1,7 +1,8 @@
 """How our HTTP servers listen: TLS, request size limits, and no unauthenticated non-loopback bind.
 
 ``ServerSecurity`` is built from the same flags for `pulsar-autoscale worker` and `controller`
-(``add_server_arguments``); ``make_server`` refuses what is unsafe before anything is bound.
+(``add_server_arguments``); ``make_server`` refuses what is unsafe before anything is bound, then serves with
+``httpd.HTTPServer`` (cheroot behind a gate: slow or idle clients hold no thread, see ``ServerLimits``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from dataclasses import dataclass
 
 from flask import Flask, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from pulsar_autoscale.errors import ConfigError
 
 from .guard import AccessPolicy, install_guard
+from .httpd import HTTPServer, ServerLimits
 from .tokens import TokenValidator
 
 DEFAULT_MAX_REQUEST_MB = 64       # a function's .py and its config; anything larger is refused with 413
@@ -54,6 +55,7 @@ class ServerSecurity:
     tls_key_file: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_MB << 20
     insecure_no_auth: bool = False              # allow a non-loopback bind without authentication
+    limits: ServerLimits = ServerLimits()       # timeouts, thread pool, connection caps
 
     def __post_init__(self):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -80,14 +82,15 @@ class ServerSecurity:
                               f"run code. Give --token-secret-key or --token-public-key (docs/security.md), bind "
                               f"127.0.0.1, or pass --insecure-no-auth")
 
-    def make_server(self, host: str, port: int, app: Flask) -> BaseWSGIServer:
+    def make_server(self, host: str, port: int, app: Flask) -> HTTPServer:
+        """Bound on return (port 0: a free one, in ``server_port``); ``serve_forever()`` in a thread, ``shutdown()``."""
         self.check_bind(host)
         app.config["MAX_CONTENT_LENGTH"] = self.max_request_bytes
         app.config["MAX_FORM_MEMORY_SIZE"] = min(MAX_FORM_FIELD_BYTES, self.max_request_bytes)
         if self.access is not None:
             install_guard(app, self.access)
-        ssl_context = (self.tls_cert_file, self.tls_key_file) if self.tls_cert_file else None
-        return make_server(host, port, app, threaded=True, ssl_context=ssl_context)
+        tls = (self.tls_cert_file, self.tls_key_file) if self.tls_cert_file and self.tls_key_file else None
+        return HTTPServer(host, port, app, self.limits, tls)
 
     # ---- command-line flags -----------------------------------------------------------------------------
     @classmethod
