@@ -16,17 +16,34 @@ from pulsar_autoscale.planning.report import mst_json, mst_text, plan_text, writ
 from pulsar_autoscale.planning.simbed import APPS, SimTestbed, load_app
 from pulsar_autoscale.planning.testbed import Phases, TestConfig
 
+# Phases per testbed: a simulated run costs nothing, a live one its wall time (an MST in minutes).
+DEFAULTS = {"sim": {"warmup": MstSettings.warmup_s, "ramp": Phases.ramp_s, "observe": Phases.observe_s,
+                    "cooldown": Phases.cooldown_s, "step": MstSettings.step, "bracket": None},
+            "live": {"warmup": 10.0, "ramp": 5.0, "observe": 15.0, "cooldown": 3.0, "step": 0.02, "bracket": 0.1}}
+
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--app", default="linear", help=f"simulated app: one of {', '.join(APPS)}")
-    p.add_argument("--testbed", default="sim", choices=("sim",), help="sim: the simulated testbed")
+    p.add_argument("--app", default="linear",
+                   help=f"simulated app ({', '.join(APPS)}); live: sleepy, sleepy-chain, sleepy:MS or an app YAML")
+    p.add_argument("--testbed", default="sim", choices=("sim", "live"),
+                   help="sim: the simulated testbed; live: a worker and broker (--admin-url, --service-url, --metrics-url)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-p99", type=float, default=None, metavar="S", help="SLO capacity: p99 response time under S seconds")
-    p.add_argument("--warmup", type=float, default=MstSettings.warmup_s, metavar="S")
-    p.add_argument("--ramp", type=float, default=Phases.ramp_s, metavar="S")
-    p.add_argument("--observe", type=float, default=Phases.observe_s, metavar="S",
-                   help="observation per run; a multiple of any window a function uses")
-    p.add_argument("--cooldown", type=float, default=Phases.cooldown_s, metavar="S")
+    for name, what in (("warmup", "warm-up"), ("ramp", "ramp-up per run"),
+                       ("observe", "observation per run; a multiple of any window a function uses"),
+                       ("cooldown", "cooldown per run")):
+        p.add_argument(f"--{name}", type=float, default=None, metavar="S",
+                       help=f"{what} (default sim {DEFAULTS['sim'][name]:g}, live {DEFAULTS['live'][name]:g})")
+    p.add_argument("--step", type=float, default=None, metavar="F",
+                   help="stop when the next rate is within F of the last (default sim 0.01, live 0.02)")
+    p.add_argument("--bracket", type=float, default=None, metavar="F",
+                   help="before a pass and a fail are known, move by F (default live 0.1; sim x1.5 / halve)")
+    p.add_argument("--admin-url", default=None, help="live: the worker's (or workers') Functions admin URL")
+    p.add_argument("--service-url", default=None, help="live: the broker's service URL (pulsar://...)")
+    p.add_argument("--metrics-url", default=None, help="live: the broker's Prometheus /metrics URL")
+    p.add_argument("--max-rate", type=float, default=1000.0, metavar="R",
+                   help="live: the warm-up's rate (above the app's capacity; the backlog is capped)")
+    p.add_argument("--producers", type=int, default=1, help="live: producer processes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -59,14 +76,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_of(args: argparse.Namespace) -> MstSettings:
+    defaults = DEFAULTS[getattr(args, "testbed", "sim")]
+    for name in ("warmup", "ramp", "observe", "cooldown", "step", "bracket"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, defaults[name])
     for name in ("warmup", "ramp", "observe", "cooldown"):
         if getattr(args, name) < 0 or (name == "observe" and args.observe <= 0):
             raise ConfigError(f"--{name} must be {'> 0' if name == 'observe' else '>= 0'} seconds")
     return MstSettings(warmup_s=args.warmup, phases=Phases(args.cooldown, args.ramp, args.observe),
-                       slo_p99_s=args.slo_p99, start=getattr(args, "start", "warmup"))
+                       slo_p99_s=args.slo_p99, start=getattr(args, "start", "warmup"), step=args.step,
+                       bracket=args.bracket or None)
 
 
 def testbed_of(args: argparse.Namespace):
+    if getattr(args, "testbed", "sim") == "live":
+        from pulsar_autoscale.planning.livebed import LiveTestbed, load_live_app
+        missing = [f"--{n.replace('_', '-')}" for n in ("admin_url", "service_url", "metrics_url") if not getattr(args, n)]
+        if missing:
+            raise ConfigError(f"--testbed live needs {', '.join(missing)}")
+        return LiveTestbed(load_live_app(args.app), args.admin_url, args.service_url, args.metrics_url,
+                           max_rate=args.max_rate, producers=args.producers)
     return SimTestbed(load_app(args.app), seed=args.seed)
 
 
@@ -114,8 +143,8 @@ def _run(args: argparse.Namespace) -> int:
             Path(args.out).write_text(json.dumps(result, indent=2))
         _emit(args, result, format_table(result))
         return 0 if result["passed"] else 1
-    testbed = testbed_of(args)
     settings = settings_of(args)
+    testbed = testbed_of(args)
     try:
         if args.plan_command == "mst":
             res = measure_mst(testbed, TestConfig(parse_parallelism(args.parallelism, testbed.functions())), settings)

@@ -29,6 +29,7 @@ class MstSettings:
     max_invalid: int = 2               # repeats of an invalid run before the producer bounds the search
     start: str = "warmup"              # warmup: the warm-up's observed rate; ds2: DS2's estimate from it
     warmup_rate: float | None = None   # rate injected in the warm-up (None: the testbed's producer at full speed)
+    bracket: float | None = None       # None: x1.5 up / halve down until bracketed; f: move by (1 +- f) instead
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,18 @@ def ds2_estimate(run: RunResult) -> float | None:
     return best if math.isfinite(best) else None
 
 
+def next_rate(rate: float, lo: float, hi: float, bracket: float | None = None) -> float:
+    """The next rate to test: the midpoint once both a passing and a failing rate are known. Before
+    that, StreamBed's wide moves (x1.5 up, halving down), or with `bracket` steps of that share: a
+    warm-up start is within a few percent of the MST on a live testbed, where each run costs tens of
+    seconds, and halving from there costs three runs to climb back."""
+    if lo > 0 and math.isfinite(hi):
+        return (lo + hi) / 2
+    if not math.isfinite(hi):
+        return rate * (1 + bracket) if bracket else rate * 1.5
+    return rate * (1 - bracket) if bracket else hi / 2
+
+
 def measure_mst(testbed: Testbed, config: TestConfig, settings: MstSettings = MstSettings(),
                 start_rate: float | None = None) -> MstResult:
     """Warm up, then bisect. `start_rate` skips the warm-up's estimate (a re-measurement)."""
@@ -133,7 +146,7 @@ def measure_mst(testbed: Testbed, config: TestConfig, settings: MstSettings = Ms
             lo, last = rate, run
         else:
             hi, failing = rate, run
-        nxt = (lo + hi) / 2 if math.isfinite(hi) else rate * 1.5
+        nxt = next_rate(rate, lo, hi, settings.bracket)
         if abs(nxt - rate) <= settings.step * rate:
             break
         rate = nxt

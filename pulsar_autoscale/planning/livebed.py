@@ -1,0 +1,503 @@
+"""The Testbed protocol against a live deployment: our worker (or worker cluster) through the Functions
+admin REST API, the broker's /metrics for arrivals, and a paced producer.
+
+Why these sources: the worker's counters are exact per instance (processed, busy time), the broker's
+in-counters are what arrived whatever the app reports, so arrived - processed is the backlog a
+function cannot hide (its prefetch queue included), and the producer's acknowledged count says what
+was really injected, so a run the producer could not drive is INVALID rather than a failure of the app.
+
+A run: cooldown at a low rate (until backlogs drain), the target rate for the ramp (not measured),
+then the observation, sampled every `sample_s`. Backlog growth is the least-squares slope over the
+observation's samples (one reading at each end is at the mercy of prefetch and batching), the p99 is
+end-to-end: sink message receive time minus the source message's event_timestamp (the instance
+carries it to its outputs), as bench/ scripts measure it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.broker import metrics as broker_metrics
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.planning.testbed import FunctionMeasure, InstanceMeasure, Phases, RunResult, TestConfig
+
+log = logging.getLogger(__name__)
+EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
+
+
+# ---------------------------------------------------------------- the app under test
+
+@dataclass(frozen=True)
+class LiveFunction:
+    """One function of the app: its FunctionConfig fields (parallelism is the TestConfig's) and,
+    for a function not importable on the worker, the py file to upload."""
+
+    config: Mapping[str, Any]
+    py: str | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.config["name"])
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(_full(t) for t in self.config.get("inputs", ()))
+
+    @property
+    def output(self) -> str | None:
+        out = self.config.get("output")
+        return _full(out) if out else None
+
+    @property
+    def subscription(self) -> str:
+        return str(self.config.get("subName") or
+                   f"{self.config.get('tenant', 'public')}/{self.config.get('namespace', 'default')}/{self.name}")
+
+
+@dataclass(frozen=True)
+class LiveApp:
+    """Functions upstream first; `source`: the topic the producer feeds; `sink`: the topic whose
+    messages' event_timestamp gives the end-to-end latency."""
+
+    name: str
+    source: str
+    sink: str
+    functions: tuple[LiveFunction, ...]
+
+    def __post_init__(self):
+        if not self.functions:
+            raise ConfigError(f"app {self.name}: no functions")
+        names = [f.name for f in self.functions]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"app {self.name}: function names repeat: {names}")
+        if not any(self.source in f.inputs for f in self.functions):
+            raise ConfigError(f"app {self.name}: no function reads the source topic {self.source}")
+
+    def upstream(self, name: str) -> tuple[str, ...]:
+        fn = next(f for f in self.functions if f.name == name)
+        return tuple(g.name for g in self.functions if g.output and g.output in fn.inputs)
+
+
+def _full(topic: str) -> str:
+    return topic if "://" in topic else f"persistent://public/default/{topic}"
+
+
+def sleepy_app(service_ms: float = 20.0, stages: int = 1, tag: str | None = None) -> LiveApp:
+    """The built-in demo: a chain of sleepy.py functions with a deterministic service time, so its
+    capacity is known (parallelism / service time per stage on the thread runtime: it sleeps, so
+    threads scale past the cores). Topics get a fresh tag, so runs never share a backlog; function names
+    are plain (sleepy, or sleepy0, sleepy1, ...) for --parallelism, and a leftover of that name is replaced."""
+    tag = tag or uuid.uuid4().hex[:6]
+    topics = [f"persistent://public/default/plan-{tag}-{i}" for i in range(stages + 1)]
+    fns = tuple(LiveFunction({
+        "tenant": "public", "namespace": "default", "name": "sleepy" if stages == 1 else f"sleepy{i}",
+        "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
+        "inputs": [topics[i]], "output": topics[i + 1], "instanceRuntime": "thread",
+        "userConfig": {"service_ms": service_ms, "dist": "deterministic"}}) for i in range(stages))
+    return LiveApp(f"sleepy-{service_ms:g}ms" + (f"-x{stages}" if stages > 1 else ""), topics[0], topics[-1], fns)
+
+
+BUILTIN = {"sleepy": lambda: sleepy_app(20.0), "sleepy-chain": lambda: sleepy_app(20.0, stages=2)}
+
+
+def load_live_app(spec: str) -> LiveApp:
+    """A built-in demo app (sleepy, sleepy-chain, or sleepy:MS for another service time) or a YAML file:
+
+        name: my-app
+        source: persistent://public/default/in
+        sink: persistent://public/default/out
+        functions:            # upstream first; FunctionConfig fields, `py` (optional) a file to upload
+          - {name: f1, className: sleepy.Sleepy, py: functions/examples/sleepy.py,
+             inputs: [in], output: mid, userConfig: {service_ms: 20, dist: deterministic}}
+    """
+    if spec in BUILTIN:
+        return BUILTIN[spec]()
+    if spec.startswith("sleepy:"):
+        try:
+            return sleepy_app(float(spec.split(":", 1)[1]))
+        except ValueError:
+            raise ConfigError(f"--app {spec!r}: use sleepy:MS with MS the service time in ms") from None
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"--app {spec!r}: not a built-in live app ({', '.join(BUILTIN)}, sleepy:MS) nor a YAML file")
+    import yaml
+    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        fns = []
+        for raw in doc["functions"]:
+            cfg = {"tenant": "public", "namespace": "default", **{k: v for k, v in raw.items() if k != "py"}}
+            py = raw.get("py")
+            if py and not Path(py).is_absolute():
+                py = str((path.parent / py) if (path.parent / py).is_file() else Path(py))
+            fns.append(LiveFunction(cfg, py))
+        return LiveApp(str(doc.get("name", path.stem)), _full(doc["source"]), _full(doc["sink"]), tuple(fns))
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{spec}: an app needs source, sink and functions with name, className, inputs ({exc})"
+                          ) from None
+
+
+# ---------------------------------------------------------------- the producer
+
+@dataclass
+class TokenBucket:
+    """Paces sends at `rate`/s; at most `burst_s` worth of tokens accumulate, so a producer that was
+    held up cannot catch up with a burst: it falls short, and the run shows it (invalid)."""
+
+    rate: float
+    burst_s: float = 0.2
+    tokens: float = 0.0
+    last: float | None = None
+
+    def take(self, now: float) -> int:
+        if self.last is not None:
+            self.tokens = min(self.tokens + (now - self.last) * self.rate, max(1.0, self.rate * self.burst_s))
+        self.last = now
+        n = int(self.tokens)
+        self.tokens -= n
+        return n
+
+    def wait_s(self) -> float:
+        return min(0.05, (1.0 - self.tokens) / self.rate) if self.rate > 0 else 0.05
+
+
+def _pace(service_url: str, topic: str, rate, acked, stop, share: float, batching: bool) -> None:
+    """One producer loop (a thread or a process): `rate` (shared, source messages/s of all producers)
+    times `share` is this one's; `acked` counts messages the broker acknowledged."""
+    import pulsar
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    producer = client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True,
+                                      max_pending_messages=10000, batching_max_publish_delay_ms=1)
+
+    def done(res, _msg_id):
+        if res == pulsar.Result.Ok:
+            with acked.get_lock():
+                acked.value += 1
+
+    bucket = TokenBucket(rate.value * share)
+    try:
+        while not stop.is_set():
+            want = rate.value * share
+            if want != bucket.rate:
+                bucket = TokenBucket(want, last=time.monotonic())
+            for _ in range(bucket.take(time.monotonic())):
+                producer.send_async(b"x", done, event_timestamp=int(time.time() * 1000))
+            time.sleep(bucket.wait_s())
+        producer.flush()
+    finally:
+        client.close()
+
+
+class PacedProducer:
+    """A rate-limited producer whose rate changes mid-run; `processes` > 1 spreads it over processes
+    when one interpreter cannot reach the rate."""
+
+    def __init__(self, service_url: str, topic: str, processes: int = 1, batching: bool = False):
+        ctx = multiprocessing.get_context("spawn")
+        self._rate = ctx.Value("d", 0.0, lock=False)
+        self._acked = ctx.Value("q", 0)
+        self._stop = ctx.Event()
+        args = lambda n: (service_url, topic, self._rate, self._acked, self._stop, 1.0 / n, batching)  # noqa: E731
+        if processes <= 1:
+            self._workers = [threading.Thread(target=_pace, args=args(1), daemon=True, name="plan-producer")]
+        else:
+            self._workers = [ctx.Process(target=_pace, args=args(processes), daemon=True) for _ in range(processes)]
+        for w in self._workers:
+            w.start()
+
+    def set_rate(self, rate: float) -> None:
+        self._rate.value = max(0.0, float(rate))
+
+    @property
+    def acked(self) -> int:
+        return int(self._acked.value)
+
+    def close(self) -> None:
+        self.set_rate(0.0)
+        self._stop.set()
+        for w in self._workers:
+            w.join(15)
+
+
+class SinkLatency:
+    """End-to-end latency at the sink: receive time minus the source message's event_timestamp."""
+
+    def __init__(self, service_url: str, topic: str):
+        import pulsar
+        self._pulsar = pulsar
+        self._client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        self._consumer = self._client.subscribe(topic, f"plan-latency-{uuid.uuid4().hex[:6]}",
+                                                consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=5000)
+        self._samples: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="plan-sink")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            try:
+                msg = self._consumer.receive(200)
+            except self._pulsar.Timeout:
+                continue
+            except Exception:   # closed under us
+                return
+            now = time.time()
+            ts = msg.event_timestamp() or msg.publish_timestamp()
+            with self._lock:
+                self._samples.append((now, max(0.0, now - ts / 1000.0)))
+            n += 1
+            if n % 100 == 0:
+                self._consumer.acknowledge_cumulative(msg)
+
+    def latencies(self, start: float, end: float) -> list[float]:
+        """Latencies of the messages received in [start, end) (time.time())."""
+        with self._lock:
+            out = [lat for t, lat in self._samples if start <= t < end]
+            self._samples = [s for s in self._samples if s[0] >= start]
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._client.close()
+
+
+# ---------------------------------------------------------------- readings and the measurement (pure)
+
+@dataclass(frozen=True)
+class FnReading:
+    """One function's cumulative counters at one time."""
+
+    arrived: float                      # broker in-messages on its inputs
+    processed: float
+    outputs: float
+    busy_s: float
+    backlog: float                      # messages waiting on its subscription
+    instances: Mapping[int, tuple[float, float, float]] = field(default_factory=dict)  # id -> (received, processed, busy_s)
+
+
+@dataclass(frozen=True)
+class Reading:
+    time: float                         # time.time() when read
+    sent: float                         # messages the producer's broker acknowledged (cumulative)
+    functions: Mapping[str, FnReading]
+
+
+def slope(ts: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope (per second); 0 with fewer than two distinct times."""
+    t, y = np.asarray(ts, dtype=float), np.asarray(ys, dtype=float)
+    if len(t) < 2 or np.ptp(t) <= 0:
+        return 0.0
+    return float(np.polyfit(t - t[0], y, 1)[0])
+
+
+def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequence[float],
+              parallelism: Mapping[str, int], duration_s: float, workers: int = 1, note: str = "") -> RunResult:
+    """A RunResult from the observation's readings: rates from the first and last, backlog growth from
+    the slope over all of them, processed rate in source messages (injected x the worst function's
+    processed / arrived), p99 over the sink latencies."""
+    first, last = readings[0], readings[-1]
+    obs = max(last.time - first.time, 1e-9)
+    injected = (last.sent - first.sent) / obs
+    ts = [r.time for r in readings]
+    fms: dict[str, FunctionMeasure] = {}
+    worst = 1.0
+    for name, a in first.functions.items():
+        b = last.functions[name]
+        arrival = (b.arrived - a.arrived) / obs
+        processed = (b.processed - a.processed) / obs
+        if arrival > 0:
+            worst = min(worst, processed / arrival)
+        growth = slope(ts, [r.functions[name].backlog for r in readings]) * obs
+        mid = float(np.mean([r.functions[name].backlog for r in readings]))
+        inst = tuple(InstanceMeasure(processed=b.instances[i][1] - a.instances[i][1],
+                                     busy_s=b.instances[i][2] - a.instances[i][2], cpu_s=0.0,
+                                     arrived=b.instances[i][0] - a.instances[i][0])
+                     for i in sorted(set(a.instances) & set(b.instances)))
+        fms[name] = FunctionMeasure(parallelism=parallelism.get(name, len(inst)), arrival_rate=arrival,
+                                    processed_rate=processed, output_rate=(b.outputs - a.outputs) / obs,
+                                    backlog_start=mid - growth / 2, backlog_end=mid + growth / 2, instances=inst)
+    p99 = float(np.percentile(latencies, 99)) if len(latencies) else None
+    return RunResult(target_rate=target_rate, injected_rate=injected, processed_rate=injected * worst,
+                     p99_s=p99, observe_s=obs, duration_s=duration_s, functions=fms, workers=workers, note=note)
+
+
+# ---------------------------------------------------------------- the testbed
+
+class LiveTestbed:
+    """The Testbed protocol on a live worker (cluster) and broker; `close()` deletes the app's functions."""
+
+    def __init__(self, app: LiveApp, admin_url: str | list[str], service_url: str, metrics_url: str,
+                 max_rate: float = 1000.0, producers: int = 1, sample_s: float = 0.5,
+                 warmup_backlog: float = 200.0, drain_backlog: float = 5.0, batching: bool = False,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        self.app = app
+        self.name = f"live:{app.name}"
+        self.max_rate = max_rate
+        self.admin = FunctionsAdmin(admin_url)
+        self.service_url, self.metrics_url = service_url, metrics_url
+        self.sample_s, self.warmup_backlog, self.drain_backlog = sample_s, warmup_backlog, drain_backlog
+        self._clock, self._sleep = clock, sleep
+        self._deployed: dict[str, int] = {}
+        self._base: dict[str, float] = {}        # per function: arrived - processed when it was created
+        self._fns = {f.name: f for f in app.functions}
+        self._topics = sorted({t for f in app.functions for t in f.inputs})
+        self._sink = SinkLatency(service_url, app.sink)
+        self._producer = PacedProducer(service_url, app.source, producers, batching)
+
+    # -- protocol
+    def functions(self) -> tuple[str, ...]:
+        return tuple(self._fns)
+
+    def upstream(self, function: str) -> tuple[str, ...]:
+        return self.app.upstream(function)
+
+    def warmup(self, rate: float, config: TestConfig, seconds: float) -> RunResult:
+        """Deploy, then load at `rate` with the backlogs capped at `warmup_backlog` (the producer pauses
+        above it): the app runs saturated, so the processed rate over the second half is its capacity,
+        and the backlog left to drain is small (an uncapped full-speed warm-up would leave minutes of it)."""
+        self.deploy(config)
+        t0 = self._clock()
+        half = t0 + seconds / 2
+        readings: list[Reading] = []
+        paused = False
+        while self._clock() < t0 + seconds:
+            r = self.read()
+            backlog = max((f.backlog for f in r.functions.values()), default=0.0)
+            paused = backlog > self.warmup_backlog or (paused and backlog > self.warmup_backlog / 2)
+            self._producer.set_rate(0.0 if paused else rate)
+            if r.time >= half:
+                readings.append(r)
+            self._sleep(min(self.sample_s, 0.25))
+        self._producer.set_rate(0.0)
+        if len(readings) < 2:
+            readings = [readings[0], self.read()] if readings else [self.read(), self.read()]
+        res = summarize(rate, readings, [], config.parallelism, 0.0, self._workers(), "warm-up (backlog-capped)")
+        processed = min((fm.processed_rate / max(fm.arrival_rate / max(res.injected_rate, 1e-9), 1e-9)
+                         for fm in res.functions.values() if fm.arrival_rate > 0), default=res.processed_rate)
+        self._drain(max(30.0, seconds))
+        return RunResult(rate, res.injected_rate, processed, None, res.observe_s, self._clock() - t0,
+                         res.functions, res.workers, res.note)
+
+    def run(self, rate: float, config: TestConfig, phases: Phases = Phases()) -> RunResult:
+        t0 = self._clock()
+        self.deploy(config)
+        self._producer.set_rate(phases.cooldown_rate if phases.cooldown_rate is not None else rate * 0.1)
+        self._sleep(phases.cooldown_s)
+        self._drain(3 * phases.cooldown_s)   # a failing step's backlog must not bias this one
+        self._producer.set_rate(rate)
+        self._sleep(phases.ramp_s)
+        readings = [self.read()]
+        end = readings[0].time + phases.observe_s
+        while (now := self._clock()) < end:
+            self._sleep(min(self.sample_s, end - now))
+            readings.append(self.read())
+        lat = self._sink.latencies(readings[0].time, readings[-1].time)
+        self._producer.set_rate(0.0)
+        return summarize(rate, readings, lat, config.parallelism, self._clock() - t0, self._workers())
+
+    # -- deployment
+    def deploy(self, config: TestConfig) -> None:
+        """Create the app's functions, or change their parallelism (restart-free on our worker), and wait
+        until every instance runs."""
+        created = False
+        for name, fn in self._fns.items():
+            k = int(config.parallelism.get(name, 1))
+            if self._deployed.get(name) == k:
+                continue
+            tenant, ns = fn.config.get("tenant", "public"), fn.config.get("namespace", "default")
+            if name not in self._deployed:
+                try:
+                    self.admin.delete(tenant, ns, name)   # a leftover of an earlier session
+                except AdminError:
+                    pass
+                self.admin.create({**fn.config, "parallelism": k}, fn.py)
+                self._base.pop(name, None)
+                created = True
+            else:
+                try:
+                    self.admin.set_parallelism(tenant, ns, name, k)
+                except AdminError as exc:
+                    if not exc.no_change:
+                        raise
+            self._wait_running(tenant, ns, name, k)
+            self._deployed[name] = k
+        if created:
+            self.read()   # the backlog baselines, before any load
+
+    def _wait_running(self, tenant: str, ns: str, name: str, k: int, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.admin.status(tenant, ns, name)
+            if st.get("numInstances") == k and st.get("numRunning") == k:
+                return
+            if time.monotonic() > deadline:
+                raise AdminError(f"{name}: {st.get('numRunning')}/{k} instances running after {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def _drain(self, limit_s: float) -> None:
+        """Wait (up to limit_s) until every backlog is under `drain_backlog` messages."""
+        deadline = self._clock() + limit_s
+        while self._clock() < deadline:
+            if max((f.backlog for f in self.read().functions.values()), default=0.0) <= self.drain_backlog:
+                return
+            self._sleep(0.25)
+        log.warning("backlogs not drained within %.0f s", limit_s)
+
+    # -- readings
+    def read(self) -> Reading:
+        sent = self._producer.acked
+        now = self._clock()
+        m = broker_metrics.fetch(self.metrics_url, now, topics=self._topics)
+        fns: dict[str, FnReading] = {}
+        for name, fn in self._fns.items():
+            stats = self.admin.stats(fn.config.get("tenant", "public"), fn.config.get("namespace", "default"), name)
+            c = stats.get("autoscale", {}).get("counters", {})
+            inst = {int(i["instanceId"]): (float(i["metrics"].get("receivedTotal") or 0),
+                                           float(i["metrics"].get("processedSuccessfullyTotal") or 0),
+                                           float(i["metrics"].get("autoscale", {}).get("busyTimeSeconds") or 0))
+                    for i in stats.get("instances", [])}
+            arrived = sum(m.in_messages.get(t, 0.0) for t in fn.inputs)
+            processed = float(c.get("processed", stats.get("processedSuccessfullyTotal", 0)) or 0)
+            # Waiting = arrived on the inputs - processed, both live counters; the broker's subscription
+            # backlog gauge is refreshed only every few seconds (pulsar-lite: 5 s, Apache: 60 s by default),
+            # too coarse for a slope over a 15 s observation. The offset: what the topics held before we subscribed.
+            base = self._base.setdefault(name, arrived - processed)
+            fns[name] = FnReading(arrived, processed, float(c.get("outputs", 0) or 0), float(c.get("busy_s", 0) or 0),
+                                  max(0.0, arrived - processed - base), inst)
+        return Reading(now, float(sent), fns)
+
+    def _workers(self) -> int:
+        try:
+            return max(1, len(self.admin.cluster()))
+        except (AdminError, TypeError):
+            return 1
+
+    def close(self) -> None:
+        """Stop the producer and the sink reader, delete the functions this testbed created."""
+        self._producer.close()
+        self._sink.close()
+        for name in self._deployed:
+            fn = self._fns[name]
+            try:
+                self.admin.delete(fn.config.get("tenant", "public"), fn.config.get("namespace", "default"), name)
+            except AdminError as exc:
+                log.warning("could not delete %s: %s", name, exc)
+        self._deployed.clear()
+
+
+def analytic_capacity(service_ms: float, parallelism: int) -> float:
+    """What a deterministic sleepy function sustains: parallelism / service time."""
+    return parallelism / (service_ms / 1000.0) if service_ms > 0 else math.inf

@@ -1,0 +1,99 @@
+"""The live testbed's pure parts: the pacer, the measurement from readings, app specs, the search's
+bracketing, and the CLI's checks (no broker: tests/system/test_planning_live.py runs it live)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.planning import cli
+from pulsar_autoscale.planning.livebed import FnReading, Reading, TokenBucket, load_live_app, sleepy_app, slope, summarize
+from pulsar_autoscale.planning.mst import MstSettings, judge, next_rate
+
+
+def test_token_bucket_paces_and_does_not_catch_up_after_a_stall():
+    b = TokenBucket(100.0, burst_s=0.2)
+    sent = sum(b.take(t / 1000) for t in range(0, 1001))   # 1 s in 1 ms ticks
+    assert 99 <= sent <= 100
+    b.take(1.0)
+    assert b.take(3.0) == 20          # a 2 s stall: only burst_s worth, the producer falls short (invalid run)
+    assert 0 < TokenBucket(100.0).wait_s() <= 0.01
+    assert TokenBucket(0.0).wait_s() == 0.05
+
+
+def _readings(rate_in: float, rate_out: float, backlog_growth: float, seconds: int = 10) -> list[Reading]:
+    return [Reading(t, rate_in * t, {"f": FnReading(rate_in * t, rate_out * t, rate_out * t, 0.02 * rate_out * t,
+                                                    100 + backlog_growth * t,
+                                                    {0: (rate_in * t, rate_out * t, 0.02 * rate_out * t)})})
+            for t in range(seconds + 1)]
+
+
+def test_summarize_a_sustained_run():
+    r = summarize(50.0, _readings(50, 50, 0.0), [0.02] * 99 + [0.5], {"f": 1}, 20.0)
+    assert r.valid and r.injected_rate == pytest.approx(50) and r.processed_rate == pytest.approx(50)
+    fm = r.functions["f"]
+    assert fm.backlog_end - fm.backlog_start == pytest.approx(0.0, abs=1e-6)
+    assert fm.true_rate == pytest.approx(50.0) and fm.instances[0].arrived == pytest.approx(500)
+    assert r.p99_s == pytest.approx(0.02 + 0.01 * 0.48)   # numpy linear: index 98.01 of 100
+    assert judge(r, MstSettings())[0]
+
+
+def test_summarize_an_overloaded_run_fails_on_processed_and_backlog():
+    r = summarize(60.0, _readings(60, 50, 10.0), [], {"f": 1}, 20.0)
+    assert r.processed_rate == pytest.approx(50.0) and r.p99_s is None
+    fm = r.functions["f"]
+    assert fm.backlog_end - fm.backlog_start == pytest.approx(100.0)
+    ok, reason = judge(r, MstSettings())
+    assert not ok and "83.33%" in reason
+
+
+def test_slope_is_least_squares():
+    assert slope([0, 1, 2, 3], [0, 2, 4, 6]) == pytest.approx(2.0)
+    assert slope([0, 1, 2, 3], [5, 9, 5, 9]) == pytest.approx(0.8)   # noise, not growth
+    assert slope([1.0], [3.0]) == 0.0
+
+
+def test_next_rate_brackets_then_bisects():
+    inf = float("inf")
+    assert next_rate(100, 0.0, inf) == 150 and next_rate(100, 0.0, 100) == 50          # StreamBed's moves
+    assert next_rate(100, 0.0, inf, 0.1) == pytest.approx(110)
+    assert next_rate(100, 0.0, 100, 0.1) == pytest.approx(90)
+    assert next_rate(95, 90, 100, 0.1) == 95
+
+
+def test_builtin_and_yaml_apps(tmp_path):
+    one = sleepy_app(20.0, tag="x")
+    assert [f.name for f in one.functions] == ["sleepy"] and one.source.endswith("plan-x-0")
+    chain = sleepy_app(10.0, stages=2, tag="y")
+    assert chain.upstream("sleepy1") == ("sleepy0",) and chain.upstream("sleepy0") == ()
+    assert load_live_app("sleepy:5").functions[0].config["userConfig"]["service_ms"] == 5.0
+    spec = tmp_path / "app.yaml"
+    spec.write_text("name: two\nsource: in\nsink: out\nfunctions:\n"
+                    "  - {name: a, className: sleepy.Sleepy, py: sleepy.py, inputs: [in], output: mid}\n"
+                    "  - {name: b, className: sleepy.Sleepy, inputs: [mid], output: out}\n")
+    app = load_live_app(str(spec))
+    assert app.source == "persistent://public/default/in" and app.upstream("b") == ("a",)
+    assert app.functions[0].subscription == "public/default/a" and app.functions[0].py.endswith("sleepy.py")
+    with pytest.raises(ConfigError, match="not a built-in"):
+        load_live_app("nope")
+    spec.write_text("name: bad\nsource: elsewhere\nsink: out\nfunctions:\n  - {name: a, inputs: [in]}\n")
+    with pytest.raises(ConfigError, match="source topic"):
+        load_live_app(str(spec))
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    cli.configure_parser(p)
+    return p.parse_args(list(argv))
+
+
+def test_cli_live_needs_urls_and_gets_live_phases(capsys):
+    args = _args("mst", "--testbed", "live", "--app", "sleepy")
+    assert cli.run(args) == 2
+    assert "--admin-url, --service-url, --metrics-url" in capsys.readouterr().err
+    s = cli.settings_of(_args("mst", "--testbed", "live", "--observe", "9"))
+    assert s.phases.observe_s == 9 and s.warmup_s == 10 and s.bracket == 0.1 and s.step == 0.02
+    s = cli.settings_of(_args("mst"))
+    assert s.warmup_s == MstSettings.warmup_s and s.bracket is None
