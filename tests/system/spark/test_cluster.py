@@ -51,7 +51,7 @@ def test_the_package_zip_imports_on_its_own(tmp_path):
     path = package_zip(tmp_path)
     names = set(zipfile.ZipFile(path).namelist())
     for module in ("pulsar_autoscale/__init__.py", "pulsar_autoscale/pulsar_client.py",
-                   "pulsar_autoscale/spark_bridge/source.py", "pulsar_autoscale/functions/worker.py",
+                   "pulsar_autoscale/spark_bridge/source.py", "pulsar_autoscale/functions/worker/worker.py",
                    "pulsar_autoscale/functions/examples/exclaim.py", "pulsar_autoscale/policies/__init__.py"):
         assert module in names, module
     code = f"import sys; sys.path.insert(0, {str(path)!r}); import pulsar_autoscale.spark_bridge.offsets as m; print(m.__file__)"
