@@ -34,8 +34,9 @@ import requests
 import yaml
 
 from pulsar_autoscale.broker.embedded import _die_with_parent
-from pulsar_autoscale.errors import BrokerError
+from pulsar_autoscale.errors import BrokerError, ConfigError
 from pulsar_autoscale.netutil import free_port
+from pulsar_autoscale.pulsar_client import ClientSettings
 
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
@@ -204,6 +205,53 @@ def _set_properties(path: Path, values: dict[str, object]) -> None:
     path.write_text("\n".join(out) + "\n")
 
 
+TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
+TOKEN_CLIENT_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+
+
+@dataclass(frozen=True)
+class TokenAuth:
+    """Token authentication and authorization for a standalone, as Pulsar's security docs set it up.
+
+    The key is a Pulsar key setting (file:///path, data:;base64,...), e.g. from `pulsar-autoscale tokens
+    create-secret-key`; `broker_token` is the broker's own client credential (its internal admin client, the
+    functions worker and the function instances it spawns use it), so its subject must be a superuser."""
+
+    broker_token: str
+    superusers: tuple[str, ...]
+    secret_key: str | None = None       # tokenSecretKey (HS256/384/512)
+    public_key: str | None = None       # tokenPublicKey (RS256, ES256, ...)
+
+    def __post_init__(self) -> None:
+        if (self.secret_key is None) == (self.public_key is None):
+            raise BrokerError("TokenAuth needs exactly one of secret_key and public_key")
+        if not self.superusers:
+            raise BrokerError("TokenAuth needs a superuser role (the broker's own token is one)")
+
+    def __repr__(self) -> str:   # the broker token is a credential: never in logs or errors
+        return f"TokenAuth(superusers={self.superusers!r}, broker_token=***)"
+
+    def broker_properties(self) -> dict[str, object]:
+        """standalone.conf keys; the standalone copies them into its functions worker's config as well."""
+        key = {"tokenSecretKey": self.secret_key} if self.secret_key else {"tokenPublicKey": self.public_key}
+        return {"authenticationEnabled": "true", "authenticationProviders": TOKEN_PROVIDER,
+                "authorizationEnabled": "true", "superUserRoles": ",".join(self.superusers),
+                "brokerClientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
+                "brokerClientAuthenticationParameters": f"token:{self.broker_token}", **key}
+
+    def worker_settings(self) -> dict[str, object]:
+        """functions_worker.yml keys, for a worker that reads its file rather than the broker's config."""
+        props = self.broker_properties()
+        return {"authenticationEnabled": True, "authorizationEnabled": True,
+                "authenticationProviders": [TOKEN_PROVIDER], "superUserRoles": list(self.superusers),
+                "brokerClientAuthenticationEnabled": True,
+                "brokerClientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
+                "brokerClientAuthenticationParameters": props["brokerClientAuthenticationParameters"],
+                "clientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
+                "clientAuthenticationParameters": props["brokerClientAuthenticationParameters"],
+                "properties": {k: v for k, v in props.items() if k.startswith("token")}}
+
+
 @dataclass
 class ApacheStandalone:
     """A running `bin/pulsar standalone` (broker, BookKeeper, RocksDB metadata, functions worker); use as a
@@ -226,6 +274,8 @@ class ApacheStandalone:
     # JVM's PATH starts with a directory whose `python3` execs this one (_python_shim). It needs
     # pulsar-client[functions]: see PYTHON_INSTANCE_MODULES; start() warns about what it lacks.
     python: str = sys.executable
+    # None: no authentication, as the distribution ships; a TokenAuth: tokens required, authorization on
+    auth: TokenAuth | None = None
     start_s: float | None = field(default=None, init=False)
     python_missing: list[str] = field(default_factory=list, init=False)   # modules the python instance lacks
     home: Path | None = field(default=None, init=False, repr=False)
@@ -245,6 +295,13 @@ class ApacheStandalone:
     @property
     def metrics_url(self) -> str:
         return f"{self.admin_url}/metrics"
+
+    def http_session(self) -> requests.Session:
+        """A session for the admin REST API, with the broker's own (superuser) token when auth is on."""
+        session = requests.Session()
+        if self.auth is not None:
+            session.headers["Authorization"] = f"Bearer {self.auth.broker_token}"
+        return session
 
     @property
     def pid(self) -> int | None:
@@ -340,6 +397,7 @@ class ApacheStandalone:
             # the functions worker's package store (the file system provider in RocksDB-metadata mode); its
             # default is the relative "packages-storage", i.e. inside the cache tree
             "STORAGE_PATH": data / "packages-storage",
+            **(self.auth.broker_properties() if self.auth else {}),
         })
         fw_path = conf / "functions_worker.yml"
         fw = yaml.safe_load(fw_path.read_text()) or {}
@@ -359,6 +417,8 @@ class ApacheStandalone:
         runtime = dict(fw.get("functionRuntimeFactoryConfigs") or {})
         runtime["logDirectory"] = str(data / "logs" / "functions")
         fw["functionRuntimeFactoryConfigs"] = runtime
+        if self.auth is not None:
+            fw.update(self.auth.worker_settings())
         fw_path.write_text(yaml.safe_dump(fw, sort_keys=False))
         return conf
 
@@ -368,9 +428,10 @@ class ApacheStandalone:
         if self.functions_worker:
             checks.append(("/admin/v3/functions/public/default", None))
             checks.append(("/admin/v2/worker/cluster/leader", "workerId"))
+        session = self.http_session()
         for path, needle in checks:
             try:
-                r = requests.get(self.admin_url + path, timeout=2)
+                r = session.get(self.admin_url + path, timeout=2)
             except requests.RequestException:
                 return f"{path} does not answer"
             if r.status_code != 200 or (needle is not None and needle not in r.text):
@@ -468,12 +529,24 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    auth = None
+    if getattr(args, "token_secret_key", None):
+        if not args.broker_token:
+            raise ConfigError("--token-secret-key needs --broker-token: the broker's own token, for a superuser "
+                              "role (pulsar-autoscale tokens create --subject admin --secret-key ...)")
+        roles = tuple(r.strip() for r in args.superuser_roles.split(",") if r.strip())
+        token = ClientSettings("", "token", args.broker_token).bearer_token()   # token:XXX, file:/path or bare
+        auth = TokenAuth(broker_token=token, superusers=roles, secret_key=args.token_secret_key)
     broker = ApacheStandalone(version=args.version, port=args.port, web_port=args.metrics_port,
-                              data_dir=args.data_dir, log_level=args.log_level).start()
+                              data_dir=args.data_dir, log_level=args.log_level, auth=auth).start()
     print(f"apache pulsar {broker.home.parent.name} ready: service-url {broker.service_url}  "
           f"admin-url {broker.admin_url}  metrics {broker.metrics_url}", flush=True)
     print(f"started in {broker.start_s:.1f}s  pid {broker.pid}  RSS {broker.rss_mb() or 0:.0f} MB  "
           f"log {broker.log_path}", flush=True)
+    if auth is not None:
+        print(f"token authentication and authorization on: superusers {','.join(auth.superusers)}; "
+              f"make tokens with `pulsar-autoscale tokens create --secret-key {args.token_secret_key} "
+              f"--subject ROLE`", flush=True)
     try:
         while not stop.wait(0.5):
             if not broker.alive():

@@ -28,7 +28,7 @@ from pathlib import Path
 import requests
 
 from pulsar_autoscale.broker.lite.startup import metrics_server_lost
-from pulsar_autoscale.errors import BrokerError
+from pulsar_autoscale.errors import BrokerError, ConfigError
 from pulsar_autoscale.netutil import free_port, wait_for_port
 
 log = logging.getLogger(__name__)
@@ -173,8 +173,8 @@ class EmbeddedBroker:
             err = self._relay.communicate(timeout=5)[1].strip().splitlines()
             self._fail(f"cannot listen on {HOST}:{self.port} ({err[-1] if err else 'relay exited'}): "
                        f"port in use?", "client" if any("in use" in line.lower() for line in err) else None)
-        if not self.alive():
-            self._fail("pulsar-lite exited during startup")
+        if not self.alive():   # e.g. it answered metrics, then found its own port taken (a race, under load)
+            self._fail("pulsar-lite exited during startup", self._port_taken())
         return self
 
     def _metrics_answer(self, timeout_s: float) -> bool:
@@ -263,9 +263,19 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "--metrics-port is then its web port: admin REST, functions API, /metrics)")
     p.add_argument("--version", default=None,
                    help="Apache Pulsar version for --kind apache (default: $PULSAR_AUTOSCALE_APACHE_VERSION or 4.0.8)")
+    p.add_argument("--token-secret-key", default=None, metavar="KEY",
+                   help="--kind apache: require tokens signed with this key (file:///path, from `pulsar-autoscale "
+                        "tokens create-secret-key`) and turn authorization on (pulsar-lite checks no credentials)")
+    p.add_argument("--superuser-roles", default="admin", metavar="ROLES",
+                   help="--kind apache with --token-secret-key: comma-separated superuser roles (default admin)")
+    p.add_argument("--broker-token", default=None, metavar="TOKEN",
+                   help="--kind apache with --token-secret-key: the broker's own token (token:XXX, file:/path or "
+                        "the token), for a superuser role; its functions worker and instances use it too")
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "token_secret_key", None) and getattr(args, "kind", "lite") != "apache":
+        raise ConfigError("--token-secret-key needs --kind apache: pulsar-lite checks no credentials")
     if getattr(args, "kind", "lite") == "apache":
         from pulsar_autoscale.broker import apache
         return apache.run(args)

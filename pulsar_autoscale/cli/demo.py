@@ -12,6 +12,7 @@ Poisson arrivals step through constant-rate intervals; the controller (leader-el
 chosen policy) scales every function through the worker's REST API, restart-free. A live view
 shows rate, backlog, instances, response time and the last decision per function; at the end
 a report directory gets summary.json, timeseries.csv, decisions.jsonl and PNG plots.
+`--broker apache` runs the same on an Apache Pulsar standalone (our worker and controller on it).
 """
 
 from __future__ import annotations
@@ -158,6 +159,18 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1,
                    help="run N workers as one cluster (docs/cluster.md); the live view shows "
                         "instances per worker (default 1)")
+    p.add_argument("--broker", choices=("lite", "apache"), default="lite",
+                   help="lite: the embedded pulsar-lite (default); apache: an Apache Pulsar standalone (needs java, "
+                        "and mvn for the first fetch: docs/apache-pulsar.md), our worker and controller on it")
+
+
+def open_broker(kind: str):
+    """The demo's broker. Apache runs without its own functions worker: our worker runs the functions, and
+    two cores have no room for an idle second one."""
+    if kind == "apache":
+        from pulsar_autoscale.broker.apache import ApacheStandalone
+        return ApacheStandalone(functions_worker=False)
+    return EmbeddedBroker(data_dir=None)
 
 
 def parse_params(items: list[str]) -> dict:
@@ -193,9 +206,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
     interval = args.duration / len(rates)
     fast = f"fast check every {args.fast_period:g}s" if args.fast_period > 0 else "no fast path"
-    print(f"demo: policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s, {fast}; "
+    print(f"demo: {getattr(args, 'broker', 'lite')} broker, policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s, {fast}; "
           f"report -> {report}", flush=True)
-    with EmbeddedBroker(data_dir=None) as broker, contextlib.ExitStack() as stack:
+    with open_broker(getattr(args, "broker", "lite")) as broker, contextlib.ExitStack() as stack:
         cluster = ClusterSettings(f"demo{os.getpid()}") if args.workers > 1 else None
         workers = [stack.enter_context(WorkerServer(broker.service_url, metrics_url=broker.metrics_url,
                                                     worker_id=f"w{i}" if cluster else None, cluster=cluster))
@@ -237,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         stop_sink.set()
         sink.join(5)
         client.close()
-    summary = summarize(rec, config, rates, interval, t0, slo_s(args))
+    summary = {"broker": getattr(args, "broker", "lite"), **summarize(rec, config, rates, interval, t0, slo_s(args))}
     write_report(report, rec, summary)
     print_summary(summary, report)
     return 0 if summary["lost"] == 0 else 1

@@ -24,7 +24,7 @@ COMMANDS = {
     "tokens": ("pulsar_autoscale.security.tokens_cli", "create keys and tokens (Pulsar's bin/pulsar tokens)"),
     "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),
     "plan": ("pulsar_autoscale.planning.cli", "capacity planning: measure MST on a testbed and plan a target rate"),
-    "demo": ("pulsar_autoscale.cli.demo", "run the end-to-end demo on the embedded broker"),
+    "demo": ("pulsar_autoscale.cli.demo", "run the end-to-end demo on the embedded broker (or --broker apache)"),
     "produce": ("pulsar_autoscale.cli.client", "send messages to a topic (like pulsar-client produce)"),
     "consume": ("pulsar_autoscale.cli.client", "receive messages from a topic (like pulsar-client consume)"),
 }

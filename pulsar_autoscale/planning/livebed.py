@@ -208,6 +208,7 @@ class PacedProducer:
         self._acked = ctx.Value("q", 0)
         self._stop = ctx.Event()
         args = lambda n: (service_url, topic, self._rate, self._acked, self._stop, 1.0 / n, batching)  # noqa: E731
+        self._workers: list[threading.Thread | multiprocessing.process.BaseProcess]
         if processes <= 1:
             self._workers = [threading.Thread(target=_pace, args=args(1), daemon=True, name="plan-producer")]
         else:

@@ -1,0 +1,179 @@
+"""Our tokens against a real Apache Pulsar with token authentication and authorization on.
+
+pulsar-lite does not check credentials, so whether `pulsar-autoscale tokens` makes tokens Pulsar accepts, and
+whether our clients and worker send them as Pulsar expects, can only be shown on Apache Pulsar: this module
+starts its own secured standalone (the key from `tokens create-secret-key`, superuser "admin"), so it runs in
+the `--broker apache` pass only, where Apache Pulsar is expected to be available.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pulsar
+import pytest
+import requests
+
+from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.apache import DEFAULT_VERSION, ApacheStandalone, TokenAuth, cache_root
+from pulsar_autoscale.netutil import free_port
+from pulsar_autoscale.pulsar_client import ClientSettings, open_client
+
+REPO = Path(__file__).resolve().parents[2]
+CACHED = (cache_root() / DEFAULT_VERSION / "dist" / "bin" / "pulsar").is_file()
+SUPERUSER, GRANTED, STRANGER = "admin", "autoscaler", "nobody"
+pytestmark = pytest.mark.skipif(shutil.which("java") is None or (shutil.which("mvn") is None and not CACHED),
+                                reason="Apache Pulsar needs java, and mvn unless the distribution is cached")
+
+
+def cli(*args: str) -> str:
+    """`pulsar-autoscale ...` as a user runs it; its stdout."""
+    done = subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", *args], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, str]:
+    """Two secret keys made by our CLI; tokens signed with the first (the broker's) and one with the second."""
+    d = tmp_path_factory.mktemp("keys")
+    for name in ("broker.key", "other.key"):
+        cli("tokens", "create-secret-key", "--output", str(d / name))
+    key = f"file://{d / 'broker.key'}"
+    made = {role: cli("tokens", "create", "--subject", role, "--secret-key", key)
+            for role in (SUPERUSER, GRANTED, STRANGER)}
+    made["forged"] = cli("tokens", "create", "--subject", SUPERUSER, "--secret-key", f"file://{d / 'other.key'}")
+    made["key"] = key
+    return made
+
+
+@pytest.fixture(scope="module")
+def secured(broker_kind, tmp_path_factory, request):
+    if broker_kind != "apache":
+        pytest.skip("starts an Apache standalone of its own: runs in the --broker apache pass")
+    keys = request.getfixturevalue("keys")   # after the skip: the lite pass makes no keys
+    auth = TokenAuth(broker_token=keys[SUPERUSER], superusers=(SUPERUSER,), secret_key=keys["key"])
+    with ApacheStandalone(data_dir=str(tmp_path_factory.mktemp("secured")), auth=auth) as b:
+        yield b
+
+
+def settings(broker: ApacheStandalone, token: str | None) -> ClientSettings:
+    return ClientSettings(broker.service_url, "token" if token else None, f"token:{token}" if token else None)
+
+
+def topic() -> str:
+    return f"persistent://public/default/sec-{uuid.uuid4().hex[:10]}"
+
+
+def test_a_superuser_token_of_ours_produces_and_consumes(secured, keys):
+    client = open_client(settings(secured, keys[SUPERUSER]))
+    try:
+        t = topic()
+        consumer = client.subscribe(t, "s")
+        producer = client.create_producer(t)
+        producer.send(b"hello")
+        assert consumer.receive(10_000).data() == b"hello"
+    finally:
+        client.close()
+
+
+def broker_refusal(secured, token: str | None) -> tuple[Exception, list[str]]:
+    """What a producer on public/default with `token` (None: no credentials) gets, and the broker's log lines
+    about refused connections and operations meanwhile (its own words for why)."""
+    before = secured.log_path.stat().st_size
+    client = open_client(settings(secured, token), operation_timeout_seconds=10)
+    try:
+        with pytest.raises(pulsar.PulsarException) as refused:
+            client.create_producer(topic())
+    finally:
+        client.close()
+    with open(secured.log_path, "rb") as f:
+        f.seek(before)
+        said = [line.split(" - ", 1)[-1] for line in f.read().decode(errors="replace").splitlines()
+                if "Failed to authenticate" in line or "is not authorized" in line]
+    return refused.value, said
+
+
+def test_a_role_without_a_grant_is_refused_by_the_broker(secured, keys):
+    refused, said = broker_refusal(secured, keys[STRANGER])
+    print(f"\nno grant: {type(refused).__name__}: {refused}")
+    assert isinstance(refused, pulsar.AuthorizationError), repr(refused)
+    # authenticated (no connection refused), then refused the topic
+    assert said and all("is not authorized" in line and f"role {STRANGER}" in line.lower() for line in said), said
+
+
+@pytest.mark.parametrize("who", ["forged", None])
+def test_a_token_signed_with_another_key_or_none_is_refused(secured, keys, who):
+    """The broker refuses the connection itself (AuthenticationError on CONNECT). The C++ client retries a
+    refused connection until the operation timeout, so the create reports the timeout (or the refusal); the
+    broker's log says why."""
+    refused, said = broker_refusal(secured, keys[who] if who else None)
+    print(f"\n{who or 'no token'}: {type(refused).__name__}: {refused}\n  broker: {said[:1]}")
+    assert isinstance(refused, (pulsar.AuthenticationError, pulsar.Timeout)), repr(refused)
+    reason = "JWT signature does not match" if who else "No anonymous role"
+    assert said and all("Failed to authenticate" in line and reason in line for line in said), said
+
+
+def test_the_admin_rest_api_needs_a_token(secured, keys):
+    url = f"{secured.admin_url}/admin/v2/tenants"
+    codes = {who: requests.get(url, timeout=10, headers={"Authorization": f"Bearer {keys[who]}"} if who else {}
+                               ).status_code for who in (None, "forged", SUPERUSER)}
+    assert codes == {None: 401, "forged": 401, SUPERUSER: 200}, codes
+
+
+def test_our_worker_runs_a_function_with_a_granted_role_token(secured, keys, tmp_path):
+    """`pulsar-autoscale worker --auth-plugin token --auth-params token:...` for a role granted produce and
+    consume on public/default (not a superuser): its instances connect with the token and process."""
+    grant = secured.http_session().post(
+        f"{secured.admin_url}/admin/v2/namespaces/public/default/permissions/{GRANTED}",
+        json=["produce", "consume"], timeout=10)
+    assert grant.status_code in (200, 204), grant.text
+    port = free_port()
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", secured.service_url,
+         "--auth-plugin", "token", "--auth-params", f"token:{keys[GRANTED]}", "--metrics-url", secured.metrics_url,
+         "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    src, dst = topic(), topic()
+    try:
+        admin = FunctionsAdmin(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                admin.create({"tenant": "public", "namespace": "default", "name": "exclaim",
+                              "className": "exclaim.Exclaim", "inputs": [src], "output": dst, "parallelism": 1},
+                             str(REPO / "functions" / "examples" / "exclaim.py"))
+                break
+            except Exception:   # the worker's API is not up yet
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while admin.status("public", "default", "exclaim")["numRunning"] < 1:
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
+            time.sleep(0.2)
+        client = open_client(settings(secured, keys[GRANTED]))
+        try:
+            out = client.subscribe(dst, "check")
+            producer = client.create_producer(src)
+            for i in range(5):
+                producer.send(f"m{i}".encode())
+            got = sorted(out.receive(15_000).data() for _ in range(5))
+        finally:
+            client.close()
+        assert got == [f"m{i}!".encode() for i in range(5)]
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
