@@ -134,3 +134,20 @@ class WorkerCluster:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait(5)
+
+
+def key_counts(cluster: WorkerCluster, name: str, keys: int) -> dict[str, int]:
+    """Each key's counter (keys k0..k{keys-1}), from whichever live worker holds its key group: the one copy
+    a keyed function's state has, read as an operator would, through any worker."""
+    from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+
+    out = {}
+    for k in range(keys):
+        out[f"k{k}"] = 0
+        for w in cluster.live():
+            try:
+                out[f"k{k}"] = FunctionsAdmin(w.url).get_state("public", "default", name, f"k{k}")["numberValue"]
+                break
+            except (AdminError, requests.RequestException):   # another worker holds the key, or this one starts
+                continue
+    return out

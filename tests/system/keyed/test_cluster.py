@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
-from tests.support.cluster_harness import WorkerCluster
+from tests.support.cluster_harness import WorkerCluster, key_counts
 from tests.support.scenario import EXAMPLES, keyed_settled, wait_until
 from tests.system.keyed.test_property import PRODUCER
 
@@ -46,17 +46,7 @@ def _spread(cluster: WorkerCluster, name: str, n: int) -> dict[int, str] | None:
 
 
 def _counts(cluster: WorkerCluster, name: str) -> dict[str, int]:
-    """Each key's counter, from whichever live worker holds its key group."""
-    out = {}
-    for k in range(KEYS):
-        out[f"k{k}"] = 0
-        for w in cluster.live():
-            try:
-                out[f"k{k}"] = FunctionsAdmin(w.url).get_state("public", "default", name, f"k{k}")["numberValue"]
-                break
-            except AdminError:
-                continue
-    return out
+    return key_counts(cluster, name, KEYS)
 
 
 def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str) -> dict[int, str] | None:

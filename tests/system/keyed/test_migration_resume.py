@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from tests.support.cluster_harness import WorkerCluster
+from tests.support.cluster_harness import WorkerCluster, key_counts
 from tests.support.scenario import keyed_settled, wait_until
 from tests.system.keyed.test_cluster import _create_paced, _keyed_view, _mid_migration, _placement
 from tests.system.keyed.test_property import PRODUCER
@@ -28,16 +28,7 @@ SETTLE_S = 45.0   # from the end of the load to exact counts; the defect held re
 
 
 def _counts(cluster: WorkerCluster, name: str) -> dict[str, int]:
-    out = {}
-    for k in range(KEYS):
-        out[f"k{k}"] = 0
-        for w in cluster.live():
-            try:
-                out[f"k{k}"] = FunctionsAdmin(w.url).get_state("public", "default", name, f"k{k}")["numberValue"]
-                break
-            except Exception:   # noqa: BLE001 - another worker holds the key, or this one is starting
-                continue
-    return out
+    return key_counts(cluster, name, KEYS)
 
 
 @pytest.mark.parametrize("scaled", ["while-down", "while-resuming"])
