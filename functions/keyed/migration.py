@@ -157,8 +157,9 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         owners = target.owners if report.subscales else router.assignment.owners
         router.serve({g: owners[g] for g in range(router.num_key_groups)})
     report.duration_s = time.monotonic() - start
-    log.info("migrated %d key groups in %d subscale(s) in %.3f s%s", report.moved_groups, report.subscales,
-             report.duration_s, " (stop-the-world)" if stop_the_world else "")
+    log.info("migrated %d key groups to %d instances in %d subscale(s) in %.3f s (pre-copy %.2f s)%s",
+             report.moved_groups, target.parallelism, report.subscales, report.duration_s, report.prepare_s,
+             " (stop-the-world)" if stop_the_world else "")
     return report
 
 
@@ -317,7 +318,8 @@ class InstanceStateStores:
         with self._lock:
             self._copied[instance_id] = copied
         self.restores.append(stats)
-        log.info("%s: instance %d opened %d key groups (%d from a snapshot): %d changelog records, %.1f MB in "
+        # per instance and per subscale: DEBUG; a change's one INFO line is migrate()'s "migrated ..."
+        log.debug("%s: instance %d opened %d key groups (%d from a snapshot): %d changelog records, %.1f MB in "
                  "%.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
                  stats.bytes / 1e6, stats.seconds)
 
@@ -331,7 +333,7 @@ class InstanceStateStores:
         stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty, mb_per_s)
         with self._lock:
             self._copied[instance_id] = todo
-        log.info("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "
+        log.debug("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "
                  "in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
                  stats.bytes / 1e6, stats.seconds)
 

@@ -152,10 +152,17 @@ def test_a_stopped_instances_records_wait_in_the_worker_only_up_to_a_bound(broke
     producer.flush()
     waiting = lambda: fn.keyed.view().get("waitingForStoppedInstances", {}).get("1", 0)  # noqa: E731
     wait_until(lambda: waiting() >= bound, 60, lambda: f"{bound} records held for instance 1, saw {waiting()}")
-    received = router.counters.received
-    wait_until(lambda: router.counters.received == received and waiting() == bound, 5,
-               lambda: f"the router to stop receiving at {bound} held (received {router.counters.received})")
-    assert received < keys * per_key, "the whole backlog came into the worker"
+    seen = [router.counters.received]
+
+    def stopped_receiving() -> bool:
+        """The count of received records unchanged over 0.5 s with the bound held: records of the running
+        instance may still arrive between reaching the bound and the router's pause taking hold."""
+        seen.append(router.counters.received)
+        return waiting() == bound and seen[-1] == seen[-2]
+
+    wait_until(stopped_receiving, 10, lambda: f"the router to stop receiving at {bound} held (received {seen[-1]})",
+               interval_s=0.5)
+    assert seen[-1] < keys * per_key, "the whole backlog came into the worker"
     worker.set_running(cfg.fqfn, True, 1)
     state = lambda k: worker.state_store(cfg.fqfn, k).get_counter(k)  # noqa: E731
     wait_until(lambda: all(state(f"k{k}") == per_key for k in range(keys)), 60,
