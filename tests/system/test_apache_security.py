@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.broker.apache import DEFAULT_VERSION, ApacheStandalone, TokenAuth, cache_root
+from pulsar_autoscale.broker.apache import ApacheStandalone, TokenAuth
+from pulsar_autoscale.broker.apache_dist import DEFAULT_VERSION, cache_root
 from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 

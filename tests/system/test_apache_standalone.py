@@ -19,7 +19,8 @@ import pulsar
 import pytest
 import requests
 
-from pulsar_autoscale.broker.apache import DEFAULT_VERSION, ApacheStandalone, cache_root
+from pulsar_autoscale.broker.apache import ApacheStandalone
+from pulsar_autoscale.broker.apache_dist import DEFAULT_VERSION, cache_root
 from pulsar_autoscale.errors import BrokerError
 
 REPO = Path(__file__).resolve().parents[2]
