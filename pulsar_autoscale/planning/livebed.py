@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import threading
 import time
 import uuid
@@ -30,6 +29,7 @@ import numpy as np
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.broker import metrics as broker_metrics
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.planning.producer import PacedProducer
 from pulsar_autoscale.planning.testbed import FunctionMeasure, InstanceMeasure, Phases, RunResult, TestConfig
 
 log = logging.getLogger(__name__)
@@ -145,89 +145,6 @@ def load_live_app(spec: str) -> LiveApp:
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"{spec}: an app needs source, sink and functions with name, className, inputs ({exc})"
                           ) from None
-
-
-# ---------------------------------------------------------------- the producer
-
-@dataclass
-class TokenBucket:
-    """Paces sends at `rate`/s; at most `burst_s` worth of tokens accumulate, so a producer that was
-    held up cannot catch up with a burst: it falls short, and the run shows it (invalid)."""
-
-    rate: float
-    burst_s: float = 0.2
-    tokens: float = 0.0
-    last: float | None = None
-
-    def take(self, now: float) -> int:
-        if self.last is not None:
-            self.tokens = min(self.tokens + (now - self.last) * self.rate, max(1.0, self.rate * self.burst_s))
-        self.last = now
-        n = int(self.tokens)
-        self.tokens -= n
-        return n
-
-    def wait_s(self) -> float:
-        return min(0.05, (1.0 - self.tokens) / self.rate) if self.rate > 0 else 0.05
-
-
-def _pace(service_url: str, topic: str, rate, acked, stop, share: float, batching: bool) -> None:
-    """One producer loop (a thread or a process): `rate` (shared, source messages/s of all producers)
-    times `share` is this one's; `acked` counts messages the broker acknowledged."""
-    import pulsar
-    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    producer = client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True,
-                                      max_pending_messages=10000, batching_max_publish_delay_ms=1)
-
-    def done(res, _msg_id):
-        if res == pulsar.Result.Ok:
-            with acked.get_lock():
-                acked.value += 1
-
-    bucket = TokenBucket(rate.value * share)
-    try:
-        while not stop.is_set():
-            want = rate.value * share
-            if want != bucket.rate:
-                bucket = TokenBucket(want, last=time.monotonic())
-            for _ in range(bucket.take(time.monotonic())):
-                producer.send_async(b"x", done, event_timestamp=int(time.time() * 1000))
-            time.sleep(bucket.wait_s())
-        producer.flush()
-    finally:
-        client.close()
-
-
-class PacedProducer:
-    """A rate-limited producer whose rate changes mid-run; `processes` > 1 spreads it over processes
-    when one interpreter cannot reach the rate."""
-
-    def __init__(self, service_url: str, topic: str, processes: int = 1, batching: bool = False):
-        ctx = multiprocessing.get_context("spawn")
-        self._rate = ctx.Value("d", 0.0, lock=False)
-        self._acked = ctx.Value("q", 0)
-        self._stop = ctx.Event()
-        args = lambda n: (service_url, topic, self._rate, self._acked, self._stop, 1.0 / n, batching)  # noqa: E731
-        self._workers: list[threading.Thread | multiprocessing.process.BaseProcess]
-        if processes <= 1:
-            self._workers = [threading.Thread(target=_pace, args=args(1), daemon=True, name="plan-producer")]
-        else:
-            self._workers = [ctx.Process(target=_pace, args=args(processes), daemon=True) for _ in range(processes)]
-        for w in self._workers:
-            w.start()
-
-    def set_rate(self, rate: float) -> None:
-        self._rate.value = max(0.0, float(rate))
-
-    @property
-    def acked(self) -> int:
-        return int(self._acked.value)
-
-    def close(self) -> None:
-        self.set_rate(0.0)
-        self._stop.set()
-        for w in self._workers:
-            w.join(15)
 
 
 class SinkLatency:

@@ -9,8 +9,9 @@ import pytest
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.planning import cli
-from pulsar_autoscale.planning.livebed import FnReading, Reading, TokenBucket, load_live_app, sleepy_app, slope, summarize
+from pulsar_autoscale.planning.livebed import FnReading, Reading, load_live_app, sleepy_app, slope, summarize
 from pulsar_autoscale.planning.mst import MstSettings, judge, next_rate
+from pulsar_autoscale.planning.producer import TokenBucket
 
 
 def test_token_bucket_paces_and_does_not_catch_up_after_a_stall():
