@@ -264,8 +264,9 @@ def _userconfig(args, state_bytes: int) -> dict:
 def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tuple[list[dict], dict, dict]:
     """One worker in this process, thread instances: (changes, restores, the load's result)."""
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
-    from pulsar_autoscale.functions.model.config import FunctionConfig, KeyedMigration
+    from pulsar_autoscale.functions.model.config import FunctionConfig
     from pulsar_autoscale.functions.model.keygroups import moves
+    from pulsar_autoscale.functions.model.migration_settings import KeyedMigration
     from pulsar_autoscale.functions.worker.worker import Worker
 
     out["worker"] = "one process, thread instances"
@@ -426,7 +427,7 @@ def _shards(args) -> dict:
 
 
 def main() -> None:
-    from pulsar_autoscale.functions.model.config import KeyedMigration
+    from pulsar_autoscale.functions.model.migration_settings import KeyedMigration
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--state-mb", type=float, default=50.0)

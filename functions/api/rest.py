@@ -18,7 +18,8 @@ from werkzeug.exceptions import HTTPException
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.api import rest_parity
 from pulsar_autoscale.functions.api.metrics import WorkerCollector
-from pulsar_autoscale.functions.model.config import FunctionConfig, parse_text
+from pulsar_autoscale.functions.model.config import FunctionConfig
+from pulsar_autoscale.functions.model.config_parse import parse_text
 from pulsar_autoscale.functions.model.errors import BrokerUnavailable, NotFound, StaleEpoch
 from pulsar_autoscale.functions.spark.stages import StageNotFound
 from pulsar_autoscale.functions.worker.status import function_stats, function_status, instance_metrics

@@ -17,8 +17,9 @@ from flask import Flask, Response, jsonify, request
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.api.trigger import trigger
-from pulsar_autoscale.functions.cluster.member import MISDIRECTED, ClusterMember
-from pulsar_autoscale.functions.model.config import parse_text
+from pulsar_autoscale.functions.cluster.member import ClusterMember
+from pulsar_autoscale.functions.cluster.peers import MISDIRECTED
+from pulsar_autoscale.functions.model.config_parse import parse_text
 from pulsar_autoscale.functions.model.errors import NotFound
 from pulsar_autoscale.functions.state.store import StateStore
 from pulsar_autoscale.functions.worker.packages import PackageStore

@@ -8,7 +8,7 @@ import threading
 
 from pulsar_autoscale.functions.api.rest import create_app
 from pulsar_autoscale.functions.cluster.member import ClusterSettings, join
-from pulsar_autoscale.functions.model.config import DEFAULT_MAX_PARALLELISM
+from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.worker.worker import Worker
 from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.pulsar_client import ClientSettings

@@ -15,7 +15,8 @@ from pathlib import Path
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.cliargs import env_default, global_options
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.functions.model.config import GUARANTEES, SUBSCRIPTION_POSITIONS, parse_text, read_config_file
+from pulsar_autoscale.functions.model.config_parse import parse_text, read_config_file
+from pulsar_autoscale.functions.model.config_parts import GUARANTEES, SUBSCRIPTION_POSITIONS
 from pulsar_autoscale.pulsar_client import add_auth_arguments, add_service_url, settings_from_args
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:6750"

@@ -11,7 +11,7 @@ import json
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.cli.admin import add_admin_arguments, add_identity_args, admin_from_args, identity
-from pulsar_autoscale.functions.model.config import parse_text
+from pulsar_autoscale.functions.model.config_parse import parse_text
 
 ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "print a stage's config",
            "list": "list the stages of a namespace", "delete": "stop and delete a stage (its checkpoint too)"}

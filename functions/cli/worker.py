@@ -17,7 +17,7 @@ from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.cluster.member import ClusterSettings
 from pulsar_autoscale.functions.cluster.scheduler import POLICIES
-from pulsar_autoscale.functions.model.config import DEFAULT_MAX_PARALLELISM
+from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.runtimes.handles import RUNTIMES
 from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import add_client_arguments, settings_from_args

@@ -10,4 +10,5 @@ One class per role, as Apache Pulsar's functions workers have:
 - `assignments.AssignmentTailer`: the leader's placement snapshots, fenced by epoch.
 - `member.ClusterMember`: glues them to the local `Worker` and answers the admin API for the
   whole cluster (status/stats of remote instances are read from their worker over HTTP).
+- `peers.Peers`: those reads of other workers, `?scope=local`, and of the state keys they hold.
 """

@@ -13,19 +13,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import quote
 
 import pulsar
-import requests
 
 from pulsar_autoscale.broker.lite.function_limits import check_function
 from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.functions.cluster.assignments import AssignmentTailer, Snapshot
 from pulsar_autoscale.functions.cluster.membership import LocalReport, MembershipManager
 from pulsar_autoscale.functions.cluster.metadata import FunctionMetaDataManager, MetadataTimeout
+from pulsar_autoscale.functions.cluster.peers import Peers, merge_stats
 from pulsar_autoscale.functions.cluster.scheduler import POLICIES, WorkerLoad, rebalance, schedule
 from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -34,11 +32,8 @@ from pulsar_autoscale.functions.worker.status import function_stats, instance_st
 from pulsar_autoscale.functions.worker.worker import Worker
 from pulsar_autoscale.leader import LeaderElector, Term
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
-from pulsar_autoscale.snapshot import FunctionCounters
 
 log = logging.getLogger(__name__)
-PROXY_TIMEOUT_S = 2.0
-MISDIRECTED = 421   # a scope=local state call to a worker that holds no instance of the key's group
 LOOP_S = 0.1
 JOIN_TRIES = 3
 OPERATION_TIMEOUT_S = 10   # the client's: how long a join's try waits for the broker
@@ -88,7 +83,8 @@ class ClusterMember:
             self._applied: dict[str, tuple[int, frozenset]] = {}
             self._restarts_seen: dict[tuple[str, int], int] = {}   # restart requests already acted on here
             # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
-            self._http = ClientSettings.of(client).http_session()
+            self.peers = Peers(self.membership, self.me, ClientSettings.of(client).http_session())
+            self.state_elsewhere = self.peers.state_elsewhere   # the admin API's state routes ask the member
             self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
                 (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
         except BaseException:   # a topic that did not open in time: this attempt's readers end with its client
@@ -366,63 +362,12 @@ class ClusterMember:
         """The function's instances stopped by start/stop (they run nowhere, and their state with them)."""
         return set(self.metadata.get(fqfn).stopped)
 
-    def state_elsewhere(self, fqfn: str, key: str, state: str | None, write_here: bool = False
-                        ) -> requests.Response | None:
-        """querystate (state None) or putstate of a key that no group here has: the answer of the live worker that
-        has it (a function may write a state key in another message key's group), each asked with scope=local so
-        that it answers for itself (421: it holds no instance of the key's group). A write of a key that no
-        worker has goes to its own group's worker, unless that is this one (`write_here`: None, write locally).
-        A read's 404 comes from the key's own group's worker; None: no worker holds that group (moving between
-        owners, or restoring after its worker died)."""
-        path = f"/admin/v3/functions/{fqfn}/state/{quote(key, safe='')}"
-        others = [m for m in self.membership.alive() if m.worker_id != self.me]
-        missing = None
-        for m in others:
-            resp = self._local_call(m.url + path, None)
-            if resp is None or resp.status_code == MISDIRECTED:
-                continue
-            if resp.status_code == 404:
-                missing = missing or resp
-                continue
-            return resp if state is None or resp.status_code != 200 else self._local_call(m.url + path, state)
-        if state is None:
-            return missing
-        if write_here:
-            return None
-        answers = (self._local_call(m.url + path, state) for m in others)
-        return next((r for r in answers if r is not None and r.status_code != MISDIRECTED), None)
-
-    def _local_call(self, url: str, state: str | None) -> requests.Response | None:
-        """A scope=local call to another worker (a GET, or the POST of a putstate); None when it cannot be reached."""
-        files = None if state is None else {"state": (None, state, "application/json")}
-        try:
-            return self._http.request("GET" if state is None else "POST", url, params={"scope": "local"}, files=files,
-                                      timeout=PROXY_TIMEOUT_S)
-        except requests.RequestException:
-            return None
-
-    def _remote(self, url: str, path: str) -> object | None:
-        resp = self._local_call(url + path, None)
-        return resp.json() if resp is not None and resp.status_code == 200 else None
-
-    def _gather(self, fqfn: str, suffix: str, local, worker_ids: set[str]) -> dict[str, object]:
-        """What each worker says about its own instances of fqfn (ourselves directly, others over HTTP)."""
-        members = {m.worker_id: m for m in self.membership.alive()}
-        path = f"/admin/v3/functions/{fqfn}/{suffix}"
-        remote = [w for w in worker_ids if w != self.me and w in members]
-        with ThreadPoolExecutor(max_workers=max(len(remote), 1)) as pool:
-            futures = {w: pool.submit(self._remote, members[w].url, path) for w in remote}
-            out = {w: f.result() for w, f in futures.items()}
-        if self.me in worker_ids:
-            out[self.me] = local(fqfn)
-        return out
-
     def status(self, fqfn: str) -> dict:
         rec = self.metadata.get(fqfn)
         cfg = rec.config
         snap = self.assignments.current()
         owners = {i: snap.owner(fqfn, i) for i in range(cfg.parallelism)}
-        views = self._gather(fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()},
+        views = self.peers.gather(fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()},
                              {w for w in owners.values() if w})
         instances = []
         for i, wid in owners.items():
@@ -444,7 +389,7 @@ class ClusterMember:
         killed with -9 takes its drained instances' counts with it."""
         self.get(fqfn)
         snap = self.assignments.current()
-        views = [v for v in self._gather(fqfn, "stats", self.local_stats,
+        views = [v for v in self.peers.gather(fqfn, "stats", self.local_stats,
                                          {m.worker_id for m in self.membership.alive()}).values() if v]
         owned = {i for i, w in snap.assignment.get(fqfn, {}).items()}
         return merge_stats(views, owned)
@@ -493,27 +438,3 @@ def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSett
         except pulsar.PulsarException as exc:
             raise BrokerUnavailable(f"cannot join cluster {settings.name}: {type(exc).__name__}: {exc}") from None
     raise AssertionError("unreachable")
-
-
-def merge_stats(views: list[dict], owned: set[int]) -> dict:
-    """One FunctionStats body from each worker's view of its own instances."""
-    keys = ("receivedTotal", "processedSuccessfullyTotal", "systemExceptionsTotal", "userExceptionsTotal")
-
-    def block(parts: list[dict]) -> dict:
-        out = {k: sum((p.get(k) or 0) for p in parts) for k in keys}
-        done = out["processedSuccessfullyTotal"]
-        busy = sum((p.get("avgProcessLatency") or 0) * (p.get("processedSuccessfullyTotal") or 0) for p in parts)
-        out["avgProcessLatency"] = (busy / done) if done else None
-        return out
-
-    counter_names = [f.name for f in fields(FunctionCounters) if f.name not in ("time", "arrived")]
-    totals = {n: sum(v["autoscale"]["counters"][n] or 0 for v in views) for n in counter_names}
-    counters = FunctionCounters(time=max((v["autoscale"]["counters"]["time"] for v in views), default=time.time()),
-                                arrived=None, **totals)
-    instances = sorted((inst for v in views for inst in v.get("instances", []) if inst["instanceId"] in owned),
-                       key=lambda inst: inst["instanceId"])
-    seen: set[int] = set()
-    unique = [inst for inst in instances if not (inst["instanceId"] in seen or seen.add(inst["instanceId"]))]
-    return {**block(views), "1min": block([v["1min"] for v in views]),
-            "lastInvocation": max((v.get("lastInvocation") or 0 for v in views), default=0),
-            "instances": unique, "autoscale": {"counters": asdict(counters)}}

@@ -15,7 +15,7 @@ from pulsar_autoscale.functions.instance.loader import load_serde
 from pulsar_autoscale.functions.instance.stats import InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.state.backend import StateBackend
-from pulsar_autoscale.functions.state.store import state_group
+from pulsar_autoscale.functions.state.groups import state_group
 from pulsar_autoscale.topics import normalize_topic
 
 _NUMBER_STARTS = frozenset("+-.(iInN")

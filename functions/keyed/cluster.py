@@ -38,8 +38,8 @@ from pulsar_autoscale.functions.keyed.protocol import (
 )
 from pulsar_autoscale.functions.keyed.route_input import RouteInput
 from pulsar_autoscale.functions.keyed.routing import KeyedRouter
-from pulsar_autoscale.functions.model.config import keyed_migration
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment, key_group, moves
+from pulsar_autoscale.functions.model.migration_settings import keyed_migration
 from pulsar_autoscale.functions.state.changelog import changelog_of
 from pulsar_autoscale.functions.state.store import StateStore
 

@@ -33,10 +33,12 @@ import pulsar
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.functions.keyed.routing import KeyedRouter
-from pulsar_autoscale.functions.model.config import KeyedMigration
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment, key_group, moves, subscales
+from pulsar_autoscale.functions.model.migration_settings import KeyedMigration
 from pulsar_autoscale.functions.state.changelog import Changelog
-from pulsar_autoscale.functions.state.store import Pacer, RestoreStats, StateStore
+from pulsar_autoscale.functions.state.pacing import Pacer
+from pulsar_autoscale.functions.state.restore import RestoreStats
+from pulsar_autoscale.functions.state.store import StateStore
 
 log = logging.getLogger(__name__)
 PUT_DOWN_TIMEOUT_S = 30.0

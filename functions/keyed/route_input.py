@@ -33,7 +33,8 @@ from pulsar_autoscale.functions.keyed.protocol import (
     KeyedTopics,
 )
 from pulsar_autoscale.functions.keyed.record_scheduling import RecordScheduler
-from pulsar_autoscale.functions.state.store import StateStore, message_group
+from pulsar_autoscale.functions.state.groups import message_group
+from pulsar_autoscale.functions.state.store import StateStore
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from typing import Callable
 
 import pulsar
 
-from pulsar_autoscale.functions.model.config import DEFAULT_RECEIVER_QUEUE_SIZE
+from pulsar_autoscale.functions.model.config_parts import DEFAULT_RECEIVER_QUEUE_SIZE
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment
-from pulsar_autoscale.functions.state.store import message_group
+from pulsar_autoscale.functions.state.groups import message_group
 
 log = logging.getLogger(__name__)
 RECEIVE_TIMEOUT_MS = 100

@@ -32,7 +32,8 @@ from typing import Callable
 import pulsar
 
 from pulsar_autoscale.functions.runtimes.piped_input import PipedMessage, Taken
-from pulsar_autoscale.functions.state.store import StateStore, state_group
+from pulsar_autoscale.functions.state.groups import state_group
+from pulsar_autoscale.functions.state.store import StateStore
 
 log = logging.getLogger(__name__)
 STATE_CALLS = frozenset({"incr_counter", "get_counter", "del_counter", "put_state", "get_state"})

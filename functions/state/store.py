@@ -8,8 +8,9 @@ without a copy (ScalaSSC: state stays where it is served): release flushes the c
 in the group's file the changelog position the file covers (its connection stays open, shared in the
 process); open reads that position and applies the changelog after it. A group whose file is missing, or was not closed by a
 release (kill -9 while it was served: it may hold changes the changelog never got), is rebuilt from
-the whole changelog. Every change is also a changelog record (functions/state/changelog.py) sent before
-the input message is acked.
+the whole changelog (functions/state/restore.py). Every change is also a changelog record
+(functions/state/changelog.py) sent before the input message is acked. The files themselves, shared in the
+process: functions/state/group_files.py.
 
 Rows are never deleted while their group is owned: a deletion leaves a tombstone with the next
 version, so a replay that sees an older value of the key cannot bring it back.
@@ -17,57 +18,32 @@ version, so a replay that sees an older value of the key cannot bring it back.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Hashable, Iterator
+from typing import Callable
 
 import pulsar
 
 from pulsar_autoscale.functions.model.keygroups import DEFAULT_NUM_KEY_GROUPS, key_group
-from pulsar_autoscale.functions.state.changelog import (
-    COUNTER,
-    VALUE,
-    Changelog,
-    ChangelogWriter,
-    ReadStats,
-    Record,
-    read_changelog,
+from pulsar_autoscale.functions.state.changelog import COUNTER, VALUE, Changelog, ChangelogWriter, Record
+from pulsar_autoscale.functions.state.group_files import (
+    GroupFile,
+    discard,
+    inode,
+    is_current,
+    is_open,
+    prune_applied,
+    served,
+    shared,
 )
+from pulsar_autoscale.functions.state.groups import NONE_KEY, GroupView, one_group
+from pulsar_autoscale.functions.state.pacing import Pacer
+from pulsar_autoscale.functions.state.restore import RestoreStats, read_tail
 
-# Pulsar's sticky key for a message with neither an ordering nor a partition key (Commands.peekStickyKey):
-# Key_Shared sends all such messages to the owner of this key's group, so their state lives there too.
-NONE_KEY = "NONE_KEY"
-# EFFECTIVELY_ONCE remembers this many applied message ids per key group (why it is enough: docs/state.md).
-DEDUPE_WINDOW = 10_000
-_PRUNE_EVERY = 1_000
-
-
-# WAL of a group file: checkpointed at SQLite's default 1,000 pages and cut back to 512 KB (128 files per function).
-_WAL_PAGES = 1000
-_WAL_BYTES = 512 * 1024
-_CACHE_KIB = 512   # SQLite's page cache per group connection (the OS caches the files too)
-
-
-@dataclass
-class _GroupFile:
-    """An open group file, shared by every store of this process that uses it (a group moving between two
-    instances on one worker keeps its connection: no close, no checkpoint, no reopen). `lock` serialises
-    its threads; `clean`: the file holds nothing after its recorded changelog position."""
-
-    path: str
-    conn: sqlite3.Connection
-    lock: threading.RLock
-    clean: bool
-    inode: int | None
-
-
-_FILES: dict[str, _GroupFile] = {}
-_FILES_LOCK = threading.Lock()
+_PRUNE_EVERY = 1_000   # EFFECTIVELY_ONCE: commits between two prunings of a group's applied ids
 
 
 class StateRemovedError(RuntimeError):
@@ -78,54 +54,13 @@ class NotOwnedError(RuntimeError):
     """A state call for a key group this store does not own (it is elsewhere or moving)."""
 
 
-def message_group(message, num_key_groups: int) -> int:
-    """The key group of an input message: of its ordering key, else its partition key, else NONE_KEY."""
-    ordering = getattr(message, "ordering_key", None)
-    key = (ordering() if ordering is not None else None) or message.partition_key() or NONE_KEY
-    return key_group(key, num_key_groups)
-
-
-def state_group(message, num_key_groups: int, keyed: bool) -> int:
-    """Where a message's state calls go. A keyedState function's: its message's group, which moves with the
-    message's key. Any other function's: its one group, so that a state key has one copy whichever message writes
-    it, as in Pulsar's table service (per message group, a counter that messages of 10 keys increment 10 times
-    each would read 10, not 100)."""
-    return message_group(message, num_key_groups) if keyed else one_group(num_key_groups)
-
-
-def one_group(num_key_groups: int) -> int:
-    """The group that holds all the state of a function without keyedState: unkeyed messages' NONE_KEY group."""
-    return key_group(NONE_KEY, num_key_groups)
-
-
-@dataclass
-class RestoreStats:
-    """The last open(restore=True): what was replayed and how fast (bench/state_replay.py)."""
-
-    groups: int = 0
-    from_snapshot: int = 0   # groups reopened from their released file (only the changelog after it replayed)
-    snapshot_rows: int = 0
-    records: int = 0
-    bytes: int = 0
-    duplicates: int = 0      # records a pulsar-lite reader delivered again (skipped)
-    seconds: float = 0.0
-
-    @property
-    def groups_per_s(self) -> float:
-        return self.groups / self.seconds if self.seconds else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / 1e6 / self.seconds if self.seconds else 0.0
-
-
 @dataclass
 class _Scope:
     """The state calls of the message being processed on this thread."""
 
     group: int
     msg_id: str | None = None            # set: EFFECTIVELY_ONCE, the updates are one transaction
-    file: "_GroupFile | None" = None     # EFFECTIVELY_ONCE: the file whose lock and transaction it holds
+    file: "GroupFile | None" = None      # EFFECTIVELY_ONCE: the file whose lock and transaction it holds
     pending: dict = field(default_factory=dict)   # (kind, key) -> Record, the latest change of each
 
 
@@ -136,7 +71,7 @@ class StateStore:
                  owned: set[int] | None = None, keyed: bool = True):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._home = str(Path(path).parent)   # its identity: a function created again under the name has another
-        self._home_inode = _inode(self._home)
+        self._home_inode = inode(self._home)
         # The group files `kg-N.sqlite` (a released group's file is its snapshot): stores of one function
         # on one worker may share this directory (functions/keyed/migration.py sets it), so a group moves
         # between them without a copy.
@@ -150,9 +85,9 @@ class StateStore:
         self._client: pulsar.Client | None = None
         self._log: Changelog | None = None
         self._attach_lock = threading.Lock()
-        # The group files this store used (their connections are shared in the process: _FILES); an
+        # The group files this store used (their connections are shared in the process: group_files); an
         # EFFECTIVELY_ONCE message holds its group's lock from begin to commit.
-        self._files: dict[int, _GroupFile] = {}
+        self._files: dict[int, GroupFile] = {}
         self._applied_since_prune = 0
         self.duplicates_skipped = 0   # EFFECTIVELY_ONCE: messages whose id was applied already (in this process)
         self.restore_stats = RestoreStats()
@@ -161,69 +96,22 @@ class StateStore:
     def group_path(self, group: int) -> Path:
         return self.snapshot_dir / f"kg-{group}.sqlite"
 
-    def _file(self, group: int) -> _GroupFile:
+    def _file(self, group: int) -> GroupFile:
         f = self._files.get(group)
-        if f is not None and _FILES.get(f.path) is f:
+        if f is not None and is_current(f):
             return f
-        path = str(self.group_path(group))
-        if _inode(self._home) != self._home_inode:
+        if inode(self._home) != self._home_inode:
             # Its directory was moved away under it (the function was deleted, its instance still drains), and the
             # path may hold another function's files by now (created again under that name): never take those.
             raise StateRemovedError(f"key group {group}: the state directory {self._home} was removed "
                                     "(the function was deleted)")
-        with _FILES_LOCK:
-            f = _FILES.get(path)
-            if f is not None and _inode(path) != f.inode:
-                del _FILES[path]   # its file was deleted (a deleted function): a new one is not its state
-                f.conn.close()
-                f = None
-            if f is None:
-                conn = self._connect(group)
-                row = conn.execute("SELECT clean FROM meta").fetchone()
-                f = _FILES[path] = _GroupFile(path, conn, threading.RLock(), bool(row and row[0]), _inode(path))
-        self._files[group] = f
+        f = self._files[group] = shared(self.group_path(group))
         return f
 
-    def _connect(self, group: int) -> sqlite3.Connection:
-        """A new connection to the group's file (created with its tables if missing)."""
-        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.group_path(group), timeout=30, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
-        conn.execute(f"PRAGMA journal_size_limit={_WAL_BYTES}")
-        conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-        # One transaction: a new group file costs one commit. applied's rowid is the order ids were applied;
-        # meta: the changelog position the file covers, and clean: nothing after it here (a release wrote it).
-        conn.executescript(
-            "BEGIN; CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "
-            "ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (kind, key)) WITHOUT ROWID; "
-            "CREATE TABLE IF NOT EXISTS applied (mid TEXT NOT NULL UNIQUE); "
-            "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), position BLOB, "
-            "clean INTEGER NOT NULL); COMMIT;")
-        return conn
-
-    @staticmethod
-    def _served(f: _GroupFile) -> sqlite3.Connection:
-        """The group file's connection, for a change (the caller holds its lock): the first change after a
-        release marks the file as served, since from now on it may hold changes the changelog has not persisted,
-        so a crash makes it untrusted (open replays the group's whole changelog)."""
-        if f.clean:
-            f.conn.execute("INSERT INTO meta VALUES (0, NULL, 0) ON CONFLICT DO UPDATE SET clean = 0")
-            f.clean = False
-        return f.conn
-
     def _close(self, group: int) -> None:
-        """Closes the file this store used, never another one now at its path (a deleted function's store
-        closes after a function created again under its name opened its own files there)."""
         f = self._files.pop(group, None)
-        if f is None:
-            return
-        with _FILES_LOCK:
-            if _FILES.get(f.path) is f:
-                del _FILES[f.path]
-        with f.lock:
-            f.conn.close()
+        if f is not None:
+            discard(f)
 
     def _existing(self) -> list[int]:
         """The owned groups that have a file here (reads by key alone look only in those); of a store that is not
@@ -303,7 +191,7 @@ class StateStore:
         f = self._file(group)
         f.lock.acquire()
         try:
-            conn = self._served(f)
+            conn = served(f)
             conn.execute("BEGIN IMMEDIATE")
             if conn.execute("SELECT 1 FROM applied WHERE mid = ?", (msg_id,)).fetchone():
                 conn.execute("ROLLBACK")
@@ -402,14 +290,14 @@ class StateStore:
         if self._applied_since_prune < _PRUNE_EVERY:
             return
         self._applied_since_prune = 0
-        _prune_applied(conn)
+        prune_applied(conn)
 
     # ---- reads and writes in a group -------------------------------------------------------------
     def _write(self, sql: str, args: tuple, kind: str, key: str, group: int, deleted: bool = False):
         self._check_owned(group)
         f = self._file(group)
         with f.lock:
-            row = self._served(f).execute(sql, args).fetchone()
+            row = served(f).execute(sql, args).fetchone()
         if row is None:
             return None
         value, version = row
@@ -430,17 +318,17 @@ class StateStore:
                     (key, value), VALUE, key, group)
 
     def set_count(self, group: int, key: str, value: int) -> None:
-        self._delete(group, VALUE, key)
+        self.delete(group, VALUE, key)
         self._write("INSERT INTO kv(kind, key, ival, ver) VALUES('c', ?, ?, 1) ON CONFLICT DO UPDATE SET "
                     "ival = excluded.ival, ver = ver + 1, dead = 0 RETURNING ival, ver",
                     (key, int(value)), COUNTER, key, group)
 
-    def _delete(self, group: int, kind: str, key: str) -> None:
+    def delete(self, group: int, kind: str, key: str) -> None:
         self._write("UPDATE kv SET ival = NULL, bval = NULL, ver = ver + 1, dead = 1 "
                     "WHERE kind = ? AND key = ? AND dead = 0 RETURNING ival, ver",
                     (kind, key), kind, key, group, deleted=True)
 
-    def _read(self, group: int, kind: str, key: str):
+    def read(self, group: int, kind: str, key: str):
         self._check_owned(group)
         f = self._file(group)
         with f.lock:
@@ -453,13 +341,13 @@ class StateStore:
         return self.incr(self._group_of(COUNTER, key), key, amount)
 
     def get_counter(self, key: str) -> int:
-        return self._read(self._group_of(COUNTER, key), COUNTER, key) or 0
+        return self.read(self._group_of(COUNTER, key), COUNTER, key) or 0
 
     def has_counter(self, key: str) -> bool:
-        return self._read(self._group_of(COUNTER, key), COUNTER, key) is not None
+        return self.read(self._group_of(COUNTER, key), COUNTER, key) is not None
 
     def del_counter(self, key: str) -> None:
-        self._delete(self._group_of(COUNTER, key), COUNTER, key)
+        self.delete(self._group_of(COUNTER, key), COUNTER, key)
 
     def set_counter(self, key: str, value: int) -> None:
         """Pulsar's putstate with a numberValue: the key becomes a counter with that value."""
@@ -469,7 +357,7 @@ class StateStore:
         self.put(self._group_of(VALUE, key), key, value)
 
     def get_state(self, key: str):
-        return self._read(self._group_of(VALUE, key), VALUE, key)
+        return self.read(self._group_of(VALUE, key), VALUE, key)
 
     def counters(self) -> dict[str, int]:
         """Every live counter of the owned groups (a key in several groups: their sum)."""
@@ -573,7 +461,7 @@ class StateStore:
         for g in groups:
             path = self.group_path(g)
             meta = None
-            if path.exists() or str(path) in _FILES:
+            if path.exists() or is_open(str(path)):
                 f = self._file(g)
                 with f.lock:
                     meta = f.conn.execute("SELECT position, clean FROM meta").fetchone()
@@ -587,47 +475,12 @@ class StateStore:
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
                 positions[g] = None
-        starts = {g: pulsar.MessageId.deserialize(p) if p else None for g, p in positions.items()}
-        rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
-        applied: dict[int, list[str]] = {}
-        ends: dict[int, bytes | None] = {}
-        partial: dict[tuple[int, str], dict[int, Record]] = {}
-        reads: dict[int, tuple[set[int], ReadStats]] = {}   # shard -> (its groups, its read)
-        for g in positions:
-            reads.setdefault(changelog.shard(g), (set(), ReadStats()))[0].add(g)
-        shard_reads = []
-        for shard, (in_shard, read) in sorted(reads.items()):
-            oldest = (None if any(positions[g] is None for g in in_shard)
-                      else positions[min(in_shard, key=starts.__getitem__)])
-            shard_reads.append(read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace,
-                                              len(reads)))
-        for mid, r in _round_robin(shard_reads):
-            start = starts[r.group]
-            if start is not None and not start < mid:
-                continue                  # before the group's own position: its file has it
-            if r.msg_id is None:
-                _apply(rows, r)
-                continue
-            parts = partial.setdefault((r.group, r.msg_id), {})
-            parts[r.part] = r             # by index: a record read twice is one part
-            if len(parts) == r.parts:     # every record of the message arrived: apply them together
-                del partial[(r.group, r.msg_id)]
-                for p in parts.values():
-                    _apply(rows, p)
-                applied.setdefault(r.group, []).append(r.msg_id)
-        for in_shard, read in reads.values():
-            stats.records += read.records
-            stats.bytes += read.bytes
-            stats.duplicates += read.duplicates
-            ends.update(dict.fromkeys(in_shard, read.end))
-        by_group: dict[int, list[tuple]] = {}
-        for (kind, key, g), v in rows.items():
-            by_group.setdefault(g, []).append((kind, key) + v)
+        tail = read_tail(client, changelog, positions, stats, pace)
         for g in sorted(groups):
-            group_rows, group_applied = by_group.get(g, ()), applied.get(g, ())
+            group_rows, group_applied = tail.rows.get(g, ()), tail.applied.get(g, ())
             f = self._file(g)
             with f.lock:
-                conn = self._served(f)
+                conn = served(f)
                 if not group_rows and not group_applied:
                     continue   # nothing of it in the read (most groups of a refresh): no transaction
                 conn.execute("BEGIN IMMEDIATE")
@@ -636,120 +489,9 @@ class StateStore:
                     "INSERT INTO kv(kind, key, ival, bval, ver, dead) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT DO UPDATE SET ival = excluded.ival, bval = excluded.bval, ver = excluded.ver, "
                     "dead = excluded.dead WHERE excluded.ver > kv.ver", group_rows)
-                _prune_applied(conn)
+                prune_applied(conn)
                 conn.execute("COMMIT")
             if pace is not None:
                 pace()   # the duty alone: the read's rate is for the broker (Pacer)
-        return ends
+        return tail.ends
 
-
-class Pacer:
-    """Sleeps after each stretch of work so that work takes at most `duty` of the time (duty 1: never) and,
-    given `mb_per_s`, so that the bytes each stretch of reading handled go no faster than that.
-
-    A read of a log that is still being written passes its lag (now minus the publish time of the record it
-    reached): the rate only holds while the read, since its start, has gained CATCH_UP s of lag per s, i.e.
-    reads the log at least 1 + CATCH_UP times as fast as it was written; so a log written faster than the rate
-    allows (a busy function's changelog) is read at about that multiple of its write rate, and rounds of
-    pre-copy shrink by as much each. Reads of several logs side by side (a restore's changelog shards) each pass
-    their `source`: a log's lag is compared with its own first, and the verdict is on their mean gain (the shards
-    are at different places in their history: one shard's lag against another's said nothing, and flipped the
-    verdict from one call to the next). A call without a lag (the group files' writes after the read) is paced by
-    the duty alone: the rate spares the broker, which the writes do not touch (held to it as well, a 500 MB
-    pre-copy's rounds hardly shrank, BENCHMARKS.md "A catch-up read's bursts").
-    """
-
-    CATCH_UP = 2.0
-
-    def __init__(self, duty: float, mb_per_s: float | None = None, stop: threading.Event | None = None):
-        """`stop`: ends a sleep early (the work is being called off)."""
-        self.duty = duty
-        self.bytes_per_s = mb_per_s * 1e6 if mb_per_s else None
-        self._stop = stop or threading.Event()
-        self._t0 = time.perf_counter()
-        self._gains: dict[Hashable, tuple[float, float, float | None]] = {}   # source -> (first call, lag, gain since)
-        self._capped = True
-
-    def __call__(self, nbytes: int = 0, lag_s: float | None = None, source: Hashable = None) -> None:
-        now = time.perf_counter()
-        worked = now - self._t0
-        wait = worked * (1 - self.duty) / self.duty
-        if self.bytes_per_s and lag_s is not None and self._catching_up(now, lag_s, source):
-            wait = max(wait, nbytes / self.bytes_per_s - worked)
-        if wait > 0:
-            self._stop.wait(wait)   # pacing, not synchronisation
-        self._t0 = time.perf_counter()
-
-    def _catching_up(self, now: float, lag_s: float, source: Hashable) -> bool:
-        first = self._gains.get(source)
-        if first is None:
-            self._gains[source] = (now, lag_s, None)
-        elif now > first[0]:
-            self._gains[source] = (first[0], first[1], (first[1] - lag_s) / (now - first[0]))
-            gains = [g for _, _, g in self._gains.values() if g is not None]
-            self._capped = sum(gains) / len(gains) >= self.CATCH_UP
-        return self._capped
-
-
-def _round_robin(iterators: list[Iterator]) -> Iterator:
-    """One item of each in turn: the shards of a restore are read side by side, so a paced read's lag (the
-    Pacer's catch-up rule) is that of all of them against their combined write rate, not of one at a time."""
-    active = deque(iterators)
-    while active:
-        it = active.popleft()
-        try:
-            item = next(it)
-        except StopIteration:
-            continue
-        active.append(it)
-        yield item
-
-
-def _inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
-
-
-def _prune_applied(conn: sqlite3.Connection) -> None:
-    """Keep the newest DEDUPE_WINDOW applied ids of a group."""
-    conn.execute("DELETE FROM applied WHERE rowid <= (SELECT rowid FROM applied ORDER BY rowid DESC LIMIT 1 "
-                 "OFFSET ?)", (DEDUPE_WINDOW,))
-
-
-def _apply(rows: dict, r: Record) -> None:
-    """Keep the highest version of each key (a tombstone too)."""
-    k = (r.kind, r.key, r.group)
-    old = rows.get(k)
-    if old is not None and old[2] >= r.version:
-        return
-    if r.deleted:
-        rows[k] = (None, None, r.version, 1)
-    elif r.kind == COUNTER:
-        rows[k] = (r.value, None, r.version, 0)
-    else:
-        rows[k] = (None, r.value, r.version, 0)
-
-
-@dataclass(frozen=True)
-class GroupView:
-    """One key group of a store, with the Context's state verbs."""
-
-    store: StateStore
-    group: int
-
-    def incr_counter(self, key: str, amount: int) -> int:
-        return self.store.incr(self.group, key, amount)
-
-    def get_counter(self, key: str) -> int:
-        return self.store._read(self.group, COUNTER, key) or 0
-
-    def del_counter(self, key: str) -> None:
-        self.store._delete(self.group, COUNTER, key)
-
-    def put_state(self, key: str, value) -> None:
-        self.store.put(self.group, key, value)
-
-    def get_state(self, key: str):
-        return self.store._read(self.group, VALUE, key)

@@ -14,8 +14,8 @@ from typing import Callable
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
 from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
 from pulsar_autoscale.functions.keyed.routing import KeyedRouter
-from pulsar_autoscale.functions.model.config import keyed_migration
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment
+from pulsar_autoscale.functions.model.migration_settings import keyed_migration
 from pulsar_autoscale.functions.state.changelog import changelog_of
 from pulsar_autoscale.functions.worker.broker_link import BrokerLink
 from pulsar_autoscale.functions.worker.function_files import FunctionFiles

@@ -27,7 +27,8 @@ from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.instance.validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
 from pulsar_autoscale.functions.keyed.migration import KeyedScaler
-from pulsar_autoscale.functions.model.config import DEFAULT_MAX_PARALLELISM, FunctionConfig, with_new_state
+from pulsar_autoscale.functions.model.config import FunctionConfig, with_new_state
+from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.model.errors import Conflict, NotFound, StaleEpoch
 from pulsar_autoscale.functions.runtimes.handles import RUNTIMES, ProcessInstance, start_process_server
 from pulsar_autoscale.functions.spark.bursts import BurstRecord, BurstRunner

@@ -3,46 +3,44 @@
 Monitor (monitor.Monitor) -> Analyze + Plan (autoscaler.Autoscaler: the policy, then the Plan
 step's bounds, cooldown, stabilization and max step) -> Execute (executor.Executor). Every
 decision, applied or not, goes to the decision log with the leader epoch and its inputs.
-Replicas that are not leader only try, every second, to take the lock.
+Replicas that are not leader only try, every second, to take the lock. The HTTP API
+(service.HttpService over rest.py) sees the loop only as an api.ControllerApi.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import socket
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from datetime import datetime
 
-import pulsar
-import requests
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.admin.http_auth import cluster_session, host_port
+from pulsar_autoscale.controller import forwarding, reloading
 from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY
 from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.controller.burst_plan import burst_size
 from pulsar_autoscale.controller.capacity import cap_to_capacity, cluster_capacity
 from pulsar_autoscale.controller.config import ControllerConfig
-from pulsar_autoscale.controller.controls import ControlStore, Effective, FunctionControls, effective
+from pulsar_autoscale.controller.controls import ControlStore, Effective, FunctionControls
 from pulsar_autoscale.controller.decision_log import DecisionLog
 from pulsar_autoscale.controller.executor import Executor
 from pulsar_autoscale.controller.fast import FastMonitor
+from pulsar_autoscale.controller.function_controls import FunctionControlsView
+from pulsar_autoscale.controller.metrics import ControllerMetrics
 from pulsar_autoscale.controller.monitor import Monitor
-from pulsar_autoscale.controller.planner import FunctionPlan, PlanConfig, Planner, apply_caps, restart_aware
-from pulsar_autoscale.controller.rest import build_app
+from pulsar_autoscale.controller.planner import Planner, apply_caps
+from pulsar_autoscale.controller.planning_config import build_planner
+from pulsar_autoscale.controller.policy_registry import PolicyRegistry
+from pulsar_autoscale.controller.service import HttpService
 from pulsar_autoscale.controller.wake import WakeWatcher
 from pulsar_autoscale.controller.warm_sizing import WarmPoolSizer
 from pulsar_autoscale.controller.watchdog import IterationWatchdog
-from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.leader import LeaderElector
-from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.policies import Policy, load_policy
 from pulsar_autoscale.security.redact import redact_url
 from pulsar_autoscale.security.serving import ServerSecurity
@@ -50,60 +48,6 @@ from pulsar_autoscale.security.serving import ServerSecurity
 log = logging.getLogger(__name__)
 ELECTION_INTERVAL_S = 1.0
 STUCK_AFTER_PERIODS, STUCK_AFTER_MIN_S = 3, 10.0   # an iteration longer than this is reported with its stack
-
-
-class ControllerMetrics:
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        self.decisions = Counter("pulsar_autoscale_decisions", "parallelism changes applied (not recommendations)",
-                                 ["function", "direction"], registry=self.registry)
-        self.failures = Counter("pulsar_autoscale_decision_failures", "parallelism changes the worker did not apply",
-                                ["function"], registry=self.registry)
-        self.errors = Counter("pulsar_autoscale_errors", "errors by stage", ["stage"], registry=self.registry)
-        self.iteration = Histogram("pulsar_autoscale_iteration_seconds", "one MAPE iteration", registry=self.registry)
-        self.target = Gauge("pulsar_autoscale_target_parallelism", "parallelism after the last decision",
-                            ["function"], registry=self.registry)
-        self.bursts = Counter("pulsar_autoscale_bursts", "burst drains asked of the worker (or recommended in dry run)",
-                              ["function"], registry=self.registry)
-        self.leader = Gauge("pulsar_autoscale_leader", "1 while this replica is leader", registry=self.registry)
-        self.epoch = Gauge("pulsar_autoscale_epoch", "leader epoch held by this replica (0: none)",
-                           registry=self.registry)
-        self.paused = Gauge("pulsar_autoscale_paused", "1 while an operator has paused the function",
-                            ["function"], registry=self.registry)
-        self.max_parallelism = Gauge("pulsar_autoscale_max_parallelism", "the function's upper bound (its controls)",
-                                     ["function"], registry=self.registry)
-        self.backlog = Gauge("pulsar_autoscale_backlog", "messages waiting, as the last period measured them",
-                             ["function"], registry=self.registry)
-        # 1 per (function, input): dashboards join the broker's per-topic series to functions with it.
-        # The topic appears twice, as Apache Pulsar labels it (persistent://...) and as pulsar-lite does
-        # (the local name, with the namespace label), so one join works on both brokers.
-        self.function_input = Gauge("pulsar_autoscale_function_input", "the function consumes this topic",
-                                    ["function", "namespace", "topic", "subscription"], registry=self.registry)
-        self._inputs: dict[str, set[tuple]] = {}
-
-    def describe_inputs(self, inputs: dict[str, tuple[tuple[str, ...], str]]) -> None:
-        """function -> (its input topics, its subscription); a function not listed any more loses its
-        series, here and in every per-function metric, so dashboards stop showing it."""
-        for fn in set(self._inputs) - set(inputs):
-            for metric, labels in ((self.target, (fn,)), (self.paused, (fn,)), (self.failures, (fn,)),
-                                   (self.max_parallelism, (fn,)), (self.backlog, (fn,)),
-                                   (self.bursts, (fn,)), (self.decisions, (fn, "out")), (self.decisions, (fn, "in")),
-                                   *((self.function_input, labels) for labels in self._inputs[fn])):
-                try:
-                    metric.remove(*labels)
-                except KeyError:
-                    pass
-            del self._inputs[fn]
-        for fn, (topics, subscription) in inputs.items():
-            labels = set()
-            for topic in topics:
-                namespace = "/".join(topic.split("://", 1)[-1].split("/")[:2])
-                labels |= {(fn, namespace, topic, subscription), (fn, namespace, topic.rsplit("/", 1)[-1], subscription)}
-            for stale in self._inputs.get(fn, set()) - labels:
-                self.function_input.remove(*stale)
-            for label in labels:
-                self.function_input.labels(*label).set(1)
-            self._inputs[fn] = labels
 
 
 @dataclass
@@ -115,56 +59,42 @@ class Iteration:
     seconds: float = 0.0
 
 
-def build_planner(config: ControllerConfig) -> Planner:
-    # stock Pulsar restarts every instance on each update: plan fewer, larger changes there
-    plan = restart_aware(config.plan, config.period_s) if config.mode == "stock" else dict(config.plan)
-    plan = config.fast_config().stabilization(plan, config.period_s, config.window_s)
-    try:
-        return Planner(plan_config(plan))
-    except TypeError as exc:
-        raise ConfigError(f"plan: {exc}") from exc
-
-
-def plan_config(data: dict) -> PlanConfig:
-    from pulsar_autoscale.configparse import from_mapping
-    data = dict(data)
-    if "bounds" in data:
-        bounds = []
-        for b in data["bounds"]:
-            if not isinstance(b, dict) or "pattern" not in b:
-                raise ConfigError(f"plan.bounds entries need pattern, min and max; got {b!r}")
-            bounds.append((b["pattern"], int(b.get("min", 1)), int(b.get("max", 15))))
-        data["bounds"] = tuple(bounds)
-    return from_mapping(PlanConfig, data, "plan")
-
-
 class Controller:
+    """The loop, given its collaborators (as flink-autoscaler's JobAutoScalerImpl is): each one not given is
+    built from the config, so Controller(config) is the whole controller, and the simulator or a test
+    swaps the parts it fakes (monitor, policy, planner, executor, decision log, controls store, elector,
+    HTTP service) and reuses the rest."""
+
     def __init__(self, config: ControllerConfig, admin: FunctionsAdmin | None = None,
                  config_path: str | None = None, overrides: dict | None = None,
-                 security: ServerSecurity | None = None):
+                 security: ServerSecurity | None = None, *, http: HttpService | None = None,
+                 monitor: Monitor | None = None, policy: Policy | None = None,
+                 policies: PolicyRegistry | None = None, planner: Planner | None = None,
+                 executor: Executor | None = None, decision_log: DecisionLog | None = None,
+                 controls: ControlStore | None = None, elector: LeaderElector | None = None):
         self.config = config
         self.config_path = config_path          # re-read on reload (SIGHUP, POST /autoscaler/reload)
         self.overrides = dict(overrides or {})  # command-line options, kept over a reload
-        self.security = security or ServerSecurity()
-        self.security.check_bind(config.http_host)  # refuse before anything starts
+        self.http = http or HttpService(config.http_host, config.http_port, security)  # refuses a bad bind now
         self.admin = admin or config.admin()
-        self.policy = load_policy(config.policy, config.policy_params)
+        self.policy = policy or load_policy(config.policy, config.policy_params)
         self.fast = config.fast_config()
-        self.autoscaler = Autoscaler(self.policy, build_planner(config), self.fast)
+        self.autoscaler = Autoscaler(self.policy, planner or build_planner(config), self.fast)
         self.fast_monitor = FastMonitor(self.admin, self.fast)
         self._fast_current: dict[str, int] = {}   # parallelism as the last period saw it, fast decisions applied
         self._fast_controls: tuple[dict, dict] = ({}, {})   # the last period's per-function rules and policies
-        self.monitor = Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
-        self.executor = Executor(self.admin, retries=config.execute_retries)
+        self.monitor = monitor or Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
+        self.executor = executor or Executor(self.admin, retries=config.execute_retries)
         self.burst = config.burst_config()
         self.warm_pools = WarmPoolSizer(config.warm_pool_config())
-        self.elector = LeaderElector(config.client_settings(), config.lock_topic, config.identity)
-        self.log = DecisionLog(config.decision_log, config.decision_log_max_bytes, config.decision_log_backups)
-        self.controls = ControlStore(config.client_settings(), config.lock_topic + "-controls", self.identity)
+        self.elector = elector or LeaderElector(config.client_settings(), config.lock_topic, config.identity)
+        self.log = decision_log or DecisionLog(config.decision_log, config.decision_log_max_bytes,
+                                               config.decision_log_backups)
+        self.controls = controls or ControlStore(config.client_settings(), config.lock_topic + "-controls",
+                                                 self.identity)
         self.watcher = WakeWatcher(config.client_settings(), self._wake)
-        self.effective: dict[str, Effective] = {}   # per function, as of the last period
-        self._declared: dict[str, FunctionControls] = {}
-        self._policies: dict[str, Policy] = {}      # per-function policy overrides, by key
+        self.functions = FunctionControlsView(self.controls,
+                                              policies or PolicyRegistry(config.policy, config.policy_dir))
         self.metrics = ControllerMetrics()
         self.history: deque[Iteration] = deque(maxlen=20)
         self.last_observation = None  # for live views: the graph and snapshot of the last period
@@ -173,8 +103,15 @@ class Controller:
             lambda: max(STUCK_AFTER_MIN_S, STUCK_AFTER_PERIODS * self.config.period_s),
             on_stuck=lambda what: self.metrics.errors.labels("stuck").inc())
         self._scheduler: BackgroundScheduler | None = None
-        self._http = None
-        self.http_port = config.http_port
+
+    @property
+    def http_port(self) -> int:
+        """The port the HTTP API listens on (chosen on start when the config says 0)."""
+        return self.http.port
+
+    @property
+    def effective(self) -> dict[str, Effective]:
+        return self.functions.effective
 
     @property
     def identity(self) -> str:
@@ -202,7 +139,8 @@ class Controller:
                     return it
                 it.errors.extend(obs.errors)
                 self.last_observation = obs
-                rules, overrides, failed = self._controls(obs, it)
+                rules, overrides, failed = self.functions.follow(obs, self.config, self.autoscaler.planner.config,
+                                                                  self.metrics, it.errors)
                 current = {fn: k for fn, k in obs.current.items() if fn not in failed}
                 self._fast_current, self._fast_controls = dict(current), (rules, overrides)
                 step = self.autoscaler.step(obs.graph, obs.snapshot, current, now, rules, overrides)
@@ -258,65 +196,8 @@ class Controller:
                 self.history.append(it)
             return it
 
-    def _controls(self, obs, it: Iteration) -> tuple[dict[str, FunctionPlan], dict[str, tuple[str, Policy]],
-                                                      dict[str, str]]:
-        """This period's controls per function: Plan rules, policy overrides, and the functions whose
-        own policy cannot be loaded (no decision for them, an error each)."""
-        try:
-            operator = self.controls.refresh()
-        except pulsar.PulsarException as exc:   # keep following the controls last read
-            operator = self.controls.known()
-            it.errors.append(f"controls topic unreadable, last known controls apply: {exc}")
-        self._declared = dict(obs.declared)
-        self.effective = {fn: self._effective(fn, operator.get(fn, FunctionControls())) for fn in obs.current}
-        rules, overrides, failed = {}, {}, {}
-        for fn, e in self.effective.items():
-            rules[fn] = FunctionPlan(e.min, e.max, e.paused, e.idle_s)
-            self.metrics.paused.labels(fn).set(1 if e.paused else 0)
-            self.metrics.max_parallelism.labels(fn).set(e.max)
-            fs = obs.snapshot.functions.get(fn)
-            if fs is not None and fs.backlog is not None:
-                self.metrics.backlog.labels(fn).set(fs.backlog)
-            if (e.policy, e.policy_params) != (self.config.policy, dict(self.config.policy_params)):
-                try:
-                    overrides[fn] = self._policy(e.policy, e.policy_params)
-                except ConfigError as exc:
-                    failed[fn] = f"policy override of {fn}: {exc}"
-                    it.errors.append(failed[fn])
-        return rules, overrides, failed
-
-    def _policy(self, spec: str, params: dict) -> tuple[str, Policy]:
-        key = f"{spec} {json.dumps(params, sort_keys=True)}"
-        if key not in self._policies:
-            self._policies[key] = load_policy(self._named_policy(spec), params)
-        return key, self._policies[key]
-
-    def _named_policy(self, name: str) -> str:
-        """What a per-function policy name loads. Such names come from REST callers and from functions' own
-        configs, so they never reach a file the operator did not put in policy_dir."""
-        if name == self.config.policy:   # the controller's own, from its config file
-            return name
-        if name.endswith(".py") or "/" in name or "\\" in name:
-            raise ConfigError(f"policy {name!r}: a per-function policy is given by name, not by file: register it "
-                              f"as an entry point or put NAME.py in the controller's policy_dir")
-        if self.config.policy_dir:
-            plugin = Path(self.config.policy_dir, f"{name}.py")
-            if plugin.is_file():
-                return str(plugin)
-        return name
-
-    def _effective(self, fn: str, operator: FunctionControls) -> Effective:
-        lo, hi = self.autoscaler.planner.config.limits(fn)
-        base = FunctionControls(paused=False, min=lo, max=hi, policy=self.config.policy,
-                                policy_params=dict(self.config.policy_params), dry_run=self.config.dry_run,
-                                idle_s=self.autoscaler.planner.config.scale_to_zero_idle_s)
-        return effective(fn, base, self._declared.get(fn, FunctionControls()), operator,
-                         stock=self.config.mode == "stock")
-
     def _dry_run(self, fn: str) -> bool:
-        """The controller-wide dry run wins; a function's own makes only that one recommend-only."""
-        e = self.effective.get(fn)
-        return self.config.dry_run or (e is not None and e.dry_run)
+        return self.functions.dry_run(fn, self.config)
 
     def _record(self, function: str, epoch: int, now: float, **fields) -> dict:
         """A decision-log record: who decided what, when, under which term; applied/error follow."""
@@ -450,25 +331,12 @@ class Controller:
     # ---- operator controls (rest.py serves them; `pulsar-autoscale autoscaler` calls them) ----------------
     def controls_of(self, fn: str) -> dict:
         """Effective controls of one function, the layers they came from, and its last evaluation."""
-        operator = self.controls.get(fn)
-        e = self._effective(fn, operator)
         last = self.log.recent(fn, 1)
-        return {**asdict(e), "dry_run": self.config.dry_run or e.dry_run,
-                "layers": {"function config": self._declared.get(fn, FunctionControls()).set_fields(),
-                           "operator": operator.set_fields()},
+        return {**self.functions.view(fn, self.config, self.autoscaler.planner.config),
                 "asleep": fn in self.watcher.watching, "last": last[0] if last else None}
 
     def set_controls(self, fn: str, update: dict) -> dict:
-        """Operator controls of one function changed (None clears a field), checked, then stored on the
-        controls topic, so every replica and the next leader follow them."""
-        controls = self.controls.get(fn).changed(update, f"controls of {fn}")
-        if self.config.mode == "stock" and controls.min == 0:
-            raise ConfigError(f"{fn}: min 0 refused: stock Pulsar refuses parallelism 0 (no scale to zero); "
-                              f"min stays at least 1")
-        e = self._effective(fn, controls)
-        if (e.policy, e.policy_params) != (self.config.policy, dict(self.config.policy_params)):
-            self._policy(e.policy, e.policy_params)   # a bad policy or parameter is refused now, not each period
-        self.controls.put(fn, controls)
+        controls = self.functions.set(fn, update, self.config, self.autoscaler.planner.config)
         log.info("controls of %s set: %s", fn, controls.set_fields() or "none (controller defaults)")
         return self.controls_of(fn)
 
@@ -481,70 +349,32 @@ class Controller:
         return self.log.recent(fn, limit)
 
     def why_with_leader(self, fn: str, limit: int = 10) -> tuple[list[dict], str | None]:
-        """Asked of a replica that does not lead: its own records merged with the leader's, fetched from
-        the URL the leader advertised with its term, if that URL is one of the configured peers, with this
-        controller's own credentials (the caller's never leave this replica). The second
-        value says why only this replica's records could be given, else None."""
-        own = self.why(fn, limit)
-        if self.elector.is_leader():
-            return own, None
-        try:
-            term = self.elector.latest()
-        except pulsar.PulsarException as exc:
-            return own, f"the broker did not say who leads ({exc}): this replica's records only"
-        if term is None or term.holder == self.identity or not term.url:
-            return own, None
-        if host_port(term.url) not in {host_port(u) for u in self.config.peers}:
-            return own, (f"the leader {term.holder} advertises {term.url}, which is not one of this controller's "
-                         f"peers: this replica's records only")
-        try:
-            session = cluster_session(self.config.peers, self.config.auth, timeout_s=5)
-            resp = session.get(f"{term.url}/autoscaler/functions/{fn}/why", params={"limit": limit})
-            resp.raise_for_status()
-            theirs = resp.json()
-        except (requests.RequestException, ValueError) as exc:
-            return own, (f"the leader {term.holder} at {term.url} did not answer ({redact_url(str(exc))}): "
-                         f"this replica's records only")
-        merged = {(r["time"], r["controller"], r.get("kind")): r for r in own + theirs}
-        return sorted(merged.values(), key=lambda r: r["time"])[-limit:], None
+        """Asked of a replica that does not lead: the leader's records too (forwarding.with_leader)."""
+        return forwarding.with_leader(self.why(fn, limit), fn, limit, self.elector, self.config)
 
     def reload(self) -> dict:
-        """Re-read the config file; everything is built before anything is swapped, so a bad file
-        leaves the running config as it was (ConfigError says why)."""
-        if not self.config_path:
-            raise ConfigError("this controller was not started from a config file: nothing to reload")
-        try:
-            new = ControllerConfig.from_file(self.config_path)
-            new = ControllerConfig(**{**new.__dict__, **self.overrides}) if self.overrides else new
-            new, kept = self.config.reloaded(new)
-            changed = [f.name for f in dataclasses.fields(new) if getattr(new, f.name) != getattr(self.config, f.name)]
-            policy = load_policy(new.policy, new.policy_params)
-            planner = build_planner(new)
-            burst = new.burst_config()
-            warm_pool = new.warm_pool_config()
-        except ConfigError as exc:
-            log.error("reload of %s refused, the running config stays: %s", self.config_path, exc)
-            raise ConfigError(f"reload of {self.config_path} refused, the running config stays: {exc}") from exc
+        """Re-read the config file and swap in what it changes (reloading.read builds it all first)."""
+        new = reloading.read(self.config_path, self.overrides, self.config)
         with self._iter_lock:
-            if (new.policy, new.policy_params) != (self.config.policy, self.config.policy_params):
-                self.policy = self.autoscaler.policy = policy
+            if (new.config.policy, new.config.policy_params) != (self.config.policy, self.config.policy_params):
+                self.policy = self.autoscaler.policy = new.policy
                 self.autoscaler.states.pop(DEFAULT_POLICY, None)
-            self.autoscaler.planner = planner
-            self.monitor.metrics_url, self.monitor.namespaces = new.metrics_url, new.namespaces
-            self.monitor.window_s = new.window_s
-            self.executor.retries = new.execute_retries
-            self.burst = burst
-            self.warm_pools.config = warm_pool
-            if (new.decision_log, new.decision_log_max_bytes, new.decision_log_backups) != \
-                    (self.config.decision_log, self.config.decision_log_max_bytes, self.config.decision_log_backups):
-                self.log = DecisionLog(new.decision_log, new.decision_log_max_bytes, new.decision_log_backups)
-            self._policies.clear()
-            self.config = new
-        if self._scheduler and "period_s" in changed:
-            self._scheduler.reschedule_job("mape", trigger="interval", seconds=new.period_s)
-        log.info("reloaded %s: changed %s%s", self.config_path, ", ".join(changed) or "nothing",
-                 f"; needs a restart, kept: {', '.join(kept)}" if kept else "")
-        return {"reloaded": self.config_path, "changed": changed, "restart_needed": kept}
+            self.autoscaler.planner = new.planner
+            self.monitor.metrics_url, self.monitor.namespaces = new.config.metrics_url, new.config.namespaces
+            self.monitor.window_s = new.config.window_s
+            self.executor.retries = new.config.execute_retries
+            self.burst = new.burst
+            self.warm_pools.config = new.warm_pool
+            logged = ("decision_log", "decision_log_max_bytes", "decision_log_backups")
+            if any(getattr(new.config, name) != getattr(self.config, name) for name in logged):
+                self.log = DecisionLog(*(getattr(new.config, name) for name in logged))
+            self.functions.policies.reset(new.config.policy, new.config.policy_dir)
+            self.config = new.config
+        if self._scheduler and "period_s" in new.changed:
+            self._scheduler.reschedule_job("mape", trigger="interval", seconds=new.config.period_s)
+        log.info("reloaded %s: changed %s%s", self.config_path, ", ".join(new.changed) or "nothing",
+                 f"; needs a restart, kept: {', '.join(new.kept)}" if new.kept else "")
+        return {"reloaded": self.config_path, "changed": new.changed, "restart_needed": new.kept}
 
     # ---- leadership ------------------------------------------------------------------------------------
     def _elect(self) -> None:
@@ -554,10 +384,10 @@ class Controller:
 
     # ---- running ---------------------------------------------------------------------------------------
     def start(self) -> "Controller":
-        self._start_http()
+        self.elector.url = self.http.start(self)   # advertised with each term
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         self._scheduler.add_job(self._elect, "interval", seconds=ELECTION_INTERVAL_S, id="elect",
-                                next_run_time=_now_dt())
+                                next_run_time=datetime.now())
         self._scheduler.add_job(self._safe_iterate, "interval", seconds=self.config.period_s, id="mape")
         if self.fast.enabled:
             self._scheduler.add_job(self._safe_fast, "interval", seconds=self.fast.period_s, id="fast")
@@ -583,8 +413,7 @@ class Controller:
     def stop(self) -> None:
         if self._scheduler:
             self._scheduler.shutdown(wait=True)
-        if self._http:
-            self._http.shutdown()
+        self.http.stop()
         self.watcher.close()
         self.controls.close()
         self.elector.release()
@@ -598,19 +427,8 @@ class Controller:
                 "asleep": sorted(self.watcher.watching),
                 "iterations": [_shown(asdict(i)) for i in list(self.history)[-5:]]}
 
-    def _start_http(self) -> None:
-        self.http_port = self.config.http_port or free_port(self.config.http_host)
-        self._http = self.security.make_server(self.config.http_host, self.http_port, build_app(self))
-        host = self.config.http_host if self.config.http_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
-        self.elector.url = f"{self.security.scheme}://{host}:{self.http_port}"   # advertised with each term
-        threading.Thread(target=self._http.serve_forever, name="controller-http", daemon=True).start()
-
 
 def _shown(iteration: dict) -> dict:
     """An iteration for /status: error texts may quote URLs, whose user-info is a credential."""
     return {**iteration, "errors": [redact_url(e) for e in iteration["errors"]]}
 
-
-def _now_dt():
-    from datetime import datetime
-    return datetime.now()

@@ -3,22 +3,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from flask import Flask, Response, jsonify, request
 from prometheus_client import generate_latest
 
 from pulsar_autoscale.admin.client import AdminError
+from pulsar_autoscale.controller.api import ControllerApi
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.headers import PARTIAL_HEADER
-
-if TYPE_CHECKING:
-    from pulsar_autoscale.controller.loop import Controller
 
 FN = "/autoscaler/functions/<tenant>/<namespace>/<name>"
 
 
-def build_app(controller: "Controller") -> Flask:
+def build_app(controller: ControllerApi) -> Flask:
     app = Flask("pulsar_autoscale.controller")
 
     @app.errorhandler(ConfigError)

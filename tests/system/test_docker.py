@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from pulsar_autoscale.controller.config import ControllerConfig
-from pulsar_autoscale.controller.loop import ControllerMetrics, build_planner
+from pulsar_autoscale.controller.metrics import ControllerMetrics
+from pulsar_autoscale.controller.planning_config import build_planner
 from pulsar_autoscale.policies import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -132,7 +132,7 @@ def test_why_asked_of_a_standby_replica_answers_with_the_leaders_records(broker,
         records = json.loads(out.out)
         assert len(records) == 3 and {r["controller"] for r in records} == {leader.identity}, records
         assert "warning" not in out.err
-        leader._http.shutdown()    # the leader still holds the lock but its REST API is gone
+        leader.http.stop()    # the leader still holds the lock but its REST API is gone
         assert cli_main(["autoscaler", "why", fqfn, "--controller-url", url]) == 0
         out = capsys.readouterr()
         assert f"the leader {leader.identity} at http://127.0.0.1:{leader.http_port} did not answer" in out.err

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.functions.model.config import parse_text
+from pulsar_autoscale.functions.model.config_parse import parse_text
 from tests.integration.test_security import FNS, SUPERUSER, call, function, token
 
 

@@ -11,7 +11,8 @@ import pulsar
 import pytest
 
 from pulsar_autoscale.functions.runtimes.remote_state import KeyedParts, KeyedServer, RemoteStateStore
-from pulsar_autoscale.functions.state.store import NotOwnedError, StateStore, state_group
+from pulsar_autoscale.functions.state.groups import state_group
+from pulsar_autoscale.functions.state.store import NotOwnedError, StateStore
 
 OWNED = {0, 1, 2}
 

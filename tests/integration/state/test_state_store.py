@@ -22,7 +22,8 @@ from pulsar_autoscale.functions.state.changelog import (
     Record,
     read_changelog,
 )
-from pulsar_autoscale.functions.state.store import NONE_KEY, NotOwnedError, StateRemovedError, StateStore
+from pulsar_autoscale.functions.state.groups import NONE_KEY
+from pulsar_autoscale.functions.state.store import NotOwnedError, StateRemovedError, StateStore
 
 G = 16
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pulsar_autoscale.functions.keyed.migration import migrate
 from pulsar_autoscale.functions.keyed.routing import KeyedRouter
-from pulsar_autoscale.functions.model.config import KeyedMigration
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment
+from pulsar_autoscale.functions.model.migration_settings import KeyedMigration
 
 
 class Steps:

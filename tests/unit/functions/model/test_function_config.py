@@ -170,7 +170,7 @@ def test_the_table_covers_every_published_field():
     import re
     from pathlib import Path
 
-    from pulsar_autoscale.functions.model.config import OUR_FIELDS, SCHEMA_FIELDS
+    from pulsar_autoscale.functions.model.refused_fields import OUR_FIELDS, SCHEMA_FIELDS
     from tests.support.contracts.published import FUNCTIONS_DOC
     root = Path(__file__).resolve().parents[4]
     schema = json.loads(FUNCTIONS_DOC.read_text())

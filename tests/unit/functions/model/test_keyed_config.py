@@ -7,7 +7,8 @@ import json
 import pytest
 
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.functions.model.config import FunctionConfig, KeyedMigration, keyed_migration
+from pulsar_autoscale.functions.model.config import FunctionConfig
+from pulsar_autoscale.functions.model.migration_settings import KeyedMigration, keyed_migration
 
 BASE = {"tenant": "public", "namespace": "default", "name": "f", "className": "m.C", "inputs": ["in"]}
 

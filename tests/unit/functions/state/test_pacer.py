@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pulsar_autoscale.functions.state.store import Pacer
+from pulsar_autoscale.functions.state.pacing import Pacer
 
 
 def timed(call) -> float:
