@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -140,7 +140,9 @@ def test_killed_wrapper_takes_the_jvm(tmp_path):
     wrapper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=REPO)
     try:
-        ready, _, _ = select.select([wrapper.stdout], [], [], 150)
+        with selectors.DefaultSelector() as sel:   # epoll: select() refuses descriptors past 1024 in a long run
+            sel.register(wrapper.stdout, selectors.EVENT_READ)
+            ready = sel.select(150)
         line = wrapper.stdout.readline().strip() if ready else ""
         assert line.isdigit(), f"the wrapper printed no JVM pid within 150s: {line!r} {wrapper.stderr.read() if wrapper.poll() is not None else ''}"
         jvm = int(line)
