@@ -184,11 +184,11 @@ class ApacheStandalone:
         return f"{self.admin_url}/metrics"
 
     def http_session(self) -> requests.Session:
-        """A session for the admin REST API, with the broker's own (superuser) token when auth is on."""
-        session = requests.Session()
-        if self.auth is not None:
-            session.headers["Authorization"] = f"Bearer {self.auth.broker_token}"
-        return session
+        """A session for the admin REST API, with the broker's own (superuser) token when auth is on: the same
+        credentials path as every other client of ours (ClientSettings)."""
+        if self.auth is None:
+            return ClientSettings(self.service_url).http_session()
+        return ClientSettings(self.service_url, "token", f"token:{self.auth.broker_token}").http_session()
 
     @property
     def pid(self) -> int | None:
