@@ -54,8 +54,15 @@ def test_querystate_and_putstate(admin, worker, capsys):
     name = unique("wc")
     create(admin, name, "word_count.py", "word_count.WordCount")
     assert admin.trigger("public", "default", name, "a b a") is None   # no output topic: sent only
-    wait_until(lambda: requests.get(f"{worker.url}/admin/v3/functions/public/default/{name}/state/a").ok, 30,
-               "the counter of 'a'")
+
+    def counter_of_a():
+        reply = requests.get(f"{worker.url}/admin/v3/functions/public/default/{name}/state/a")
+        return reply.json() if reply.ok else None
+
+    # The record's two increments land one after the other: wait for the second, then check none follows.
+    wait_until(lambda: counter_of_a() == {"key": "a", "numberValue": 2}, 30, "the counter of 'a' at 2")
+    wait_until(lambda: admin.get_state("public", "default", name, "b") == {"key": "b", "numberValue": 1}, 30,
+               "the counter of 'b' at 1")
     assert admin.get_state("public", "default", name, "a") == {"key": "a", "numberValue": 2}
     rc, out, _ = run_cli(capsys, "functions", "--admin-url", worker.url, "putstate", "--name", name,
                          "--state", '{"key": "greeting", "stringValue": "hi"}')
