@@ -47,7 +47,8 @@ class ControllerConfig:
     dry_run: bool = False                       # recommend only: log decisions, apply nothing
     plan: dict = field(default_factory=dict)    # Plan step: min/max parallelism, bounds, cooldown, ... (PlanConfig)
     burst: dict = field(default_factory=dict)   # Spark burst drains asked of our worker (burst_plan.BurstConfig)
-    fast: dict = field(default_factory=dict)    # fast scale-out path (controller.fast.FastConfig): enabled, period_s, ...
+    # fast scale-out path (controller.fast.FastConfig): on unless `enabled: false`; period_s, window_s, ...
+    fast: dict = field(default_factory=dict)
     warm_pool: dict = field(default_factory=dict)   # warm pools sized by the controller (warm_sizing.WarmPoolConfig)
     # Default under the user data dir ($XDG_DATA_HOME/pulsar-autoscale/controller/), never the current directory.
     decision_log: str | None = field(default_factory=lambda: str(user_data_dir("controller", "decisions.jsonl")))
@@ -146,7 +147,8 @@ class ControllerConfig:
         return from_mapping(WarmPoolConfig, self.warm_pool, "warm_pool")
 
     def fast_config(self) -> FastConfig:
-        return from_mapping(FastConfig, self.fast, "fast")
+        # On by default: without it no policy answers a burst within a period (docs/policies.md).
+        return from_mapping(FastConfig, {"enabled": True, **self.fast}, "fast")
 
     def admin(self):
         """The Functions admin client for this mode: our worker, or a stock Pulsar cluster."""

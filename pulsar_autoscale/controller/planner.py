@@ -232,8 +232,12 @@ def _scale_to_zero(fn: str, old: int, rule: FunctionPlan, fs: FunctionSnapshot |
                    else f"below min {rule.min}")
             return Decision(fn, 0, new, new, why, fs)
         return Decision(fn, 0, 0, 0, "asleep: input empty", fs)
-    if rule.min > 0 or busy or backlog is None:
+    if rule.min > 0 or busy:
         return None
+    if backlog is None:
+        # A fast check that saw nothing received has no backlog figure: it carries the idle clock on, where a
+        # reset would keep a function with the fast path on from ever going to sleep.
+        return idle_since if fast else None
     if not fast and now - idle_since >= rule.idle_s:
         return Decision(fn, old, 0, 0, f"idle {now - idle_since:.0f}s with an empty backlog >= "
                                        f"{rule.idle_s:g}s: scale to zero", fs)

@@ -232,7 +232,7 @@ def test_scale_to_zero_and_wake_on_the_first_message(broker, worker, tmp_path):
     try:
         for i in range(3):
             wait_until(lambda: parallelism(worker, name) == 0 and fqfn in controller.watcher.watching, 30,
-                       f"{fqfn} to scale to zero ({i})")
+                       lambda: f"{fqfn} to scale to zero ({i}); last decisions: {controller.why(fqfn, 4)}")
             status = FunctionsAdmin(worker.url).status("public", "default", name)
             assert (status["numInstances"], status["numRunning"]) == (0, 0), status
             sent = time.perf_counter()
