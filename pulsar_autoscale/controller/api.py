@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Protocol
 
 if TYPE_CHECKING:
-    from pulsar_autoscale.admin.client import FunctionsAdmin
+    from pulsar_autoscale.admin.api import FunctionsApi
     from pulsar_autoscale.controller.config import ControllerConfig
     from pulsar_autoscale.controller.controls import Effective
     from pulsar_autoscale.controller.metrics import ControllerMetrics
@@ -17,7 +17,7 @@ class ControllerApi(Protocol):
     def config(self) -> ControllerConfig: ...
 
     @property
-    def admin(self) -> FunctionsAdmin: ...   # asked whether a function not yet seen by a period exists
+    def admin(self) -> FunctionsApi: ...   # asked whether a function not yet seen by a period exists
 
     @property
     def metrics(self) -> ControllerMetrics: ...

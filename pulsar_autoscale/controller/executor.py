@@ -10,7 +10,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.api import FunctionsApi
+from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.admin.http_auth import AuthError, RedirectRefused
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class Execution:
 
 
 class Executor:
-    def __init__(self, admin: FunctionsAdmin, retries: int = 3, backoff_s: float = 0.5):
+    def __init__(self, admin: FunctionsApi, retries: int = 3, backoff_s: float = 0.5):
         self.admin = admin
         self.retries = retries
         self.backoff_s = backoff_s

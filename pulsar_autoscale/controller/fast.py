@@ -45,6 +45,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+from pulsar_autoscale.admin.api import FunctionsApi, TopicFigures
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.policies.base import Proposal
 from pulsar_autoscale.snapshot import FunctionCounters, FunctionSnapshot, InputReading, Snapshot, window_snapshot
@@ -171,7 +172,7 @@ class FastMonitor:
     fast window. The graph and parallelism come from the last regular period and the fast
     decisions since; no config is re-read between periods."""
 
-    def __init__(self, admin, config: FastConfig):
+    def __init__(self, admin: FunctionsApi, config: FastConfig):
         self.admin = admin
         self.config = config
         self._history: dict[str, deque] = {}
@@ -185,7 +186,7 @@ class FastMonitor:
         from pulsar_autoscale.admin.client import AdminError
         from pulsar_autoscale.controller.monitor import counters_from_stats
         functions, errors = {}, []
-        stock = hasattr(self.admin, "input_reading")
+        stock = isinstance(self.admin, TopicFigures)
         for fn, k in current.items():
             tenant, namespace, name = fn.split("/")
             reading = None

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.admin.api import FunctionsApi, TopicFigures
 from pulsar_autoscale.controller import forwarding, reloading
 from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY
 from pulsar_autoscale.controller.autoscaler import Autoscaler
@@ -65,7 +65,7 @@ class Controller:
     swaps the parts it fakes (monitor, policy, planner, executor, decision log, controls store, elector,
     HTTP service) and reuses the rest."""
 
-    def __init__(self, config: ControllerConfig, admin: FunctionsAdmin | None = None,
+    def __init__(self, config: ControllerConfig, admin: FunctionsApi | None = None,
                  config_path: str | None = None, overrides: dict | None = None,
                  security: ServerSecurity | None = None, *, http: HttpService | None = None,
                  monitor: Monitor | None = None, policy: Policy | None = None,
@@ -220,7 +220,7 @@ class Controller:
                               proposed=decision.proposed, new=decision.new, reason=decision.reason,
                               changed=decision.changed,
                               inputs=asdict(decision.inputs) if decision.inputs else None)
-        if self.config.mode == "stock" and decision.changed:
+        if decision.changed and isinstance(self.admin, TopicFigures):
             record["restart_cost_s"] = self.admin.restart_cost_s()   # what this update costs on stock Pulsar
         if decision.changed:
             if record["dry_run"]:

@@ -12,7 +12,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.api import FunctionsApi, TopicFigures
+from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.broker.metrics import BrokerMetrics
 from pulsar_autoscale.broker.metrics import fetch as fetch_broker_metrics
 from pulsar_autoscale.controller.controls import FunctionControls, declared
@@ -70,7 +71,7 @@ def counters_from_stats(stats: dict, now: float) -> tuple[FunctionCounters, int]
 
 @dataclass
 class Monitor:
-    admin: FunctionsAdmin
+    admin: FunctionsApi
     metrics_url: str | None
     namespaces: tuple[str, ...] = ("public/default",)
     window_s: float = 30.0
@@ -93,7 +94,7 @@ class Monitor:
     def _partitions(self, info: FunctionInfo, errors: list[str]) -> int | None:
         """Input partitions of a FAILOVER function: from topic metadata on a stock cluster, else one per
         input topic (pulsar-lite has no partitioned topics)."""
-        if not hasattr(self.admin, "partitions"):
+        if not isinstance(self.admin, TopicFigures):
             return len(info.node.inputs)
         try:
             return sum(max(self.admin.partitions(t), 1) for t in info.node.inputs)
@@ -132,9 +133,9 @@ class Monitor:
             arrived = sum(ins) if ins and all(v is not None for v in ins) else None
         tenant, namespace, fn = name.split("/")
         try:
-            if broker is None and hasattr(self.admin, "backlog_and_arrivals"):   # stock Pulsar: topic stats
-                backlog, arrived = self.admin.backlog_and_arrivals(info.node.inputs, info.subscription)
-            if hasattr(self.admin, "counters_and_running"):   # stock Pulsar: built from its FunctionStats
+            if isinstance(self.admin, TopicFigures):   # stock Pulsar: topic stats and its FunctionStats
+                if broker is None:
+                    backlog, arrived = self.admin.backlog_and_arrivals(info.node.inputs, info.subscription)
                 cur, running = self.admin.counters_and_running(tenant, namespace, fn, now)
             else:
                 stats = self.admin.stats(tenant, namespace, fn)
