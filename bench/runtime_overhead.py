@@ -1,9 +1,9 @@
 """Messages/s through a no-op function at parallelism 1 against a raw pulsar-client
 consume-produce-ack loop, both draining the same size of backlog on the same broker in the same run.
 
-    .venv/bin/python bench/runtime_overhead.py [--messages 20000] [--size 1024] [--repeats 3]
+    .venv/bin/python bench/runtime_overhead.py [--messages 20000] [--size 1024] [--repeats 3] [--broker both]
 
-Prints one JSON object; `ratio` = function / raw (target >= 0.7).
+Prints one JSON object; `ratio` = function / raw (target >= 0.7); with `--broker both`, one per broker.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 import uuid
 
 import pulsar
+from brokers import add_broker_option, per_broker
 
-from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.model.config import FunctionConfig
 
@@ -75,24 +75,30 @@ def function_run(client, worker: WorkerServer, n: int, size: int) -> float:
     return n / elapsed
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=20000)
-    ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
-    with EmbeddedBroker() as broker, WorkerServer(broker.service_url, metrics_url=broker.metrics_url) as worker:
+def measure(broker, args) -> dict:
+    with WorkerServer(broker.service_url, metrics_url=broker.metrics_url) as worker:
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         raw, fn = [], []
         for _ in range(args.repeats):
             raw.append(raw_loop(client, args.messages, args.size))
             fn.append(function_run(client, worker, args.messages, args.size))
         client.close()
-    result = {"bench": "runtime_overhead", "messages": args.messages, "size": args.size,
-              "raw_msgs_per_s": round(statistics.median(raw)), "function_msgs_per_s": round(statistics.median(fn)),
+    result = {"raw_msgs_per_s": round(statistics.median(raw)), "function_msgs_per_s": round(statistics.median(fn)),
               "raw_runs": [round(x) for x in raw], "function_runs": [round(x) for x in fn]}
     result["ratio"] = round(result["function_msgs_per_s"] / result["raw_msgs_per_s"], 3)
     result["target_met"] = result["ratio"] >= 0.7
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=20000)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=5)
+    add_broker_option(ap)
+    args = ap.parse_args()
+    result = {"bench": "runtime_overhead", "messages": args.messages, "size": args.size,
+              **per_broker(args.broker, lambda broker: measure(broker, args))}
     print(json.dumps(result, indent=2))
 
 
