@@ -9,6 +9,7 @@ Usage: python bench/burst_bound.py
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -31,6 +32,7 @@ METRICS = ("mean_rt_s", "p99_rt_s", "avg_instances", "instance_seconds")
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()   # --help, and no stray options
     started = time.perf_counter()
     out = []
     for period in PERIODS:

@@ -22,11 +22,10 @@ import pulsar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
-
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
+from tests.support.scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
 
 
 def run_one(broker: EmbeddedBroker, workers: int, messages: int, per_worker: int, work_ms: float) -> dict:

@@ -7,6 +7,7 @@ each scenario's status code and timings (docs/reliability.md).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -172,6 +173,7 @@ def restart_after_bad_update(service_url: str, metrics_url: str, tmp: str) -> di
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()   # --help, and no stray options
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(data_dir=f"{tmp}/broker") as broker:
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
         with WorkerServer(broker.service_url, data_dir=f"{tmp}/worker", metrics_url=broker.metrics_url) as w:

@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from proc_cpu import tree_cpu_seconds  # noqa: E402
-from scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
-from state_migration.test_cluster import _spread  # noqa: E402
 
 from bench.state_migration import _pct  # noqa: E402
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
+from tests.support.scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
+from tests.system.keyed.test_cluster import _spread  # noqa: E402
 
 SETUPS = [("keyed, 1 worker", 1, True), ("keyed, 3 workers", 3, True),
           ("not keyed, 1 worker", 1, False), ("not keyed, 3 workers", 3, False)]

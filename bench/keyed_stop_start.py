@@ -29,13 +29,12 @@ import pulsar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from scenario import EXAMPLES, keyed_settled, wait_until  # noqa: E402
-
 from bench.state_migration import _userconfig, preload_counting_outputs  # noqa: E402
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
+from tests.support.scenario import EXAMPLES, keyed_settled, wait_until  # noqa: E402
 
 RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
                       r"([\d.]+) MB in ([\d.]+) s")

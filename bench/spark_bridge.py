@@ -22,7 +22,7 @@ partition that yields one row, same query. It does not depend on the message cou
 small reads: `ratio_above_floor` is the best Reader time over (best Spark time - best floor time), the
 share of the speed that our source controls.
 
-    .venv/bin/python bench/spark_bridge.py --messages 100000 --repeat 3
+    .venv/bin/python bench/spark_bridge.py --messages 100000 --repeat 3 [--broker both]
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import time
 import uuid
 
 import pulsar
+from brokers import add_broker_option, per_broker
 from proc_cpu import tree_cpu_seconds
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.spark_bridge.ranges import RECEIVER_QUEUE
 
 QUERIES = {
@@ -126,73 +126,76 @@ def main() -> None:
                     help="the source's nativeReader values to time: true, the C read loop; false, the Python one")
     ap.add_argument("--query", choices=sorted(QUERIES), default="value",
                     help="value: count and sum(length(value)); all: the JVM reads every column")
+    add_broker_option(ap)
     args = ap.parse_args()
-
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import the installed package
+    print(json.dumps(per_broker(args.broker, lambda broker: measure(args, broker)), indent=2))
+
+
+def measure(args, broker) -> dict:
     from pyspark.sql import SparkSession
 
     from pulsar_autoscale.spark_bridge import register
 
-    with EmbeddedBroker() as broker:
-        client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        topic = f"persistent://public/default/bench-spark-{uuid.uuid4().hex[:8]}"
-        produce(client, topic, args.messages, args.size)
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    topic = f"persistent://public/default/bench-spark-{uuid.uuid4().hex[:8]}"
+    produce(client, topic, args.messages, args.size)
 
-        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
-        spark.dataSource.register(OneRowSource)
-        warm = f"{topic}-warmup"
-        for _ in range(2):  # two entries, so the warm-up query has two tasks and warms two Python workers
-            produce(client, warm, 50, args.size)
-        spark_seconds(spark, broker.service_url, warm, 100, 2)
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    spark.dataSource.register(OneRowSource)
+    warm = f"{topic}-warmup"
+    for _ in range(2):  # two entries, so the warm-up query has two tasks and warms two Python workers
+        produce(client, warm, 50, args.size)
+    spark_seconds(spark, broker.service_url, warm, 100, 2)
 
-        reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages),
-                 "spark_floor": lambda: floor_seconds(spark)}
-        for parts in args.partitions:
-            for loop in args.native_reader:
-                reads[f"minPartitions={parts},nativeReader={loop}"] = (
-                    lambda parts=parts, loop=loop: spark_seconds(spark, broker.service_url, topic, args.messages, parts,
-                                                                 args.query, loop))
-        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
-        loads = []
-        jvm = spark.sparkContext._jvm
-        for _ in range(args.warmup):  # untimed: JIT and caches as warm for every read as in a long-lived job
-            for read in reads.values():
-                jvm.System.gc()
-                read()
-        for _ in range(args.repeat):
-            loads.append(round(os.getloadavg()[0], 2))
-            for name, read in reads.items():
-                jvm.System.gc()  # the last query's garbage is collected now, not during the next timed read
-                runs[name].append(timed(read))
+    reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages),
+             "spark_floor": lambda: floor_seconds(spark)}
+    for parts in args.partitions:
+        for loop in args.native_reader:
+            reads[f"minPartitions={parts},nativeReader={loop}"] = (
+                lambda parts=parts, loop=loop: spark_seconds(spark, broker.service_url, topic, args.messages, parts,
+                                                             args.query, loop))
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
+    loads = []
+    jvm = spark.sparkContext._jvm
+    for _ in range(args.warmup):  # untimed: JIT and caches as warm for every read as in a long-lived job
+        for read in reads.values():
+            jvm.System.gc()
+            read()
+    for _ in range(args.repeat):
         loads.append(round(os.getloadavg()[0], 2))
-        spark.stop()
+        for name, read in reads.items():
+            jvm.System.gc()  # the last query's garbage is collected now, not during the next timed read
+            runs[name].append(timed(read))
+    loads.append(round(os.getloadavg()[0], 2))
+    spark.stop()
 
-        def summary(name: str) -> dict:
-            wall = [w for w, _ in runs[name]]
-            return {"seconds": round(min(wall), 3), "msg_per_s": round(args.messages / min(wall)),
-                    "seconds_per_round": [round(w, 3) for w in wall],
-                    "cpu_s": round(statistics.median(c for _, c in runs[name]), 2)}
+    def summary(name: str) -> dict:
+        wall = [w for w, _ in runs[name]]
+        return {"seconds": round(min(wall), 3), "msg_per_s": round(args.messages / min(wall)),
+                "seconds_per_round": [round(w, 3) for w in wall],
+                "cpu_s": round(statistics.median(c for _, c in runs[name]), 2)}
 
-        raw = runs["raw_reader"]
-        floor = min(w for w, _ in runs["spark_floor"])
-        result = {
-            "messages": args.messages, "payload_bytes": args.size, "query": QUERIES[args.query], "warmup_rounds": args.warmup, "cores": os.cpu_count(),
-            "load_average_1m_by_round": loads, "raw_reader": summary("raw_reader"), "spark_floor": summary("spark_floor"),
-            "spark": {},
-        }
-        for name in reads:
-            if name not in ("raw_reader", "spark_floor"):
-                result["spark"][name] = {
-                    **summary(name),
-                    "ratio_vs_raw_reader": round(min(w for w, _ in raw) / min(w for w, _ in runs[name]), 3),
-                    "ratio_median": round(statistics.median(r[0] / s[0] for r, s in zip(raw, runs[name])), 3),
-                    "ratio_above_floor": round(min(w for w, _ in raw) / max(min(w for w, _ in runs[name]) - floor, 1e-3), 3),
-                }
-        client.close()
-    print(json.dumps(result, indent=2))
+    raw = runs["raw_reader"]
+    floor = min(w for w, _ in runs["spark_floor"])
+    result = {
+        "messages": args.messages, "payload_bytes": args.size, "query": QUERIES[args.query], "warmup_rounds": args.warmup, "cores": os.cpu_count(),
+        "load_average_1m_by_round": loads, "raw_reader": summary("raw_reader"), "spark_floor": summary("spark_floor"),
+        "spark": {},
+    }
+    for name in reads:
+        if name not in ("raw_reader", "spark_floor"):
+            result["spark"][name] = {
+                **summary(name),
+                "ratio_vs_raw_reader": round(min(w for w, _ in raw) / min(w for w, _ in runs[name]), 3),
+                "ratio_median": round(statistics.median(r[0] / s[0] for r, s in zip(raw, runs[name])), 3),
+                "ratio_above_floor": round(min(w for w, _ in raw) / max(min(w for w, _ in runs[name]) - floor, 1e-3), 3),
+            }
+    client.close()
+    return result
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Reported: the time from the kill until the instance runs on a survivor, and unti
 a record sent after the kill whose key group that instance owns (restored), with the changelog size the
 survivor had to read. Prints one JSON object.
 
-    .venv/bin/python bench/state_failover.py [--state-mb 50] [--keys 10000] [--kill 1]
+    .venv/bin/python bench/state_failover.py [--state-mb 50] [--keys 10000] [--kill 1] [--broker both]
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ import pulsar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from scenario import EXAMPLES, wait_until  # noqa: E402
-from state_migration.test_cluster import _placement, _spread  # noqa: E402
+from brokers import add_broker_option, per_broker  # noqa: E402
 
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
-from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from pulsar_autoscale.functions.keyed.cluster import read_assignment  # noqa: E402
 from pulsar_autoscale.functions.keyed.protocol import KeyedTopics  # noqa: E402
 from pulsar_autoscale.functions.model.keygroups import key_group  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
+from tests.support.scenario import EXAMPLES, wait_until  # noqa: E402
+from tests.system.keyed.test_cluster import _placement, _spread  # noqa: E402
 
 
 def main() -> None:
@@ -46,13 +46,17 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=20.0, help="probe records/s after the preload")
     ap.add_argument("--kill", type=int, default=1, help="kill the worker of this instance (0: the front's)")
     ap.add_argument("--log", action="store_true", help="add the survivor's log lines about the function")
+    add_broker_option(ap)
     args = ap.parse_args()
+    print(json.dumps(per_broker(args.broker, lambda broker: measure(args, broker)), indent=1))
+
+
+def measure(args, broker) -> dict:
     state_bytes = int(args.state_mb * 1e6 / args.keys)
     keys = [f"key-{i}" for i in range(args.keys)]
     out: dict = {"keys": args.keys, "state_bytes_per_key": state_bytes, "workers": 3, "parallelism": 3,
                  "killed_instance": args.kill}
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as d, \
-            EmbeddedBroker(data_dir=str(Path(d) / "broker"), log_level="warn") as broker, \
             WorkerCluster(broker.service_url, broker.metrics_url, Path(d)) as cluster:
         cluster.wait_ready()
         admin = FunctionsAdmin([w.url for w in cluster.live()])
@@ -123,7 +127,7 @@ def main() -> None:
                                    if name in line or "lead" in line][-20:]
             out["kill_time"] = time.strftime("%H:%M:%S", time.gmtime(kill_ms[0] / 1000))
         client.close()
-    print(json.dumps(out, indent=1))
+    return out
 
 
 if __name__ == "__main__":

@@ -22,15 +22,14 @@ from pathlib import Path
 
 import pulsar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from scenario import wait_until  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from pulsar_autoscale.controller.config import ControllerConfig  # noqa: E402
 from pulsar_autoscale.controller.loop import Controller  # noqa: E402
 from pulsar_autoscale.functions.api.server import WorkerServer  # noqa: E402
+from tests.support.scenario import wait_until  # noqa: E402
 
 
 def main() -> int:
