@@ -78,3 +78,82 @@ def for_rate(curves: Mapping[str, Curve], gains: Mapping[str, float], rate: floa
         if a.rate >= rate:
             return Allocation(a.parallelism, a.rate, a.used, a.used, "rate")
     return None
+
+
+Bound = Callable[[Mapping[str, int]], float]
+
+
+def bounded_path(curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int, shared: Bound,
+                 bounds: Mapping[str, tuple[int, int]] | None = None) -> list[Allocation]:
+    """Allocations for every instance count up to `budget` when a shared resource also bounds the
+    rate (`shared(parallelism)`: source messages/s it allows, e.g. the workers' interpreter locks).
+    Adding an instance to the bottleneck is no longer always best (it may land on a worker whose lock
+    is saturated), so each step tries every function and keeps the best rate; a step may lower the
+    rate (more threads contend for a lock), so the allocation for a budget is the best of the path
+    up to it (`best_within`)."""
+    bounds = bounds or {}
+    memo: dict[tuple[str, int], float] = {}
+
+    def cap(f: str, k: int) -> float:
+        if (f, k) not in memo:
+            memo[(f, k)] = curves[f](k) / gains[f] if gains[f] > 0 else float("inf")
+        return memo[(f, k)]
+
+    def rate(k: Mapping[str, int]) -> tuple[float, str]:
+        r, name = min((cap(f, k[f]), f) for f in curves)
+        s = shared(k)
+        return (s, "workers") if s < r else (r, name)
+
+    k = {f: max(1, bounds.get(f, (1, 10**9))[0]) for f in curves}
+    if sum(k.values()) > budget:
+        raise ConfigError(f"budget {budget} is below the minimum parallelism of the functions ({sum(k.values())})")
+    r, name = rate(k)
+    out = [Allocation(dict(k), r, sum(k.values()), sum(k.values()), name)]
+    while out[-1].used < budget:
+        best = None
+        for f in curves:
+            if k[f] >= bounds.get(f, (1, 10**9))[1]:
+                continue
+            trial = {**k, f: k[f] + 1}
+            tr, tn = rate(trial)
+            if best is None or tr > best[0] * (1 + 1e-12):
+                best = (tr, tn, trial)
+        if best is None:
+            break
+        k, r, name = _improve(best[2], best[0], best[1], rate, bounds)
+        out.append(Allocation(dict(k), r, sum(k.values()), sum(k.values()), name))
+    return out
+
+
+def _improve(k: dict[str, int], r: float, name: str, rate: Callable, bounds: Mapping[str, tuple[int, int]],
+             rounds: int = 8) -> tuple[dict[str, int], float, str]:
+    """Move single instances between functions while that raises the rate (the placement changes with
+    every instance, so one greedy step can strand an instance where a worker's lock is saturated)."""
+    for _ in range(rounds):
+        moved = False
+        for src in k:
+            if k[src] <= max(1, bounds.get(src, (1, 10**9))[0]):
+                continue
+            for dst in k:
+                if dst == src or k[dst] >= bounds.get(dst, (1, 10**9))[1]:
+                    continue
+                trial = {**k, src: k[src] - 1, dst: k[dst] + 1}
+                tr, tn = rate(trial)
+                if tr > r * (1 + 1e-9):
+                    k, r, name, moved = trial, tr, tn, True
+        if not moved:
+            break
+    return k, r, name
+
+
+def best_within(path: list[Allocation], budget: int) -> Allocation:
+    """The highest-rate allocation of `path` using at most `budget` instances (the fewest on a tie)."""
+    best = None
+    for a in path:
+        if a.used > budget:
+            break
+        if best is None or a.rate > best.rate * (1 + 1e-12):
+            best = a
+    if best is None:
+        raise ConfigError(f"budget {budget} is below the minimum parallelism of the functions")
+    return Allocation(best.parallelism, best.rate, budget, best.used, best.limited_by)

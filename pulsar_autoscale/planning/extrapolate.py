@@ -3,7 +3,9 @@
 StreamBed fits MST against budget with linear, logarithmic and square-root regressions and keeps
 the one that best predicts the upper half of the measured budgets when trained on the lower half
 (extrapolation is what the model is for, so that is what selection tests). We add a power law
-(a x^p + c, which covers everything from a plateau to linear) and, for whole apps, `profile`: the
+(a x^p + c, which covers everything from a plateau to linear), for per-function curves `rate-cost`
+(x = a y + b y^2: a per-message cost that grows with the rate, chosen only where the plain families
+miss by more than the noise) and, for whole apps, `profile`: the
 allocation over per-function capacity curves scaled by one fitted factor, which follows kinks
 (a function that stops scaling, a bottleneck that moves) that no single smooth curve does.
 """
@@ -27,6 +29,7 @@ POWERS = np.round(np.arange(0.1, 1.51, 0.02), 4)
 FAMILIES = ("linear", "log", "sqrt", "power")
 MAX_EXTRAPOLATION = 25.0     # beyond this many times the largest measured x, refuse
 MAX_HELDOUT_ERROR = 0.10     # a chosen model worse than this on held-out points is not trusted
+RATE_COST_MARGIN = 0.03      # rate-cost is chosen only where every plain family misses by more than this
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class Fit:
             return a * x ** p + c
         if self.family == "profile":
             return self.params[0] * self.shape(x)
+        if self.family == "rate-cost":
+            a, b = self.params
+            if b <= 0:
+                return x / a
+            return (-a + np.sqrt(a * a + 4 * b * np.maximum(x, 0.0))) / (2 * b)
         raise ConfigError(f"unknown model family {self.family!r}")
 
     def formula(self) -> str:
@@ -58,6 +66,8 @@ class Fit:
             return f"{self.params[0]:.4g}*{self.family}(x) + {self.params[1]:.4g}"
         if self.family == "power":
             return f"{self.params[0]:.4g}*x^{self.params[1]:.3g} + {self.params[2]:.4g}"
+        if self.family == "rate-cost":
+            return f"y where x = {self.params[0]:.4g}*y + {self.params[1]:.4g}*y^2"
         return f"{self.params[0]:.4g}*profile(x)"
 
     def to_json(self) -> dict:
@@ -87,6 +97,13 @@ def fit(family: str, xs: Sequence[float], ys: Sequence[float],
             if best is None or err < best[0] - 1e-12:
                 best = (err, (float(a), float(p), float(c)))
         params = best[1]
+    elif family == "rate-cost":
+        # x instances sustain y when x = a y + b y^2: a per-message cost that grows with the rate
+        A = np.column_stack([y, y * y])
+        a, b = np.linalg.lstsq(A, x, rcond=None)[0]
+        if b < 0 or a <= 0:
+            a, b = float(np.dot(x, y) / np.dot(y, y)), 0.0
+        params = (float(a), float(b))
     elif family == "profile":
         if shape is None:
             raise ConfigError("the profile family needs the profile's curve")
@@ -129,7 +146,11 @@ def select(xs: Sequence[float], ys: Sequence[float], families: Sequence[str] = F
     if not candidates:
         raise ConfigError("no model family could be fitted")
     scored = [c for c in candidates if not math.isnan(c.heldout_error)] or candidates
-    best = min(scored, key=lambda c: (c.heldout_error if not math.isnan(c.heldout_error) else c.train_rmse))
+    key = lambda c: (c.heldout_error if not math.isnan(c.heldout_error) else c.train_rmse)  # noqa: E731
+    best = min(scored, key=key)
+    plain = [c for c in scored if c.family != "rate-cost"]
+    if best.family == "rate-cost" and plain and key(min(plain, key=key)) <= RATE_COST_MARGIN:
+        best = min(plain, key=key)   # the plain families already predict within the noise
     return best, candidates
 
 

@@ -1,8 +1,9 @@
 """From profiles to a plan: MST against budget, a model chosen by held-out error, and the inversion
 for a target rate.
 
-1. Allocate each measured budget greedily over the per-function curves and measure its MST (real
-   runs: the curves alone never see how functions interfere on shared workers).
+1. Allocate each measured budget greedily over the per-function curves (and the per-worker ceiling
+   the profile's worker probe found, if any) and measure its MST (real runs: the curves alone never
+   see how functions interfere on shared workers).
 2. Fit MST against budget with every family (linear, log, sqrt, power, profile) and keep the one
    that best predicts the upper half of the budgets from the lower half.
 3. For a target rate: the smallest budget whose predicted MST covers the rate plus headroom, its
@@ -19,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.planning.allocate import Allocation, allocation_path
+from pulsar_autoscale.planning.allocate import Allocation
 from pulsar_autoscale.planning.extrapolate import FAMILIES, MAX_EXTRAPOLATION, Band, Fit, band, invert, select
 from pulsar_autoscale.planning.mst import MstResult, MstSettings, measure_mst
 from pulsar_autoscale.planning.profile import AppProfile
@@ -43,10 +44,11 @@ class CapacityModel:
     fit: Fit
     candidates: tuple[Fit, ...]
     max_budget: int              # the profile shape is tabulated up to here
+    path: tuple[Allocation, ...] = ()   # with a per-worker ceiling: the allocation path up to max_budget
 
     def allocation(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None) -> Allocation:
-        path = allocation_path(self.profile.curves(), self.profile.gains(), budget, bounds)
-        return path[-1]
+        path = list(self.path) if self.path and budget <= self.path[-1].used else None
+        return self.profile.allocation(budget, bounds, path)
 
     def predict(self, budget: int) -> float:
         return float(self.fit.predict(budget))
@@ -64,7 +66,8 @@ class CapacityModel:
                 "measured": [{"budget": p.budget, "parallelism": p.parallelism, "mst": p.measured.mst,
                               "profile_rate": p.profile_rate, "runs": p.measured.runs,
                               "testbed_s": p.measured.testbed_s} for p in self.points],
-                "runs": self.runs, "testbed_s": self.testbed_s}
+                "runs": self.runs, "testbed_s": self.testbed_s,
+                "per_worker_ceiling": self.profile.workers is not None}
 
 
 def default_budgets(n_functions: int, largest: int) -> list[int]:
@@ -74,12 +77,14 @@ def default_budgets(n_functions: int, largest: int) -> list[int]:
     return [int(x) for x in xs]
 
 
-def profile_shape(profile: AppProfile, max_budget: int) -> callable:
-    """Budget -> the greedy allocation's rate by the per-function curves (a budget below the minimum:
-    the minimum's rate)."""
-    path = allocation_path(profile.curves(), profile.gains(), max_budget)
+def profile_shape(profile: AppProfile, max_budget: int, path: Sequence[Allocation] | None = None) -> callable:
+    """Budget -> the allocation's rate by the per-function curves (and the per-worker ceiling, if any:
+    the best rate of at most that many instances); a budget below the minimum: the minimum's rate."""
+    path = list(path) if path is not None else profile.path(max_budget)
     first = path[0].used
     rates = np.array([a.rate for a in path])
+    if profile.workers is not None:
+        rates = np.maximum.accumulate(rates)
 
     def shape(x) -> np.ndarray:
         b = np.clip(np.floor(np.asarray(x, dtype=float)).astype(int) - first, 0, len(rates) - 1)
@@ -90,16 +95,17 @@ def profile_shape(profile: AppProfile, max_budget: int) -> callable:
 def build_model(testbed: Testbed, profile: AppProfile, budgets: Sequence[int],
                 settings: MstSettings = MstSettings(), families: Sequence[str] = MODEL_FAMILIES) -> CapacityModel:
     max_budget = int(max(budgets) * MAX_EXTRAPOLATION) + 1
-    shape = profile_shape(profile, max_budget)
+    path = profile.path(max_budget) if profile.workers is not None else None
+    shape = profile_shape(profile, max_budget, path)
     points = []
     for b in budgets:
-        alloc = allocation_path(profile.curves(), profile.gains(), b)[-1]
+        alloc = profile.allocation(b, path=path)
         res = measure_mst(testbed, TestConfig(alloc.parallelism), settings)
         points.append(BudgetPoint(b, alloc.parallelism, alloc.rate, res))
     xs = [p.budget for p in points]
     ys = [p.measured.mst for p in points]
     best, cands = select(xs, ys, families, shape)
-    return CapacityModel(profile, tuple(points), best, tuple(cands), max_budget)
+    return CapacityModel(profile, tuple(points), best, tuple(cands), max_budget, tuple(path or ()))
 
 
 @dataclass(frozen=True)
@@ -187,8 +193,12 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
     if refused is None and not pred.band.trusted:
         refused = pred.band.note
     cores = cpu_per_source_msg(model.profile) * need
-    workers = max(math.ceil(pred.allocation.used / cluster.instances_per_worker),
-                  math.ceil(cores / cluster.usable_cores - 1e-9), 1)
+    if model.profile.workers is not None:
+        # the model's own deployment: its prediction already holds each worker's ceiling
+        workers = model.profile.workers.workers(pred.allocation.used)
+    else:
+        workers = max(math.ceil(pred.allocation.used / cluster.instances_per_worker),
+                      math.ceil(cores / cluster.usable_cores - 1e-9), 1)
     wall = time.perf_counter() - started if started is not None else 0.0
     return Plan(target_rate, headroom, budget, pred.allocation.parallelism, workers, cores, pred.mst, pred.band,
                 model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused)

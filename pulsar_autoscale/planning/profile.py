@@ -19,12 +19,14 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from pulsar_autoscale.planning.allocate import Allocation, allocation_path, best_within, bounded_path
 from pulsar_autoscale.planning.extrapolate import Fit, select
 from pulsar_autoscale.planning.mst import MstResult, MstSettings, bottleneck, measure_mst
 from pulsar_autoscale.planning.simbed import block_shares
 from pulsar_autoscale.planning.testbed import RunResult, Testbed, TestConfig
+from pulsar_autoscale.planning.workers import ProbePoint, WorkerCeiling, probe_workers
 
-CURVE_FAMILIES = ("linear", "log", "sqrt", "power")
+CURVE_FAMILIES = ("linear", "log", "sqrt", "power", "rate-cost")
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,26 @@ class AppProfile:
     functions: Mapping[str, FunctionProfile]
     runs: int
     testbed_s: float
+    workers: WorkerCeiling | None = None     # a per-worker ceiling the probe found (None: none binds)
+    probe: tuple[ProbePoint, ...] = ()
 
     def curves(self) -> dict[str, Callable[[int], float]]:
         return {n: fp.capacity for n, fp in self.functions.items()}
+
+    def path(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None) -> list[Allocation]:
+        """Allocations for every instance count up to `budget` (see allocate)."""
+        if self.workers is None:
+            return allocation_path(self.curves(), self.gains(), budget, bounds)
+        gains = self.gains()
+        return bounded_path(self.curves(), gains, budget, lambda k: self.workers.rate(k, gains)[0], bounds)
+
+    def allocation(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None,
+                   path: list[Allocation] | None = None) -> Allocation:
+        """The allocation for `budget`: greedy over the curves, or with a per-worker ceiling the best
+        allocation of at most `budget` instances (`path`: a precomputed path at least that long)."""
+        if self.workers is None:
+            return self.path(budget, bounds)[-1]
+        return best_within(path if path is not None and bounds is None else self.path(budget, bounds), budget)
 
     def gains(self) -> dict[str, float]:
         return {n: fp.gain for n, fp in self.functions.items()}
@@ -103,7 +122,9 @@ class AppProfile:
     def to_json(self) -> dict:
         return {"testbed": self.testbed, "runs": self.runs, "testbed_s": self.testbed_s,
                 "baseline_mst": self.baseline.mst,
-                "functions": {n: fp.to_json() for n, fp in self.functions.items()}}
+                "functions": {n: fp.to_json() for n, fp in self.functions.items()},
+                "worker_ceiling": self.workers.to_json() if self.workers else None,
+                "probe": [{**p.__dict__, "bound": p.bound} for p in self.probe]}
 
 
 def gains_of(run: RunResult) -> dict[str, float]:
@@ -113,14 +134,15 @@ def gains_of(run: RunResult) -> dict[str, float]:
 
 
 def measure_point(testbed: Testbed, fn: str, k: int, others: dict[str, int], gain: float,
-                  settings: MstSettings, retries: int = 2) -> tuple[ProfilePoint, dict[str, int]]:
+                  settings: MstSettings, retries: int = 2, spread: bool = False) -> tuple[ProfilePoint, dict[str, int]]:
     """MST with `fn` at k and the others at `others`; if another function fell behind, double it and
-    measure again (the point must be this function's)."""
+    measure again (the point must be this function's). `spread`: one instance per worker (the
+    function's own scaling, without a worker's shared lock)."""
     runs, spent = 0, 0.0
     par = dict(others)
     for attempt in range(retries + 1):
         par[fn] = k
-        res = measure_mst(testbed, TestConfig(dict(par)), settings)
+        res = measure_mst(testbed, TestConfig(dict(par), sum(par.values()) if spread else None), settings)
         runs += res.runs
         spent += res.testbed_s
         b = bottleneck(res.failing) if res.failing is not None else fn
@@ -148,14 +170,22 @@ def ladder(max_parallelism: int) -> list[int]:
 
 
 def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSettings = MstSettings(),
-                headroom: float = 2.0) -> AppProfile:
-    """Baseline MST (all at 1), then each function at 1, 2, 4, ... up to max_parallelism."""
+                headroom: float = 2.0, probe: bool = True) -> AppProfile:
+    """Baseline MST (all at 1); where the testbed places instances on workers of `slots_per_worker`,
+    the worker probe (workers.py); then each function at 1, 2, 4, ... up to max_parallelism, one
+    instance per worker if the probe found a per-worker ceiling."""
     fns = testbed.functions()
     base = measure_mst(testbed, TestConfig({f: 1 for f in fns}), settings)
     runs, spent = base.runs, base.testbed_s
     ref = base.last or base.failing
     gains = gains_of(ref)
     tr = {f: (ref.functions[f].true_rate or 1.0) for f in fns}
+    ceiling, probed = None, ()
+    slots = getattr(testbed, "slots_per_worker", None)
+    if probe and slots and slots >= len(fns):
+        ceiling, probed = probe_workers(testbed, int(slots), gains, tr, settings)
+        runs += sum(p.runs for p in probed)
+        spent += sum(p.testbed_s for p in probed)
     profiles = {}
     for f in fns:
         points = []
@@ -163,7 +193,7 @@ def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSetting
         for k in ladder(max_parallelism):
             need = headroom * k * tr[f] / max(gains[f], 1e-12)   # source rate f might reach at k
             others = {o: max(1, math.ceil(need * gains[o] / tr[o])) for o in fns if o != f}
-            p, _ = measure_point(testbed, f, k, others, gains[f], settings)
+            p, _ = measure_point(testbed, f, k, others, gains[f], settings, spread=ceiling is not None)
             points.append(p)
             runs += p.runs
             spent += p.testbed_s
@@ -171,7 +201,7 @@ def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSetting
         if last_counts:
             counts = np.asarray(last_counts[0].functions[f].key_group_counts, dtype=float)
         profiles[f] = fit_profile(f, gains[f], points, counts)
-    return AppProfile(testbed.name, base, profiles, runs, spent)
+    return AppProfile(testbed.name, base, profiles, runs, spent, ceiling, probed)
 
 
 def fit_profile(name: str, gain: float, points: Sequence[ProfilePoint],

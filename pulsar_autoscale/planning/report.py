@@ -24,6 +24,10 @@ def plan_text(plan: Plan, model: CapacityModel) -> str:
               f"  model       {plan.model.family}: {plan.model.formula()}, held-out error {plan.model.heldout_error:.1%} "
               f"(max {plan.model.heldout_max:.1%})",
               f"  limited by  {plan.limited_by}",
+              *([f"  per worker  a ceiling of {model.profile.workers.ceiling(model.profile.workers.slots):.2f} CPU s/s at "
+                 f"{model.profile.workers.slots} instances (the probe: one worker fell behind t workers; "
+                 f"{model.profile.workers.workers(sum(plan.parallelism.values()))} workers planned)"]
+                if model.profile.workers else []),
               f"  measured    {len(model.points)} budgets {[p.budget for p in model.points]}, {plan.runs} runs, "
               f"{plan.testbed_s / 60:.1f} testbed minutes",
               "  parallelism"]

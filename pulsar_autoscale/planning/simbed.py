@@ -127,6 +127,12 @@ class SimTestbed:
         self.runs = 0
         self.testbed_s = 0.0
 
+    @property
+    def slots_per_worker(self) -> int:
+        """Instances per worker (its default placement: ceil(instances / slots) workers, round-robin);
+        `TestConfig.workers` overrides the worker count (the planner's worker probe)."""
+        return self.app.cluster.slots_per_worker
+
     # ---- Testbed protocol ----------------------------------------------------------------------------
     def functions(self) -> tuple[str, ...]:
         return self._order

@@ -18,6 +18,8 @@ from pathlib import Path
 import pulsar
 import pytest
 import requests
+import trustme
+from cryptography.hazmat.primitives import serialization
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.apache import ApacheStandalone, TokenAuth
@@ -60,7 +62,23 @@ def secured(broker_kind, tmp_path_factory, request):
         pytest.skip("starts an Apache standalone of its own: runs in the --broker apache pass")
     keys = request.getfixturevalue("keys")   # after the skip: the lite pass makes no keys
     auth = TokenAuth(broker_token=keys[SUPERUSER], superusers=(SUPERUSER,), secret_key=keys["key"])
-    with ApacheStandalone(data_dir=str(tmp_path_factory.mktemp("secured")), auth=auth) as b:
+    # TLS beside the plain ports, as operators run it: a certificate for 127.0.0.1 from a test CA
+    certs = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(certs / "ca.pem"))
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    # the broker reads PKCS#8 keys only ("BEGIN PRIVATE KEY")
+    key = serialization.load_pem_private_key(cert.private_key_pem.bytes(), password=None)
+    (certs / "broker.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    cert.cert_chain_pems[0].write_to_path(str(certs / "broker.pem"))
+    tls_port = free_port()
+    tls = {"brokerServicePortTls": tls_port, "webServicePortTls": free_port(),
+           "tlsCertificateFilePath": certs / "broker.pem", "tlsKeyFilePath": certs / "broker.key",
+           "tlsTrustCertsFilePath": certs / "ca.pem"}
+    with ApacheStandalone(data_dir=str(tmp_path_factory.mktemp("secured")), auth=auth, properties=tls) as b:
+        b.tls_service_url = f"pulsar+ssl://127.0.0.1:{tls_port}"
+        b.ca_file = str(certs / "ca.pem")
         yield b
 
 
@@ -135,12 +153,38 @@ def test_our_worker_runs_a_function_with_a_granted_role_token(secured, keys, tmp
         f"{secured.admin_url}/admin/v2/namespaces/public/default/permissions/{GRANTED}",
         json=["produce", "consume"], timeout=10)
     assert grant.status_code in (200, 204), grant.text
+    assert exclaim_through_worker(secured.service_url, ("--auth-plugin", "token", "--auth-params",
+                                                        f"token:{keys[GRANTED]}"),
+                                  settings(secured, keys[GRANTED]), secured.metrics_url, tmp_path)
+
+
+def test_our_worker_and_clients_connect_over_tls(secured, keys, tmp_path):
+    """The broker's TLS port with the operator's CA (`--tls-trust-cert-path`), a token on top: our worker's
+    instances and our client produce, process and consume over pulsar+ssl://; a client that does not trust
+    the CA is refused by the handshake."""
+    tls = ClientSettings(secured.tls_service_url, "token", f"token:{keys[SUPERUSER]}",
+                         tls_trust_certs_file_path=secured.ca_file)
+    assert exclaim_through_worker(secured.tls_service_url,
+                                  ("--auth-plugin", "token", "--auth-params", f"token:{keys[SUPERUSER]}",
+                                   "--tls-trust-cert-path", secured.ca_file),
+                                  tls, secured.metrics_url, tmp_path)
+    untrusting = open_client(ClientSettings(secured.tls_service_url, "token", f"token:{keys[SUPERUSER]}"))
+    try:
+        with pytest.raises(pulsar.PulsarException):
+            untrusting.create_producer(topic(), send_timeout_millis=5000)
+    finally:
+        untrusting.close()
+
+
+def exclaim_through_worker(service_url: str, options: tuple[str, ...], client: ClientSettings, metrics_url: str,
+                           tmp_path: Path) -> bool:
+    """Our worker started on `service_url` with `options` runs exclaim; five messages sent with `client`
+    come back with their "!"."""
     port = free_port()
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", secured.service_url,
-         "--auth-plugin", "token", "--auth-params", f"token:{keys[GRANTED]}", "--metrics-url", secured.metrics_url,
-         "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", service_url, *options,
+         "--metrics-url", metrics_url, "--port", str(port), "--data-dir", str(tmp_path / "data")],
         stdout=log, stderr=subprocess.STDOUT)
     log.close()
     src, dst = topic(), topic()
@@ -155,22 +199,23 @@ def test_our_worker_runs_a_function_with_a_granted_role_token(secured, keys, tmp
                 break
             except Exception:   # the worker's API is not up yet
                 if time.monotonic() > deadline or worker.poll() is not None:
-                    raise
+                    raise AssertionError((tmp_path / "worker.log").read_text()[-2000:]) from None
                 time.sleep(0.2)
         deadline = time.monotonic() + 30
         while admin.status("public", "default", "exclaim")["numRunning"] < 1:
             assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
             time.sleep(0.2)
-        client = open_client(settings(secured, keys[GRANTED]))
+        pulsar_client = open_client(client)
         try:
-            out = client.subscribe(dst, "check")
-            producer = client.create_producer(src)
+            out = pulsar_client.subscribe(dst, "check")
+            producer = pulsar_client.create_producer(src)
             for i in range(5):
                 producer.send(f"m{i}".encode())
             got = sorted(out.receive(15_000).data() for _ in range(5))
         finally:
-            client.close()
-        assert got == [f"m{i}!".encode() for i in range(5)]
+            pulsar_client.close()
+        assert got == [f"m{i}!".encode() for i in range(5)], got
+        return True
     finally:
         worker.terminate()
         try:
