@@ -21,8 +21,8 @@ class Resources:
     """Pulsar's resources: what one instance asks for (cores, bytes of RAM, bytes of disk)."""
 
     cpu: float = DEFAULT_RESOURCES["cpu"]
-    ram: int = DEFAULT_RESOURCES["ram"]
-    disk: int = DEFAULT_RESOURCES["disk"]
+    ram: int = int(DEFAULT_RESOURCES["ram"])
+    disk: int = int(DEFAULT_RESOURCES["disk"])
 
 
 @dataclass(frozen=True)

@@ -88,12 +88,17 @@ def produce(args: argparse.Namespace) -> int:
         producer = client.create_producer(args.topic, block_if_queue_full=True)
         interval = 1.0 / args.rate if args.rate > 0 else 0.0
         kwargs = {"partition_key": args.key} if args.key else {}
+
+        def sent_or_failed(res, _msg_id) -> None:
+            if res != pulsar.Result.Ok:
+                failed.append(res)
+
         sent, start = 0, time.monotonic()
         for _ in range(args.num_produce):
             for m in messages:
                 if interval:
                     time.sleep(max(0.0, start + sent * interval - time.monotonic()))
-                producer.send_async(m.encode(), lambda res, _id: res == pulsar.Result.Ok or failed.append(res),
+                producer.send_async(m.encode(), sent_or_failed,
                                     properties=properties or None, **kwargs)
                 sent += 1
         producer.flush()

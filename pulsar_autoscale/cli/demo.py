@@ -336,7 +336,7 @@ def render(controller, rec: Recorder, s: Sample | None, elapsed: float, t0: floa
     from rich.table import Table
     table = Table(title=f"demo t={elapsed:.0f}s produced={rec.produced} policy={controller.config.policy}",
                   width=80)
-    columns = (("function", 16), ("arrival/s", 9), ("backlog", 7), ("inst", 4), ("util", 4), ("last decision", 18))
+    columns: tuple[tuple[str, int], ...] = (("function", 16), ("arrival/s", 9), ("backlog", 7), ("inst", 4), ("util", 4), ("last decision", 18))
     if s is not None and s.per_worker:  # --workers N: instances per worker, at the expense of the decision column
         columns = columns[:4] + (("per worker", 16),) + columns[4:5] + (("last decision", 10),)
     for col, width in columns:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -77,7 +77,8 @@ def default_budgets(n_functions: int, largest: int) -> list[int]:
     return [int(x) for x in xs]
 
 
-def profile_shape(profile: AppProfile, max_budget: int, path: Sequence[Allocation] | None = None) -> callable:
+def profile_shape(profile: AppProfile, max_budget: int, path: Sequence[Allocation] | None = None
+                  ) -> Callable[[np.ndarray], np.ndarray]:
     """Budget -> the allocation's rate by the per-function curves (and the per-worker ceiling, if any:
     the best rate of at most that many instances); a budget below the minimum: the minimum's rate."""
     path = list(path) if path is not None else profile.path(max_budget)

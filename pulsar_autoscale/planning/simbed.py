@@ -181,7 +181,8 @@ class SimTestbed:
 
     def rates(self, r: float) -> tuple[np.ndarray, np.ndarray]:
         """Input and output rate per function (in order) at source rate r."""
-        lam, out = {}, {}
+        lam: dict[str, float] = {}
+        out: dict[str, float] = {}
         for f in self.app.functions:
             lam[f.name] = r * f.source_share + sum(out[u] for u in f.upstream)
             out[f.name] = lam[f.name] * f.selectivity

@@ -157,10 +157,11 @@ def _evaluate(app: SimApp, rate: float, length_s: float, k: tuple, replications:
         if n == 0:
             continue
         t = np.sort(rng.uniform(0.0, length_s, n))
-        done = {}
+        done: dict[str, np.ndarray] = {}
         for fn in graph.topological_order():
             draws = services[fn].draw(rng, n)
-            arrivals = t if parent[fn] is None else done[parent[fn]]
+            up = parent[fn]
+            arrivals = t if up is None else done[up]
             done[fn] = _station(arrivals, draws, ks[fn])
         finished = np.max([done[fn] for fn in leaves], axis=0)
         p99 = max(p99, float(np.percentile(finished - t, 99)))
