@@ -49,7 +49,7 @@ clean:
 
 # Headline benchmarks (BENCHMARKS.md, "Make targets"): each runs the command its section names.
 BENCH_TARGETS := bench-overhead bench-scale bench-controller bench-policies bench-wake bench-failover \
-	bench-migration bench-spark bench-burst bench-cluster
+	bench-migration bench-spark bench-burst bench-cluster bench-updates bench-brokers
 .PHONY: $(BENCH_TARGETS)
 
 bench-overhead: install
@@ -81,3 +81,12 @@ bench-burst: install
 
 bench-cluster: install
 	$(BIN)/python bench/cluster_scale.py --messages 1500
+
+bench-updates: install
+	$(BIN)/python bench/update_downtime.py
+
+bench-brokers: install
+	$(BIN)/python bench/runtime_overhead.py --messages 20000 --broker both
+	$(BIN)/python bench/scale_latency.py --repeats 3 --pool 4 --broker both
+	$(BIN)/python bench/state_failover.py --state-mb 50 --kill 1 --broker both
+	$(BIN)/python bench/spark_bridge.py --messages 500000 --repeat 5 --broker both
