@@ -95,7 +95,10 @@ def last_position(conn: Connection, topic: str) -> Position | None:
     Uses Consumer.getLastMessageId on a throwaway Shared subscription that is removed at once:
     Python's Reader has no such call, and a Reader at MessageId.latest with the inclusive flag
     (the Java idiom) returns nothing on pulsar-lite. On pulsar-lite an empty topic answers
-    UnknownError; Apache Pulsar answers entry -1.
+    UnknownError; Apache Pulsar answers entry -1. The last message is the last of its entry: its end
+    (BATCH_END), as Position.of makes it for a message read. Apache Pulsar answers its batch index
+    without the batch size, which Position.of cannot tell from a message inside the batch (a range
+    ending there left the last message out); pulsar-lite answers no batch index.
     """
     import pulsar
 
@@ -116,7 +119,7 @@ def last_position(conn: Connection, topic: str) -> Position | None:
             consumer.unsubscribe()
         except pulsar.PulsarException:
             consumer.close()
-    return last if last.entry >= 0 else None
+    return Position(last.ledger, last.entry, BATCH_END) if last.entry >= 0 else None
 
 
 @dataclass

@@ -163,6 +163,8 @@ class ApacheStandalone:
     python: str = sys.executable
     # None: no authentication, as the distribution ships; a TokenAuth: tokens required, authorization on
     auth: TokenAuth | None = None
+    # more standalone.conf keys, applied last (e.g. keepAliveIntervalSeconds: how soon a hung client is dropped)
+    properties: dict[str, object] = field(default_factory=dict)
     start_s: float | None = field(default=None, init=False)
     python_missing: list[str] = field(default_factory=list, init=False)   # modules the python instance lacks
     home: Path | None = field(default=None, init=False, repr=False)
@@ -285,6 +287,7 @@ class ApacheStandalone:
             # default is the relative "packages-storage", i.e. inside the cache tree
             "STORAGE_PATH": data / "packages-storage",
             **(self.auth.broker_properties() if self.auth else {}),
+            **self.properties,
         })
         fw_path = conf / "functions_worker.yml"
         fw = yaml.safe_load(fw_path.read_text()) or {}

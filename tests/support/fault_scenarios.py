@@ -3,8 +3,9 @@
     .venv/bin/python -m tests.support.fault_scenarios worker-kill --runtime thread --runs 5
     .venv/bin/python -m tests.support.fault_scenarios broker-kill --runs 2
     .venv/bin/python -m tests.support.fault_scenarios broker-stop --pause 30 --runs 3
+    .venv/bin/python -m tests.support.fault_scenarios broker-kill --broker apache
 
-prints one JSON line per run (lost, duplicates, seconds until outputs flow again).
+(--broker apache: an Apache Pulsar standalone of the scenario's own instead of pulsar-lite) prints one JSON line per run (lost, duplicates, seconds until outputs flow again).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,8 +27,9 @@ import pulsar
 import requests
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.apache import ApacheStandalone
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.netutil import free_port
+from pulsar_autoscale.netutil import free_port, wait_for_port
 from tests.support.scenario import wait_until as wait
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
@@ -41,8 +44,9 @@ class Outcome:
     lost: int
     duplicates: int
     killed_at: int            # outputs seen when the fault struck
-    recovery_s: float | None  # from the restart (or the broker's return) to the next new output
+    recovery_s: float | None  # from the restart (or the broker's port open again) to the next new output
     status_seen: list[str] = field(default_factory=list)  # broker-stop: each change of `status` during the pause
+    outage_s: float | None = None  # broker-kill: from the kill to the restarted broker's port open
 
 
 class Collector:
@@ -99,6 +103,27 @@ c.close()
 """
 
 
+@contextmanager
+def own_broker(kind: str = "lite", data_dir: str | None = None, keep_alive_s: int | None = None, **lite):
+    """A broker of the scenario's own, to stop or kill by pid: pulsar-lite, or (kind "apache") an Apache Pulsar
+    standalone without its functions worker (our worker runs the functions). keep_alive_s: how soon the broker
+    drops a client that stopped answering (pulsar-lite adds its liveness timeout: `lite`'s liveness_timeout_s)."""
+    if kind == "apache":
+        props = {"keepAliveIntervalSeconds": keep_alive_s} if keep_alive_s else {}
+        with ApacheStandalone(data_dir=data_dir, functions_worker=False, properties=props) as broker:
+            yield broker
+        return
+    if keep_alive_s:
+        lite["keep_alive_s"] = keep_alive_s
+    with EmbeddedBroker(data_dir=data_dir, **lite) as broker:
+        yield broker
+
+
+def broker_pid(broker) -> int:
+    """The pid that is the broker itself: pulsar-lite (not its relay or wrapper), or Apache Pulsar's JVM."""
+    return broker.pid if isinstance(broker, ApacheStandalone) else broker.lite_pid
+
+
 def start_producer(service_url: str, topic: str, n: int, rate: float) -> subprocess.Popen:
     """Inputs from a process of their own, as in production (send_timeout 0: it outlives a broker outage)."""
     return subprocess.Popen([sys.executable, "-c", PRODUCER, service_url, topic, str(n), str(rate)])
@@ -112,13 +137,18 @@ def start_worker(service_url: str, metrics_url: str, port: int, data_dir: str, r
                              "--runtime", runtime], stdout=log, stderr=subprocess.STDOUT)
 
 
-def start_broker(port: int, metrics_port: int, data_dir: str) -> subprocess.Popen:
-    """`pulsar-autoscale broker` as a process of its own (its children die with it); returns once ready."""
+def start_broker(port: int, metrics_port: int, data_dir: str, kind: str = "lite") -> subprocess.Popen:
+    """`pulsar-autoscale broker [--kind apache]` as a process of its own (its children die with it); returns once
+    ready, with `port_open_at` set: when its service port first accepted a connection (clients are served from
+    then on; Apache Pulsar's standalone says ready seconds later, once its own functions worker leads). On Apache,
+    metrics_port is the standalone's web port (its /metrics)."""
     proc = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli.main", "broker", "--port", str(port),
-                             "--metrics-port", str(metrics_port), "--data-dir", data_dir],
+                             "--metrics-port", str(metrics_port), "--data-dir", data_dir, "--kind", kind],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    wait_for_port("127.0.0.1", port, 180, alive=lambda: proc.poll() is None)
+    proc.port_open_at = time.monotonic()
     line = proc.stdout.readline()
-    if not line.startswith("broker ready"):
+    if not line.startswith("apache pulsar" if kind == "apache" else "broker ready") or "ready" not in line:
         raise AssertionError(f"broker did not start: {line!r}")
     return proc
 
@@ -151,11 +181,14 @@ def _deploy_exclaim(url: str, name: str, src: str, dst: str, parallelism: int) -
 
 
 def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
-                down_s: float = 2.0, parallelism: int = 3, relay: bool = True) -> Outcome:
+                down_s: float = 2.0, parallelism: int = 3, relay: bool = True, kind: str = "lite",
+                broker=None) -> Outcome:
     """The worker kill -9 scenario of docs/reliability.md: exclaim at parallelism 3, n messages at `rate` from a producer process,
     the worker killed with -9 at about `kill_at` outputs and restarted `down_s` later on the same
-    port and data dir. relay=False: clients reach pulsar-lite directly (B10 unfenced, for comparison)."""
-    with tempfile.TemporaryDirectory(prefix="fault-") as tmp, EmbeddedBroker(relay=relay) as broker:
+    port and data dir. relay=False: clients reach pulsar-lite directly (B10 unfenced, for comparison). `broker`: a
+    running one to use (a test session's) instead of one of its own of `kind`; nothing here stops or kills it."""
+    with tempfile.TemporaryDirectory(prefix="fault-") as tmp, \
+            _given_or_own(broker, kind, **({} if kind == "apache" else {"relay": relay})) as broker:
         name = f"exclaim-{int(time.time() * 1000) % 10**8}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
         port, data_dir, log_path = free_port(), str(Path(tmp, "worker")), Path(tmp, "worker.log")
@@ -193,7 +226,7 @@ def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
 
 
 def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
-                down_s: float = 2.0, parallelism: int = 3) -> Outcome:
+                down_s: float = 2.0, parallelism: int = 3, kind: str = "lite") -> Outcome:
     """The broker (`pulsar-autoscale broker`) killed with -9 at about `kill_at` outputs and restarted on
     its port and data dir `down_s` later; the worker and the producer stay up."""
     with tempfile.TemporaryDirectory(prefix="fault-") as tmp:
@@ -201,7 +234,7 @@ def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
         service_url, metrics_url = f"pulsar://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
         name = f"exclaim-{int(time.time() * 1000) % 10**8}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-        broker = start_broker(port, metrics_port, str(Path(tmp, "broker")))
+        broker = start_broker(port, metrics_port, str(Path(tmp, "broker")), kind)
         worker = start_worker(service_url, metrics_url, worker_port, str(Path(tmp, "worker")), runtime,
                               Path(tmp, "worker.log"))
         url, collector, producer = f"http://127.0.0.1:{worker_port}", None, None
@@ -210,12 +243,12 @@ def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
             collector = Collector(service_url, dst)
             producer = start_producer(service_url, src, n, rate)
             wait(lambda: collector.total() >= kill_at, 60, f"{kill_at} outputs")
-            killed_at = collector.total()
+            killed_at, killed = collector.total(), time.monotonic()
             broker.kill()
             broker.wait()
             time.sleep(down_s)
-            broker = start_broker(port, metrics_port, str(Path(tmp, "broker")))
-            back = time.monotonic()
+            broker = start_broker(port, metrics_port, str(Path(tmp, "broker")), kind)
+            back = broker.port_open_at
             producer.wait(120)
             try:
                 wait(lambda: len(collector.counts) >= n, 60, "every output")
@@ -224,13 +257,22 @@ def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
             time.sleep(1.0)
             return Outcome("broker-kill", runtime, n, n - len(collector.counts),
                            sum(c - 1 for c in collector.counts.values()), killed_at,
-                           collector.first_output_after(back))
+                           collector.first_output_after(back), outage_s=back - killed)
         finally:
             if collector is not None:
                 collector.close()
             for proc in (producer, worker, broker):
                 if proc is not None:
                     stop(proc)
+
+
+@contextmanager
+def _given_or_own(broker, kind: str, **lite):
+    if broker is not None:
+        yield broker
+        return
+    with own_broker(kind, **lite) as own:
+        yield own
 
 
 def _status_line(admin: FunctionsAdmin, name: str) -> str:
@@ -244,11 +286,11 @@ def _status_line(admin: FunctionsAdmin, name: str) -> str:
 
 
 def broker_stop(runtime: str = "thread", n: int = 10000, rate: float = 400.0, stop_at: int = 2000,
-                pause_s: float = 30.0, parallelism: int = 3) -> Outcome:
-    """pulsar-lite (the process itself, not the relay or the wrapper) stopped with SIGSTOP at about
+                pause_s: float = 30.0, parallelism: int = 3, kind: str = "lite") -> Outcome:
+    """The broker (pulsar-lite itself, not the relay or the wrapper; or Apache Pulsar's JVM) stopped with SIGSTOP at about
     `stop_at` outputs and continued `pause_s` later; the worker and the producer stay up. Samples the
     worker's `status` every 0.5 s during the pause and records each change (seconds after SIGSTOP)."""
-    with tempfile.TemporaryDirectory(prefix="fault-") as tmp, EmbeddedBroker() as broker:
+    with tempfile.TemporaryDirectory(prefix="fault-") as tmp, own_broker(kind) as broker:
         name = f"exclaim-{int(time.time() * 1000) % 10**8}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
         port, log_path = free_port(), Path(tmp, "worker.log")
@@ -260,7 +302,7 @@ def broker_stop(runtime: str = "thread", n: int = 10000, rate: float = 400.0, st
             collector = Collector(broker.service_url, dst)
             producer = start_producer(broker.service_url, src, n, rate)
             wait(lambda: collector.total() >= stop_at, 60, f"{stop_at} outputs")
-            stopped_at, lite_pid = collector.total(), broker.lite_pid
+            stopped_at, lite_pid = collector.total(), broker_pid(broker)
             os.kill(lite_pid, signal.SIGSTOP)
             stopped, seen = time.monotonic(), []
             while (elapsed := time.monotonic() - stopped) < pause_s:
@@ -299,14 +341,15 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--pause", type=float, default=30.0, help="broker-stop: seconds between SIGSTOP and SIGCONT")
     p.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (B10 unfenced)")
+    p.add_argument("--broker", default="lite", choices=["lite", "apache"], help="the broker each run starts")
     args = p.parse_args()
     for _ in range(args.runs):
         if args.scenario == "broker-kill":
-            outcome = broker_kill(args.runtime)
+            outcome = broker_kill(args.runtime, kind=args.broker)
         elif args.scenario == "broker-stop":
-            outcome = broker_stop(args.runtime, pause_s=args.pause)
+            outcome = broker_stop(args.runtime, pause_s=args.pause, kind=args.broker)
         else:
-            outcome = worker_kill(args.runtime, relay=not args.no_relay)
+            outcome = worker_kill(args.runtime, relay=not args.no_relay, kind=args.broker)
         print(json.dumps(asdict(outcome)), flush=True)
 
 

@@ -1,7 +1,8 @@
 """A worker that joins a cluster while its broker does not answer (SIGSTOP of the test's own broker, by pid: the
-relay keeps the connection open, so every request times out) tries again (functions/cluster/member.join): it
-joins once the broker answers, and after 3 tries it exits (2) with a one-line error naming the cluster instead
-of a traceback from the Pulsar client (seen once under a CPU hog: create_reader TimeOut, then a traceback)."""
+relay, or on Apache Pulsar the stopped JVM's sockets, keep the connection open, so every request times out)
+tries again (functions/cluster/member.join): it joins once the broker answers, and after 3 tries it exits (2)
+with a one-line error naming the cluster instead of a traceback from the Pulsar client (seen once under a CPU
+hog: create_reader TimeOut, then a traceback)."""
 
 from __future__ import annotations
 
@@ -10,29 +11,30 @@ import signal
 
 import pytest
 
-from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.cluster.member import JOIN_TRIES
 from tests.support.cluster_harness import WorkerCluster
+from tests.support.fault_scenarios import broker_pid, own_broker
 from tests.support.scenario import wait_until
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def stopped_broker(tmp_path):
-    """A broker of the test's own, stopped; it continues when the test ends (or when the test says so)."""
-    with EmbeddedBroker(data_dir=str(tmp_path / "broker")) as broker:
-        os.kill(broker.lite_pid, signal.SIGSTOP)
+def stopped_broker(tmp_path, broker_kind):
+    """A broker of the test's own (of the --broker kind), stopped; it continues when the test ends (or when the
+    test says so)."""
+    with own_broker(broker_kind, data_dir=str(tmp_path / "broker")) as broker:
+        os.kill(broker_pid(broker), signal.SIGSTOP)
         try:
             yield broker
         finally:
-            os.kill(broker.lite_pid, signal.SIGCONT)
+            os.kill(broker_pid(broker), signal.SIGCONT)
 
 
 def _cluster(broker, tmp_path) -> WorkerCluster:
     # --broker-kind: the kind is not read from /metrics, which a stopped broker does not serve either
-    return WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=0,
-                         extra_args=("--broker-kind", "pulsar-lite"))
+    kind = "pulsar-lite" if hasattr(broker, "lite_pid") else "apache"
+    return WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=0, extra_args=("--broker-kind", kind))
 
 
 def test_a_join_that_times_out_is_tried_again_and_succeeds(stopped_broker, tmp_path):
@@ -41,7 +43,7 @@ def test_a_join_that_times_out_is_tried_again_and_succeeds(stopped_broker, tmp_p
         w = cluster.add()
         wait_until(lambda: f"joining again (2 of {JOIN_TRIES})" in w.log_path.read_text(), 60,
                    lambda: f"the first join to time out: {w.log_path.read_text()[-2000:]}")
-        os.kill(stopped_broker.lite_pid, signal.SIGCONT)
+        os.kill(broker_pid(stopped_broker), signal.SIGCONT)
         cluster.wait_ready(90)
         assert w.alive() and "Traceback" not in w.log_path.read_text(), w.log_path.read_text()[-3000:]
 

@@ -14,12 +14,12 @@ from tests.support.fault_scenarios import EXAMPLES, Collector, start_broker, sta
 
 
 @pytest.mark.slow
-def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is_back(tmp_path):
+def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is_back(tmp_path, broker_kind):
     port, metrics_port, worker_port = free_port(), free_port(), free_port()
     service_url, metrics_url = f"pulsar://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
     url, name = f"http://127.0.0.1:{worker_port}", "exclaim-down"
     src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-    broker = start_broker(port, metrics_port, str(tmp_path / "broker"))
+    broker = start_broker(port, metrics_port, str(tmp_path / "broker"), broker_kind)
     args = (service_url, metrics_url, worker_port, str(tmp_path / "worker"), "process", tmp_path / "worker.log")
     worker = start_worker(*args)
     try:
@@ -39,8 +39,8 @@ def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is
         time.sleep(3)  # longer than a metrics request's timeout: the worker keeps waiting, never guesses
         assert worker.poll() is None, "the worker exited while its broker was down"
 
-        broker = start_broker(port, metrics_port, str(tmp_path / "broker"))
-        back = time.monotonic()
+        broker = start_broker(port, metrics_port, str(tmp_path / "broker"), broker_kind)
+        back = broker.port_open_at
         collector = Collector(service_url, dst)
         try:
             wait(lambda: admin.status("public", "default", name)["numRunning"] == 2, 30,

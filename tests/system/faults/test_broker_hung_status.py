@@ -1,6 +1,7 @@
 """A hung broker (SIGSTOP, connections open) makes `status` honest within seconds: no instance says
 `running` while the broker does not answer, and all run again once it does (docs/reliability.md,
-functions/worker/broker_watch.py). The test stops and continues only the broker it started, by pid."""
+functions/worker/broker_watch.py). The test stops and continues only the broker it started, by pid (pulsar-lite
+itself, or Apache Pulsar's JVM with --broker apache)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import uuid
 import pulsar
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.worker.broker_watch import SILENT_AFTER_S
+from tests.support.fault_scenarios import broker_pid, own_broker
 from tests.support.scenario import wait_until
 
 
-def test_status_says_not_running_within_seconds_of_a_hung_broker(tmp_path):
-    with EmbeddedBroker(data_dir=str(tmp_path / "broker")) as broker, \
+def test_status_says_not_running_within_seconds_of_a_hung_broker(tmp_path, broker_kind):
+    with own_broker(broker_kind, data_dir=str(tmp_path / "broker")) as broker, \
             WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url) as server:
         admin, name = FunctionsAdmin(server.url), f"hung-{uuid.uuid4().hex[:6]}"
         admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
@@ -27,7 +28,7 @@ def test_status_says_not_running_within_seconds_of_a_hung_broker(tmp_path):
                       "className": "pulsar_autoscale.functions.examples.exclaim.Exclaim"})
         status = lambda: admin.status("public", "default", name)  # noqa: E731
         wait_until(lambda: status()["numRunning"] == 2, 30, "2 running instances")
-        lite_pid = broker.lite_pid
+        lite_pid = broker_pid(broker)
         os.kill(lite_pid, signal.SIGSTOP)
         stopped = time.monotonic()
         try:

@@ -9,7 +9,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from pulsar_autoscale.netutil import free_port, wait_for_port
+
+# Apache Pulsar's wrapper (`pulsar-autoscale broker --kind apache`) has its kill test in test_apache_standalone.py
+pytestmark = pytest.mark.lite_only("pulsar-lite's own wrapper, relay and data-dir lock")
 
 
 def _start(data_dir: str, port: int) -> subprocess.Popen:
