@@ -11,3 +11,9 @@ class ConfigError(PulsarAutoscaleError):
 
 class BrokerError(PulsarAutoscaleError):
     """The broker could not be started or reached."""
+
+
+class Forbidden(PulsarAutoscaleError):
+    """The caller's role may not do this (HTTP 403)."""
+
+    http_status = 403

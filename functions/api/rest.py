@@ -15,16 +15,17 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
+from pulsar_autoscale.errors import ConfigError, Forbidden, PulsarAutoscaleError
 from pulsar_autoscale.functions.api import rest_parity
 from pulsar_autoscale.functions.api.metrics import WorkerCollector
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.model.config_parse import parse_text
+from pulsar_autoscale.functions.model.config_validation import topics_outside
 from pulsar_autoscale.functions.model.errors import BrokerUnavailable, NotFound, StaleEpoch
 from pulsar_autoscale.functions.spark.stages import StageNotFound
 from pulsar_autoscale.functions.worker.status import function_stats, function_status, instance_metrics
 from pulsar_autoscale.functions.worker.worker import Worker
-from pulsar_autoscale.security.guard import trusted_epoch
+from pulsar_autoscale.security.guard import tenant_admin_caller, trusted_epoch
 from pulsar_autoscale.security.redact import keep_masked_secrets, redact_secrets
 from pulsar_autoscale.security.serving import form_text
 
@@ -93,10 +94,29 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
                 raise ConfigError(f"{key} {data[key]!r} in functionConfig does not match the URL ({value!r})")
         return {**data, "tenant": tenant, "namespace": namespace, "name": name}
 
+    def refuse_tenant_code_in_the_worker(runtime) -> None:
+        """A tenant admin's code runs in its own process, as the instance user, not in the worker's memory
+        (docs/security.md, "Threat model"), unless the operator allowed it (--allow-tenant-thread-runtime)."""
+        if (runtime or worker.default_runtime) == "thread" and not worker.tenant_thread_runtime and tenant_admin_caller():
+            raise ConfigError("the thread runtime runs a function's code inside the worker's own memory: it is for "
+                              "trusted (superuser) code. Use the process runtime (instanceRuntime: process), or ask "
+                              "the operator for --allow-tenant-thread-runtime")
+
+    def refuse_topics_outside_the_tenant(tenant: str, data: dict) -> None:
+        """A tenant admin's function reads and writes its own tenant's topics only: on Apache Pulsar the broker
+        holds the function's role to that, pulsar-lite has no authorization, so the worker does."""
+        outside = topics_outside(tenant, data) if tenant_admin_caller() else []
+        if outside:
+            raise Forbidden(f"topic(s) {', '.join(outside)} are outside tenant {tenant!r}: a tenant admin's "
+                                 f"function reads and writes {tenant}/<namespace>/<topic> only (a short name means "
+                                 f"public/default, as in Pulsar)")
+
     @app.post(FN)
     def create(tenant, namespace, name):
         data = path_fields(tenant, namespace, name, form_config())
         code, filename = form_code()
+        refuse_tenant_code_in_the_worker(data.get("instanceRuntime"))
+        refuse_topics_outside_the_tenant(tenant, data)
         admin.create(FunctionConfig.from_dict(data, worker.max_parallelism), code, filename)
         return Response(status=204)
 
@@ -109,7 +129,11 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         if worker.stages.has(fqfn):
             update_stage(fqfn, data)
         else:
-            admin.update(fqfn, keep_masked_secrets(data, admin.get(fqfn).to_dict()), code, filename)
+            current = admin.get(fqfn)
+            refuse_topics_outside_the_tenant(tenant, data)
+            if code is not None or data.get("className") not in (None, current.className):   # new code to run
+                refuse_tenant_code_in_the_worker(current.instanceRuntime)
+            admin.update(fqfn, keep_masked_secrets(data, current.to_dict()), code, filename)
         return Response(status=204)
 
     def update_stage(fqfn: str, data: dict) -> None:

@@ -66,6 +66,16 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
                              "seconds")
         return Response(resp.content, resp.status_code, content_type=resp.headers.get("Content-Type"))
 
+    @app.post(FN + "/state-calls")
+    def state_calls(tenant, namespace, name):
+        """A cluster's internal call: another worker's instance's state calls, to this worker as the state's owner
+        (functions/cluster/state_owner.py)."""
+        if cluster is None:
+            raise NotFound("state calls are served only on a worker cluster")
+        status, body = cluster.state_router.http_answer(f"{tenant}/{namespace}/{name}", request.get_json(force=True),
+                                                         request.args.get("scope") == "local")
+        return jsonify(body), status
+
     @app.post(FN + "/trigger")
     def trigger_function(tenant, namespace, name):
         cfg = admin.get(f"{tenant}/{namespace}/{name}")

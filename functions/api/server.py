@@ -22,7 +22,8 @@ class WorkerServer:
                  broker_kind: str = "auto", max_parallelism: int = DEFAULT_MAX_PARALLELISM,
                  worker_id: str | None = None, cluster: ClusterSettings | None = None,
                  warm_pool: int = 0, spark: SparkSettings | None = None,
-                 security: ServerSecurity | None = None, web_service_url: str | None = None):
+                 security: ServerSecurity | None = None, web_service_url: str | None = None,
+                 instance_user: str | None = None, tenant_thread_runtime: bool = False):
         self.security = security or ServerSecurity()
         self.security.check_bind(host)  # refuse before anything starts
         self.port = port or free_port(host)
@@ -32,7 +33,8 @@ class WorkerServer:
                              worker_id=worker_id or f"worker-{host}-{self.port}", default_runtime=runtime,
                              max_parallelism=max_parallelism, broker_kind=broker_kind, hostname=host, port=self.port,
                              warm_pool=warm_pool, metrics_url=metrics_url, spark=spark,
-                             web_service_url=web_service_url)
+                             web_service_url=web_service_url, instance_user=instance_user,
+                             tenant_thread_runtime=tenant_thread_runtime)
         # A cluster member joins (topics, consumer-id slot) before the REST API answers.
         self.cluster = join(self.worker, self.url, cluster, service_url) if cluster else None
         self._server = self.security.make_server(host, self.port, create_app(self.worker, self.cluster))

@@ -62,6 +62,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-pool", type=int, default=0, metavar="N",
                    help="warm standby interpreters per process-runtime function: a scale-out serves within "
                         "~100 ms instead of 0.3-3 s (default 0)")
+    p.add_argument("--instance-user", default=None, metavar="NAME",
+                   help="run process-runtime instances, warm standbys and code validation as this user, with a clean "
+                        "environment (default: nobody when the worker runs as root, else the worker's own user: "
+                        "then user code is not isolated; docs/security.md)")
+    p.add_argument("--allow-tenant-thread-runtime", action="store_true",
+                   help="let tenant admins' (non-superusers') functions run on the thread runtime, in the worker's "
+                        "memory (default: refused with 400 when --tenant-admin is given; trusted code only)")
     c = p.add_argument_group("cluster (docs/cluster.md)")
     c.add_argument("--cluster", default=None, metavar="NAME",
                    help="join the worker cluster NAME: workers coordinate through Pulsar topics and share functions "
@@ -100,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
                               args.runtime, args.broker_kind, args.max_parallelism, args.worker_id, cluster,
                               warm_pool=args.warm_pool,
                               spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
-                              security=security, web_service_url=args.web_service_url).start()
+                              security=security, web_service_url=args.web_service_url,
+                              instance_user=args.instance_user,
+                              tenant_thread_runtime=args.allow_tenant_thread_runtime).start()
     except PulsarAutoscaleError as exc:   # e.g. a cluster it could not join: the worker's client may be connecting
         print(f"error: {exc}", file=sys.stderr, flush=True)
         _exit_at_once(2)
@@ -111,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
           f"{server.worker.broker_kind}, runtime {args.runtime}"
           f"{f', cluster {args.cluster}' if cluster else ''}; {security.describe()}); data in {data_dir}",
           flush=True)
+    print(server.worker.instance_user.describe(), flush=True)
     stop.wait()
     _stop_within(server, args.shutdown_timeout, "handing instances over..." if cluster else "draining instances...",
                  args.service_url)

@@ -25,6 +25,7 @@ from pulsar_autoscale.functions.cluster.membership import LocalReport, Membershi
 from pulsar_autoscale.functions.cluster.metadata import FunctionMetaDataManager, MetadataTimeout
 from pulsar_autoscale.functions.cluster.peers import Peers, merge_stats
 from pulsar_autoscale.functions.cluster.scheduler import POLICIES, WorkerLoad, rebalance, schedule
+from pulsar_autoscale.functions.cluster.state_owner import StateOwnerRouter
 from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.model.errors import BrokerUnavailable, NotFound
@@ -85,6 +86,11 @@ class ClusterMember:
             # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
             self.peers = Peers(self.membership, self.me, ClientSettings.of(client).http_session())
             self.state_elsewhere = self.peers.state_elsewhere   # the admin API's state routes ask the member
+            # one copy of a non-keyed function's state: the worker assigned its instance 0 owns it
+            self.state_router = StateOwnerRouter(self.me, url, self.assignments, self.membership,
+                                                 ClientSettings.of(client).http_session(), worker.hosted_function,
+                                                 lambda: worker.pulsar_client)
+            worker.state_router = self.state_router
             self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
                 (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
         except BaseException:   # a topic that did not open in time: this attempt's readers end with its client

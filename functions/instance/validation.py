@@ -4,6 +4,11 @@ User code runs at import. Importing it in the worker would let it kill the worke
 the request that creates it (`time.sleep`) or leave a module half-imported in the worker's interpreter.
 A child process with a timeout takes all of that: the worker learns only whether `load_callable` found
 a usable entry point, or why not (an exception, an exit code, a timeout).
+
+The child starts with a clean environment (no credential variables) and drops to the instance user
+(functions/instance/instance_user.py) before it imports the code: what the code can read there (the
+worker's command line, its key files, its environment) is what the instance user can read, and what it
+prints in an error reaches the caller's 400.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pulsar_autoscale.functions.instance.instance_user import InstanceUser, enter
 from pulsar_autoscale.functions.instance.loader import INSTALLED_MODULES, FunctionLoadError, load_callable, load_serde
 
 VALIDATE_TIMEOUT_S = 30.0
@@ -34,13 +40,16 @@ def serde_names(cfg) -> list[str]:
 
 
 def validate(class_name: str, py_file: str | None, installed_modules: Sequence[str] = INSTALLED_MODULES,
-             timeout_s: float = VALIDATE_TIMEOUT_S, serdes: Sequence[str] = ()) -> None:
-    """Import the code and resolve className (and the serde classes) in a child process; FunctionLoadError
-    saying why it cannot run."""
+             timeout_s: float = VALIDATE_TIMEOUT_S, serdes: Sequence[str] = (), user: InstanceUser | None = None) -> None:
+    """Import the code and resolve className (and the serde classes) in a child process, as `user` (default:
+    InstanceUser.resolve(), nobody for a root worker); FunctionLoadError saying why it cannot run."""
+    user = user or InstanceUser.resolve()
     py = str(Path(py_file).resolve()) if py_file else None
     cmd = [sys.executable, "-m", __name__, json.dumps({"className": class_name, "py": py,
-                                                       "modules": list(installed_modules), "serdes": list(serdes)})]
+                                                       "modules": list(installed_modules), "serdes": list(serdes),
+                                                       "user": [user.name, user.uid, user.gid, user.home]})]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=user.environment(), cwd="/",
                             start_new_session=True)  # its own group: a timeout kills what it started too
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -71,10 +80,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _main(arg: str) -> None:
     req = json.loads(arg)
+    py = enter(InstanceUser(*req["user"]), req["py"])   # before the code is imported
     try:
-        load_callable(req["className"], req["py"], req["modules"])
+        load_callable(req["className"], py, req["modules"])
         for serde in req.get("serdes", ()):
-            load_serde(serde, req["py"], req["modules"])
+            load_serde(serde, py, req["modules"])
         result = {}
     except FunctionLoadError as exc:
         result = {"error": str(exc)}

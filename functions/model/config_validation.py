@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.migration_settings import keyed_migration
-from pulsar_autoscale.topics import INTERNAL_PREFIX, is_internal
+from pulsar_autoscale.topics import INTERNAL_PREFIX, is_internal, normalize_topic
 
 if TYPE_CHECKING:
     from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -80,3 +80,22 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
     keyed_migration(cfg)
     return cfg
 
+
+
+def topics_outside(tenant: str, data: dict) -> list[str]:
+    """The topics a raw function config names (inputs, inputSpecs, output, logTopic, deadLetterTopic,
+    topicsPattern) that are not in `tenant`. Short names resolve as Pulsar resolves them, to public/default;
+    a name that is no topic at all is left to validate(), which says what is wrong with it."""
+    named = [*(data.get("inputs") or []), *(data.get("inputSpecs") or {})]
+    named += [data.get(key) for key in ("output", "logTopic", "deadLetterTopic", "topicsPattern")]
+    outside = []
+    for topic in named:
+        if not isinstance(topic, str) or not topic.strip():
+            continue
+        try:
+            full = normalize_topic(topic)
+        except ConfigError:
+            continue
+        if full.split("://", 1)[1].split("/", 1)[0] != tenant:
+            outside.append(topic)
+    return outside

@@ -7,6 +7,11 @@ is a consumer of the function's subscription, as in Pulsar. Process instances on
 cannot join that subscription from their own connection (B2), so they receive through their
 worker over a pipe (broker/lite/shared_input.py). A keyedState function's process instance receives through its
 worker too, and its state calls go to its worker's store (functions/runtimes/remote_state.py).
+
+A process instance (and a warm standby) opens what it needs of the worker's files as the worker's user (its
+client, its state file), then drops to the instance user with a clean environment before it imports the
+function's code (functions/instance/instance_user.py); the fork server itself starts without the worker's
+credential variables (clean_fork_server.py).
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ import pulsar
 
 from pulsar_autoscale.broker.lite.shared_input import SharedInput
 from pulsar_autoscale.functions.instance.instance import Instance, prepare
+from pulsar_autoscale.functions.instance.instance_user import InstanceUser, enter
 from pulsar_autoscale.functions.instance.stats import InstanceFigures, InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.runtimes.piped_input import PipeConsumer, serve_pipe
 from pulsar_autoscale.functions.runtimes.remote_state import KeyedParts, RemoteStateStore, serve_keyed
+from pulsar_autoscale.functions.state.groups import one_group
+from pulsar_autoscale.functions.state.owner_calls import OwnedState, http_transport, is_state_endpoint
 from pulsar_autoscale.functions.state.store import StateStore
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
@@ -90,24 +98,50 @@ class ThreadInstance(InstanceHandle):
 
 def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
                   code_path: str | None, state_path: str | None, num_instances, stop_event, stats_queue, input_conn,
-                  start_time_ms: int) -> None:
+                  start_time_ms: int, user: InstanceUser) -> None:
     """Entry point of a process instance: run the loop in a thread, report figures until drained."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = open_client(client_settings, pulsar.LoggerLevel.Warn)
-    _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
+    client, state, code_path = _as_instance_user(config, client_settings, code_path, state_path, input_conn, user)
+    _run_instance(client, config, instance_id, code_path, state, num_instances, stop_event, stats_queue,
                   input_conn, start_time_ms)
 
 
-def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str, num_instances,
-                  stop_event, stats_queue, input_conn, control) -> None:
-    """Entry point of a warm standby (warm_pool): interpreter up, the function's code imported, the client
-    connected to the broker, the output producer open; then it waits for an instance id and runs that
-    instance like _process_main."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None,
+                      state_path: str | None, input_conn, user: InstanceUser):
+    """What the child needs from the worker's files, opened as the worker's user (the client reads its token
+    file and connects; the state file is in the worker's data dir), then the drop to the instance user with a clean
+    environment (instance_user.enter), before any user code is imported. Returns (client, state, the code's
+    path from the child's working directory)."""
     client = open_client(client_settings, pulsar.LoggerLevel.Warn)
+    if config.inputs:   # the connection (TLS trust and client files) opened as the worker's user
+        try:
+            client.get_topic_partitions(config.inputs[0])
+        except pulsar.PulsarException:
+            pass   # the broker does not answer: the instance says so when it subscribes (a standby: it fails)
+    if config.keyedState:
+        state = RemoteStateStore(input_conn)
+    elif is_state_endpoint(state_path):   # a cluster: one copy of the state, on its owner (state/owner_calls.py)
+        state = OwnedState(http_transport(state_path))
+    else:
+        state = StateStore(state_path, config.numKeyGroups, keyed=False)
+        # its one group file, opened now: the instance user cannot reach the data dir, the open file it keeps
+        # (a store reuses the file it has open)
+        state._file(one_group(config.numKeyGroups))
+    return client, state, enter(user, code_path)
+
+
+def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str, num_instances,
+                  stop_event, stats_queue, input_conn, control, user: InstanceUser) -> None:
+    """Entry point of a warm standby (warm_pool): interpreter up, the function's code imported (as the instance
+    user), the client connected to the broker, the output producer open; then it waits for an instance id and
+    runs that instance like _process_main."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = None
     try:
+        client, state, code_path = _as_instance_user(config, client_settings, code_path, state_path, input_conn,
+                                                     user)
         prepared = prepare(client, config, code_path)
-        client.get_topic_partitions(config.inputs[0])   # a lookup: opens the connection the instance will use
+        client.get_topic_partitions(config.inputs[0])   # the connection the instance will use is up
         control.send("ready")
         activation = control.recv()
     except (EOFError, OSError):
@@ -116,23 +150,22 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_
         control.send(f"failed: {type(exc).__name__}: {exc}")
         activation = None
     if activation is None:
-        client.close()
+        if client is not None:
+            client.close()
         return
     instance_id, start_time_ms = activation
-    _run_instance(client, config, instance_id, code_path, state_path, num_instances, stop_event, stats_queue,
+    _run_instance(client, config, instance_id, code_path, state, num_instances, stop_event, stats_queue,
                   input_conn, start_time_ms, prepared)
 
 
-def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state_path: str | None,
+def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state,
                   num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None) -> None:
     """`input_conn`, a pipe to the worker: a keyedState instance's input and state calls (functions/runtimes/remote_state.py),
     else its input on pulsar-lite (lite.shared_input.SharedInput); None: it subscribes itself."""
     stats = InstanceStats(instance_id, start_time_ms)
     if config.keyedState:
-        state = RemoteStateStore(input_conn)
         open_input = state.input
     else:
-        state = StateStore(state_path, config.numKeyGroups, keyed=False)
         open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else None
     instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
                         open_input=open_input, prepared=prepared)
@@ -153,7 +186,8 @@ def _process_context():
     without an interpreter boot and ~0.3 s of imports (spawn: each start paid both, 1-3 s under load when
     a restarted worker started all its instances at once)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", __name__])
+    # clean_fork_server first: the server, and so every instance, starts without the worker's credentials
+    ctx.set_forkserver_preload(["pulsar_autoscale.functions.runtimes.clean_fork_server", "__main__", __name__])
     return ctx
 
 
@@ -168,9 +202,10 @@ class ProcessInstance(InstanceHandle):
 
     def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings, code_path: str | None,
                  state_path: str | None, num_instances, shared_input: SharedInput | None, standby=None,
-                 keyed: KeyedParts | None = None):
+                 keyed: KeyedParts | None = None, user: InstanceUser | None = None):
         """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn.
-        `keyed` (a keyedState function): its input and its state are served by this worker."""
+        `keyed` (a keyedState function): its input and its state are served by this worker. `user`: whom the
+        code runs as (default: InstanceUser.resolve(), nobody for a root worker)."""
         self.instance_id = instance_id
         self._figures = InstanceStats(instance_id).figures()
         if standby is not None:
@@ -184,7 +219,7 @@ class ProcessInstance(InstanceHandle):
             self._proc = self._ctx.Process(
                 target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
                 args=(config, instance_id, client_settings, code_path, state_path, num_instances, self._stop,
-                      self._queue, child_conn, self._figures.start_time_ms))
+                      self._queue, child_conn, self._figures.start_time_ms, user or InstanceUser.resolve()))
         if keyed is not None:
             serve_keyed(parent_conn, keyed, f"{config.fqfn}:{instance_id}")
         elif shared_input is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from pulsar_autoscale.functions.instance.instance_user import InstanceUser
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.pulsar_client import ClientSettings
 
@@ -31,7 +32,9 @@ class Standby:
     """One pre-started interpreter waiting for an instance id (runtime._standby_main)."""
 
     def __init__(self, ctx, config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str,
-                 num_instances, piped_input: bool):
+                 num_instances, piped_input: bool, user: InstanceUser | None = None):
+        """`user` (default: InstanceUser.resolve(), nobody for a root worker): the standby drops to
+        it, with a clean environment, before it imports the function's code."""
         from pulsar_autoscale.functions.runtimes.handles import _standby_main
         self.control, child_control = ctx.Pipe()
         self.input_parent, input_child = ctx.Pipe() if piped_input else (None, None)
@@ -39,7 +42,7 @@ class Standby:
         self.stats_queue = ctx.Queue()
         self.proc = ctx.Process(target=_standby_main, name=f"{config.fqfn}:standby", daemon=True,
                                 args=(config, client_settings, code_path, state_path, num_instances, self.stop_event,
-                                      self.stats_queue, input_child, child_control))
+                                      self.stats_queue, input_child, child_control, user or InstanceUser.resolve()))
         self.proc.start()
         self._state = "warming"
 

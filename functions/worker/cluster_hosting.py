@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from functools import partial
 
 import pulsar
 
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
 from pulsar_autoscale.functions.model.config import FunctionConfig
+from pulsar_autoscale.functions.state.owner_calls import OwnedState
 from pulsar_autoscale.functions.worker.hosted import HostedFunction
 
 
@@ -36,6 +38,11 @@ class ClusterHosting:
                 self._parallelism.drain(fn, sorted(fn.instances, reverse=True))
                 fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
             fn.config, fn.code_path = cfg, code_path
+            router = self.state_router
+            if router is not None and fn.keyed is None and fn.owned_state is None:
+                # one copy of the state: every instance's calls go to the worker assigned instance 0
+                fn.owned_state = OwnedState(partial(router.handle, cfg.fqfn))
+                fn.owned_state.endpoint = router.endpoint(cfg.fqfn)   # process instances call it over HTTP
             fn.num_instances.value = cfg.parallelism
             leaving = sorted((i for i in fn.instances if i not in ids), reverse=True)
             keyed = fn.keyed
@@ -51,6 +58,8 @@ class ClusterHosting:
                     keyed.start_front(cfg.parallelism)
                 else:
                     keyed.stop_front()
+        if router is not None and keyed is None:
+            router.follow(cfg.fqfn)   # gives the state up when instance 0 left this worker
 
     def _forget_stores(self, fn: HostedFunction, left: set[int]) -> None:
         fn.keyed.stores.snapshot(left)   # they drained; not under the worker's lock: a broker round trip
@@ -72,6 +81,10 @@ class ClusterHosting:
                 return set()
             return fn.keyed.surplus_owners(fn.config.parallelism)
 
+    def hosted_function(self, fqfn: str) -> HostedFunction | None:
+        with self._lock:
+            return self._functions.get(fqfn)
+
     def hosted_ids(self) -> dict[str, set[int]]:
         with self._lock:
             return {fqfn: set(fn.instances) for fqfn, fn in self._functions.items()}
@@ -83,6 +96,8 @@ class ClusterHosting:
             if fn is None:
                 return
             self._deleting.add(fqfn)
+        if self.state_router is not None:
+            self.state_router.forget(fqfn)
         self._remove(fn)
 
     def discard_files_except(self, known: set[str]) -> list[str]:

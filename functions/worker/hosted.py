@@ -34,6 +34,7 @@ class HostedFunction:
     draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
     abandoned: int = 0                                           # drains that did not finish within the bound
     keyed: KeyedScaler | ClusterKeyed | None = None              # keyedState: key-group routing + live migration
+    owned_state: object = None                                   # a cluster, not keyedState: calls to the state's owner
 
     def runtime(self, default: str) -> str:
         return self.config.instanceRuntime or default

@@ -93,6 +93,13 @@ def install_guard(app: Flask, policy: AccessPolicy) -> None:
         return _deny(403, f"role {role!r} is not authorized for {what}")
 
 
+def tenant_admin_caller() -> bool:
+    """Whether tenant admins are configured and the request's role is not a superuser (its code is untrusted)."""
+    policy: AccessPolicy | None = current_app.extensions.get(_EXTENSION)
+    return (policy is not None and any(policy.tenant_admins.values())
+            and g.get("role") not in policy.superuser_roles)
+
+
 def trusted_epoch() -> int | None:
     """The leader epoch the request carries, if its sender may fence: any caller when the server has no
     authentication (loopback only), else only a controller role. Others' headers are ignored."""

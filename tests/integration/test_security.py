@@ -181,7 +181,7 @@ def test_controller_endpoints_need_a_token_and_a_superuser(broker, keys):
 def test_epoch_header_is_honoured_only_from_a_controller_role_and_secrets_are_masked(worker, keys):
     name = f"sec-{uuid.uuid4().hex[:6]}"
     acme = admin_as(worker, keys, ACME_ADMIN)
-    acme.create(function("acme", name, secrets={"db": "hunter2"}), str(EXAMPLES / "exclaim.py"))
+    acme.create(function("acme", name, secrets={"db": "hunter2"}, instanceRuntime="process"), str(EXAMPLES / "exclaim.py"))
     wait_until(lambda: acme.status("acme", "ns", name)["numRunning"] == 1, 30, "1 running instance")
     # a tenant admin sends a huge epoch: ignored (its update still applies), the controller is not locked out
     acme.set_parallelism("acme", "ns", name, 2, epoch=10 ** 18)

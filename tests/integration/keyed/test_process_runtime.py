@@ -4,7 +4,10 @@ the worker down), its key groups' state stays in the worker and its state calls 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +67,10 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
     starts the instance again, the record comes again and is counted once."""
     code = tmp_path / "crash_once.py"
     code.write_text(CRASH_ONCE)
-    flag = tmp_path / "crashed"
+    # the instance runs as the instance user (nobody under a root worker): its flag goes where that user may write
+    flag_dir = Path(tempfile.mkdtemp(prefix="pa-flag-"))
+    flag_dir.chmod(0o777)
+    flag = flag_dir / "crashed"
     with _keyed_count_under_load(broker, tmp_path, cluster, "kc", parallelism=2, className="crash_once.CrashOnce",
                                  code=str(code), userConfig={"flag": str(flag)}, **PROCESS) as (admin, name, _,
                                                                                                 producer):
@@ -75,6 +81,7 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
                     for s in admin.status("public", "default", name)["instances"]}
         assert sorted(restarts.values()) == [0, 1], f"one instance restarted once: {restarts}"
         assert _running(admin, name) == {0, 1}
+    shutil.rmtree(flag_dir, ignore_errors=True)
 
 
 def test_a_process_instance_takes_a_messages_key_group_from_its_ordering_key(broker, client, tmp_path):

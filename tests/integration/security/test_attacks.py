@@ -15,7 +15,8 @@ import requests
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.config_parse import parse_text
-from tests.integration.test_security import FNS, SUPERUSER, call, function, token
+from tests.integration.test_security import ACME_ADMIN, FNS, SUPERUSER, call, function, token
+from tests.support.scenario import EXAMPLES
 
 
 def test_a_cr_lf_in_a_refused_path_writes_no_forged_log_line(worker, keys, caplog):
@@ -129,3 +130,45 @@ def test_a_config_sent_as_a_file_part_is_held_to_the_form_field_limit(broker, tm
             r = requests.post(f"{w.url}{FNS}/public/default/big", files={"functionConfig": part}, timeout=30)
             assert r.status_code == 413, (part[0], r.status_code, r.text[:200])
         assert requests.get(f"{w.url}{FNS}/public/default/big", timeout=30).status_code == 404
+
+
+@pytest.mark.parametrize("field", ["inputs", "output", "logTopic", "deadLetterTopic", "topicsPattern", "short"])
+def test_a_tenant_admin_s_function_may_not_read_or_write_another_tenant_s_topics(worker, keys, field):
+    """acme's admin names a topic of tenant `other` (or a short name, which Pulsar resolves to public/default):
+    403 naming the topic, nothing created; its own tenant's topics are accepted."""
+    cfg = function("acme", f"reach-{field.lower()}", instanceRuntime="process")
+    outside = "persistent://other/ns/secrets"
+    if field == "short":
+        cfg["inputs"] = ["secrets"]
+    elif field == "topicsPattern":
+        cfg.pop("inputs")
+        cfg["topicsPattern"] = "persistent://other/ns/.*"
+    else:
+        cfg[field] = [outside] if field == "inputs" else outside
+    if field == "deadLetterTopic":
+        cfg["maxMessageRetries"] = 3
+    path = f"{FNS}/acme/ns/{cfg['name']}"
+    r = call(worker, keys, "POST", path, role=ACME_ADMIN,
+             files={"functionConfig": (None, json.dumps(cfg), "application/json"),
+                    "data": ("exclaim.py", b"def process(i):\n    return i\n")})
+    assert r.status_code == 403 and "outside tenant 'acme'" in r.text, (r.status_code, r.text)
+    assert call(worker, keys, "GET", path, role=SUPERUSER).status_code == 404
+
+
+def test_a_tenant_admin_may_not_move_its_function_s_output_to_another_tenant(worker, keys):
+    cfg = function("acme", "moves", instanceRuntime="process", output="persistent://acme/ns/moves-out")
+    path = f"{FNS}/acme/ns/moves"
+    files = {"functionConfig": (None, json.dumps(cfg), "application/json"),
+             "data": ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes())}
+    r = call(worker, keys, "POST", path, role=ACME_ADMIN, files=files)
+    assert r.status_code == 204, (r.status_code, r.text)
+    try:
+        r = call(worker, keys, "PUT", path, role=ACME_ADMIN,
+                 files={"functionConfig": (None, json.dumps({"output": "persistent://other/ns/x"}), "application/json")})
+        assert r.status_code == 403, (r.status_code, r.text)
+        assert call(worker, keys, "GET", path, role=SUPERUSER).json()["output"] == "persistent://acme/ns/moves-out"
+        r = call(worker, keys, "PUT", path, role=ACME_ADMIN,
+                 files={"functionConfig": (None, json.dumps({"parallelism": 2}), "application/json")})
+        assert r.status_code == 204, (r.status_code, r.text)
+    finally:
+        call(worker, keys, "DELETE", path, role=SUPERUSER)
