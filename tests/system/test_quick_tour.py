@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,8 @@ from pathlib import Path
 import pytest
 
 from pulsar_autoscale.netutil import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def block(doc: str, heading: str) -> str:
-    text = (ROOT / doc).read_text()
-    section = text[text.index(heading):]
-    return re.search(r"```\n(.*?)```", section, re.S).group(1)
+from tests.support.doc_blocks import ROOT, block
+from tests.support.doc_blocks import run_script as run
 
 
 def substituted(script: str, ports: dict[str, str], scratch: Path, config: Path) -> str:
@@ -37,27 +30,6 @@ def substituted(script: str, ports: dict[str, str], scratch: Path, config: Path)
         script = script.replace(f"pulsar-autoscale {command} ",
                                 f"pulsar-autoscale {command} --service-url pulsar://127.0.0.1:{ports['6650']} ")
     return script.replace("examples/tour-controller.yaml", str(config))
-
-
-def run(script: str, clone: Path, env: dict, out_dir: Path) -> str:
-    """stdout and stderr together; fails with both when the block exits non-zero."""
-    out_dir.mkdir()
-    # Its own process group: whatever the tour started in the background goes when the run ends.
-    # Output to files: background jobs would hold a pipe open after the shell is done.
-    with open(out_dir / "out", "w") as out_f, open(out_dir / "err", "w") as err_f:
-        proc = subprocess.Popen(["bash", "-e", "-c", script], cwd=clone, env=env, stdout=out_f, stderr=err_f,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=240)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-    out, err = (out_dir / "out").read_text(), (out_dir / "err").read_text()
-    assert rc == 0, f"tour failed:\n{out}\n{err[-3000:]}"
-    return out + err
 
 
 def check_comments(script: str, output: str, ports: dict[str, str]) -> None:
