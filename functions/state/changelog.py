@@ -97,6 +97,21 @@ class Changelog:
         return self.topic if self.shards == 1 else f"{self.topic}-{shard}"
 
 
+# Pulsar's default maxMessageSize (5 MiB), less room for the record's key and properties: each change is one
+# changelog message, so a larger value could be stored here and never reach the changelog (lost by a failover).
+MAX_VALUE_BYTES = 5 * 1024 * 1024 - 16 * 1024
+
+
+class StateValueTooLarge(ValueError):
+    """A state value that one changelog record cannot carry: refused before anything is stored."""
+
+
+def check_value_size(key: str, value) -> None:
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > MAX_VALUE_BYTES:
+        raise StateValueTooLarge(f"the state value of {key!r} is {len(value):,} bytes, over the {MAX_VALUE_BYTES:,} "
+                                 f"one changelog record (one Pulsar message, 5 MiB) can carry: nothing was stored")
+
+
 def changelog_of(cfg: "FunctionConfig") -> Changelog:
     return Changelog(changelog_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId), cfg.changelogShards or 1,
                      cfg.numKeyGroups)

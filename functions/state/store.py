@@ -28,7 +28,7 @@ from typing import Callable
 import pulsar
 
 from pulsar_autoscale.functions.model.keygroups import DEFAULT_NUM_KEY_GROUPS, key_group
-from pulsar_autoscale.functions.state.changelog import COUNTER, VALUE, Changelog, ChangelogWriter, Record
+from pulsar_autoscale.functions.state.changelog import COUNTER, VALUE, Changelog, ChangelogWriter, Record, check_value_size
 from pulsar_autoscale.functions.state.group_files import (
     GroupFile,
     discard,
@@ -311,8 +311,8 @@ class StateStore:
             "RETURNING ival, ver", (key, int(amount)), COUNTER, key, group)
 
     def put(self, group: int, key: str, value) -> None:
-        if isinstance(value, str):
-            value = value.encode()
+        value = value.encode() if isinstance(value, str) else value
+        check_value_size(key, value)
         self._write("INSERT INTO kv(kind, key, bval, ver) VALUES('s', ?, ?, 1) ON CONFLICT DO UPDATE SET "
                     "bval = excluded.bval, ver = ver + 1, dead = 0 RETURNING bval, ver",
                     (key, value), VALUE, key, group)
