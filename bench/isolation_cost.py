@@ -20,30 +20,30 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pulsar
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout: tests.support
+
+from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.functions.api.server import WorkerServer
+from pulsar_autoscale.functions.api.server import WorkerServer  # noqa: E402
+from tests.support.scenario import wait_until  # noqa: E402
 
 USERS = ("nobody", "root")
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.005)
-    raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
+# the suite's bounded wait, polled at 0.005 s: a new instance's first message is what these runs time
+wait_for = functools.partial(wait_until, interval_s=0.005)
 
 
 def load(service_url: str, topic: str, rate: float, stop: threading.Event) -> None:

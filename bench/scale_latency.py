@@ -23,18 +23,24 @@ Usage: python bench/scale_latency.py [--repeats 3] [--pool 4] [--rate 200] [--se
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pulsar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout: tests.support
 from brokers import add_broker_option, per_broker
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.functions.api.server import WorkerServer
+from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
+from pulsar_autoscale.functions.api.server import WorkerServer  # noqa: E402
+from tests.support.scenario import wait_until  # noqa: E402
 
 STEPS = ((1, 4), (4, 8))
 
@@ -53,14 +59,8 @@ def load(service_url: str, topic: str, rate: float, stop: threading.Event, keyed
     client.close()
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
+# the suite's bounded wait, polled at 0.01 s: a new instance's first message is what these runs time
+wait_for = functools.partial(wait_until, interval_s=0.01)
 
 
 def run_mode(broker, pool: int, repeats: int, rate: float, service_ms: float, keyed: bool) -> dict:
