@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -151,3 +153,28 @@ def run_scaling(service_url: str, admin_url: str, runtime: str, messages: int = 
     producer.close()
     client.close()
     return result
+
+
+_KEYED_LOAD = """
+import sys, time, pulsar
+url, topic, n, keys, rate, batched = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6] == "1"
+c = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+batching = {"batching_max_publish_delay_ms": 2} if batched else {"batching_enabled": False}
+p = c.create_producer(topic, block_if_queue_full=True, send_timeout_millis=0, **batching)
+t0 = time.monotonic()
+for i in range(n):
+    delay = t0 + i / rate - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    p.send_async(b"x", None, partition_key="k%d" % (i % keys))
+p.flush()
+c.close()
+"""
+
+
+def start_keyed_load(service_url: str, topic: str, n: int, keys: int, rate: float, batched: bool):
+    """`n` records keyed k0..k{keys-1} in turn at `rate`/s, from a process of their own (a fault test kills workers,
+    not its load)."""
+    return subprocess.Popen([sys.executable, "-c", _KEYED_LOAD, service_url, topic, str(n), str(keys), str(rate),
+                             "1" if batched else "0"])
+

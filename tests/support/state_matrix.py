@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -24,27 +23,12 @@ import requests
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster
-from tests.support.scenario import EXAMPLES, wait_until
+from tests.support.scenario import EXAMPLES, start_keyed_load, wait_until
 
 KEYS, PER_KEY = 40, 50
 RATE = 100.0            # messages per second: 2,000 over 20 s, so that the faults land while records flow
 STOP_S = 15.0           # how long a SIGSTOPped worker stays frozen
 FAULTS = ("kill9", "sigterm", "sigstop")
-PRODUCER = """
-import sys, time, pulsar
-url, topic, n, keys, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-c = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-p = c.create_producer(topic, block_if_queue_full=True, batching_enabled=False, send_timeout_millis=0)
-t0 = time.monotonic()
-for i in range(n):
-    delay = t0 + i / rate - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-    p.send_async(b"x", None, partition_key="k%d" % (i % keys))
-p.flush()
-c.close()
-"""
-
 
 @dataclass(frozen=True)
 class Cell:
@@ -217,8 +201,7 @@ def _run(cell: Cell, cluster: WorkerCluster, name: str, src: str, out: str, serv
          "inputs": [src], "output": out, "parallelism": 2, "keyedState": cell.keyed,
          "processingGuarantees": cell.guarantee, "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
     wait_until(lambda: _running(cluster, name, 2), 90, f"{name} running 2 instances")
-    producer = subprocess.Popen([sys.executable, "-c", PRODUCER, service_url, src, str(KEYS * PER_KEY), str(KEYS),
-                                 str(RATE)])
+    producer = start_keyed_load(service_url, src, KEYS * PER_KEY, KEYS, RATE, batched=False)
     try:
         wait_until(lambda: _drain(consumer, result) >= 0 and sum(result.outputs.values()) > 200, 90,
                    "the first outputs")

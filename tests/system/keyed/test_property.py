@@ -22,26 +22,11 @@ from hypothesis import strategies as st
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.netutil import free_port
-from tests.support.scenario import EXAMPLES, wait_until
+from tests.support.scenario import EXAMPLES, start_keyed_load, wait_until
 
 KEYS = 40
 RECORDS = 1200
 RATE = 120.0
-PRODUCER = """
-import sys, time, pulsar
-url, topic, n, keys, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-c = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-p = c.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=2, send_timeout_millis=0)
-t0 = time.monotonic()
-for i in range(n):
-    delay = t0 + i / rate - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-    p.send_async(b"x", None, partition_key="k%d" % (i % keys))
-p.flush()
-c.close()
-"""
-
 OPS = st.one_of(st.tuples(st.just("scale"), st.integers(1, 3)), st.just(("sigterm", 0)), st.just(("kill9", 0)))
 
 
@@ -110,8 +95,7 @@ def test_counts_survive_any_sequence_of_scaling_and_worker_failures(broker, tmp_
                       "inputs": [src], "parallelism": 2, "keyedState": True, "processingGuarantees": guarantee,
                       "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 2, 60, "2 instances running")
-        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
-                                     str(KEYS), str(RATE)])
+        producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
         period = RECORDS / RATE / (len(ops) + 1)
         for op, arg in ops:
             time.sleep(period)   # the load schedule, not synchronisation
