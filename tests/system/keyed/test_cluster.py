@@ -6,8 +6,6 @@ The same through SIGTERM of a worker and of the front's worker."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -17,8 +15,7 @@ import requests
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster, key_counts
-from tests.support.scenario import EXAMPLES, keyed_settled, wait_until
-from tests.system.keyed.test_property import PRODUCER
+from tests.support.scenario import EXAMPLES, keyed_settled, start_keyed_load, wait_until
 
 pytestmark = pytest.mark.slow
 KEYS, RECORDS, RATE = 30, 3000, 100.0
@@ -75,8 +72,7 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
         cluster.wait_ready()
         a, b, _ = cluster.live()
         placed = _create(cluster, a.url, name, src)
-        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
-                                     str(KEYS), str(RATE)])
+        producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
         timings = {}
         try:
             time.sleep(2)
@@ -126,8 +122,7 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
         placed = _create(cluster, cluster.live()[0].url, name, src)
-        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS),
-                                     str(KEYS), str(RATE)])
+        producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
         timings = {}
         try:
             for instance in (1, 0):   # a worker without the front, then the front's
@@ -181,8 +176,7 @@ def _create_paced(cluster: WorkerCluster, name: str, src: str, parallelism: int)
 @contextmanager
 def _load(broker, src: str):
     """RECORDS records over KEYS keys at RATE from a producer process, killed if the test leaves early."""
-    producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src, str(RECORDS), str(KEYS),
-                                 str(RATE)])
+    producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
     try:
         yield producer
     finally:

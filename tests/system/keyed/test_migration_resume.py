@@ -9,8 +9,6 @@ while the records of its groups waited."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 
@@ -18,9 +16,8 @@ import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster, key_counts
-from tests.support.scenario import keyed_settled, wait_until
+from tests.support.scenario import keyed_settled, start_keyed_load, wait_until
 from tests.system.keyed.test_cluster import _create_paced, _keyed_view, _mid_migration, _placement
-from tests.system.keyed.test_property import PRODUCER
 
 pytestmark = pytest.mark.slow
 KEYS, PER_KEY, RATE = 40, 50, 100.0
@@ -39,8 +36,7 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         _create_paced(cluster, name, src, 2)
-        producer = subprocess.Popen([sys.executable, "-c", PRODUCER, broker.service_url, src,
-                                     str(KEYS * PER_KEY), str(KEYS), str(RATE)])
+        producer = start_keyed_load(broker.service_url, src, KEYS * PER_KEY, KEYS, RATE, batched=True)
         try:
             time.sleep(2)
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 4)
