@@ -21,9 +21,11 @@ from pulsar_autoscale.functions.cluster.member import ClusterMember
 from pulsar_autoscale.functions.cluster.peers import MISDIRECTED
 from pulsar_autoscale.functions.model.config_parse import parse_text
 from pulsar_autoscale.functions.model.errors import NotFound
+from pulsar_autoscale.functions.state.owner_calls import STATE_KEY_HEADER
 from pulsar_autoscale.functions.state.store import StateStore
 from pulsar_autoscale.functions.worker.packages import PackageStore
 from pulsar_autoscale.functions.worker.worker import Worker
+from pulsar_autoscale.security.guard import CAPABILITY
 from pulsar_autoscale.security.serving import form_text
 
 FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
@@ -66,10 +68,23 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
                              "seconds")
         return Response(resp.content, resp.status_code, content_type=resp.headers.get("Content-Type"))
 
+    def state_key_verdict() -> bool | None:
+        """The security guard's capability check: a process instance's state key opens its own function's state
+        calls on this worker (not another worker's: scope=local is the workers' own call) and nothing else."""
+        key = request.headers.get(STATE_KEY_HEADER)
+        if key is None:
+            return None
+        args = request.view_args or {}
+        return (cluster is not None and request.endpoint == "state_calls" and request.method == "POST"
+                and request.args.get("scope") != "local"
+                and cluster.state_router.opens(f"{args['tenant']}/{args['namespace']}/{args['name']}", key))
+
+    app.extensions[CAPABILITY] = state_key_verdict
+
     @app.post(FN + "/state-calls")
     def state_calls(tenant, namespace, name):
-        """A cluster's internal call: another worker's instance's state calls, to this worker as the state's owner
-        (functions/cluster/state_owner.py)."""
+        """A cluster's internal call: the state calls of an instance, from its process (with its state key) or
+        from another worker (scope=local, to this worker as the state's owner; functions/cluster/state_owner.py)."""
         if cluster is None:
             raise NotFound("state calls are served only on a worker cluster")
         status, body = cluster.state_router.http_answer(f"{tenant}/{namespace}/{name}", request.get_json(force=True),

@@ -15,7 +15,10 @@ the changelog first. querystate/putstate answer on the owner; any other worker a
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -26,7 +29,13 @@ import requests
 from pulsar_autoscale.functions.model.errors import NotFound
 from pulsar_autoscale.functions.state.changelog import changelog_of
 from pulsar_autoscale.functions.state.groups import one_group
-from pulsar_autoscale.functions.state.owner_calls import OwnerSessions, OwnerUnavailable, SessionLost, wait_ended
+from pulsar_autoscale.functions.state.owner_calls import (
+    OwnerSessions,
+    OwnerUnavailable,
+    SessionLost,
+    StateEndpoint,
+    wait_ended,
+)
 from pulsar_autoscale.functions.state.store import StateStore
 
 if TYPE_CHECKING:
@@ -67,14 +76,22 @@ class StateOwnerRouter:
         self._client = client
         self._owned: dict[str, _Owned] = {}
         self._lock = threading.Lock()
+        self._keys = secrets.token_bytes(32)   # the process instances' state keys: per function, this run only
         log.warning("%s: the state of functions without keyedState has one copy per function on this cluster, "
                     "owned by the worker assigned instance 0 and restored from the changelog; a worker's local copy "
                     "from before (one per worker) is no longer read (docs/state.md, \"One copy per function on a "
                     "cluster\")", me)
 
-    def endpoint(self, fqfn: str) -> str:
-        """This worker's state-calls URL for fqfn: its process instances' transport."""
-        return self.url + state_calls_path(fqfn)
+    def endpoint(self, fqfn: str) -> StateEndpoint:
+        """This worker's state-calls URL for fqfn and the key that opens it: its process instances' transport."""
+        return StateEndpoint(self.url + state_calls_path(fqfn), self._key(fqfn))
+
+    def _key(self, fqfn: str) -> str:
+        return hmac.new(self._keys, fqfn.encode(), hashlib.sha256).hexdigest()
+
+    def opens(self, fqfn: str, key: str) -> bool:
+        """Whether `key` is this worker's state key of fqfn (a process instance of that function here)."""
+        return hmac.compare_digest(key, self._key(fqfn))
 
     def owner(self, fqfn: str) -> str | None:
         return self._assignments.current().owner(fqfn, 0)

@@ -34,7 +34,7 @@ from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.runtimes.piped_input import PipeConsumer, serve_pipe
 from pulsar_autoscale.functions.runtimes.remote_state import KeyedParts, RemoteStateStore, serve_keyed
 from pulsar_autoscale.functions.state.groups import one_group
-from pulsar_autoscale.functions.state.owner_calls import OwnedState, http_transport, is_state_endpoint
+from pulsar_autoscale.functions.state.owner_calls import OwnedState, StateEndpoint, http_transport, is_state_endpoint
 from pulsar_autoscale.functions.state.store import StateStore
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
@@ -97,7 +97,7 @@ class ThreadInstance(InstanceHandle):
 
 
 def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
-                  code_path: str | None, state_path: str | None, num_instances, stop_event, stats_queue, input_conn,
+                  code_path: str | None, state_path: str | StateEndpoint | None, num_instances, stop_event, stats_queue, input_conn,
                   start_time_ms: int, user: InstanceUser) -> None:
     """Entry point of a process instance: run the loop in a thread, report figures until drained."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -201,7 +201,7 @@ class ProcessInstance(InstanceHandle):
     _ctx = _process_context()  # never fork the worker itself: it holds pulsar-client threads
 
     def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings, code_path: str | None,
-                 state_path: str | None, num_instances, shared_input: SharedInput | None, standby=None,
+                 state_path: str | StateEndpoint | None, num_instances, shared_input: SharedInput | None, standby=None,
                  keyed: KeyedParts | None = None, user: InstanceUser | None = None):
         """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn.
         `keyed` (a keyedState function): its input and its state are served by this worker. `user`: whom the

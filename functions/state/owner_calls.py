@@ -28,6 +28,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import requests
@@ -42,6 +43,9 @@ STATE_CALLS = frozenset({"incr_counter", "get_counter", "del_counter", "put_stat
 SCOPE_CALLS = frozenset({"begin", "commit", "abort", "flush_before_ack", "flush"})
 ONE_WAY = frozenset({"abort"})
 RETRY = "RETRY: "       # an answer's error that means "not applied here, send it to the owner again"
+# a process instance's key to its function's state calls on its worker (the worker's REST API may check tokens;
+# the instance holds none, and this key opens that one function's state calls and nothing else)
+STATE_KEY_HEADER = "X-Pulsar-Autoscale-State-Key"
 
 
 class OwnerUnavailable(RuntimeError):
@@ -199,25 +203,37 @@ class OwnedState:
         return lambda *args: self._call(name, None, *args)
 
 
-def is_state_endpoint(state_path: str | None) -> bool:
+@dataclass(frozen=True)
+class StateEndpoint:
+    """Where a process instance sends its state calls on a cluster: its worker's `.../state-calls`, with the key
+    that opens it for this function (it reaches the child over its start pipe, not its command line or
+    environment, which other processes of the instance user could read)."""
+
+    url: str
+    key: str = field(repr=False)
+
+
+def is_state_endpoint(state_path: object) -> bool:
     """A process instance's state "path" that names its worker's state-calls endpoint (a cluster, not keyedState)."""
-    return state_path is not None and state_path.startswith(("http://", "https://"))
+    return isinstance(state_path, StateEndpoint)
 
 
-def http_transport(endpoint: str) -> Transport:
+def http_transport(endpoint: StateEndpoint) -> Transport:
     """A process instance's calls, to its own worker's `.../state-calls` (which serves them, as the owner, or
     forwards them to the owner)."""
     http = requests.Session()
+    http.headers[STATE_KEY_HEADER] = endpoint.key
+    url = endpoint.url
 
     def send(session: str, fresh: bool, calls: list) -> list:
         try:
-            resp = http.post(endpoint, json={"session": session, "fresh": fresh, "calls": encode(calls)}, timeout=60)
+            resp = http.post(url, json={"session": session, "fresh": fresh, "calls": encode(calls)}, timeout=60)
         except requests.RequestException as exc:
-            raise OwnerUnavailable(f"{endpoint}: {type(exc).__name__}") from None
+            raise OwnerUnavailable(f"{url}: {type(exc).__name__}") from None
         if resp.status_code == 409:
             raise SessionLost(resp.text)
         if resp.status_code != 200:
-            raise OwnerUnavailable(f"{endpoint} answered {resp.status_code}: {resp.text[:200]}")
+            raise OwnerUnavailable(f"{url} answered {resp.status_code}: {resp.text[:200]}")
         return [tuple(a) for a in resp.json()["answers"]]
     return send
 

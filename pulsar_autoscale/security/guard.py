@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/healthz"})
 AUTHENTICATED_PATHS = frozenset({"/metrics"})
 _EXTENSION = "pulsar_autoscale.access"
+# app.extensions[CAPABILITY]: () -> True (the request carries a capability that lets it in), False (it carries
+# one that does not: 403) or None (it carries none: the bearer token decides)
+CAPABILITY = "pulsar_autoscale.capability"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,13 @@ def install_guard(app: Flask, policy: AccessPolicy) -> None:
     def _guard():
         if request.path in OPEN_PATHS:
             return None
+        capability = current_app.extensions.get(CAPABILITY)
+        verdict = capability() if capability is not None else None
+        if verdict is not None:
+            if verdict:
+                return None
+            log.info("403 on %s %r: a capability that does not open it", request.method, request.path)
+            return _deny(403, "the capability sent does not open this path")
         token = bearer_token(request.headers.get("Authorization"))
         if token is None:
             return _deny(401, "authentication required: send Authorization: Bearer <token>")

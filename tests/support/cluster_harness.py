@@ -49,6 +49,7 @@ class WorkerCluster:
     workers: list[WorkerProc] = field(default_factory=list)
     extra_args: tuple[str, ...] = ()
     cluster: bool = True   # False: plain single workers (no --cluster), today's one-machine default
+    token: str | None = None   # the workers check tokens (extra_args): wait_ready's calls carry this one
 
     def add(self) -> WorkerProc:
         port = free_port()
@@ -80,11 +81,14 @@ class WorkerCluster:
         deadline = time.monotonic() + timeout_s
         want = {w.worker_id for w in self.live()}
         last = None
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         while time.monotonic() < deadline:
             try:
-                views = [{m["workerId"] for m in requests.get(w.url + "/admin/v2/worker/cluster", timeout=2).json()}
+                views = [{m["workerId"] for m in requests.get(w.url + "/admin/v2/worker/cluster", headers=headers,
+                                                              timeout=2).json()}
                          for w in self.live()]
-                leader = requests.get(self.live()[0].url + "/admin/v2/worker/cluster/leader", timeout=2)
+                leader = requests.get(self.live()[0].url + "/admin/v2/worker/cluster/leader", headers=headers,
+                                      timeout=2)
                 if all(v == want for v in views) and leader.status_code == 200:
                     return
                 last = views
