@@ -38,6 +38,7 @@ ON_APACHE = (
     "system/test_apache_security.py",
     "system/test_apache_standalone.py",
     "system/test_stock_apache.py",
+    "system/test_quick_tour.py::test_quick_tour_on_apache_pulsar",
     # worker clusters and faults on a real broker (not here, for time, though they pass on Apache too:
     # cluster/test_join.py, faults/test_broker_down_at_start.py and the burst drain of cluster/test_cluster.py)
     "system/cluster/test_cluster.py::test_members_leader_and_assignments_are_real",

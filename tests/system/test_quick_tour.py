@@ -35,10 +35,13 @@ def substituted(script: str, ports: dict[str, str], scratch: Path, config: Path)
 def check_comments(script: str, output: str, ports: dict[str, str]) -> None:
     """Every figure a comment of the block promises, against the output (or the command it sits on)."""
     fn, start, target = re.search(r"scaled (\S+) (\d+) -> (\d+)", script).groups()
-    seen = re.search(rf"scaled {re.escape(fn)} {start} -> (\d+) ", output)
+    steps = [(int(a), int(b)) for a, b in re.findall(rf"scaled {re.escape(fn)} (\d+) -> (\d+) ", output)]
     # The policy answers the service rate it measures: on a machine loaded by other work one instance more or
     # less than the comment's figure is the same behaviour; the status and the gauge must then say that number.
-    assert seen and abs(int(seen.group(1)) - int(target)) <= 1, f"the comment promises 'scaled {fn} {start} -> {target}':\n{output}"
+    # The fast check may act on the load's first seconds, before the rate is all in: then a second step follows.
+    out = [b for _, b in steps[:next((i for i, (a, b) in enumerate(steps) if b < a), len(steps))]]
+    assert steps and steps[0][0] == int(start) and len(out) <= 2 and abs(max(out) - int(target)) <= 1, \
+        f"the comment promises 'scaled {fn} {start} -> {target}', or in two steps:\n{output}"
     instances = re.search(r'# "numInstances": (\d+)', script).group(1)
     shown = re.findall(r'"numInstances": (\d+),', output)
     assert instances == target and shown and abs(int(shown[-1]) - int(target)) <= 1, output
@@ -58,8 +61,8 @@ def check_comments(script: str, output: str, ports: dict[str, str]) -> None:
         assert f"status on http://127.0.0.1:{ports['9091']}/status" in output, output
 
 
-@pytest.mark.slow
-def test_quick_tour_from_a_fresh_clone_twice_then_secured(tmp_path):
+def _tour(tmp_path: Path):
+    """A fresh clone, the tour's ports, its controller config with them, and the environment the tour runs in."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
     ports = {p: str(free_port()) for p in ("6650", "8080", "6750", "9091")}
@@ -69,17 +72,27 @@ def test_quick_tour_from_a_fresh_clone_twice_then_secured(tmp_path):
     (tmp_path / "tour-controller.yaml").write_text(config)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    return clone, ports, env
+
+
+def _check_run(script: str, output: str, ports: dict[str, str], scratch: Path, tmp_path: Path) -> None:
+    contents = sorted(line.split("content:")[1] for line in output.splitlines() if "content:" in line)
+    assert contents == ["functions!", "hello!", "pulsar!"], output
+    assert "again!" in output.splitlines()
+    assert f"data in {scratch / 'worker'}" in output
+    assert str(tmp_path / "xdg" / "pulsar-autoscale" / "controller" / "decisions.jsonl") in output
+    check_comments(script, output, ports)
+
+
+@pytest.mark.slow
+def test_quick_tour_from_a_fresh_clone_twice_then_secured(tmp_path):
+    clone, ports, env = _tour(tmp_path)
     scratch = tmp_path / "pa-tour"
     script = substituted(block("README.md", "## Quick tour"), ports, scratch, tmp_path / "tour-controller.yaml")
     for attempt in (1, 2):
         output = run(script, clone, env, tmp_path / f"run{attempt}")
         assert "already exists" not in output, f"run {attempt} found an earlier run's functions:\n{output}"
-        contents = sorted(line.split("content:")[1] for line in output.splitlines() if "content:" in line)
-        assert contents == ["functions!", "hello!", "pulsar!"], output
-        assert "again!" in output.splitlines()
-        assert f"data in {scratch / 'worker'}" in output
-        assert str(tmp_path / "xdg" / "pulsar-autoscale" / "controller" / "decisions.jsonl") in output
-        check_comments(script, output, ports)
+        _check_run(script, output, ports, scratch, tmp_path)
 
     secured = substituted(block("docs/security.md", "## The quick tour, secured"), ports, scratch, Path("unused"))
     output = run(secured, clone, env, tmp_path / "secured")
@@ -89,3 +102,22 @@ def test_quick_tour_from_a_fresh_clone_twice_then_secured(tmp_path):
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True,
                             check=True).stdout
     assert status == "", f"the tour left files in the checkout:\n{status}"
+
+
+@pytest.mark.slow
+def test_quick_tour_on_apache_pulsar(tmp_path, broker_kind):
+    """The README's tour with the broker lines docs/apache-pulsar.md gives: an Apache Pulsar standalone of its own
+    (the Apache pass only: pulsar-lite's pass runs the tour as the README has it)."""
+    if broker_kind != "apache":
+        pytest.skip("the tour on Apache Pulsar runs on the Apache pass (--broker apache)")
+    clone, ports, env = _tour(tmp_path)
+    scratch = tmp_path / "pa-tour"
+    tour = block("README.md", "## Quick tour").splitlines(keepends=True)
+    start = next(i for i, line in enumerate(tour) if line.startswith("pulsar-autoscale broker "))
+    apache = block("docs/apache-pulsar.md", "## The quick tour on Apache Pulsar").splitlines(keepends=True)
+    assert len(apache) == 2 and tour[start + 1].startswith("for i in"), "the doc replaces the broker and its wait"
+    script = substituted("".join(tour[:start] + apache + tour[start + 2:]), ports, scratch,
+                         tmp_path / "tour-controller.yaml")
+    output = run(script, clone, env, tmp_path / "apache", timeout_s=420)
+    assert "apache pulsar" in output and " ready: service-url pulsar://127.0.0.1:" + ports["6650"] in output, output
+    _check_run(script, output, ports, scratch, tmp_path)
