@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout: t
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer  # noqa: E402
+from pulsar_autoscale.functions.instance.instance_user import InstanceUser, InstanceUsers  # noqa: E402
 from tests.support.scenario import wait_until  # noqa: E402
 
 USERS = ("nobody", "root")
@@ -63,7 +64,7 @@ class Mode:
 
     def __init__(self, broker, user: str, rate: float, service_ms: float, warm_pool: int):
         self.server = WorkerServer(broker.service_url, metrics_url=broker.metrics_url, runtime="process",
-                                   warm_pool=warm_pool, instance_user=user).start()
+                                   warm_pool=warm_pool, instance_users=InstanceUsers(InstanceUser.resolve(user))).start()
         self.broker, self.user, self.pool = broker, user, warm_pool
         self.admin = FunctionsAdmin(self.server.url)
         self.name = f"iso-{user}-{uuid.uuid4().hex[:6]}"
@@ -122,7 +123,7 @@ def throughput(broker, user: str, messages: int) -> dict:
     finally:
         client.close()
     with WorkerServer(broker.service_url, metrics_url=broker.metrics_url, runtime="process",
-                      instance_user=user) as server:
+                      instance_users=InstanceUsers(InstanceUser.resolve(user))) as server:
         admin = FunctionsAdmin(server.url)
         admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
                       "className": "pulsar_autoscale.functions.examples.noop.noop", "receiverQueueSize": 1000})

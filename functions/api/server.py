@@ -8,6 +8,7 @@ import threading
 
 from pulsar_autoscale.functions.api.rest import create_app
 from pulsar_autoscale.functions.cluster.member import ClusterSettings, join
+from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.worker.worker import Worker
 from pulsar_autoscale.netutil import free_port
@@ -23,7 +24,7 @@ class WorkerServer:
                  worker_id: str | None = None, cluster: ClusterSettings | None = None,
                  warm_pool: int = 0, spark: SparkSettings | None = None,
                  security: ServerSecurity | None = None, web_service_url: str | None = None,
-                 instance_user: str | None = None, tenant_thread_runtime: bool = False):
+                 instance_users: InstanceUsers | None = None, tenant_thread_runtime: bool = False):
         self.security = security or ServerSecurity()
         self.security.check_bind(host)  # refuse before anything starts
         self.port = port or free_port(host)
@@ -33,7 +34,7 @@ class WorkerServer:
                              worker_id=worker_id or f"worker-{host}-{self.port}", default_runtime=runtime,
                              max_parallelism=max_parallelism, broker_kind=broker_kind, hostname=host, port=self.port,
                              warm_pool=warm_pool, metrics_url=metrics_url, spark=spark,
-                             web_service_url=web_service_url, instance_user=instance_user,
+                             web_service_url=web_service_url, instance_users=instance_users,
                              tenant_thread_runtime=tenant_thread_runtime)
         # A cluster member joins (topics, consumer-id slot) before the REST API answers.
         self.cluster = join(self.worker, self.url, cluster, service_url) if cluster else None

@@ -17,6 +17,7 @@ from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.cluster.member import ClusterSettings
 from pulsar_autoscale.functions.cluster.scheduler import POLICIES
+from pulsar_autoscale.functions.instance.instance_user import DEFAULT_UIDS, InstanceUsers
 from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.runtimes.handles import RUNTIMES
 from pulsar_autoscale.paths import user_data_dir
@@ -66,6 +67,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="run process-runtime instances, warm standbys and code validation as this user, with a clean "
                         "environment (default: nobody when the worker runs as root, else the worker's own user: "
                         "then user code is not isolated; docs/security.md)")
+    p.add_argument("--instance-uids", default=None, metavar="FIRST-LAST",
+                   help="run each function's code as a uid and gid of its own from this range (root only; default "
+                        f"{DEFAULT_UIDS.start}-{DEFAULT_UIDS.stop - 1} under root when --tenant-admin is given, so one "
+                        "tenant's code cannot signal another's instances; docs/security.md)")
     p.add_argument("--allow-tenant-thread-runtime", action="store_true",
                    help="let tenant admins' (non-superusers') functions run on the thread runtime, in the worker's "
                         "memory (default: refused with 400 when --tenant-admin is given; trusted code only)")
@@ -108,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
                               warm_pool=args.warm_pool,
                               spark=SparkSettings.from_args(args.spark_master, args.spark_conf),
                               security=security, web_service_url=args.web_service_url,
-                              instance_user=args.instance_user,
+                              instance_users=InstanceUsers.from_options(args.instance_user, args.instance_uids,
+                                                                        bool(args.tenant_admin)),
                               tenant_thread_runtime=args.allow_tenant_thread_runtime).start()
     except PulsarAutoscaleError as exc:   # e.g. a cluster it could not join: the worker's client may be connecting
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -120,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
           f"{server.worker.broker_kind}, runtime {args.runtime}"
           f"{f', cluster {args.cluster}' if cluster else ''}; {security.describe()}); data in {data_dir}",
           flush=True)
-    print(server.worker.instance_user.describe(), flush=True)
+    print(server.worker.instance_users.describe(), flush=True)
     stop.wait()
     _stop_within(server, args.shutdown_timeout, "handing instances over..." if cluster else "draining instances...",
                  args.service_url)

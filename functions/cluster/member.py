@@ -71,7 +71,7 @@ class ClusterMember:
         try:
             worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed/cluster.py)
             self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
-                                                    worker.max_parallelism)
+                                                    worker.max_parallelism, worker.instance_users)
             self.assignments = AssignmentTailer(self._client, self.topics, self.me)
             self._report = LocalReport()
             self.membership = MembershipManager(self._client, self.topics, self.me, url, settings.capacity,

@@ -29,6 +29,7 @@ import pulsar
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.cluster.tailer import TopicTailer
 from pulsar_autoscale.functions.cluster.topics import ClusterTopics
+from pulsar_autoscale.functions.instance.instance_user import InstanceUser, InstanceUsers
 from pulsar_autoscale.functions.instance.validation import validate
 from pulsar_autoscale.functions.model.config import FunctionConfig, with_new_state
 from pulsar_autoscale.functions.model.errors import Conflict, NotFound
@@ -71,8 +72,10 @@ class _Outcome:
 
 class FunctionMetaDataManager:
     def __init__(self, client: pulsar.Client, topics: ClusterTopics, data_dir: Path, worker_id: str,
-                 max_parallelism: int):
+                 max_parallelism: int, users: InstanceUsers | None = None):
+        """`users`: whom the validation child of a create or update runs as (the worker's instance users)."""
         self.worker_id = worker_id
+        self._users = users
         self.max_parallelism = max_parallelism
         self._packages_dir = data_dir / "packages"
         self._functions: dict[str, FunctionRecord] = {}
@@ -204,7 +207,7 @@ class FunctionMetaDataManager:
             raise ConfigError(f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded code "
                               "(send the file as the multipart `data` part)")
         if code is None:
-            validate(cfg.className, None)  # in a child process (functions/instance/validation.py)
+            validate(cfg.className, None, user=self._user(cfg))  # in a child process (instance/validation.py)
             return None, None
         name = Path(filename or cfg.py or f"{cfg.className.split('.')[0]}.py").name
         if not name.endswith(".py"):
@@ -214,9 +217,12 @@ class FunctionMetaDataManager:
                               f"the broker and accepts at most {MAX_PACKAGE_BYTES} bytes")
         sha = hashlib.sha256(code).hexdigest()
         path = self._write_package(sha, name, code)
-        validate(cfg.className, str(path))  # refuse now what could never run, importing it in a child process
+        validate(cfg.className, str(path), user=self._user(cfg))  # refuse what could never run, in a child process
         self._pkg_producer.send(code, properties={"sha256": sha, "filename": name})
         return sha, name
+
+    def _user(self, cfg: FunctionConfig) -> InstanceUser | None:
+        return self._users.of(cfg.fqfn) if self._users is not None else None
 
     def _write_package(self, sha: str, name: str, code: bytes) -> Path:
         path = self._packages_dir / sha / name

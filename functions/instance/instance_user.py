@@ -17,7 +17,9 @@ import ctypes
 import importlib
 import os
 import pwd
+import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,9 @@ from pulsar_autoscale.errors import ConfigError
 CREDENTIAL_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "AUTH", "CREDENTIAL", "COOKIE")
 PROJECT_PREFIXES = ("PULSAR_AUTOSCALE_", "PULSAR_AUTH", "PULSAR_TLS")
 PR_SET_DUMPABLE = 4
+# per-function uids when tenant admins are configured under a root worker: far above the ids of real users and
+# of the system's dynamic users (61184-65519)
+DEFAULT_UIDS = range(2_000_000_000, 2_000_100_000)
 KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUNBUFFERED",
         "PYTHONDONTWRITEBYTECODE", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "JAVA_HOME")
 
@@ -68,6 +73,78 @@ class InstanceUser:
     def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
         """What a child's environment keeps of `env` (default: this process's)."""
         return clean_environment(os.environ if env is None else env, self)
+
+
+class InstanceUsers:
+    """Whom each function's code runs as: one user for every function (`--instance-user`), or a uid and gid of
+    its own per function (`--instance-uids FIRST-LAST`, the default under root when tenant admins are
+    configured). Functions that share a user share what that user may do to its own processes: send them
+    signals, and read files they create; a uid per function keeps one tenant's code from stopping another's
+    instances. The uids need no account: a function gets the next free one of the range, for the worker's run."""
+
+    def __init__(self, shared: InstanceUser, uids: range | None = None):
+        if uids is not None:
+            _check_uids(uids)
+        self.shared, self.uids = shared, uids
+        self._given: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_options(cls, name: str | None, uids: str | None, tenants: bool) -> "InstanceUsers":
+        """The worker's flags: `--instance-user`, `--instance-uids`, and whether `--tenant-admin` is given."""
+        if name is not None and uids is not None:
+            raise ConfigError("--instance-user and --instance-uids: give one (one user for every function, or a "
+                              "uid of its own per function)")
+        rng = parse_uid_range(uids) if uids is not None else (
+            DEFAULT_UIDS if tenants and name is None and os.geteuid() == 0 else None)
+        return cls(InstanceUser.resolve(name), rng)
+
+    def of(self, fqfn: str) -> InstanceUser:
+        if self.uids is None:
+            return self.shared
+        with self._lock:
+            uid = self._given.get(fqfn)
+            if uid is None:
+                if len(self._given) >= len(self.uids):
+                    raise ConfigError(f"--instance-uids: all {len(self.uids)} uids are given to functions; give a "
+                                      "larger range")
+                uid = self._given[fqfn] = self.uids[len(self._given)]
+        return InstanceUser(f"uid {uid}", uid, uid, "/")
+
+    def describe(self) -> str:
+        """The start-up line."""
+        if self.uids is None:
+            return self.shared.describe()
+        return (f"user code runs as a uid and gid of its own per function ({self.uids.start}-{self.uids.stop - 1}), "
+                "apart from the worker and from other functions")
+
+
+def parse_uid_range(text: str) -> range:
+    first, sep, last = text.partition("-")
+    try:
+        rng = range(int(first), int(last) + 1)
+    except ValueError:
+        rng = range(0)
+    if not sep or not rng or rng.start < 1 or rng.stop > 2 ** 32 - 1:
+        raise ConfigError(f"--instance-uids {text!r} must be FIRST-LAST, uids from 1 to {2 ** 32 - 2}, "
+                          "FIRST <= LAST (e.g. 2000000000-2000099999)")
+    return rng
+
+
+def _check_uids(uids: range) -> None:
+    """At start, not at the first instance: the worker must be root, and the system must let it take the range's
+    uids (a user namespace may map only some)."""
+    if os.geteuid() != 0:
+        raise ConfigError(f"--instance-uids needs a worker running as root (this one runs as uid {os.geteuid()}, "
+                          "which cannot switch user)")
+    for uid in (uids.start, uids.stop - 1):
+        probe = subprocess.run([sys.executable, "-c", f"import os; os.setgroups([]); os.setgid({uid}); "
+                                f"os.setuid({uid})"], capture_output=True, text=True, timeout=60, env={})
+        if probe.returncode != 0:
+            reason = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
+            raise ConfigError(f"--instance-uids: this worker cannot switch to uid {uid} ({reason}); a user namespace "
+                              "may map fewer uids: give a range it maps, or --instance-user NAME to run every "
+                              "function's code as one user")
 
 
 def clean_environment(env, user: InstanceUser) -> dict[str, str]:

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from pulsar_autoscale.functions.instance.instance_user import InstanceUser
+from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.runtimes.handles import InstanceHandle, ProcessInstance, ThreadInstance
 from pulsar_autoscale.functions.runtimes.remote_state import KeyedParts
 from pulsar_autoscale.functions.worker.broker_link import BrokerLink
@@ -27,14 +27,14 @@ RESTART_BACKOFF_S = 5.0
 
 class Parallelism:
     def __init__(self, lock: threading.RLock, link: BrokerLink, files: FunctionFiles, settings: ClientSettings,
-                 default_runtime: str, drain_timeout_s: Callable[[], float], user: InstanceUser | None = None):
+                 default_runtime: str, drain_timeout_s: Callable[[], float], users: InstanceUsers | None = None):
         self._lock = lock
         self._link = link
         self._files = files
         self._settings = settings
         self._default_runtime = default_runtime
         self._drain_timeout_s = drain_timeout_s   # the worker's, which may change after start
-        self._user = user                         # whom process instances run as (runtimes/instance_user.py)
+        self._users = users                       # whom each function's process instances run as
         self.retirers: list[threading.Thread] = []   # background drains (the list itself stays: close() joins it)
 
     def scale(self, fn: HostedFunction, target: int) -> None:
@@ -64,17 +64,18 @@ class Parallelism:
         cfg = fn.config
         keyed = fn.keyed
         link = self._link
+        user = self._users.of(cfg.fqfn) if self._users is not None else None
         standby = fn.warm_pool.take() if fn.warm_pool is not None and fn.owned_state is None else None   # a standby opened the local file: not a cluster's state
         if fn.runtime(self._default_runtime) == "process" and keyed is not None:
             handle: InstanceHandle = ProcessInstance(
                 cfg, i, self._settings, fn.code_path, None, fn.num_instances, None, standby=standby,
                 keyed=KeyedParts(lambda: keyed.open_input(i), keyed.stores.store(i), lambda: link.client,
-                                 cfg.numKeyGroups, cfg.processingGuarantees == "EFFECTIVELY_ONCE"), user=self._user)
+                                 cfg.numKeyGroups, cfg.processingGuarantees == "EFFECTIVELY_ONCE"), user=user)
         elif fn.runtime(self._default_runtime) == "process":
             handle = ProcessInstance(
                 cfg, i, self._settings, fn.code_path,
                 getattr(fn.owned_state, "endpoint", None) or str(self._files.fn_dir(cfg) / "state.sqlite"),
-                fn.num_instances, fn.shared_input, standby=standby, user=self._user)
+                fn.num_instances, fn.shared_input, standby=standby, user=user)
         else:
             handle = ThreadInstance(cfg, i, link.client, fn.code_path,
                                     (fn.owned_state or fn.state) if keyed is None else keyed.stores.store(i), lambda: fn.num_instances.value,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.functions.instance.instance_user import InstanceUser
+from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.runtimes.handles import ProcessInstance
 from pulsar_autoscale.functions.runtimes.warm_pool import Standby, WarmPool
 from pulsar_autoscale.functions.worker.function_files import FunctionFiles
@@ -26,7 +26,7 @@ class WarmPools:
     """`size`: standbys per process-runtime function until the controller sizes its pool (--warm-pool)."""
 
     def __init__(self, size: int, settings: ClientSettings, files: FunctionFiles, default_runtime: str,
-                 max_parallelism: int, user: InstanceUser | None = None):
+                 max_parallelism: int, users: InstanceUsers | None = None):
         if size < 0:
             raise ConfigError(f"warm pool size must be >= 0, got {size}")
         self.size = size
@@ -34,7 +34,7 @@ class WarmPools:
         self._files = files
         self._default_runtime = default_runtime
         self._max_parallelism = max_parallelism
-        self._user = user      # whom standbys run as (runtimes/instance_user.py)
+        self._users = users    # whom each function's standbys run as (instance/instance_user.py)
 
     def renew(self, fn: HostedFunction) -> None:
         """Standbys hold the function's code and config: a new pool whenever those change."""
@@ -46,7 +46,8 @@ class WarmPools:
             cfg, state_path = fn.config, str(self._files.fn_dir(fn.config) / "state.sqlite")
             fn.warm_pool = WarmPool(size, lambda: Standby(
                 ProcessInstance._ctx, cfg, self._settings, fn.code_path, state_path, fn.num_instances,
-                fn.shared_input is not None or fn.keyed is not None, self._user))
+                fn.shared_input is not None or fn.keyed is not None,
+                self._users.of(cfg.fqfn) if self._users is not None else None))
 
     def check_size(self, size: int) -> None:
         """At most max_parallelism standbys, as more could never all be taken."""

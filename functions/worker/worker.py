@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pulsar_autoscale.broker.lite.function_limits import check_function
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
-from pulsar_autoscale.functions.instance.instance_user import InstanceUser
+from pulsar_autoscale.functions.instance.instance_user import InstanceUser, InstanceUsers
 from pulsar_autoscale.functions.instance.validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
 from pulsar_autoscale.functions.keyed.migration import KeyedScaler
@@ -59,10 +59,10 @@ class Worker(ClusterHosting, FunctionFigures):
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, broker_kind: str = "apache",
                  hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0, metrics_url: str | None = None,
                  spark: SparkSettings | None = None, web_service_url: str | None = None,
-                 instance_user: str | None = None, tenant_thread_runtime: bool = False):
+                 instance_users: InstanceUsers | None = None, tenant_thread_runtime: bool = False):
         """`broker_kind`: "auto" (read `metrics_url` to tell pulsar-lite from Apache Pulsar), "apache" or
-        "pulsar-lite" (broker/profile.py). `instance_user`: whom user code runs as in process instances and
-        validation (None: nobody for a root worker, else the worker's user; runtimes/instance_user.py);
+        "pulsar-lite" (broker/profile.py). `instance_users`: whom each function's code runs as in process instances
+        and validation (None: nobody for a root worker, else the worker's user; instance/instance_user.py);
         `tenant_thread_runtime`: tenant admins' functions may run on the thread runtime (api/rest.py)."""
         if default_runtime not in RUNTIMES:
             raise ConfigError(f"runtime {default_runtime!r} is unknown: use one of {', '.join(RUNTIMES)}")
@@ -70,7 +70,7 @@ class Worker(ClusterHosting, FunctionFigures):
         self.client_settings = ClientSettings.of(service_url)
         self.service_url = self.client_settings.service_url
         self.data_dir = Path(data_dir)
-        self.instance_user = InstanceUser.resolve(instance_user)
+        self.instance_users = instance_users or InstanceUsers(InstanceUser.resolve())
         self.tenant_thread_runtime = tenant_thread_runtime
         self.worker_id = worker_id
         self.default_runtime = default_runtime
@@ -84,7 +84,7 @@ class Worker(ClusterHosting, FunctionFigures):
         self.files = FunctionFiles(self.data_dir)
         # warm standbys per process-runtime function (functions/runtimes/warm_pool.py)
         self._pools = WarmPools(warm_pool, self.client_settings, self.files, default_runtime, max_parallelism,
-                                self.instance_user)
+                                self.instance_users)
         self._functions: dict[str, HostedFunction] = {}
         self._leftovers = Leftovers(self.files, self.link, web_service_url, self._hosts)
         self.bursts = BurstRunner(self.client_settings, self.link.profile, spark)   # spark: --spark-master
@@ -96,7 +96,7 @@ class Worker(ClusterHosting, FunctionFigures):
         self.state_router = None   # a cluster: the owner of each non-keyed function's state (cluster/state_owner.py)
         self._lock = threading.RLock()
         self._parallelism = Parallelism(self._lock, self.link, self.files, self.client_settings, default_runtime,
-                                        lambda: self.drain_timeout_s, self.instance_user)
+                                        lambda: self.drain_timeout_s, self.instance_users)
         self._retirers = self._parallelism.retirers      # background drains
         self._creating: set[str] = set()                 # names reserved while their code is validated
         self._deleting: set[str] = set()                 # names reserved until a delete has moved the files aside
@@ -150,7 +150,8 @@ class Worker(ClusterHosting, FunctionFigures):
                 saved = self.files.load(path)
                 cfg = FunctionConfig.accepted(saved["config"], self.max_parallelism)
                 self._host(cfg, saved.get("code_path"),
-                           *self.files.checked_restore(cfg, saved, self.validate_timeout_s, self.instance_user))
+                           *self.files.checked_restore(cfg, saved, self.validate_timeout_s,
+                                                       self.instance_users.of(cfg.fqfn)))
                 log.info("restored function %s with parallelism %d", cfg.fqfn, cfg.parallelism)
             except (PulsarAutoscaleError, ValueError, KeyError) as exc:
                 log.error("cannot restore function from %s: %s", path, exc)
@@ -188,7 +189,7 @@ class Worker(ClusterHosting, FunctionFigures):
         """Import the code in a child process (functions/instance/validation.py): refuse now what could never run,
         its serde classes included."""
         validate(class_name, code_path, timeout_s=self.validate_timeout_s, serdes=serde_names(cfg),
-                 user=self.instance_user)
+                 user=self.instance_users.of(cfg.fqfn))
 
     def _host(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
               failure: str = "") -> HostedFunction:

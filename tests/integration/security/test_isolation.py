@@ -25,6 +25,7 @@ import pulsar
 import pytest
 import requests
 
+from pulsar_autoscale.functions.instance.instance_user import DEFAULT_UIDS
 from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.security import tokens
 from tests.support.scenario import wait_until
@@ -63,6 +64,27 @@ def _worker():
                 return pid, cmd
     return None, []
 
+def _signal_others():
+    """Signal 0 (a permission check that sends nothing) to every process of a user other than root: another
+    function's instance, if it runs as the spy's own user, would take a SIGKILL as well."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) not in (os.getpid(), os.getppid()):
+            try:
+                uid = int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("Uid:")).split()[1])
+            except (OSError, StopIteration, ValueError):
+                continue
+            if uid == 0:
+                continue
+            try:
+                os.kill(int(pid), 0)
+                found[pid] = "SIGNALLED"
+            except PermissionError:
+                found[pid] = "REFUSED"
+            except ProcessLookupError:
+                pass
+    return found
+
 def _arg(cmd, flag):
     return cmd[cmd.index(flag) + 1] if flag in cmd else ""
 
@@ -74,7 +96,8 @@ def spy():
             "worker_environ": _read(f"/proc/{pid}/environ"), "worker_mem": _read(f"/proc/{pid}/mem"),
             "key": _read(key_file), "own_environ": _read("/proc/self/environ"), "env": dict(os.environ),
             "holder_config": _read(f"{data_dir}/functions/acme/ns/holder/config.json"),
-            "data_dir": _listdir(data_dir), "climb": _listdir("../.."), "cwd": os.getcwd()}
+            "data_dir": _listdir(data_dir), "climb": _listdir("../.."), "cwd": os.getcwd(),
+            "others": _signal_others()}
 
 AT_IMPORT = spy()
 if os.environ.get("SPY_RAISE") or __name__.endswith("_raise"):
@@ -154,9 +177,10 @@ def call(w, method: str, fqfn: str, role: str, config: dict, code: bytes | None 
 
 
 def assert_nothing_secret(w, report: dict, text: str) -> None:
-    """The spy ran as nobody and obtained no credential: every secret read was refused, and neither the key
-    (raw, base64, hex) nor a canary appears anywhere in what came back."""
-    assert report["uid"] == 65534, report["uid"]
+    """The spy ran as a uid of its own (the worker's default with tenant admins) and obtained no credential:
+    every secret read was refused, and neither the key (raw, base64, hex) nor a canary appears anywhere in what
+    came back."""
+    assert report["uid"] in DEFAULT_UIDS, report["uid"]
     assert report["worker_pid"] is not None and "--token-secret-key" in report["cmdline"], "the attack found its target"
     for what in ("worker_environ", "worker_mem", "key", "holder_config", "data_dir", "climb"):
         assert report[what].startswith("REFUSED"), (what, report[what][:200])
@@ -197,6 +221,20 @@ def test_a_process_instance_that_reads_the_workers_secrets_outputs_none_and_stil
     assert result["echo"] == "hello"          # the function works: it got its input and its output went out
     for phase in ("at_import", "at_process"):
         assert_nothing_secret(attacked, result[phase], output)
+    # the holder's instance runs as a uid of its own: the spy found it and could not signal it (nor anything else)
+    others = result["at_process"]["others"]
+    holder_uid = DEFAULT_UIDS.start   # the worker's first function (the fixture's) got the range's first uid
+    assert result["at_process"]["uid"] != holder_uid
+    holder_pids = [pid for pid in others if _uid_of(pid) == holder_uid]
+    assert holder_pids and all(others[pid] == "REFUSED" for pid in holder_pids), others
+    assert "SIGNALLED" not in others.values(), others
+
+
+def _uid_of(pid: str) -> int | None:
+    try:
+        return int(next(line for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")).split()[1])
+    except (OSError, StopIteration):
+        return None
 
 
 def test_a_tenant_admins_code_is_refused_on_the_thread_runtime(attacked):
@@ -217,7 +255,7 @@ def test_a_tenant_admins_code_is_refused_on_the_thread_runtime(attacked):
 
 def test_the_worker_keeps_its_data_dir_and_a_functions_config_to_itself(attacked):
     log = (attacked["home"] / "worker.log").read_text(errors="replace")
-    assert "user code runs as nobody (uid 65534" in log     # its start-up line says whom code runs as
+    assert "user code runs as a uid and gid of its own per function" in log   # its start-up line says whom
     data_dir = attacked["data_dir"]
     assert data_dir.stat().st_mode & 0o777 == 0o700
     holder = data_dir / "functions" / "acme" / "ns" / "holder"
