@@ -20,10 +20,14 @@ install: $(STAMP)
 demo: install
 	$(BIN)/pulsar-autoscale demo $(DEMO_ARGS)
 
-# Everything on the embedded pulsar-lite, then the broker-sensitive tests again on Apache Pulsar standalone
-# (fetched through Maven on first use; tests/conftest.py ON_APACHE lists what runs there).
+# Everything on the embedded pulsar-lite, its modules spread over TEST_WORKERS processes (pytest-xdist; each
+# has its own session broker; the tests mostly wait on brokers and workers, so 3 fit on 2 cores), the fuzz
+# tests alone (pyproject.toml, marker `fuzz`); then the broker-sensitive tests again on Apache Pulsar
+# standalone (fetched through Maven on first use; tests/conftest.py ON_APACHE lists what runs there).
+TEST_WORKERS ?= 3
 test: install lint
-	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not fuzz" --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m fuzz $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q --durations=10 --broker apache $(PYTEST_ARGS)
 
 # The unit tier alone: no broker, no subprocess, no Spark; about 20 s.

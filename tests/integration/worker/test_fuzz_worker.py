@@ -23,6 +23,7 @@ from pulsar_autoscale.functions.api.server import WorkerServer
 from tests.support.contracts.published import functions_doc
 from tests.support.scenario import EXAMPLES
 
+pytestmark = pytest.mark.fuzz   # not under pytest-xdist (the marker's description in pyproject.toml)
 MAX_EXAMPLES = 25
 SEEN: Counter = Counter()   # (suite, status class) -> cases
 
