@@ -13,9 +13,11 @@ import importlib.util
 import inspect
 import sys
 import traceback
+from importlib.abc import Loader
+from importlib.machinery import ModuleSpec
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from pulsar_autoscale.errors import ConfigError
 
@@ -80,8 +82,9 @@ def check_policy_class(cls: type) -> None:
 
 def _where(obj: object) -> str:
     """file:line of a class or function, for messages that point into the user's file."""
+    source = cast(Any, obj)   # inspect raises TypeError for objects without source, handled below
     try:
-        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+        return f"{inspect.getsourcefile(source)}:{inspect.getsourcelines(source)[1]}"
     except (OSError, TypeError):
         return getattr(obj, "__module__", None) or repr(obj)
 
@@ -109,11 +112,12 @@ def _class_from_file(path: Path) -> object:
     # one module per file, even for two files with the same name in different folders
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     module_name = f"_pulsar_autoscale_user_policy_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    # no spec (a suffix no loader handles) fails in module_from_spec, as it always has
+    spec = cast(ModuleSpec, importlib.util.spec_from_file_location(module_name, path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module   # dataclasses and pickling look the module up by name
     try:
-        spec.loader.exec_module(module)
+        cast(Loader, spec.loader).exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
         at = f" at {exc.filename}:{exc.lineno}" if isinstance(exc, SyntaxError) else _raised_at(exc)

@@ -56,9 +56,10 @@ def target_rates(graph: AppGraph, snapshot: Snapshot) -> dict[str, float | None]
             if observed is None or any(e is None for e in emitted):
                 rates[fn] = None
             else:
-                rates[fn] = sum(sent) + max(observed - sum(emitted), 0.0)
+                rates[fn] = (sum(r for r in sent if r is not None)
+                             + max(observed - sum(e for e in emitted if e is not None), 0.0))
         else:
-            rates[fn] = sum(sent)
+            rates[fn] = sum(r for r in sent if r is not None)
     return rates
 
 

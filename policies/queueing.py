@@ -199,14 +199,15 @@ class QueueingPolicy(Policy):
         c = self.config
         k = dict(current)
         known = {fn for fn, s in stations.items() if s is not None and fn in graph}
-        times = {fn: stations[fn].t(k[fn]) if fn in known else 0.0 for fn in graph.topological_order()}
+        known_stations: dict[str, Station] = {fn: s for fn, s in stations.items() if s is not None}
+        times = {fn: known_stations[fn].t(k[fn]) if fn in known else 0.0 for fn in graph.topological_order()}
 
         def resize(fn: str, delta: int) -> None:
             k[fn] += delta
-            times[fn] = stations[fn].t(k[fn])
+            times[fn] = known_stations[fn].t(k[fn])
 
         for fn in known:   # unstable: the paper's rule would pick it period after period until stable
-            stable = min(math.floor(stations[fn].lam / stations[fn].mu) + 1, c.max_parallelism)
+            stable = min(math.floor(known_stations[fn].lam / known_stations[fn].mu) + 1, c.max_parallelism)
             if k[fn] < stable:
                 resize(fn, stable - k[fn])
         while True:   # scale out: on every path above R_max, its slowest function, unless at the maximum
@@ -237,7 +238,7 @@ class QueueingPolicy(Policy):
         for fn in known:
             action = ("scale out: a path through it exceeded R_max; " if k[fn] > current[fn] else
                       "scale in: a path through it was below alpha * R_max; " if k[fn] < current[fn] else "")
-            reasons[fn] = (f"{action}{stations[fn].describe()}: T({k[fn]}) {_fmt(times[fn])}, slowest path "
+            reasons[fn] = (f"{action}{known_stations[fn].describe()}: T({k[fn]}) {_fmt(times[fn])}, slowest path "
                            f"through it {_fmt(through[fn].time)} (R_max {c.r_max_s:g}s, alpha {c.alpha:g})")
         return Proposal(k, reasons, state)
 

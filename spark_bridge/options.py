@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, overload
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.pulsar_client import ClientSettings
@@ -95,6 +95,10 @@ def _lower(options: Mapping[str, str], allowed: tuple[str, ...], kind: str) -> d
     return {k.lower(): v for k, v in options.items()}
 
 
+@overload
+def _int(opts: dict[str, str], name: str, default: int, minimum: int) -> int: ...
+@overload
+def _int(opts: dict[str, str], name: str, default: int | None, minimum: int) -> int | None: ...
 def _int(opts: dict[str, str], name: str, default: int | None, minimum: int) -> int | None:
     raw = opts.get(name.lower())
     if raw is None:
@@ -119,13 +123,13 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
 
 def _client_opts(opts: dict[str, str]) -> dict[str, str]:
     """The auth/TLS options under their bare names (lower-cased), either spelling accepted once."""
-    out = {}
+    out: dict[str, str] = {}
     for name in _CLIENT:
         bare, prefixed = name.lower(), (CLIENT_PREFIX + name).lower()
         if bare in opts and prefixed in opts:
             raise PulsarOptionError(f"option '{CLIENT_PREFIX}{name}' is also given as '{name}': set one")
         if bare in opts or prefixed in opts:
-            out[bare] = opts.get(prefixed, opts.get(bare))
+            out[bare] = opts[prefixed] if prefixed in opts else opts[bare]
     return out
 
 

@@ -13,12 +13,15 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, cast
 
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 
 from .offsets import BATCH_END, Position, TopicRange
 from .options import ConnectionOptions
+
+if TYPE_CHECKING:
+    import pulsar
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +42,10 @@ class Connection:
     """A lazily opened pulsar.Client; pickles without the client so Spark can ship it to tasks."""
 
     options: ConnectionOptions
-    _client: object = field(default=None, init=False, repr=False, compare=False)
+    _client: pulsar.Client | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
-    def client(self):
+    def client(self) -> pulsar.Client:
         if self._client is None:
             from pulsar_autoscale.pulsar_client import open_client
 
@@ -69,7 +72,8 @@ def list_topics(options: ConnectionOptions, pattern: str) -> list[str]:
     credentials when no admin ones are given)."""
     import requests
 
-    admin_url, client = options.admin_url, options.client
+    # parse_source_options accepts topicsPattern only with admin.url
+    admin_url, client = cast(str, options.admin_url), options.client
     token = client.bearer_token()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     verify = False if client.tls_allow_insecure_connection else (client.tls_trust_certs_file_path or True)
@@ -189,7 +193,12 @@ def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_
     wait_ms = min(STALL_REOPEN_MS, poll_timeout_ms)
     try:
         while not done:
-            keys, values, ids, publish_ms, event_ms, properties = [], [], [], [], [], []
+            keys: list[str | None] = []
+            values: list[bytes] = []
+            ids: list[bytes] = []
+            publish_ms: list[int] = []
+            event_ms: list[int | None] = []
+            properties: list[dict[str, str]] = []
             add_key, add_value, add_id = keys.append, values.append, ids.append
             add_publish, add_event, add_properties = publish_ms.append, event_ms.append, properties.append
             read_next = reader._reader.read_next  # the native reader (a reopen replaces it)
@@ -246,7 +255,7 @@ class Scout:
     conn: Connection
     topic: str
     poll_timeout_ms: int
-    _reader: object = field(default=None, init=False, repr=False)
+    _reader: pulsar.Reader | None = field(default=None, init=False, repr=False)
     _pos: Position | None = field(default=None, init=False)
     _pending: Position | None = field(default=None, init=False)
 

@@ -6,11 +6,12 @@ Same paths and multipart form as pulsar-admin; errors become AdminError carrying
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import requests
 
@@ -61,19 +62,22 @@ class FunctionsAdmin:
 
     def _send(self, method: str, url: str, **kwargs) -> requests.Response:
         """Fail over along admin_urls when a worker cannot be reached."""
+        # Both are set by __post_init__: admin_url to one of admin_urls, session to a Session.
+        session = cast(requests.Session, self.session)
         path = url[len(self.admin_url):]
         for _ in self.admin_urls:
+            current = cast(str, self.admin_url)
             try:
-                return self.session.request(method, self.admin_url + path, timeout=self.timeout_s, **kwargs)
+                return session.request(method, current + path, timeout=self.timeout_s, **kwargs)
             except requests.exceptions.SSLError as exc:   # the worker is up: failing over would not help
-                raise AdminError(f"cannot reach the functions admin API at {redact_url(self.admin_url)}: the TLS "
+                raise AdminError(f"cannot reach the functions admin API at {redact_url(current)}: the TLS "
                                  f"handshake failed (trusted CA, client certificate?): {redact_url(str(exc))}"
                                  ) from None
             except requests.ConnectionError:
                 if len(self.admin_urls) == 1:
                     break
-                nxt = self.admin_urls[(self.admin_urls.index(self.admin_url) + 1) % len(self.admin_urls)]
-                log.warning("cannot reach %s; failing over to %s", redact_url(self.admin_url), redact_url(nxt))
+                nxt = self.admin_urls[(self.admin_urls.index(current) + 1) % len(self.admin_urls)]
+                log.warning("cannot reach %s; failing over to %s", redact_url(current), redact_url(nxt))
                 self.admin_url = nxt
         raise AdminError(f"cannot reach the functions admin API at {redact_url(', '.join(self.admin_urls))} "
                          f"(is the worker running?)") from None
@@ -105,7 +109,8 @@ class FunctionsAdmin:
 
     @staticmethod
     def _form(config: dict, py_file: str | None) -> dict:
-        files = {"functionConfig": (None, json.dumps(config), "application/json")}
+        files: dict[str, tuple[str | None, str | bytes, str]] = {
+            "functionConfig": (None, json.dumps(config), "application/json")}
         if py_file:
             path = Path(py_file)
             if not path.is_file():
@@ -191,7 +196,7 @@ class FunctionsAdmin:
     def get_stage(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._stage_url(tenant, namespace, name))
 
-    def list_stages(self, tenant: str, namespace: str) -> list[str]:
+    def list_stages(self, tenant: str, namespace: str) -> builtins.list[str]:
         return self._call("GET", self._stage_url(tenant, namespace))
 
     def delete_stage(self, tenant: str, namespace: str, name: str) -> None:
@@ -218,7 +223,7 @@ class FunctionsAdmin:
         return self._call("GET", self._url(tenant, namespace, name, "/burst"))
 
     # ---- the worker API v2 (pulsar-admin functions-worker) ------------------------------------------
-    def cluster(self) -> list[dict]:
+    def cluster(self) -> builtins.list[dict]:
         return self._call("GET", f"{self.admin_url}/admin/v2/worker/cluster")
 
     def cluster_leader(self) -> dict:

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -176,7 +176,7 @@ class _TokenFile:
 
     def __init__(self, path: str):
         self.path = path
-        self._stamp = None
+        self._stamp: tuple[int, int, int] | None = None
         self._token: Secret | None = None
         self._lock = threading.Lock()
 
@@ -211,17 +211,18 @@ class _OAuth2ClientCredentials:
     def _secret(self) -> str:
         if self.auth.oauth2_client_secret:
             return self.auth.oauth2_client_secret.reveal()
-        return _read_secret_file(self.auth.oauth2_client_secret_file, "oauth2 client secret")
+        # AuthConfig requires oauth2_client_secret or oauth2_client_secret_file in oauth2 mode
+        return _read_secret_file(cast(str, self.auth.oauth2_client_secret_file), "oauth2 client secret")
 
     def get(self) -> str:
         with self._lock:
             if self._token is not None and self.clock() < self._expires_at:
                 return self._token.reveal()
             self._fetch()
-            return self._token.reveal()
+            return cast(Secret, self._token).reveal()   # set by _fetch, or it raised
 
     def _fetch(self) -> None:
-        url = self.auth.oauth2_token_url
+        url = cast(str, self.auth.oauth2_token_url)   # required by AuthConfig in oauth2 mode
         form = {"grant_type": "client_credentials", "client_id": self.auth.oauth2_client_id,
                 "client_secret": self._secret(), **dict(self.auth.oauth2_params)}
         if self.auth.oauth2_scope:
@@ -269,7 +270,7 @@ class ClusterSession(requests.Session):
         a = self.auth_config
         self.verify = False if a.tls_allow_insecure else (a.ca_file or True)
         if a.mode == "tls":
-            self.cert = (a.cert_file, a.key_file)
+            self.cert = (cast(str, a.cert_file), cast(str, a.key_file))   # both required by AuthConfig in tls mode
         self._token_file = _TokenFile(a.token_file) if a.mode == "bearer" and a.token_file else None
         self._oauth2 = _OAuth2ClientCredentials(a, timeout_s) if a.mode == "oauth2" else None
         self.redirects_followed = 0
@@ -288,13 +289,14 @@ class ClusterSession(requests.Session):
         """The Authorization header value for the cluster, or None (tls/none)."""
         a = self.auth_config
         if a.mode == "bearer":
-            token = self._token_file.get() if self._token_file else a.token.reveal()
+            # AuthConfig requires token, token_file or (basic) username and password, per mode
+            token = self._token_file.get() if self._token_file else cast(Secret, a.token).reveal()
             return f"Bearer {token}"
         if a.mode == "basic":
-            raw = f"{a.username}:{a.password.reveal()}".encode()
+            raw = f"{a.username}:{cast(Secret, a.password).reveal()}".encode()
             return "Basic " + base64.b64encode(raw).decode("ascii")
         if a.mode == "oauth2":
-            return f"Bearer {self._oauth2.get()}"
+            return f"Bearer {cast(_OAuth2ClientCredentials, self._oauth2).get()}"
         return None
 
     def _authorize(self, prep: requests.PreparedRequest) -> None:
@@ -309,7 +311,7 @@ class ClusterSession(requests.Session):
         if not self.allows(url):
             raise RedirectRefused(f"{url} is not a host of the configured cluster "
                                   f"({', '.join(sorted(self.allowed_hosts))}); no request was sent")
-        send_kw = {k: kwargs.pop(k) for k in ("timeout", "stream", "verify", "cert", "proxies") if k in kwargs}
+        send_kw: dict[str, Any] = {k: kwargs.pop(k) for k in ("timeout", "stream", "verify", "cert", "proxies") if k in kwargs}
         req = requests.Request(method=method.upper(), url=url, **{k: v for k, v in kwargs.items()
                                                                     if k in ("headers", "files", "data", "params",
                                                                              "json", "cookies", "hooks")})
@@ -332,7 +334,7 @@ class ClusterSession(requests.Session):
                          f"the cluster's workers or brokers redirect in a loop")
 
     def _next_hop(self, prep: requests.PreparedRequest, resp: requests.Response) -> requests.PreparedRequest:
-        target = urljoin(prep.url, resp.headers["location"])
+        target = urljoin(cast(str, prep.url), resp.headers["location"])   # a prepared request has its url
         resp.close()
         if not self.allows(target):
             raise RedirectRefused(

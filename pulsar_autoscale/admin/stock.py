@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 from urllib.parse import quote
 
 import requests
@@ -118,14 +118,15 @@ class StockPulsarAdmin(FunctionsAdmin):
         except (RedirectRefused, AuthError):
             raise
         except AdminError as exc:
-            hint = {
+            hints: dict[int | None, str] = {
                 401: "the cluster rejected the credentials (401 Unauthorized): check the auth settings "
                      f"(mode {getattr(self.session, 'auth_config', AuthConfig()).mode})",
                 403: "the credentials are valid but their role may not do this (403 Forbidden): grant it "
                      "the functions/admin permission on the tenant",
                 404: "not found (404): check the tenant/namespace/name, and that the URL is a Pulsar "
                      "worker or broker with the functions worker enabled",
-            }.get(exc.status)
+            }
+            hint = hints.get(exc.status)
             if hint is None:
                 raise
             raise AdminError(f"{hint}; {exc}", exc.status) from None
@@ -192,6 +193,7 @@ class StockPulsarAdmin(FunctionsAdmin):
     def _instance_figures(stats: Mapping) -> dict[Any, tuple[float, float, float]]:
         """instance id -> (received, processed, busy seconds), validated. Raises ValueError naming the field."""
         instances = stats.get("instances")
+        rows: list[tuple[Any, Mapping, str]]
         if instances is None or instances == []:
             rows = [("*", stats, "")]
         elif isinstance(instances, list):
@@ -288,7 +290,8 @@ class StockPulsarAdmin(FunctionsAdmin):
         (None when the subscription does not exist yet on some input); None without inputs."""
         if not inputs:
             return None
-        backlog, rate, arrived = 0.0, 0.0, 0.0
+        backlog: float | None = 0.0
+        rate, arrived = 0.0, 0.0
         for topic in inputs:
             ts = self.topic_stats(topic)
             b = ts.backlog_of(subscription)
@@ -305,12 +308,14 @@ class StockPulsarAdmin(FunctionsAdmin):
     # ---- restart-aware planning inputs ------------------------------------------------------------------
     def restart_cost_s(self) -> float | None:
         """Mean seconds to stop and start one instance on this worker (None: the worker has not measured it)."""
+        # Both are set by __post_init__.
+        session, metrics_url = cast(requests.Session, self.session), cast(str, self.metrics_url)
         try:
-            resp = self.session.request("GET", self.metrics_url, timeout=self.timeout_s)
+            resp = session.request("GET", metrics_url, timeout=self.timeout_s)
         except requests.RequestException as exc:
-            raise AdminError(f"cannot read the worker metrics at {self.metrics_url}: {type(exc).__name__}") from None
+            raise AdminError(f"cannot read the worker metrics at {metrics_url}: {type(exc).__name__}") from None
         if resp.status_code >= 400:
-            raise AdminError(f"GET {self.metrics_url} -> {resp.status_code}: worker metrics unavailable",
+            raise AdminError(f"GET {metrics_url} -> {resp.status_code}: worker metrics unavailable",
                              resp.status_code)
         sums: dict[str, float] = {}
         try:
@@ -320,7 +325,7 @@ class StockPulsarAdmin(FunctionsAdmin):
                                   f"{STOP_METRIC}_sum", f"{STOP_METRIC}_count") and not math.isnan(s.value):
                         sums[s.name] = sums.get(s.name, 0.0) + s.value
         except ValueError as exc:
-            raise self._malformed("worker metrics", self.metrics_url, f"not Prometheus text ({exc})") from None
+            raise self._malformed("worker metrics", metrics_url, f"not Prometheus text ({exc})") from None
 
         def mean_ms(metric: str) -> float | None:
             count = sums.get(f"{metric}_count", 0.0)

@@ -146,8 +146,8 @@ class ControlStore:
         self.topic = topic
         self.identity = identity
         self._client = open_client(service_url, operation_timeout_seconds=5)
-        self._reader = None
-        self._producer = None
+        self._reader: pulsar.Reader | None = None
+        self._producer: pulsar.Producer | None = None
         self._controls: dict[str, FunctionControls] = {}
         self._lock = threading.Lock()
 

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 import requests
 
@@ -105,7 +106,7 @@ def _call(session: requests.Session, method: str, url: str, **kwargs):
     return _answer(session, method, url, **kwargs)[0]
 
 
-def _answer(session: requests.Session, method: str, url: str, **kwargs) -> tuple[object, requests.Response]:
+def _answer(session: requests.Session, method: str, url: str, **kwargs) -> tuple[Any, requests.Response]:
     """The controller's JSON answer and its response; an error status is a PulsarAutoscaleError with its reason."""
     try:
         resp = session.request(method, url, timeout=30, **kwargs)

@@ -12,7 +12,7 @@ import json
 import threading
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 DEFAULT_MAX_BYTES = 5_000_000
 DEFAULT_BACKUPS = 3
@@ -20,7 +20,7 @@ DEFAULT_BACKUPS = 3
 
 def _plain(value: Any) -> Any:
     if is_dataclass(value):
-        return asdict(value)
+        return asdict(cast(Any, value))
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
@@ -34,25 +34,27 @@ class DecisionLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: dict) -> None:
-        if not self.path:
+        path = self.path
+        if not path:
             return
         line = json.dumps(record, default=_plain, sort_keys=True) + "\n"
         with self._lock:
-            if self.path.exists() and self.path.stat().st_size + len(line) > self.max_bytes:
-                self._rotate()
-            with self.path.open("a") as f:
+            if path.exists() and path.stat().st_size + len(line) > self.max_bytes:
+                self._rotate(path)
+            with path.open("a") as f:
                 f.write(line)
 
-    def _rotate(self) -> None:
+    def _rotate(self, path: Path) -> None:
         for i in range(self.backups, 0, -1):
-            older = self._file(i - 1)
+            older = self._file(path, i - 1)
             if older.exists():
-                older.replace(self._file(i))   # overwrites the oldest kept
+                older.replace(self._file(path, i))   # overwrites the oldest kept
         if self.backups == 0:
-            self.path.unlink()
+            path.unlink()
 
-    def _file(self, i: int) -> Path:
-        return self.path if i == 0 else self.path.with_name(f"{self.path.name}.{i}")
+    @staticmethod
+    def _file(path: Path, i: int) -> Path:
+        return path if i == 0 else path.with_name(f"{path.name}.{i}")
 
     def read(self) -> list[dict]:
         """Every record kept, oldest first."""
@@ -70,11 +72,12 @@ class DecisionLog:
         return list(reversed(out))
 
     def _newest_first(self, needle: str | None = None) -> Iterator[dict]:
-        if not self.path:
+        path = self.path
+        if not path:
             return
         for i in range(self.backups + 1):
             try:
-                lines = self._file(i).read_text().splitlines()
+                lines = self._file(path, i).read_text().splitlines()
             except FileNotFoundError:
                 continue
             for line in reversed(lines):

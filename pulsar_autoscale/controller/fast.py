@@ -114,7 +114,7 @@ def admit(proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], co
     for fn, k in current.items():
         want = proposal.targets.get(fn, k)
         fs = snapshot.functions.get(fn)
-        if want > k and falling_behind(fs, k, config):
+        if want > k and fs is not None and falling_behind(fs, k, config):
             targets[fn] = want
             reasons[fn] = (f"fast: lambda {fs.arrival_rate:.1f}/s, backlog {fs.backlog:.0f} vs {k} x mu "
                            f"{fs.service_rate:.2f}/s; {proposal.reasons.get(fn, '')}")
@@ -186,15 +186,16 @@ class FastMonitor:
         from pulsar_autoscale.admin.client import AdminError
         from pulsar_autoscale.controller.monitor import counters_from_stats
         functions, errors = {}, []
-        stock = isinstance(self.admin, TopicFigures)
+        figures = self.admin if isinstance(self.admin, TopicFigures) else None
+        stock = figures is not None
         for fn, k in current.items():
             tenant, namespace, name = fn.split("/")
             reading = None
             try:
-                if stock:   # no consumer wait counters: FunctionStats, and topic stats for the inputs
-                    cur, running = self.admin.counters_and_running(tenant, namespace, name, now)
-                    if fn in (inputs or {}):
-                        reading = self.admin.input_reading(*inputs[fn], now)
+                if figures is not None:   # no consumer wait counters: FunctionStats, and topic stats for the inputs
+                    cur, running = figures.counters_and_running(tenant, namespace, name, now)
+                    if inputs and fn in inputs:
+                        reading = figures.input_reading(*inputs[fn], now)
                 else:
                     cur, running = counters_from_stats(self.admin.stats(tenant, namespace, name), now)
             except (AdminError, KeyError, TypeError) as exc:

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from typing import cast
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -31,7 +32,7 @@ from pulsar_autoscale.controller.executor import Executor
 from pulsar_autoscale.controller.fast import FastMonitor
 from pulsar_autoscale.controller.function_controls import FunctionControlsView
 from pulsar_autoscale.controller.metrics import ControllerMetrics
-from pulsar_autoscale.controller.monitor import Monitor
+from pulsar_autoscale.controller.monitor import Monitor, Observation
 from pulsar_autoscale.controller.planner import Planner, apply_caps
 from pulsar_autoscale.controller.planning_config import build_planner
 from pulsar_autoscale.controller.policy_registry import PolicyRegistry
@@ -40,7 +41,7 @@ from pulsar_autoscale.controller.wake import WakeWatcher
 from pulsar_autoscale.controller.warm_sizing import WarmPoolSizer
 from pulsar_autoscale.controller.watchdog import IterationWatchdog
 from pulsar_autoscale.errors import PulsarAutoscaleError
-from pulsar_autoscale.leader import LeaderElector
+from pulsar_autoscale.leader import LeaderElector, Term
 from pulsar_autoscale.policies import Policy, load_policy
 from pulsar_autoscale.security.redact import redact_url
 from pulsar_autoscale.security.serving import ServerSecurity
@@ -97,7 +98,7 @@ class Controller:
                                               policies or PolicyRegistry(config.policy, config.policy_dir))
         self.metrics = ControllerMetrics()
         self.history: deque[Iteration] = deque(maxlen=20)
-        self.last_observation = None  # for live views: the graph and snapshot of the last period
+        self.last_observation: Observation | None = None  # for live views: the graph and snapshot of the last period
         self._iter_lock = threading.Lock()
         self.watchdog = IterationWatchdog(
             lambda: max(STUCK_AFTER_MIN_S, STUCK_AFTER_PERIODS * self.config.period_s),
@@ -124,7 +125,7 @@ class Controller:
             if not self.elector.check():
                 self.watcher.watch({})
                 return None
-            term = self.elector.term
+            term = cast(Term, self.elector.term)   # check() passed: this replica holds a term
             now = time.time() if now is None else now
             started = time.perf_counter()
             it = Iteration(time=now, epoch=term.epoch)
@@ -175,10 +176,10 @@ class Controller:
         with self._iter_lock:
             if not self._fast_current or not self.elector.check():
                 return None
-            term = self.elector.term
+            term = cast(Term, self.elector.term)   # check() passed: this replica holds a term
             now = time.time() if now is None else now
             it = Iteration(time=now, epoch=term.epoch)
-            obs = self.last_observation
+            obs = cast(Observation, self.last_observation)   # set by the period that filled _fast_current
             inputs = {fn: (obs.graph.nodes[fn].inputs, obs.subscriptions.get(fn, fn))
                       for fn in self._fast_current if fn in obs.graph.nodes}
             snapshot, it.errors = self.fast_monitor.observe(self._fast_current, now, inputs)
@@ -253,7 +254,8 @@ class Controller:
         errors = []
         for fn, size in self.warm_pools.changes(now).items():
             try:
-                self.admin.set_warm_pool(*fn.split("/"), size, epoch=epoch)
+                tenant, namespace, name = fn.split("/")
+                self.admin.set_warm_pool(tenant, namespace, name, size, epoch=epoch)
                 self.warm_pools.sent(fn, size)
                 log.info("warm pool of %s: %d standby(s)", fn, size)
             except PulsarAutoscaleError as exc:

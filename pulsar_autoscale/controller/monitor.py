@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 from pulsar_autoscale.admin.api import FunctionsApi, TopicFigures
 from pulsar_autoscale.admin.client import AdminError
@@ -52,8 +53,8 @@ def function_info(config: dict) -> FunctionInfo:
     """From a Pulsar FunctionConfig body (ours or a stock worker's)."""
     from pulsar_autoscale.topics import normalize_topic
     tenant, namespace, name = config["tenant"], config["namespace"], config["name"]
-    inputs = list(config.get("inputs") or []) + [t for t in (config.get("inputSpecs") or {})]
-    inputs = tuple(dict.fromkeys(normalize_topic(t, tenant, namespace) for t in inputs))
+    listed = list(config.get("inputs") or []) + [t for t in (config.get("inputSpecs") or {})]
+    inputs = tuple(dict.fromkeys(normalize_topic(t, tenant, namespace) for t in listed))
     output = normalize_topic(config["output"], tenant, namespace) if config.get("output") else None
     fqfn = f"{tenant}/{namespace}/{name}"
     failover = bool(config.get("retainOrdering")) or config.get("processingGuarantees") == "EFFECTIVELY_ONCE"
@@ -125,12 +126,13 @@ class Monitor:
     def _function(self, info: FunctionInfo, broker: BrokerMetrics | None, now: float,
                   errors: list[str]) -> FunctionSnapshot:
         name = info.node.name
-        backlog = arrived = None
+        backlog: float | None = None
+        arrived: float | None = None
         if broker is not None:
             parts = [broker.backlog_messages(t, info.subscription) for t in info.node.inputs]
-            backlog = sum(parts) if parts and all(p is not None for p in parts) else None
+            backlog = sum(cast("list[float]", parts)) if parts and all(p is not None for p in parts) else None
             ins = [broker.in_messages.get(t) for t in info.node.inputs]
-            arrived = sum(ins) if ins and all(v is not None for v in ins) else None
+            arrived = sum(cast("list[float]", ins)) if ins and all(v is not None for v in ins) else None
         tenant, namespace, fn = name.split("/")
         try:
             if isinstance(self.admin, TopicFigures):   # stock Pulsar: topic stats and its FunctionStats

@@ -7,8 +7,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from pulsar_autoscale.errors import ConfigError
+from pulsar_autoscale.planning.extrapolate import Fit
 from pulsar_autoscale.planning.mst import MstSettings, measure_mst
 from pulsar_autoscale.planning.plan import Cluster, build_model, default_budgets, plan_for_rate
 from pulsar_autoscale.planning.profile import profile_app
@@ -17,7 +19,7 @@ from pulsar_autoscale.planning.simbed import APPS, SimTestbed, load_app
 from pulsar_autoscale.planning.testbed import Phases, TestConfig
 
 # Phases per testbed: a simulated run costs nothing, a live one its wall time (an MST in minutes).
-DEFAULTS = {"sim": {"warmup": MstSettings.warmup_s, "ramp": Phases.ramp_s, "observe": Phases.observe_s,
+DEFAULTS: dict[str, dict[str, float | None]] = {"sim": {"warmup": MstSettings.warmup_s, "ramp": Phases.ramp_s, "observe": Phases.observe_s,
                     "cooldown": Phases.cooldown_s, "step": MstSettings.step, "bracket": None},
             "live": {"warmup": 10.0, "ramp": 5.0, "observe": 15.0, "cooldown": 3.0, "step": 0.02, "bracket": 0.1}}
 
@@ -155,7 +157,8 @@ def _run(args: argparse.Namespace) -> int:
             lines = [f"profile of {testbed.name}: {prof.runs} runs, {prof.testbed_s / 60:.1f} testbed minutes"]
             for name, fp in prof.functions.items():
                 pts = ", ".join(f"{p.parallelism}: {p.capacity:.1f}/s{'' if p.own else '*'}" for p in fp.points)
-                lines.append(f"  {name}: gain {fp.gain:.3f}; {pts}; curve {fp.fit.family} {fp.fit.formula()}"
+                fit = cast(Fit, fp.fit)   # profile_app fits a curve to every function
+                lines.append(f"  {name}: gain {fp.gain:.3f}; {pts}; curve {fit.family} {fit.formula()}"
                              + ("; keyed" if fp.key_group_weights else ""))
             lines.append("  (* another function fell behind first: a lower bound, not fitted)")
             _emit(args, {**prof.to_json(), "wall_s": round(time.perf_counter() - started, 3)}, "\n".join(lines))

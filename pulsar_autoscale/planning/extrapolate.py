@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import numpy as np
 
@@ -51,7 +51,8 @@ class Fit:
             a, p, c = self.params
             return a * x ** p + c
         if self.family == "profile":
-            return self.params[0] * self.shape(x)
+            # a profile Fit is built with its curve (fit() refuses one without)
+            return self.params[0] * cast(Callable[[np.ndarray], np.ndarray], self.shape)(x)
         if self.family == "rate-cost":
             a, b = self.params
             if b <= 0:
@@ -76,10 +77,11 @@ class Fit:
                 "heldout_max": self.heldout_max, "x_max": self.x_max}
 
 
-def fit(family: str, xs: Sequence[float], ys: Sequence[float],
+def fit(family: str, xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray,
         shape: Callable[[np.ndarray], np.ndarray] | None = None) -> Fit:
     """Least squares of one family."""
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    params: tuple[float, ...]
     if len(x) < 1 or np.any(x <= 0):
         raise ConfigError("model fits need at least one point with x > 0")
     if family in BASIS:
@@ -89,13 +91,14 @@ def fit(family: str, xs: Sequence[float], ys: Sequence[float],
             A = np.column_stack([BASIS[family](x), np.ones_like(x)])
             params = tuple(float(v) for v in np.linalg.lstsq(A, y, rcond=None)[0])
     elif family == "power":
-        best = None
+        best: tuple[float, tuple[float, float, float]] | None = None
         for p in POWERS:
             A = np.column_stack([x ** p, np.ones_like(x)])
             (a, c), *_ = np.linalg.lstsq(A, y, rcond=None)
             err = float(np.sum((A @ np.array([a, c]) - y) ** 2))
             if best is None or err < best[0] - 1e-12:
                 best = (err, (float(a), float(p), float(c)))
+        assert best is not None   # POWERS is not empty
         params = best[1]
     elif family == "rate-cost":
         # x instances sustain y when x = a y + b y^2: a per-message cost that grows with the rate

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -103,10 +103,11 @@ class AppProfile:
 
     def path(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None) -> list[Allocation]:
         """Allocations for every instance count up to `budget` (see allocate)."""
-        if self.workers is None:
+        workers = self.workers
+        if workers is None:
             return allocation_path(self.curves(), self.gains(), budget, bounds)
         gains = self.gains()
-        return bounded_path(self.curves(), gains, budget, lambda k: self.workers.rate(k, gains)[0], bounds)
+        return bounded_path(self.curves(), gains, budget, lambda k: workers.rate(k, gains)[0], bounds)
 
     def allocation(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None,
                    path: list[Allocation] | None = None) -> Allocation:
@@ -177,10 +178,11 @@ def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSetting
     fns = testbed.functions()
     base = measure_mst(testbed, TestConfig({f: 1 for f in fns}), settings)
     runs, spent = base.runs, base.testbed_s
-    ref = base.last or base.failing
+    ref = cast(RunResult, base.last or base.failing)   # measure_mst runs at least once: one of them is set
     gains = gains_of(ref)
     tr = {f: (ref.functions[f].true_rate or 1.0) for f in fns}
-    ceiling, probed = None, ()
+    ceiling: WorkerCeiling | None = None
+    probed: tuple[ProbePoint, ...] = ()
     slots = getattr(testbed, "slots_per_worker", None)
     if probe and slots and slots >= len(fns):
         ceiling, probed = probe_workers(testbed, int(slots), gains, tr, settings)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from pulsar_autoscale.planning.mst import MstSettings, measure_mst
 from pulsar_autoscale.planning.plan import CapacityModel, build_model, default_budgets, predict
 from pulsar_autoscale.planning.profile import profile_app
 from pulsar_autoscale.planning.simbed import APPS, SimTestbed
-from pulsar_autoscale.planning.testbed import Testbed, TestConfig
+from pulsar_autoscale.planning.testbed import RunResult, Testbed, TestConfig
 
 RATIOS = (2, 4, 8, 16, 22)
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.08
@@ -53,7 +53,8 @@ def linear_curves(model: CapacityModel) -> dict:
 
 
 def ds2_curves(model: CapacityModel) -> dict:
-    run = model.profile.baseline.last or model.profile.baseline.failing
+    # measure_mst runs at least once: one of them is set
+    run = cast(RunResult, model.profile.baseline.last or model.profile.baseline.failing)
     rates = {n: (fm.true_rate or 0.0) for n, fm in run.functions.items()}
     return {n: (lambda k, r=r: r * k) for n, r in rates.items()}
 

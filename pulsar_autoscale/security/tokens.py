@@ -16,6 +16,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import unquote, urlsplit
 
 import jwt
@@ -26,7 +27,7 @@ from pulsar_autoscale.errors import ConfigError
 
 SECRET_ALGORITHMS = ("HS256", "HS384", "HS512")
 RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
-EC_ALGORITHMS = {"ES256": ec.SECP256R1, "ES384": ec.SECP384R1, "ES512": ec.SECP521R1}
+EC_ALGORITHMS: dict[str, type[ec.EllipticCurve]] = {"ES256": ec.SECP256R1, "ES384": ec.SECP384R1, "ES512": ec.SECP521R1}
 PAIR_ALGORITHMS = RSA_ALGORITHMS + tuple(EC_ALGORITHMS)
 # JJWT's Keys.secretKeyFor: the key is as long as the hash
 SECRET_KEY_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
@@ -93,6 +94,7 @@ def create_secret_key(algorithm: str = "HS256") -> bytes:
 
 def create_key_pair(algorithm: str = "RS256") -> tuple[bytes, bytes]:
     """(private key PKCS#8 DER, public key X.509 DER), the files Pulsar's create-key-pair writes."""
+    private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
     if algorithm in RSA_ALGORITHMS:
         private = rsa.generate_private_key(public_exponent=65537, key_size=RSA_KEY_BITS)
     elif algorithm in EC_ALGORITHMS:
@@ -155,7 +157,7 @@ def create_token(subject: str, *, secret_key: bytes | None = None, private_key: 
             raise ConfigError(f"a secret key signs {', '.join(SECRET_ALGORITHMS)}, not {algorithm}")
         key = secret_key
     else:
-        key = load_private_key(private_key)
+        key = load_private_key(cast(bytes, private_key))   # not None: exactly one key is given
         algorithm = algorithm or _pair_algorithms(key)[0]
         if algorithm not in _pair_algorithms(key):
             raise ConfigError(f"a {type(key).__name__} cannot sign {algorithm}")
@@ -175,7 +177,7 @@ class TokenValidator:
     """Validates tokens with a secret key (HS*) or a public key (RS*/PS*/ES*), as Pulsar's broker does:
     the signature, `exp`/`nbf` when present, the audience when configured; the role is `role_claim`."""
 
-    key: object
+    key: bytes | rsa.RSAPublicKey | ec.EllipticCurvePublicKey
     algorithms: tuple[str, ...]
     role_claim: str = "sub"                   # Pulsar's tokenAuthClaim
     audience: str | None = None               # Pulsar's tokenAudience: required in ...
@@ -190,10 +192,11 @@ class TokenValidator:
                       audience_claim: str = "aud") -> "TokenValidator":
         if (secret_key is None) == (public_key is None):
             raise ConfigError("token authentication needs exactly one of a secret key and a public key")
+        algorithms: tuple[str, ...]
         if secret_key is not None:
             key, algorithms = read_key(secret_key), SECRET_ALGORITHMS
         else:
-            key = load_public_key(read_key(public_key))
+            key = load_public_key(read_key(cast(str, public_key)))   # not None: exactly one key is given
             algorithms = _pair_algorithms(key)
             if public_alg:
                 if public_alg not in algorithms:

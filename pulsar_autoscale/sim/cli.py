@@ -8,17 +8,18 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 from pulsar_autoscale.configparse import parse_params
 from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.controller.fast import FastConfig
 from pulsar_autoscale.controller.planner import PlanConfig, Planner, restart_aware
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.policies import load_policy
-from pulsar_autoscale.sim.apps import APPS, load_app
+from pulsar_autoscale.policies import Policy, load_policy
+from pulsar_autoscale.sim.apps import APPS, SimApp, load_app
 from pulsar_autoscale.sim.clairvoyant import clairvoyant_policy
 from pulsar_autoscale.sim.engine import SimConfig, SimResult, simulate
-from pulsar_autoscale.sim.workloads import PRESETS, load_workload
+from pulsar_autoscale.sim.workloads import PRESETS, Workload, load_workload
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -59,11 +60,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def build_autoscaler(policy: str, params: dict, max_parallelism: int, plan: dict | None = None,
-                     fast: FastConfig | None = None, period_s: float = 30.0, oracle: tuple | None = None) -> Autoscaler:
+                     fast: FastConfig | None = None, period_s: float = 30.0,
+                     oracle: tuple[SimApp, Workload, float, float] | None = None) -> Autoscaler:
     """The policy (its own max_parallelism, where it has one, follows the Plan bound), the Plan step
     and the fast path. `clairvoyant` needs `oracle` = (app, workload, slo_s, start_s)."""
     if max_parallelism < 1:
         raise ConfigError(f"--max-parallelism must be >= 1, got {max_parallelism}")
+    instance: Policy
     if policy == "clairvoyant":
         if oracle is None:
             raise ConfigError("clairvoyant runs in the simulator only: it must know the workload")
@@ -73,7 +76,8 @@ def build_autoscaler(policy: str, params: dict, max_parallelism: int, plan: dict
     config = instance.config
     if (dataclasses.is_dataclass(config) and "max_parallelism" not in params
             and any(f.name == "max_parallelism" for f in dataclasses.fields(config))):
-        instance = type(instance)(dataclasses.replace(config, max_parallelism=max_parallelism))
+        # is_dataclass also admits a dataclass type; a policy's config is an instance of one
+        instance = type(instance)(dataclasses.replace(cast(Any, config), max_parallelism=max_parallelism))
     fast = fast if fast is not None and policy != "clairvoyant" else FastConfig()
     plan = fast.stabilization({**(plan or {}), "max_parallelism": max_parallelism}, period_s)
     return Autoscaler(instance, Planner(PlanConfig(**plan)), fast)

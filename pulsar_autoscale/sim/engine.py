@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import numpy as np
 import simpy
@@ -132,6 +133,10 @@ class _Station:
 
     The backlog holds (enqueue time, job) items: the enqueue time is the message's publish time on
     this function's input topic, from which its consumers measure their wait and arrival rate."""
+
+    # set by Simulation._mape before the first period (gauge also by Simulation._gauges)
+    prev_seen: FunctionCounters
+    gauge: tuple[float, float]
 
     def __init__(self, sim: "Simulation", fn: SimFunction, rng: np.random.Generator, parallelism: int):
         self.sim, self.env, self.fn, self.rng = sim, sim.env, fn, rng
@@ -376,7 +381,9 @@ class Simulation:
         for name, st in self.stations.items():
             cur = st.counters(now)
             backlog = float(len(st.queue) + st.in_flight)
-            lam = (cur.arrived - st.prev.arrived) / period
+            prev = cast(FunctionCounters, st.prev)   # set by _mape before the first period
+            # the simulator always counts arrivals (FunctionCounters allows None for the live monitor)
+            lam = (cast(float, cur.arrived) - cast(float, prev.arrived)) / period
             seen, seen_backlog = cur, backlog
             if self.config.gauge_refresh_s > 0:
                 seen, seen_backlog = replace(cur, arrived=st.gauge[0]), st.gauge[1]

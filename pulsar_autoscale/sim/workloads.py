@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -32,7 +32,8 @@ from pulsar_autoscale.errors import ConfigError
 
 
 class Workload(Protocol):
-    duration_s: float
+    @property
+    def duration_s(self) -> float: ...
 
     def rate_at(self, t: np.ndarray) -> np.ndarray: ...
 
@@ -42,7 +43,9 @@ class Workload(Protocol):
 class _RateSchedule:
     """Poisson arrivals for any rate function, by thinning a homogeneous process at the peak rate."""
 
-    duration_s: float
+    if TYPE_CHECKING:   # a field of some subclasses, a property of others
+        @property
+        def duration_s(self) -> float: ...
 
     def rate_at(self, t: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -179,8 +182,8 @@ def load_trace(path: Path) -> Workload:
     except ValueError as exc:
         raise ConfigError(f"trace {path}: {exc}; expected numbers in `time,rate` or `timestamp` rows") from exc
     if all(len(v) == 1 for v in values):
-        times = np.sort([v[0] for v in values])
-        return TimestampTrace(tuple(float(x) for x in times - times[0]))
+        stamps = np.sort([v[0] for v in values])
+        return TimestampTrace(tuple(float(x) for x in stamps - stamps[0]))
     if any(len(v) != 2 for v in values):
         raise ConfigError(f"trace {path}: every row needs the same shape, `time,rate` or `timestamp`")
     times = [v[0] for v in values]
