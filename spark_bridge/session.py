@@ -21,7 +21,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, cast
 
 from pulsar_autoscale.errors import ConfigError
 
@@ -93,7 +93,7 @@ def package_zip(dest_dir: str | Path) -> Path:
     return path
 
 
-def _probe(_: Iterator) -> Iterator[tuple[str, list[str]]]:
+def _probe(_: Iterable[int]) -> Iterator[tuple[str, list[str]]]:
     """Runs in a Spark Python worker: its interpreter and the required modules it cannot import."""
     import importlib
 
@@ -133,7 +133,8 @@ def check_python_workers(spark: "SparkSession") -> None:
         raise SparkSetupError(f"Spark's Python workers cannot import {found.group(1)!r}. "
                               f"{_advice(python)}") from None
     finally:
-        sc.setJobDescription(None)
+        # pyspark annotates `value: str`, but None (a Java null) is what clears the description.
+        sc.setJobDescription(None)  # type: ignore[arg-type]
     missing = sorted({m for _, names in answers for m in names})
     if missing:
         pythons = sorted({p for p, _ in answers})
@@ -160,7 +161,8 @@ def worker_session(settings: SparkSettings | None = None, app_name: str = "pulsa
     if not settings.local and not getattr(spark.sparkContext, "_pulsar_autoscale_shipped", False):
         # Before register(): a Python data source takes the session's py-files when registered.
         spark.sparkContext.addPyFile(str(package_zip(tempfile.mkdtemp(prefix="pa-spark-"))))
-        spark.sparkContext._pulsar_autoscale_shipped = True
+        # Our own marker, not an attribute SparkContext declares.
+        cast(Any, spark.sparkContext)._pulsar_autoscale_shipped = True
         log.info("Spark session on %s: pulsar_autoscale shipped to the executors", settings.master)
     register(spark)
     return spark

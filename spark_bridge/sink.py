@@ -12,7 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, cast
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType, TimestampType
@@ -71,9 +71,10 @@ def write_partition(options: SinkOptions, rows: Iterator, query_id: str, batch_i
     import pulsar
     from pyspark import TaskContext
 
-    partition_id = str(TaskContext.get().partitionId())
+    # Runs inside a Spark task, where TaskContext.get() is always set.
+    partition_id = str(cast(TaskContext, TaskContext.get()).partitionId())
     conn = Connection(options.connection)
-    producers: dict[str, object] = {}
+    producers: dict[str, pulsar.Producer] = {}
     failures: list[str] = []
 
     def on_sent(result, _msg_id) -> None:
@@ -136,7 +137,7 @@ class PulsarStreamWriter(DataSourceStreamWriter):
     def write(self, iterator: Iterator) -> SinkCommit:
         from pyspark import TaskContext
 
-        ctx = TaskContext.get()
+        ctx = cast(TaskContext, TaskContext.get())  # write() runs inside a Spark task, where it is set
         batch_id = ctx.getLocalProperty(_SPARK_BATCH_ID)
         query_id = ctx.getLocalProperty(_SPARK_QUERY_ID)
         if batch_id is None or query_id is None:

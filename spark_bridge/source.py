@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Generator, Iterator
+from typing import Generator, Iterator, Sequence
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -173,7 +173,7 @@ class _RangeReader:
             return  # nothing to read: Spark asks for one partition even when partitions() has none
         yield from _prefetched(self._read_arrow(partition.topic_range))
 
-    def _read_arrow(self, rng: TopicRange) -> Iterator:
+    def _read_arrow(self, rng: TopicRange) -> Generator:
         opts = self.options
         why = native_unavailable(opts)
         if why is None:
@@ -295,6 +295,7 @@ class PulsarDataSource(DataSource):
         opts = self._source_options()
         conn = Connection(opts.connection)
         try:
+            names: Sequence[str]
             if opts.topics_pattern:
                 names = list_topics(opts.connection, opts.topics_pattern)
                 if not names:

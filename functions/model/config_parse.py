@@ -168,10 +168,12 @@ def config_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(raw) - {"cpu", "ram", "disk"}
         if unknown:
             raise ConfigError(f"resources.{sorted(unknown)[0]} is not a Resources field (cpu, ram, disk)")
+        cpu = as_number("resources.cpu", raw.get("cpu"))  # None only where cpu is absent (or null)
+        # DEFAULT_RESOURCES mixes a float with ints, so its values read as floats: ram's and disk's are ints
         resources = Resources(
-            cpu=as_number("resources.cpu", raw.get("cpu")) if raw.get("cpu") is not None else DEFAULT_RESOURCES["cpu"],
-            ram=as_int("resources.ram", raw.get("ram"), 1, INT64_MAX) or DEFAULT_RESOURCES["ram"],
-            disk=as_int("resources.disk", raw.get("disk"), 1, INT64_MAX) or DEFAULT_RESOURCES["disk"])
+            cpu=DEFAULT_RESOURCES["cpu"] if cpu is None else cpu,
+            ram=as_int("resources.ram", raw.get("ram"), 1, INT64_MAX) or int(DEFAULT_RESOURCES["ram"]),
+            disk=as_int("resources.disk", raw.get("disk"), 1, INT64_MAX) or int(DEFAULT_RESOURCES["disk"]))
         if resources.cpu <= 0:
             raise ConfigError(f"resources.cpu must be a positive number, got {resources.cpu}")
     producer, batch_builder = _producer_config(data)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.coerce import as_int, as_number, as_object
@@ -51,12 +51,15 @@ def keyed_migration(cfg: FunctionConfig) -> KeyedMigration:
     if mode not in ("live", "stop-the-world"):
         raise ConfigError(f"{where}.mode must be 'live' or 'stop-the-world', got {mode!r}")
     duty = as_number(f"{where}.duty", raw.get("duty", default.duty))
-    if not 0 < duty <= 1:
-        raise ConfigError(f"{where}.duty must be in (0, 1] (the share of time migration work may take), got {duty}")
+    if duty is None or not 0 < duty <= 1:
+        raise ConfigError(f"{where}.duty must be in (0, 1] (the share of time migration work may take), got "
+                          f"{'null' if duty is None else duty}")
     size = as_int(f"{where}.subscaleSize", raw.get("subscaleSize", default.subscale_size), 1, MAX_NUM_KEY_GROUPS)
+    if size is None:
+        raise ConfigError(f"{where}.subscaleSize must be an integer from 1 to {MAX_NUM_KEY_GROUPS}, got null")
     rate = raw.get("preCopyMBps", default.pre_copy_mb_per_s)
     if rate is not None:
-        rate = as_number(f"{where}.preCopyMBps", rate)
+        rate = cast(float, as_number(f"{where}.preCopyMBps", rate))  # as_number gives None only for None
         if rate <= 0:
             raise ConfigError(f"{where}.preCopyMBps must be above 0 (MB/s the pre-copy may read), or null for no "
                               f"limit; got {rate}")

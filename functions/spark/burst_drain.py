@@ -42,7 +42,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, cast
 
 import pulsar
 
@@ -57,6 +57,8 @@ from pulsar_autoscale.spark_bridge.offsets import _batch_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
+
+    from pulsar_autoscale.functions.state.backend import StateBackend
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +131,11 @@ def _load_process(class_name: str, code_name: str | None, code: bytes | None, sl
     key = (class_name, digest, slot)
     fn = _LOADED.get(key)
     if fn is None:
-        path = None
+        path: str | None = None
         if code is not None:
-            path = Path(tempfile.gettempdir()) / f"pa-burst-{digest}" / code_name
-            path = str(path if path.exists() else write_atomically(path, code))
+            # code and code_name come together: both from BurstDrain's code_path.
+            target = Path(tempfile.gettempdir()) / f"pa-burst-{digest}" / cast(str, code_name)
+            path = str(target if target.exists() else write_atomically(target, code))
         fn = _LOADED[key] = load_callable(class_name, path)
     return fn
 
@@ -174,11 +177,13 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
 
     cfg = spec.config
     process = _load_process(cfg.className, spec.code_name, spec.code, slot)
+    state: StateBackend
     if spec.state_path:   # outside a message scope every change is persisted in the changelog at once
         state = StateStore(spec.state_path, cfg.numKeyGroups, keyed=cfg.keyedState)
         state.attach_changelog(client, changelog_of(cfg))
     else:
-        state = _NoState()
+        # The drain's Context only calls group() and the state verbs, which _NoState has (and refuses).
+        state = cast("StateBackend", _NoState())
     ctx = InstanceContext(cfg, instance_id, lambda: spec.num_instances, client, InstanceStats(instance_id), state,
                           logging.getLogger(f"function.{cfg.fqfn}.burst{instance_id}"))
     serde = load_serde(cfg.outputSerdeClassName)
@@ -204,7 +209,7 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
                 _entry[1] = res == pulsar.Result.Ok
 
             key = msg.partition_key()
-            conf = {"event_timestamp": source_event_time(msg)}
+            conf: dict[str, Any] = {"event_timestamp": source_event_time(msg)}
             if key:
                 conf["partition_key"] = key
             producer.send_async(serde.serialize(result), done, **conf)
@@ -222,7 +227,7 @@ def process_partition(spec: _TaskSpec, records: Iterable[PipedMessage]) -> Itera
     records = list(records)
     if not records:
         return iter(())
-    part = TaskContext.get().partitionId()
+    part = cast(TaskContext, TaskContext.get()).partitionId()  # a Spark task: TaskContext.get() is set
     client = open_client(spec.client)
     producer = None
     try:
@@ -271,7 +276,7 @@ class BurstDrain:
     process() uses counters/state and the executors can reach the file.
     """
 
-    def __init__(self, spark: "SparkSession", service_url: ClientSettings | str, function_config: FunctionConfig,
+    def __init__(self, spark: "SparkSession | None", service_url: ClientSettings | str, function_config: FunctionConfig,
                  code_path: str | None = None, *, broker_kind: BrokerProfile | str = "auto",
                  metrics_url: str | None = None,
                  receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS, receiver_queue: int = DEFAULT_RECEIVER_QUEUE,
@@ -344,7 +349,7 @@ class BurstDrain:
     def _take(self, consumer, max_messages: int) -> list:
         """Receive max_messages (completed to an entry boundary, see _ends_entry); stops early
         once none arrives within receive_timeout_ms (the first: FIRST_RECEIVE_TIMEOUT_MS)."""
-        taken = []
+        taken: list[pulsar.Message] = []
         while len(taken) < max_messages or not _ends_entry(taken[-1]):
             try:
                 taken.append(consumer.receive(self.receive_timeout_ms if taken else
@@ -413,10 +418,12 @@ class BurstDrain:
         records = [PipedMessage.of(i, m) for i, m in enumerate(taken)]
         spec = _TaskSpec(self.config, self.client, self.code_name, self.code, threads, self.state_path,
                          self.config.parallelism + partitions * threads)
-        sc = self.spark.sparkContext
+        # None only until the caller sets the session (BurstRunner: before run()).
+        sc = cast("SparkSession", self.spark).sparkContext
         sc.setJobDescription(f"burst drain {self.config.fqfn}: {len(records)} messages")
         try:
             rdd = sc.parallelize(records, min(partitions, len(records)))
             return rdd.mapPartitions(functools.partial(process_partition, spec)).collect()
         finally:
-            sc.setJobDescription(None)
+            # pyspark annotates `value: str`, but None (a Java null) is what clears the description.
+            sc.setJobDescription(None)  # type: ignore[arg-type]

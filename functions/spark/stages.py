@@ -30,6 +30,7 @@ from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.snapshot import FunctionCounters
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pulsar_autoscale.functions.spark.stateful import StatefulStage
     from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class StageNotFound(PulsarAutoscaleError):
 
 @dataclass
 class HostedStage:
-    stage: object                                   # spark_bridge.stateful.StatefulStage
+    stage: StatefulStage
     lock: threading.Lock = field(default_factory=threading.Lock)
     restarts: int = 0
     deleted: bool = False                           # the supervisor must not start it again

@@ -345,11 +345,11 @@ class StatefulStage:
                 writer = writer.trigger(processingTime=cfg.trigger)
             self._query = writer.start()
         finally:
-            for k, v in before.items():
-                if v is None:
+            for k, old in before.items():
+                if old is None:
                     spark.conf.unset(k)
                 else:
-                    spark.conf.set(k, v)
+                    spark.conf.set(k, old)
         log.info("stateful stage %s started: parallelism %d, query %s run %s", cfg.fqfn, cfg.parallelism,
                  self._query.id, self._query.runId)
         return self._query
@@ -384,7 +384,8 @@ class StatefulStage:
     def await_termination(self, timeout_s: float) -> None:
         """For trigger availableNow: wait (bounded) until the query read all it found at start."""
         query = self._require_query()
-        if not query.awaitTermination(timeout_s):
+        # pyspark annotates `timeout: Optional[int]`, but it takes a float too (it checks for int or float).
+        if not query.awaitTermination(timeout_s):  # type: ignore[arg-type]
             raise StatefulStageError(f"stateful stage {self.config.fqfn}: query still running after {timeout_s:.0f}s")
         self._raise_failure()
 
@@ -404,8 +405,9 @@ class StatefulStage:
         cfg = self.config
         query = self._query
         state_partitions = checkpoint_confs(cfg.checkpoint_dir).get("spark.sql.shuffle.partitions")
-        base = dict(name=cfg.fqfn, running=bool(query and query.isActive), parallelism=cfg.parallelism,
-                    state_partitions=int(state_partitions) if state_partitions else None)
+        base: dict[str, Any] = dict(name=cfg.fqfn, running=bool(query and query.isActive),
+                                    parallelism=cfg.parallelism,
+                                    state_partitions=int(state_partitions) if state_partitions else None)
         progress = query.lastProgress if query is not None else None
         error = None
         if query is not None and not query.isActive and query.exception() is not None:

@@ -19,6 +19,7 @@ pulsar-lite, docs/dev/pulsar-lite-defects.md) and no seek (B5).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, cast
 
 import pulsar
 
@@ -140,10 +141,10 @@ class Record:
             props.update(mid=self.msg_id, part=str(self.part), parts=str(self.parts))
         if self.deleted:
             payload = b""
-        elif self.kind == COUNTER:
-            payload = str(int(self.value)).encode()
-        else:
-            payload = bytes(self.value)
+        elif self.kind == COUNTER:  # a counter's record holds its int (None only for a deletion, handled above)
+            payload = str(int(cast(int, self.value))).encode()
+        else:  # a state value's record holds its bytes
+            payload = bytes(cast(bytes, self.value))
         return payload, {"partition_key": f"{self.group}:{self.kind}:{self.key}", "properties": props}
 
     @classmethod
@@ -249,7 +250,7 @@ class ChangelogWriter:
         a release costs no extra round trip to the broker."""
         self.flush()
         with self._waiting_lock:
-            marks = {s: self._last_id[s].serialize() for s in shards if self._last_id[s] is not None}
+            marks = {s: last.serialize() for s in shards if (last := self._last_id[s]) is not None}
         for shard in sorted(set(shards) - set(marks)):
             with self._lock:
                 try:
@@ -275,7 +276,7 @@ class ReadStats:
     records: int = 0
     bytes: int = 0
     duplicates: int = 0   # delivered again by the reader, skipped
-    end: bytes | None = None   # the end marker's position: everything before it was read
+    end: builtins.bytes | None = None   # the end marker's position: everything before it was read
 
 
 def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,

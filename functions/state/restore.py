@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 import pulsar
 
@@ -58,8 +58,9 @@ def read_tail(client: pulsar.Client, changelog: Changelog, positions: dict[int, 
         reads.setdefault(changelog.shard(g), (set(), ReadStats()))[0].add(g)
     shard_reads = []
     for shard, (in_shard, read) in sorted(reads.items()):
+        # past the check, every group of the shard has a position, so a start to order by
         oldest = (None if any(positions[g] is None for g in in_shard)
-                  else positions[min(in_shard, key=starts.__getitem__)])
+                  else positions[min(in_shard, key=lambda g: cast(pulsar.MessageId, starts[g]))])
         shard_reads.append(read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace,
                                           len(reads)))
     for mid, r in _round_robin(shard_reads):

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import AbstractSet, Callable, cast
 
 import pulsar
 
@@ -131,8 +131,8 @@ class StateStore:
     def changelog(self) -> ChangelogWriter | None:
         if self._changelog is None and self._client is not None:
             with self._attach_lock:
-                if self._changelog is None:
-                    self._changelog = ChangelogWriter(self._client, self._log)
+                if self._changelog is None:  # attach_changelog sets _log with _client
+                    self._changelog = ChangelogWriter(self._client, cast(Changelog, self._log))
         return self._changelog
 
     def close(self) -> None:
@@ -217,8 +217,9 @@ class StateStore:
             return
         records = list(scope.pending.values())
         if scope.msg_id is not None:
+            file = cast(GroupFile, scope.file)  # begin gives a scope with a msg_id the group's file
             try:
-                conn = scope.file.conn
+                conn = file.conn
                 if records:
                     conn.execute("INSERT INTO applied(mid) VALUES (?)", (scope.msg_id,))
                     records = [Record(r.group, r.kind, r.key, r.value, r.version, r.deleted, scope.msg_id, i,
@@ -227,7 +228,7 @@ class StateStore:
                 if records:
                     self._prune(conn)
             finally:
-                scope.file.lock.release()
+                file.lock.release()
         self._send(records)
 
     def abort(self) -> None:
@@ -237,10 +238,11 @@ class StateStore:
         if scope is None:
             return
         if scope.msg_id is not None:
+            file = cast(GroupFile, scope.file)  # begin gives a scope with a msg_id the group's file
             try:
-                scope.file.conn.execute("ROLLBACK")
+                file.conn.execute("ROLLBACK")
             finally:
-                scope.file.lock.release()
+                file.lock.release()
         else:
             self._send(list(scope.pending.values()))
 
@@ -257,7 +259,7 @@ class StateStore:
         """Return once every change this thread sent (everything: any thread) is persisted in the changelog."""
         if getattr(self._local, "dirty", False) or (everything and self._changelog is not None):
             self._local.dirty = False
-            self._changelog.flush()
+            cast(ChangelogWriter, self._changelog).flush()  # dirty: this thread sent records through it
 
     def when_persisted(self, callback) -> None:
         """Run callback (an input's ack) once the changes sent so far are in the changelog, without waiting
@@ -273,8 +275,8 @@ class StateStore:
         return scope
 
     def _send(self, records: list[Record]) -> None:
-        if records and self.changelog is not None:
-            self._changelog.send(records)
+        if records and (writer := self.changelog) is not None:
+            writer.send(records)
             self._local.dirty = True
 
     def _record(self, record: Record) -> None:
@@ -404,7 +406,7 @@ class StateStore:
         self._owned = self.owned() - groups
 
     def open(self, groups: set[int], restore: bool = True, client: pulsar.Client | None = None,
-             changelog: Changelog | None = None, refresh: set[int] = frozenset()) -> RestoreStats:
+             changelog: Changelog | None = None, refresh: AbstractSet[int] = frozenset()) -> RestoreStats:
         """Own groups from now on. restore: reopen a group's released file and apply the changelog after its
         position; a group without one (or whose file was in use when its worker died) replays the whole
         changelog (the attached one, or `client`/`changelog`). `refresh`: pre-copied groups that will open here

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import requests
 import yaml
@@ -238,7 +239,8 @@ class ApacheStandalone:
                    PULSAR_STANDALONE_CONF=str(conf / "standalone.conf"),
                    PULSAR_ROUTING_APPENDER_DEFAULT="Console",
                    PATH=f"{pybin}{os.pathsep}{os.environ.get('PATH', '')}")
-        cmd = [str(self.home / "bin" / "pulsar"), "standalone",
+        home = cast(Path, self.home)  # start sets it before _start
+        cmd = [str(home / "bin" / "pulsar"), "standalone",
                "--config", str(conf / "standalone.conf"),
                "--functions-worker-conf", str(conf / "functions_worker.yml"),
                "--metadata-dir", str(data / "metadata"),
@@ -264,7 +266,7 @@ class ApacheStandalone:
                             "(pip install 'pulsar-client[functions]' there)", self.python, ", ".join(self.python_missing))
         self._wait_ready(spawned)
         self.start_s = time.monotonic() - spawned
-        log.info("apache pulsar %s ready in %.1fs (pid %s, RSS %.0f MB)", self.home.parent.name, self.start_s,
+        log.info("apache pulsar %s ready in %.1fs (pid %s, RSS %.0f MB)", home.parent.name, self.start_s,
                  self.pid, self.rss_mb() or 0)
         return self
 
@@ -272,7 +274,7 @@ class ApacheStandalone:
         """A private copy of the distribution's conf/ with this instance's ports, dirs and sizing."""
         conf = data / "conf"
         shutil.rmtree(conf, ignore_errors=True)
-        shutil.copytree(self.home / "conf", conf)
+        shutil.copytree(cast(Path, self.home) / "conf", conf)   # start sets home before _start writes this
         _set_properties(conf / "standalone.conf", {
             "brokerServicePort": self.port, "webServicePort": self.web_port,
             "bindAddress": HOST, "advertisedAddress": HOST, "clusterName": "standalone",
@@ -314,7 +316,8 @@ class ApacheStandalone:
 
     def _ready_problem(self) -> str | None:
         """What is not ready yet (None: all of it), from the admin REST API."""
-        checks = [("/admin/v2/clusters", "standalone"), ("/admin/v2/namespaces/public", "public/default")]
+        checks: list[tuple[str, str | None]] = [("/admin/v2/clusters", "standalone"),
+                                                ("/admin/v2/namespaces/public", "public/default")]
         if self.functions_worker:
             checks.append(("/admin/v3/functions/public/default", None))
             checks.append(("/admin/v2/worker/cluster/leader", "workerId"))
@@ -343,11 +346,12 @@ class ApacheStandalone:
 
     def _wait_ready(self, spawned: float) -> None:
         deadline = spawned + self.startup_timeout_s
-        problem = "not started"
+        problem: str | None = "not started"
         rest_ready_at: float | None = None
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                self._fail(f"apache pulsar standalone exited with {self._proc.returncode} during startup")
+            proc = cast(subprocess.Popen, self._proc)  # _start spawned it before waiting
+            if proc.poll() is not None:
+                self._fail(f"apache pulsar standalone exited with {proc.returncode} during startup")
             if rest_ready_at is None:
                 problem = self._ready_problem()
                 rest_ready_at = time.monotonic() if problem is None else None
@@ -425,11 +429,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--token-secret-key needs --broker-token: the broker's own token, for a superuser "
                               "role (pulsar-autoscale tokens create --subject admin --secret-key ...)")
         roles = tuple(r.strip() for r in args.superuser_roles.split(",") if r.strip())
-        token = ClientSettings("", "token", args.broker_token).bearer_token()   # token:XXX, file:/path or bare
+        # token:XXX, file:/path or bare; the "token" plugin always gives one (None is for other plugins)
+        token = cast(str, ClientSettings("", "token", args.broker_token).bearer_token())
         auth = TokenAuth(broker_token=token, superusers=roles, secret_key=args.token_secret_key)
     broker = ApacheStandalone(version=args.version, port=args.port, web_port=args.metrics_port,
                               data_dir=args.data_dir, log_level=args.log_level, auth=auth).start()
-    print(f"apache pulsar {broker.home.parent.name} ready: service-url {broker.service_url}  "
+    home = cast(Path, broker.home)  # start set it
+    print(f"apache pulsar {home.parent.name} ready: service-url {broker.service_url}  "
           f"admin-url {broker.admin_url}  metrics {broker.metrics_url}", flush=True)
     print(f"started in {broker.start_s:.1f}s  pid {broker.pid}  RSS {broker.rss_mb() or 0:.0f} MB  "
           f"log {broker.log_path}", flush=True)

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, cast
 
 import requests
 
@@ -134,6 +135,7 @@ class EmbeddedBroker:
                             exc.which, str(exc).splitlines()[0])
             self.port = 0 if picked["client"] else self.port
             self.metrics_port = 0 if picked["metrics"] else self.metrics_port
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def _start(self) -> "EmbeddedBroker":
         self.port = self.port or free_port()
@@ -169,7 +171,8 @@ class EmbeddedBroker:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
             preexec_fn=_die_with_parent,
         )
-        if self._relay.stdout.readline().strip() != "relay ready":
+        relay_out = cast(IO[str], self._relay.stdout)  # stdout=PIPE, text=True
+        if relay_out.readline().strip() != "relay ready":
             err = self._relay.communicate(timeout=5)[1].strip().splitlines()
             self._fail(f"cannot listen on {HOST}:{self.port} ({err[-1] if err else 'relay exited'}): "
                        f"port in use?", "client" if any("in use" in line.lower() for line in err) else None)
@@ -208,7 +211,8 @@ class EmbeddedBroker:
     def _this_log(self) -> str:
         """What the broker wrote since this start (the log is appended to across starts)."""
         try:
-            with open(Path(self.data_dir, "broker.log"), "rb") as f:
+            # start sets data_dir before anything is logged (None fails in Path, as it always has)
+            with open(Path(cast(str, self.data_dir), "broker.log"), "rb") as f:
                 f.seek(self._log_start)
                 return f.read().decode(errors="replace")
         except OSError:
@@ -216,7 +220,8 @@ class EmbeddedBroker:
 
     def log_tail(self, lines: int = 20) -> str:
         try:
-            return "\n".join(Path(self.data_dir, "broker.log").read_text(errors="replace").splitlines()[-lines:])
+            path = Path(cast(str, self.data_dir), "broker.log")   # start sets data_dir (None fails here, as it always has)
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
 

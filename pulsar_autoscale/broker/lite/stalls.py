@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pulsar
 
 from pulsar_autoscale.broker.profile import BrokerProfile
 from pulsar_autoscale.errors import PulsarAutoscaleError
+
+if TYPE_CHECKING:
+    from pulsar_autoscale.broker.metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ class StallFence:
         self.reopens: dict[tuple[str, str], int] = {}
         self._failures: dict[tuple[str, str], str] = {}   # (topic, subscription) -> why its input is stuck
         self._lock = threading.Lock()
-        self._readings: dict[tuple[str, ...], tuple[float, object]] = {}   # topics -> (read at, BrokerMetrics)
+        self._readings: dict[tuple[str, ...], tuple[float, BrokerMetrics]] = {}   # topics -> (read at, reading)
 
     @classmethod
     def for_broker(cls, broker: BrokerProfile, metrics_url: str | None) -> "StallFence | None":
@@ -47,7 +50,7 @@ class StallFence:
             return None
         return cls(metrics_url)
 
-    def watch(self, open_consumer: Callable[[], object], topics, subscription: str) -> "StalledInputWatch":
+    def watch(self, open_consumer: Callable[[], pulsar.Consumer], topics, subscription: str) -> "StalledInputWatch":
         return StalledInputWatch(self, open_consumer, tuple(topics), subscription)
 
     def stalled_topic(self, topics: tuple[str, ...], subscription: str) -> tuple[str, float] | None:
@@ -56,7 +59,7 @@ class StallFence:
 
         with self._lock:
             read_at, reading = self._readings.get(topics, (float("-inf"), None))
-            if time.monotonic() - read_at > STALL_METRICS_TTL_S:
+            if reading is None or time.monotonic() - read_at > STALL_METRICS_TTL_S:   # None: never read (-inf)
                 reading = fetch(self.metrics_url, time.time(), topics=topics)
                 self._readings[topics] = (time.monotonic(), reading)
         for topic in topics:
@@ -85,7 +88,7 @@ class StallFence:
             return n
 
 
-def fence_stalls(open_consumer: Callable[[], object], topics, subscription: str, fence: StallFence | None):
+def fence_stalls(open_consumer: Callable[[], pulsar.Consumer], topics, subscription: str, fence: StallFence | None):
     """The function's input, watched by the worker's StallFence (B12) on pulsar-lite; elsewhere as it opens."""
     return open_consumer() if fence is None else fence.watch(open_consumer, topics, subscription)
 
@@ -96,7 +99,7 @@ class StalledInputWatch:
     It reopens only when the broker holds no unacked message on the subscription, so no message this
     consumer handed out is left to ack on the consumer it replaces."""
 
-    def __init__(self, fence: StallFence, open_consumer: Callable[[], object], topics: tuple[str, ...],
+    def __init__(self, fence: StallFence, open_consumer: Callable[[], pulsar.Consumer], topics: tuple[str, ...],
                  subscription: str):
         self._fence = fence
         self._open = open_consumer

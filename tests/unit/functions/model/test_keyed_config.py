@@ -46,6 +46,8 @@ def test_keyed_migration_settings_come_from_custom_runtime_options():
     ({"mode": "pause"}, "mode must be 'live' or 'stop-the-world'"),
     ({"duty": 0}, r"duty must be in \(0, 1\]"),
     ({"subscaleSize": 0}, "subscaleSize must be an integer from 1"),
+    ({"subscaleSize": None}, "subscaleSize must be an integer from 1 .* got null"),
+    ({"duty": None}, r"duty must be in \(0, 1\] .* got null"),
     ({"preCopyMBps": 0}, "preCopyMBps must be above 0"),
     ({"preCopyMBps": "fast"}, "preCopyMBps"),
     ({"subscale": 4}, "keyedMigration.subscale is unknown"),
