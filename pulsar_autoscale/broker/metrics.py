@@ -22,10 +22,20 @@ class BrokerMetrics:
     backlog: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> entries
     messages_per_entry: float = 1.0   # broker-wide: backlogs count entries (batches), not messages
     unacked: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> messages
+    entries: dict[str, float] = field(default_factory=dict)                  # topic -> cumulative entries in
 
     def backlog_messages(self, topic: str, subscription: str) -> float | None:
         entries = self.backlog.get((topic, subscription))
-        return None if entries is None else entries * self.messages_per_entry
+        return None if entries is None else entries * self.topic_messages_per_entry(topic)
+
+    def topic_messages_per_entry(self, topic: str) -> float:
+        """The topic's own batching (messages in / entries in, both counted since the topic was loaded), so that
+        an unbatched input beside batched topics is not read as batched; the broker-wide figure where the broker
+        counts entries only broker-wide (pulsar-lite B17)."""
+        entries, messages = self.entries.get(topic, 0.0), self.in_messages.get(topic, 0.0)
+        if entries > 0 and messages > 0:
+            return max(messages / entries, 1.0)
+        return self.messages_per_entry
 
 
 def _topic(labels: dict) -> str:
@@ -35,8 +45,9 @@ def _topic(labels: dict) -> str:
     return f"persistent://{labels.get('namespace', 'public/default')}/{topic}"
 
 
-PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_subscription_back_log{", "pulsar_subscription_unacked_messages{")
-BROKER_WIDE = ("pulsar_broker_in_messages_total", "pulsar_entry_size_count")
+PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_subscription_back_log{", "pulsar_subscription_unacked_messages{",
+             "pulsar_entry_size_count{")
+BROKER_WIDE = ("pulsar_broker_in_messages_total", "pulsar_entry_size_count ")
 
 
 def relevant(text: str, topics: Collection[str]) -> str:
@@ -57,6 +68,7 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
     in_messages: dict[str, float] = {}
     backlog: dict[tuple[str, str], float] = {}
     unacked: dict[tuple[str, str], float] = {}
+    entries: dict[str, float] = {}
     totals = {"messages": 0.0, "entries": 0.0}
     for family in text_string_to_metric_families(text if topics is None else relevant(text, topics)):
         for sample in family.samples:
@@ -72,6 +84,9 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
                 unacked[key] = unacked.get(key, 0.0) + sample.value
             elif name == "pulsar_broker_in_messages_total":
                 totals["messages"] = sample.value
+            elif name == "pulsar_entry_size_count" and "topic" in labels:
+                t = _topic(labels)
+                entries[t] = entries.get(t, 0.0) + sample.value
             elif name == "pulsar_entry_size_count":
                 totals["entries"] += sample.value
     ratio = totals["messages"] / totals["entries"] if totals["entries"] > 0 and totals["messages"] > 0 else 1.0
@@ -79,7 +94,8 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
         in_messages = {t: v for t, v in in_messages.items() if t in topics}
         backlog = {k: v for k, v in backlog.items() if k[0] in topics}
         unacked = {k: v for k, v in unacked.items() if k[0] in topics}
-    return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0), unacked)
+        entries = {t: v for t, v in entries.items() if t in topics}
+    return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0), unacked, entries)
 
 
 def fetch(metrics_url: str, now: float, timeout_s: float = 5.0, topics: Collection[str] | None = None

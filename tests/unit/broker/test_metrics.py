@@ -32,6 +32,25 @@ def test_lite_labels_and_batch_correction():
     assert m.backlog_messages("persistent://public/default/images", "other") is None
 
 
+APACHE_BATCHED = """
+pulsar_in_messages_total{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched"} 100
+pulsar_in_messages_total{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain"} 10
+pulsar_subscription_back_log{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched",subscription="s"} 10
+pulsar_subscription_back_log{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain",subscription="s"} 10
+pulsar_entry_size_count{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched"} 10
+pulsar_entry_size_count{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain"} 10
+"""
+
+
+def test_each_topic_backlog_is_scaled_by_its_own_batching():
+    """Apache Pulsar 4.0.8's page for 100 messages sent in batches of 10 and 10 sent unbatched, nothing
+    consumed: each backlog reads 10 entries; in messages they are 100 and 10."""
+    for topics in (None, {"persistent://t/ns/batched", "persistent://t/ns/plain"}):
+        m = parse(APACHE_BATCHED, now=1.0, topics=topics)
+        assert m.backlog_messages("persistent://t/ns/batched", "s") == 100
+        assert m.backlog_messages("persistent://t/ns/plain", "s") == 10
+
+
 def test_apache_full_topic_names():
     m = parse(APACHE, now=1.0)
     assert m.in_messages == {"persistent://t/ns/x": 42}
