@@ -157,14 +157,12 @@ class ClusterKeyed:
                     self.router.assignment = saved
                 target = self.router.assignment.rescale(max(parallelism, 1))
                 self.router.stop_serving({m.group for m in moves(self.router.assignment, target)})
-                # this front's own producer: a migration under way when the front stops finishes (stop_front),
-                # saving through it until the stop closes it; a front started here after has its own
-                saver = self._saver = self._client().create_producer(self.topics.assignment)
-                save_assignment(saver, self.router.assignment)
+                self._saver = self._client().create_producer(self.topics.assignment)
+                save_assignment(self._saver, self.router.assignment)
                 self.stores.listen()
                 self.scaler = KeyedScaler(self.router, self.stores, start=lambda _i: None, drain=lambda _ids: None,
                                           settings=lambda: keyed_migration(self._config()),
-                                          save=lambda a: save_assignment(saver, a), retry_s=RETRY_S)
+                                          save=lambda a: save_assignment(self._saver, a), retry_s=RETRY_S)
                 self.router.start()
                 log.info("%s: front started here with %s groups per instance", self.topics.name,
                          self.scaler.view()["groupsPerInstance"])
