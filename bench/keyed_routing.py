@@ -84,6 +84,16 @@ def sticky_ranges(assignment: KeyGroupAssignment, instance: int, merge: bool) ->
     return merged
 
 
+def _received(consumer, stop: threading.Event):
+    """The consumer's messages until `stop` is set and nothing has come for 100 ms."""
+    while True:
+        try:
+            yield consumer.receive(100)
+        except pulsar.Timeout:
+            if stop.is_set():
+                return
+
+
 def _front(client: pulsar.Client, topic: str, routes: list[str], owner, queue: int, batched: bool,
            ready: threading.Event, stop: threading.Event) -> None:
     """The front's transport: receive the input, forward each record to its owner's route topic, ack when persisted.
@@ -95,13 +105,7 @@ def _front(client: pulsar.Client, topic: str, routes: list[str], owner, queue: i
     producers = [client.create_producer(r, block_if_queue_full=True, send_timeout_millis=0, **batching)
                  for r in routes]
     ready.set()
-    while True:
-        try:
-            msg = consumer.receive(100)
-        except pulsar.Timeout:
-            if stop.is_set():
-                break
-            continue
+    for msg in _received(consumer, stop):
         props = {**msg.properties(), ORIGINAL_ID: str(msg.message_id()), ORIGINAL_TOPIC: msg.topic_name(),
                  ORIGINAL_PUBLISH: str(msg.publish_timestamp())}
         kwargs: dict = {"properties": props}
@@ -159,13 +163,7 @@ def worker(setup: str, lite: bool, service_url: str, topic: str, instance: int, 
     sent: list[float] = []
     times: list[float] = []
     wrong_key = 0
-    while True:
-        try:
-            msg = consumer.receive(100)
-        except pulsar.Timeout:
-            if stop.is_set():
-                break
-            continue
+    for msg in _received(consumer, stop):
         now = time.time()
         index, sent_at = PAYLOAD.unpack(msg.data())
         if msg.partition_key() != f"k{index % keys}":

@@ -48,8 +48,12 @@ from typing import Iterator
 import pulsar
 import requests
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.netutil import free_port
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout: tests.support
+
+from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
+from pulsar_autoscale.netutil import free_port  # noqa: E402
+from tests.support.fault_scenarios import stop  # noqa: E402
+from tests.support.scenario import wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FUNCTION = REPO / "bench" / "workloads" / "tag_instance.py"
@@ -139,14 +143,6 @@ def consume(consumer: pulsar.Consumer, trace: Trace, stop: threading.Event) -> N
         consumer.acknowledge(msg)
 
 
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.2)
-
-
 def run_mode(mode: str, admin_url: str, service_url: str, plan: Plan) -> Trace:
     """Create the function at sequence[0] under load, apply each update, stop the load, wait for the outputs."""
     name = f"ud-{mode}-{uuid.uuid4().hex[:6]}"
@@ -170,8 +166,8 @@ def run_mode(mode: str, admin_url: str, service_url: str, plan: Plan) -> Trace:
         reader.start()
         loader.start()
         initial = set(range(plan.sequence[0]))
-        wait_for(lambda: initial <= {o.instance for o in list(trace.outputs)}, 180,
-                 f"{mode}: the {plan.sequence[0]} initial instance(s) emitting")
+        wait_until(lambda: initial <= {o.instance for o in list(trace.outputs)}, 180,
+                   f"{mode}: the {plan.sequence[0]} initial instance(s) emitting", interval_s=0.2)
         trace.ready_s = time.time() - created
         say(f"{mode}: {name} running at {plan.sequence[0]} after {trace.ready_s:.1f}s; warm-up {plan.warmup_s:g}s")
         time.sleep(plan.warmup_s)
@@ -335,15 +331,10 @@ def our_worker(service_url: str, metrics_url: str | None, work: Path, warm_pool:
         except requests.RequestException:
             return False
     try:
-        wait_for(up, 90, "our worker's REST API")
+        wait_until(up, 90, "our worker's REST API", interval_s=0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 60)
 
 
 def write_trace(trace: Trace, path: Path) -> None:

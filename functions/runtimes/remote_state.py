@@ -32,12 +32,11 @@ from typing import Callable
 import pulsar
 
 from pulsar_autoscale.functions.runtimes.piped_input import PipedMessage, Taken
+from pulsar_autoscale.functions.state.backend import STATE_CALLS, apply_call
 from pulsar_autoscale.functions.state.groups import state_group
 from pulsar_autoscale.functions.state.store import StateStore
 
 log = logging.getLogger(__name__)
-STATE_CALLS = frozenset({"incr_counter", "get_counter", "del_counter", "put_state", "get_state"})
-SCOPE_CALLS = frozenset({"begin", "commit", "abort", "flush_before_ack", "flush"})
 ONE_WAY = frozenset({"commit", "abort", "ack", "nack"})
 
 
@@ -118,7 +117,7 @@ class KeyedServer:
             return self._store.attach_changelog(self._parts.client(), *args)
         if op == "begin":
             self._store.abort()   # a scope begun with the receive for other arguments: not the one asked for
-        return _apply(self._store, op, group, args)
+        return apply_call(self._store, op, group, args)
 
     def _receive(self, timeout_millis: int):
         """The next message, and its scope begun: (message, group, message id or None, (ok, begin's answer))."""
@@ -139,14 +138,6 @@ class KeyedServer:
         keyed_input, self._input = self._input, None
         if keyed_input is not None:
             self._taken.give_back(keyed_input)   # redelivered to the instance started in its place
-
-
-def _apply(store: StateStore, op: str, group: int | None, args: tuple):
-    if op in SCOPE_CALLS:
-        return getattr(store, op)(*args)
-    if op in STATE_CALLS:
-        return getattr(store if group is None else store.group(group), op)(*args)
-    raise ValueError(f"unknown state call {op!r}")
 
 
 def _portable(exc: Exception) -> Exception:

@@ -41,3 +41,18 @@ class StateBackend(Protocol):
     def flush(self, everything: bool = False) -> None: ...
 
     def when_persisted(self, callback: Callable[[], None]) -> None: ...
+
+
+# the calls a state store is driven by when they cross a process boundary by name (a process instance's pipe,
+# an instance's session on the cluster's owner of the state)
+STATE_CALLS = frozenset({"incr_counter", "get_counter", "del_counter", "put_state", "get_state"})
+SCOPE_CALLS = frozenset({"begin", "commit", "abort", "flush_before_ack", "flush"})
+
+
+def apply_call(store: Any, op: str, group: int | None, args) -> Any:
+    """One call by name on `store` (a StateStore): a scope call, or a state call on the store or on `group`."""
+    if op in SCOPE_CALLS:
+        return getattr(store, op)(*args)
+    if op in STATE_CALLS:
+        return getattr(store if group is None else store.group(group), op)(*args)
+    raise ValueError(f"unknown state call {op!r}")

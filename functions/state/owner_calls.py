@@ -33,14 +33,13 @@ from typing import Any, Callable
 
 import requests
 
+from pulsar_autoscale.functions.state.backend import STATE_CALLS, apply_call
 from pulsar_autoscale.functions.state.store import NotOwnedError, StateRemovedError, StateStore
 
 log = logging.getLogger(__name__)
 SESSION_IDLE_S = 15.0   # a session's thread ends (its open scope rolled back) after this long without a call
 REPLAY_S = 60.0         # how long a caller tries to reach the owner (a failover takes the heartbeat timeout + a start)
 RETRY_PAUSE_S = 0.2
-STATE_CALLS = frozenset({"incr_counter", "get_counter", "del_counter", "put_state", "get_state"})
-SCOPE_CALLS = frozenset({"begin", "commit", "abort", "flush_before_ack", "flush"})
 ONE_WAY = frozenset({"abort"})
 RETRY = "RETRY: "       # an answer's error that means "not applied here, send it to the owner again"
 # a process instance's key to its function's state calls on its worker (the worker's REST API may check tokens;
@@ -319,12 +318,7 @@ def _apply(store: StateStore, op: str, group: int | None, args: list) -> tuple[b
             if group is None:
                 raise ValueError("begin names no key group")
             return True, store.begin(group, *args)
-        if op in SCOPE_CALLS:
-            return True, encode(getattr(store, op)(*args))
-        if op in STATE_CALLS:
-            target = store if group is None else store.group(group)
-            return True, encode(getattr(target, op)(*args))
-        return False, f"unknown state call {op!r}"
+        return True, encode(apply_call(store, op, group, args))
     except (NotOwnedError, StateRemovedError, sqlite3.ProgrammingError) as exc:   # released, deleted or closed here
         return False, f"{RETRY}{type(exc).__name__}: {exc}"
     except Exception as exc:

@@ -153,11 +153,12 @@ def start_broker(port: int, metrics_port: int, data_dir: str, kind: str = "lite"
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after timeout_s: a process the caller started."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(30)
+            proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

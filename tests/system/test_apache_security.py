@@ -26,6 +26,8 @@ from pulsar_autoscale.broker.apache import ApacheStandalone, TokenAuth
 from pulsar_autoscale.broker.apache_dist import DEFAULT_VERSION, cache_root
 from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
+from tests.support.fault_scenarios import stop
+from tests.support.scenario import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CACHED = (cache_root() / DEFAULT_VERSION / "dist" / "bin" / "pulsar").is_file()
@@ -201,10 +203,8 @@ def exclaim_through_worker(service_url: str, options: tuple[str, ...], client: C
                 if time.monotonic() > deadline or worker.poll() is not None:
                     raise AssertionError((tmp_path / "worker.log").read_text()[-2000:]) from None
                 time.sleep(0.2)
-        deadline = time.monotonic() + 30
-        while admin.status("public", "default", "exclaim")["numRunning"] < 1:
-            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
-            time.sleep(0.2)
+        wait_until(lambda: admin.status("public", "default", "exclaim")["numRunning"] >= 1, 30,
+                   lambda: (tmp_path / "worker.log").read_text()[-2000:], interval_s=0.2)
         pulsar_client = open_client(client)
         try:
             out = pulsar_client.subscribe(dst, "check")
@@ -217,9 +217,4 @@ def exclaim_through_worker(service_url: str, options: tuple[str, ...], client: C
         assert got == [f"m{i}!".encode() for i in range(5)], got
         return True
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop(worker)
