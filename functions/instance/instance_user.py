@@ -227,8 +227,10 @@ def _reach_imports() -> None:
 
     sys.path[:] = [via_fd(p) for p in sys.path]
     for module in list(sys.modules.values()):
+        # a package may sit outside every sys.path directory (an editable install maps this project's packages
+        # to the checkout, which may be 0700): its own directory is opened then
         paths = getattr(module, "__path__", None)
         if isinstance(paths, list):
-            paths[:] = [via_fd(p) if any(p == r or p.startswith(r + os.sep) for r in fds) else p for p in paths]
+            paths[:] = [via_fd(p) for p in paths]
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
