@@ -54,6 +54,8 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
                 return Response(json.dumps({"reason": str(exc)}), MISDIRECTED, mimetype="application/json")
             store = None
         if cluster is None or local or (store is not None and store.holds(key)):
+            # set: without a cluster NotFound is raised above, and a local call answered its Response there
+            assert store is not None
             return store
         admin.get(fqfn)   # 404 for a function that does not exist
         resp = cluster.state_elsewhere(fqfn, key, state, write_here=store is not None)

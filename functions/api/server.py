@@ -29,8 +29,10 @@ class WorkerServer:
         self.security.check_bind(host)  # refuse before anything starts
         self.port = port or free_port(host)
         self.host = host
-        self._temp_dir = None if data_dir else tempfile.mkdtemp(prefix="pa-worker-")
-        self.worker = Worker(service_url, data_dir or self._temp_dir,
+        self._temp_dir: str | None = None if data_dir else tempfile.mkdtemp(prefix="pa-worker-")
+        worker_dir = data_dir or self._temp_dir
+        assert worker_dir is not None   # no data_dir given: the temporary one was just made
+        self.worker = Worker(service_url, worker_dir,
                              worker_id=worker_id or f"worker-{host}-{self.port}", default_runtime=runtime,
                              max_parallelism=max_parallelism, broker_kind=broker_kind, hostname=host, port=self.port,
                              warm_pool=warm_pool, metrics_url=metrics_url, spark=spark,

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.cliargs import env_default, global_options
@@ -223,10 +224,15 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "download":
         if not args.path and not name:
             raise ConfigError("download: give --path (an uploaded file) or --name (a function's code)")
-        data = admin.download(args.path) if args.path else admin.download(function=(tenant, namespace, name))
-        Path(args.destination_file).write_bytes(data)
-        print(f"Downloaded successfully to {args.destination_file} ({len(data)} bytes)")
+        if args.path:
+            code = admin.download(args.path)
+        else:
+            assert name is not None   # checked above: no --path, so --name was given
+            code = admin.download(function=(tenant, namespace, name))
+        Path(args.destination_file).write_bytes(code)
+        print(f"Downloaded successfully to {args.destination_file} ({len(code)} bytes)")
         return 0
+    result: Any   # whatever the action answers, printed as JSON
     if args.action == "list":
         result = admin.list(tenant, namespace)
     elif not name:

@@ -47,9 +47,11 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "create":
         admin.create_stage(data)
         print("Created successfully")
-    elif args.action == "delete":
-        admin.delete_stage(tenant, namespace, name)
-        print("Deleted successfully")
     else:
-        print(json.dumps(admin.get_stage(tenant, namespace, name), indent=2, sort_keys=True))
+        assert name is not None   # checked above: only create may take the name from the file
+        if args.action == "delete":
+            admin.delete_stage(tenant, namespace, name)
+            print("Deleted successfully")
+        else:
+            print(json.dumps(admin.get_stage(tenant, namespace, name), indent=2, sort_keys=True))
     return 0

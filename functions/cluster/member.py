@@ -10,11 +10,13 @@ own, persisted by that worker's changelog).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import pulsar
 
@@ -81,7 +83,7 @@ class ClusterMember:
             self._leaving = threading.Event()
             self._closing = threading.Event()
             self._handoff_since: dict[tuple[str, int], float] = {}
-            self._applied: dict[str, tuple[int, frozenset]] = {}
+            self._applied: dict[str, tuple[int, frozenset[int], bool]] = {}   # (version, ids, front)
             self._restarts_seen: dict[tuple[str, int], int] = {}   # restart requests already acted on here
             # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
             self.peers = Peers(self.membership, self.me, ClientSettings.of(client).http_session())
@@ -310,11 +312,11 @@ class ClusterMember:
     def get(self, fqfn: str) -> FunctionConfig:
         return self.metadata.get(fqfn).config
 
-    def list(self, tenant: str, namespace: str) -> list[str]:
+    def list(self, tenant: str, namespace: str) -> builtins.list[str]:
         return sorted(r.config.name for r in self.metadata.functions().values()
                       if r.config.tenant == tenant and r.config.namespace == namespace)
 
-    def functions(self) -> list[FunctionConfig]:
+    def functions(self) -> builtins.list[FunctionConfig]:
         return [r.config for r in self.metadata.functions().values()]
 
     def rebalance(self) -> str:
@@ -329,7 +331,7 @@ class ClusterMember:
         """start/stop/restart, accepted by any worker; the worker that runs the instance acts."""
         self.metadata.control(fqfn, action, instance_id)
 
-    def members(self) -> list[dict]:
+    def members(self) -> builtins.list[dict]:
         return [m.view() for m in self.membership.alive()]
 
     def leader(self) -> dict:
@@ -373,8 +375,10 @@ class ClusterMember:
         cfg = rec.config
         snap = self.assignments.current()
         owners = {i: snap.owner(fqfn, i) for i in range(cfg.parallelism)}
-        views = self.peers.gather(fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()},
-                             {w for w in owners.values() if w})
+        # each worker's status body of its instances (ours, or a peer's JSON), None from one that did not answer
+        views = cast("dict[str, dict | None]", self.peers.gather(
+            fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()},
+            {w for w in owners.values() if w}))
         instances = []
         for i, wid in owners.items():
             st = (views.get(wid) or {}).get(str(i)) if wid else None
@@ -395,8 +399,10 @@ class ClusterMember:
         killed with -9 takes its drained instances' counts with it."""
         self.get(fqfn)
         snap = self.assignments.current()
-        views = [v for v in self.peers.gather(fqfn, "stats", self.local_stats,
-                                         {m.worker_id for m in self.membership.alive()}).values() if v]
+        # each worker's stats body (local_stats's, or a peer's JSON), None from one that did not answer
+        gathered = cast("dict[str, dict | None]", self.peers.gather(fqfn, "stats", self.local_stats,
+                                                                   {m.worker_id for m in self.membership.alive()}))
+        views = [v for v in gathered.values() if v]
         owned = {i for i, w in snap.assignment.get(fqfn, {}).items()}
         return merge_stats(views, owned)
 

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, cast
 
 import pulsar
 
@@ -159,7 +159,7 @@ class MembershipManager:
     def leader(self) -> Member | None:
         """The live member with the highest leader epoch in its heartbeat."""
         leaders = [m for m in self.alive() if m.leader_epoch is not None]
-        return max(leaders, key=lambda m: m.leader_epoch, default=None)
+        return max(leaders, key=lambda m: cast(int, m.leader_epoch), default=None)   # not None: filtered above
 
     def close(self, report: LocalReport) -> None:
         """Say goodbye, so the others need not wait for the heartbeat timeout."""

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypedDict, cast
 
 import pulsar
 
@@ -61,6 +61,13 @@ class FunctionRecord:
 
     def restart_count(self, instance_id: int) -> int:
         return dict(self.restarts).get(instance_id, 0)
+
+
+class _Kept(TypedDict, total=False):
+    """What an update's record keeps of the function's current FunctionRecord."""
+
+    stopped: frozenset[int]
+    restarts: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,7 @@ class FunctionMetaDataManager:
         """Where this worker has the function's code; waits for the package topic to deliver it."""
         if rec.package is None:
             return None
-        path = self._packages_dir / rec.package / rec.filename
+        path = self._packages_dir / rec.package / cast(str, rec.filename)   # _publish_code names both or neither
         deadline = time.monotonic() + timeout_s
         while not path.is_file():
             if time.monotonic() > deadline:
@@ -264,8 +271,8 @@ class FunctionMetaDataManager:
         op, fqfn = r["op"], r.get("fqfn")
         with self._lock:
             cur = self._functions.get(fqfn) if fqfn else None
-        if op == "create" and cur is not None:
-            return _Outcome(False, "exists", f"Function {fqfn.rsplit('/', 1)[-1]} already exists")
+        if op == "create" and cur is not None:   # found: the record names fqfn
+            return _Outcome(False, "exists", f"Function {cast(str, fqfn).rsplit('/', 1)[-1]} already exists")
         if op in ("update", "delete", "control"):
             if cur is None:
                 return _Outcome(False, "missing", f"Function {fqfn} doesn't exist")
@@ -284,7 +291,7 @@ class FunctionMetaDataManager:
         else:
             cur = self._functions.get(r["fqfn"])
             cfg = FunctionConfig.accepted(r["config"], max(self.max_parallelism, r["config"].get("parallelism", 1)))
-            kept = {} if cur is None else {"stopped": frozenset(i for i in cur.stopped if i < cfg.parallelism),
+            kept: _Kept = {} if cur is None else {"stopped": frozenset(i for i in cur.stopped if i < cfg.parallelism),
                                            "restarts": cur.restarts}
             self._functions[r["fqfn"]] = FunctionRecord(cfg, (cur.version if cur else 0) + 1, r.get("package"),
                                                         r.get("filename"), **kept)

@@ -6,7 +6,7 @@ bracket a message's state calls (EFFECTIVELY_ONCE makes them one transaction wit
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import pulsar
 from pulsar.functions.context import Context as PulsarContext
@@ -14,11 +14,17 @@ from pulsar.functions.context import Context as PulsarContext
 from pulsar_autoscale.functions.instance.loader import load_serde
 from pulsar_autoscale.functions.instance.stats import InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
-from pulsar_autoscale.functions.state.backend import StateBackend
+from pulsar_autoscale.functions.state.backend import GroupState, StateBackend
 from pulsar_autoscale.functions.state.groups import state_group
 from pulsar_autoscale.topics import normalize_topic
 
 _NUMBER_STARTS = frozenset("+-.(iInN")
+
+
+class _KeyGroup(GroupState, Protocol):
+    """A key group's state as every StateBackend's group() gives it: it knows its group's number."""
+
+    group: int
 
 
 def identity_deserialize(data: bytes):
@@ -52,7 +58,8 @@ class InstanceContext(PulsarContext):
         self._logger = logger
         self._producers: dict[str, pulsar.Producer] = {}
         self._message: pulsar.Message | None = None
-        self._group_state = state   # the current message's key group in `state`, or `state` between messages
+        # the current message's key group in `state`, or `state` between messages
+        self._group_state: StateBackend | GroupState = state
         self._once = config.processingGuarantees == "EFFECTIVELY_ONCE"
         # Publishes are asynchronous: the instance counts them so that a drain waits for them.
         self._track_pending = track_pending or (lambda _n: None)
@@ -71,7 +78,8 @@ class InstanceContext(PulsarContext):
         redeliveries = getattr(message, "redelivery_count", None)
         if redeliveries is not None and redeliveries() > 0:
             self._stats.redelivered += 1
-        if self._state.begin(self._group_state.group, str(message.message_id()) if self._once else None):
+        group = cast(_KeyGroup, self._group_state).group   # set_message(message) set the message's group
+        if self._state.begin(group, str(message.message_id()) if self._once else None):
             return True
         self.set_message(None)
         return False

@@ -60,7 +60,9 @@ def load_callable(class_name: str, py_file: str | None,
             raise FunctionLoadError(f"className {class_name!r}: constructor raised {type(exc).__name__}: {exc}") from exc
         return obj.process
     if inspect.isfunction(target):
-        return lambda value, _ctx, _f=target: _f(value)
+        def call(value: Any, _ctx: Any, _f: Callable[[Any], Any] = target) -> Any:
+            return _f(value)
+        return call
     raise FunctionLoadError(f"className {class_name!r} is neither a pulsar.Function class nor a plain function")
 
 
@@ -75,6 +77,7 @@ def import_module(module_name: str, py_file: str | None):
             raise FunctionLoadError(f"className module {module_name!r} does not match py file name {path.name!r}")
         unique = f"_pa_fn_{abs(hash(str(path.resolve())))}_{path.stem}"
         spec = importlib.util.spec_from_file_location(unique, path)
+        assert spec is not None and spec.loader is not None   # a .py file's: it has a source file loader
         module = importlib.util.module_from_spec(spec)
         sys.modules[unique] = module
         try:
@@ -105,7 +108,7 @@ def load_serde(class_name: str | None, py_file: str | None = None,
     from pulsar.functions import serde
 
     if not class_name or class_name in BUILTIN_SERDES:
-        return getattr(serde, BUILTIN_SERDES.get(class_name or "IdentitySerDe"))()
+        return getattr(serde, BUILTIN_SERDES[class_name or "IdentitySerDe"])()   # a key: checked just above
     module_name, _, attr = class_name.rpartition(".")
     if not module_name:
         raise FunctionLoadError(f"serde class {class_name!r} must be module.Class")

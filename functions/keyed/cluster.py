@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +34,7 @@ from pulsar_autoscale.functions.keyed.protocol import (
     ORIGINAL_ID,
     ORIGINAL_PUBLISH,
     ORIGINAL_TOPIC,
+    FrontMarkers,
     KeyedTopics,
     RoutedStores,
 )
@@ -48,13 +50,22 @@ RETRY_S = 2.0               # a failed migration (an instance died meanwhile) is
 READ_TIMEOUT_MS = 5_000
 
 
-def save_assignment(producer: pulsar.Producer, a: KeyGroupAssignment) -> None:
-    producer.send(json.dumps({"seq": time.time_ns(), "num_key_groups": a.num_key_groups,
+@dataclass(frozen=True)
+class SavedAssignment:
+    """An assignment as a front saved it, with that front's epoch (functions/keyed/protocol.py)."""
+
+    assignment: KeyGroupAssignment
+    epoch: int
+
+
+def save_assignment(producer: pulsar.Producer, a: KeyGroupAssignment, epoch: int) -> None:
+    producer.send(json.dumps({"epoch": epoch, "seq": time.time_ns(), "num_key_groups": a.num_key_groups,
                               "owners": list(a.owners)}).encode())
 
 
-def read_assignment(client: pulsar.Client, topic: str) -> KeyGroupAssignment | None:
-    """The latest saved assignment (highest seq), None when none was saved. The end is a marker this call
+def read_saved(client: pulsar.Client, topic: str) -> SavedAssignment | None:
+    """The latest saved assignment: of the highest front epoch, then the highest seq (a stale front's saves,
+    made after a newer front started, lose); None when none was saved. The end is a marker this call
     publishes first (no has_message_available: unreliable on pulsar-lite, see functions/state/changelog.py)."""
     nonce = uuid.uuid4().hex.encode()
     producer = client.create_producer(topic)
@@ -63,7 +74,7 @@ def read_assignment(client: pulsar.Client, topic: str) -> KeyGroupAssignment | N
     finally:
         producer.close()
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
-    best: tuple[int, KeyGroupAssignment] | None = None
+    best: tuple[tuple[int, int], SavedAssignment] | None = None
     try:
         while True:
             try:
@@ -75,13 +86,20 @@ def read_assignment(client: pulsar.Client, topic: str) -> KeyGroupAssignment | N
                 return None if best is None else best[1]
             try:
                 saved = json.loads(msg.data())
+                order = (int(saved.get("epoch", 0)), int(saved["seq"]))
                 a = KeyGroupAssignment(saved["num_key_groups"], tuple(saved["owners"]))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue   # another reader's end marker
-            if best is None or saved["seq"] > best[0]:
-                best = (saved["seq"], a)
+            if best is None or order > best[0]:
+                best = (order, SavedAssignment(a, order[0]))
     finally:
         reader.close()
+
+
+def read_assignment(client: pulsar.Client, topic: str) -> KeyGroupAssignment | None:
+    saved = read_saved(client, topic)
+    return None if saved is None else saved.assignment
+
 
 class ClusterKeyed:
     """A keyedState function's part on one cluster worker: its local instances' stores and route inputs, and
@@ -106,6 +124,7 @@ class ClusterKeyed:
         self.router = self._new_router(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)))
         self.scaler: KeyedScaler | None = None
         self._saver: pulsar.Producer | None = None
+        self._epoch: int | None = None   # the front's, while it runs here
         self._reply_producer: pulsar.Producer | None = None
         self._lock = threading.Lock()
         self._front_lock = threading.Lock()   # a front starting here, and the last one closing in the background
@@ -114,11 +133,16 @@ class ClusterKeyed:
     def open_input(self, instance_id: int) -> RouteInput:
         """An instance's input: its groups restored (the saved assignment says which), then its route topic. A
         surplus instance (a scale-in under way: it runs to hand its groups over, maybe on another worker than the
-        one it ran on) restores at its first record instead, if one comes: a release needs no restore."""
+        one it ran on) restores at its first record instead, if one comes: a release needs no restore. It starts
+        at the current front's epoch: the announcement may have been read by the instance it replaces."""
         if instance_id < self._config().parallelism:
             self.stores.restore(instance_id)
+        epoch = self._epoch
+        if epoch is None:
+            saved = read_saved(self._client(), self.topics.assignment)
+            epoch = 0 if saved is None else saved.epoch
         return RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
-                          self._subscription_type, self._config(), self._stall_fence())
+                          self._subscription_type, self._config(), self._stall_fence(), epoch)
 
     def owners(self) -> KeyGroupAssignment:
         """The saved assignment (what the front last served), or the uniform one before any was saved."""
@@ -152,17 +176,21 @@ class ClusterKeyed:
         (or a pending) migration still has to move wait from the start; every other group is served."""
         with self._front_lock:
             if self.scaler is None:
-                saved = read_assignment(self._client(), self.topics.assignment)
+                saved = read_saved(self._client(), self.topics.assignment)
                 if saved is not None:
-                    self.router.assignment = saved
+                    self.router.assignment = saved.assignment
+                epoch = self._epoch = (0 if saved is None else saved.epoch) + 1
                 target = self.router.assignment.rescale(max(parallelism, 1))
                 self.router.stop_serving({m.group for m in moves(self.router.assignment, target)})
-                self._saver = self._client().create_producer(self.topics.assignment)
-                save_assignment(self._saver, self.router.assignment)
+                # this front's own producer: a migration under way when the front stops ends through it (its
+                # saves lose to a newer front's, its markers are refused: the epoch); stop_front closes it
+                saver = self._saver = self._client().create_producer(self.topics.assignment)
+                save_assignment(saver, self.router.assignment, epoch)
+                self.stores.announce(epoch, set(self.router.assignment.owners) | set(range(max(parallelism, 1))))
                 self.stores.listen()
-                self.scaler = KeyedScaler(self.router, self.stores, start=lambda _i: None, drain=lambda _ids: None,
-                                          settings=lambda: keyed_migration(self._config()),
-                                          save=lambda a: save_assignment(self._saver, a), retry_s=RETRY_S)
+                self.scaler = KeyedScaler(self.router, FrontMarkers(self.stores, epoch), start=lambda _i: None,
+                                          drain=lambda _ids: None, settings=lambda: keyed_migration(self._config()),
+                                          save=lambda a: save_assignment(saver, a, epoch), retry_s=RETRY_S)
                 self.router.start()
                 log.info("%s: front started here with %s groups per instance", self.topics.name,
                          self.scaler.view()["groupsPerInstance"])
@@ -182,7 +210,7 @@ class ClusterKeyed:
             if scaler is None:
                 return None
             scaler.stop()
-            saver, self._saver = self._saver, None
+            saver, self._saver, self._epoch = self._saver, None, None
             router, self.router = self.router, self._new_router(self.router.assignment)
 
         def stop():

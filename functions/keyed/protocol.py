@@ -6,6 +6,12 @@ down when it reaches it: flush, snapshot, forget, then answers on the control to
 groups) an OPEN marker in dst's route topic (dst restores them from the changelog and answers); a
 PREPARE marker asks for a pre-copy. Every wait is bounded. The instance's side is
 functions/keyed/route_input.py.
+
+Each front has an epoch, one above the highest saved with the assignment, announced to every instance (an EPOCH
+marker) before it routes anything. Its markers carry it, and an instance refuses a marker of an older epoch: a front
+frozen (SIGSTOP, a long pause) while its migration was under way, which wakes after another front took over, cannot
+release or open groups under the new front's feet. Its saved assignments lose to the new front's as well
+(functions/keyed/cluster.py reads the highest epoch first).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ RECHECK_S = 0.5             # how often a wait for answers asks again which inst
 # properties of a forwarded record and of a marker
 ORIGINAL_ID, ORIGINAL_TOPIC, ORIGINAL_PUBLISH = "kg-mid", "kg-topic", "kg-pub"
 OP, GROUPS, NONCE, INSTANCE, DUTY, RATE = "kg-op", "kg-groups", "kg-nonce", "kg-instance", "kg-duty", "kg-mbps"
-RELEASE, OPEN, PREPARE = "release", "open", "prepare"
+EPOCH = "kg-epoch"
+RELEASE, OPEN, PREPARE, ANNOUNCE = "release", "open", "prepare", "epoch"
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
@@ -64,8 +71,9 @@ class KeyedTopics:
 
 
 class RoutedStores:
-    """migration.InstanceStores for instances anywhere in the cluster: markers in their route topics, answers
-    on the control topic. The local stores (this worker's instances) answer everything else."""
+    """The route topics of instances anywhere in the cluster: markers in them, answers on the control topic
+    (a front's epoch stamps its markers: FrontMarkers). The local stores (this worker's instances) answer
+    everything else."""
 
     def __init__(self, client: Callable[[], pulsar.Client], topics: KeyedTopics, local: InstanceStateStores,
                  route_subscription_type: str):
@@ -113,14 +121,22 @@ class RoutedStores:
             self._replies[reply.get("nonce")] = reply
             self._cond.notify_all()
 
-    def _ask_all(self, op: str, groups: dict[int, set[int]], timeout_s: float = MARKER_TIMEOUT_S,
+    def announce(self, epoch: int, instance_ids: set[int]) -> None:
+        """A new front's epoch, first in each instance's route topic: from then on the instance refuses an older
+        front's markers. Not answered: an instance that never reads it learns the epoch from the next marker."""
+        for instance_id in sorted(instance_ids):
+            self.producer(instance_id).send(b"", properties={OP: ANNOUNCE, EPOCH: str(epoch),
+                                                              INSTANCE: str(instance_id)})
+
+    def _ask_all(self, op: str, groups: dict[int, set[int]], epoch: int, timeout_s: float = MARKER_TIMEOUT_S,
                  **extra: str) -> None:
         """A marker to each instance, then wait for every answer: the instances work in parallel."""
         asked: dict[str, tuple[int, set[int]]] = {}
         for instance_id, gs in groups.items():
             nonce = uuid.uuid4().hex
             self.producer(instance_id).send(b"", properties={OP: op, GROUPS: ",".join(map(str, sorted(gs))),
-                                                              NONCE: nonce, INSTANCE: str(instance_id), **extra})
+                                                              NONCE: nonce, INSTANCE: str(instance_id),
+                                                              EPOCH: str(epoch), **extra})
             asked[nonce] = (instance_id, gs)
         # An OPEN or PREPARE for an instance the function no longer has (scaled in, maybe drained already) is
         # not waited for: its marker stays first in its route topic, so whoever runs the instance opens the groups
@@ -150,14 +166,14 @@ class RoutedStores:
         if failed:
             raise MigrationError(f"{self._topics.name}: the {op} failed on " + "; ".join(failed))
 
-    def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
-        self._ask_all(PREPARE, groups, PREPARE_TIMEOUT_S, **{DUTY: str(duty), RATE: str(mb_per_s or "")})
+    def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None, epoch: int) -> None:
+        self._ask_all(PREPARE, groups, epoch, PREPARE_TIMEOUT_S, **{DUTY: str(duty), RATE: str(mb_per_s or "")})
 
-    def release_all(self, groups: dict[int, set[int]]) -> None:
-        self._ask_all(RELEASE, groups)
+    def release_all(self, groups: dict[int, set[int]], epoch: int) -> None:
+        self._ask_all(RELEASE, groups, epoch)
 
-    def open_all(self, groups: dict[int, set[int]]) -> None:
-        self._ask_all(OPEN, groups)
+    def open_all(self, groups: dict[int, set[int]], epoch: int) -> None:
+        self._ask_all(OPEN, groups, epoch)
 
     def call_off(self) -> None:
         """The function is deleted: an answer waited for (an instance that will never start) is not awaited."""
@@ -210,3 +226,20 @@ class RoutedStores:
     def close_clean(self) -> None:
         self.take_front()()
         self.local.close_clean()
+
+
+@dataclass(frozen=True)
+class FrontMarkers:
+    """migration.InstanceStores for one front: RoutedStores' markers stamped with the front's epoch."""
+
+    stores: RoutedStores
+    epoch: int
+
+    def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
+        self.stores.prepare_all(groups, duty, mb_per_s, self.epoch)
+
+    def release_all(self, groups: dict[int, set[int]]) -> None:
+        self.stores.release_all(groups, self.epoch)
+
+    def open_all(self, groups: dict[int, set[int]]) -> None:
+        self.stores.open_all(groups, self.epoch)

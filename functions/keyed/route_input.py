@@ -18,7 +18,9 @@ from pulsar_autoscale.broker.lite.stalls import StallFence, fence_stalls
 from pulsar_autoscale.functions.instance.instance import NACK_REDELIVERY_DELAY_MS
 from pulsar_autoscale.functions.keyed.migration import InstanceStateStores
 from pulsar_autoscale.functions.keyed.protocol import (
+    ANNOUNCE,
     DUTY,
+    EPOCH,
     GROUPS,
     NONCE,
     OP,
@@ -78,12 +80,16 @@ class RouteInput:
     while the instance's other groups go on (the front sends no record of the groups before the answer).
 
     The records of groups just opened here (the burst the front held during their move) wait behind those
-    of the instance's other groups already here: functions/keyed/record_scheduling.py."""
+    of the instance's other groups already here: functions/keyed/record_scheduling.py.
+
+    A marker of a front older than the newest this instance has heard of (`epoch`: the front's at its start, then
+    each announcement) is refused with an error answer: that front no longer owns the assignment."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
                  reply: Callable[[dict], None], subscription_type: str, cfg,
-                 stall_fence: StallFence | None = None):
+                 stall_fence: StallFence | None = None, epoch: int = 0):
         self._topics, self._id = topics, instance_id
+        self.epoch = epoch
         self._stores, self._reply = stores, reply
         kwargs: dict = {}
         if cfg.maxMessageRetries is not None:   # the function's retries and dead-letter topic (its first input's),
@@ -115,27 +121,39 @@ class RouteInput:
                     opening.wait()
                 self._own(group)
                 return RoutedMessage(msg)
-            groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
-            nonce = props.get(NONCE)
-            # A pre-copy or an open reads the changelog: in a thread of its own, so that this instance's other
-            # groups go on meanwhile (no record of the groups comes before the answer). A release is a flush.
-            if op == PREPARE:
-                duty, rate = float(props.get(DUTY, 1)), float(props.get(RATE) or 0) or None
-                self._in_background(op, groups, nonce,
-                                    lambda g=groups, d=duty, r=rate: self._stores.prepare(self._id, g, d, r))
-            elif op == OPEN:
-                done = threading.Event()
-                self._opening.update(dict.fromkeys(groups, done))
-                self._scheduler.opening(groups)
-                self._in_background(op, groups, nonce, lambda g=groups: self._stores.open(self._id, g), done)
-            else:
-                held = groups & self.store.owned()
-                if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
-                    self._stores.release(self._id, held)
-                self._reply({"nonce": nonce, "op": op, "instance": self._id})
+            self._take_marker(op, props)
             self._consumer.acknowledge(msg)
             if time.monotonic() >= deadline:
                 raise pulsar.Timeout()
+
+    def _take_marker(self, op: str, props: dict) -> None:
+        groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
+        nonce = props.get(NONCE)
+        epoch = int(props.get(EPOCH) or 0)
+        if epoch < self.epoch:
+            log.warning("%s instance %d: refused a %s of key groups %s from a stale front (epoch %d; the current "
+                        "front's is %d)", self._topics.name, self._id, op, sorted(groups), epoch, self.epoch)
+            if op != ANNOUNCE:
+                self._reply({"nonce": nonce, "op": op, "instance": self._id,
+                             "error": f"refused: a stale front (epoch {epoch}, the current one is {self.epoch})"})
+            return
+        self.epoch = epoch
+        # A pre-copy or an open reads the changelog: in a thread of its own, so that this instance's other
+        # groups go on meanwhile (no record of the groups comes before the answer). A release is a flush.
+        if op == PREPARE:
+            duty, rate = float(props.get(DUTY, 1)), float(props.get(RATE) or 0) or None
+            self._in_background(op, groups, nonce,
+                                lambda g=groups, d=duty, r=rate: self._stores.prepare(self._id, g, d, r))
+        elif op == OPEN:
+            done = threading.Event()
+            self._opening.update(dict.fromkeys(groups, done))
+            self._scheduler.opening(groups)
+            self._in_background(op, groups, nonce, lambda g=groups: self._stores.open(self._id, g), done)
+        elif op != ANNOUNCE:
+            held = groups & self.store.owned()
+            if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
+                self._stores.release(self._id, held)
+            self._reply({"nonce": nonce, "op": op, "instance": self._id})
 
     def _next(self, deadline: float) -> pulsar.Message:
         """The next record or marker to take, in the scheduler's order."""

@@ -23,6 +23,7 @@ import queue
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import replace
+from typing import cast
 
 import pulsar
 
@@ -33,6 +34,7 @@ from pulsar_autoscale.functions.instance.stats import InstanceFigures, InstanceS
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.runtimes.piped_input import PipeConsumer, serve_pipe
 from pulsar_autoscale.functions.runtimes.remote_state import KeyedParts, RemoteStateStore, serve_keyed
+from pulsar_autoscale.functions.state.backend import StateBackend
 from pulsar_autoscale.functions.state.groups import one_group
 from pulsar_autoscale.functions.state.owner_calls import OwnedState, StateEndpoint, http_transport, is_state_endpoint
 from pulsar_autoscale.functions.state.store import StateStore
@@ -70,7 +72,7 @@ class InstanceHandle(ABC):
 
 class ThreadInstance(InstanceHandle):
     def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
-                 state: StateStore, num_instances, open_input=None):
+                 state: StateBackend, num_instances, open_input=None):
         """`open_input`: where the instance's records come from instead of its own consumer (a keyed
         function's mailbox, functions/keyed/routing.py)."""
         self.instance_id = instance_id
@@ -107,7 +109,7 @@ def _process_main(config: FunctionConfig, instance_id: int, client_settings: Cli
 
 
 def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None,
-                      state_path: str | None, input_conn, user: InstanceUser):
+                      state_path: str | StateEndpoint | None, input_conn, user: InstanceUser):
     """What the child needs from the worker's files, opened as the worker's user (the client reads its token
     file and connects; the state file is in the worker's data dir), then the drop to the instance user with a clean
     environment (instance_user.enter), before any user code is imported. Returns (client, state, the code's
@@ -118,12 +120,14 @@ def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, c
             client.get_topic_partitions(config.inputs[0])
         except pulsar.PulsarException:
             pass   # the broker does not answer: the instance says so when it subscribes (a standby: it fails)
+    state: RemoteStateStore | OwnedState | StateStore
     if config.keyedState:
         state = RemoteStateStore(input_conn)
     elif is_state_endpoint(state_path):   # a cluster: one copy of the state, on its owner (state/owner_calls.py)
-        state = OwnedState(http_transport(state_path))
+        state = OwnedState(http_transport(cast(StateEndpoint, state_path)))   # is_state_endpoint: an isinstance
     else:
-        state = StateStore(state_path, config.numKeyGroups, keyed=False)
+        # a path: only a keyedState instance has none (its state is served over the pipe)
+        state = StateStore(cast(str, state_path), config.numKeyGroups, keyed=False)
         # its one group file, opened now: the instance user cannot reach the data dir, the open file it keeps
         # (a store reuses the file it has open)
         state._file(one_group(config.numKeyGroups))

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from pulsar_autoscale.functions.instance.instance_user import InstanceUser
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.pulsar_client import ClientSettings
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 log = logging.getLogger(__name__)
 REFILL_DELAY_S = 1.0
@@ -37,6 +41,7 @@ class Standby:
         it, with a clean environment, before it imports the function's code."""
         from pulsar_autoscale.functions.runtimes.handles import _standby_main
         self.control, child_control = ctx.Pipe()
+        self.input_parent: Connection | None   # the worker's end of the instance's input pipe
         self.input_parent, input_child = ctx.Pipe() if piped_input else (None, None)
         self.stop_event = ctx.Event()
         self.stats_queue = ctx.Queue()
@@ -101,8 +106,11 @@ class WarmPool:
             if self._filling or self._closed.is_set():
                 return
             self._filling = True
-        threading.Thread(target=lambda: self._closed.wait(delay_s) or self._fill(), name="warm-pool-fill",
-                         daemon=True).start()
+
+        def fill_later() -> None:
+            if not self._closed.wait(delay_s):
+                self._fill()
+        threading.Thread(target=fill_later, name="warm-pool-fill", daemon=True).start()
 
     def take(self) -> Standby | None:
         """A warm standby, or None (pool empty or still warming: start a cold instance)."""

@@ -7,8 +7,10 @@ A mixin of Worker (worker.py), whose lock, hosted functions, broker link, files 
 from __future__ import annotations
 
 import shutil
+import threading
 from dataclasses import replace
 from functools import partial
+from typing import TYPE_CHECKING, Protocol, cast
 
 import pulsar
 
@@ -16,14 +18,43 @@ from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.state.owner_calls import OwnedState
 from pulsar_autoscale.functions.worker.hosted import HostedFunction
+from pulsar_autoscale.functions.worker.parallelism import Parallelism, SharedCount, keyed_stores
+
+if TYPE_CHECKING:
+    from pulsar_autoscale.functions.cluster.state_owner import StateOwnerRouter
+    from pulsar_autoscale.functions.state.owner_calls import StateEndpoint
+    from pulsar_autoscale.functions.worker.broker_link import BrokerLink
+    from pulsar_autoscale.functions.worker.function_files import FunctionFiles
+
+
+class _WithEndpoint(Protocol):
+    """An OwnedState with the endpoint host_instances gives it (read by parallelism.Parallelism.start)."""
+
+    endpoint: StateEndpoint
 
 
 class ClusterHosting:
+    if TYPE_CHECKING:   # Worker's (worker.py), which this mixin uses
+        link: BrokerLink
+        files: FunctionFiles
+        state_router: StateOwnerRouter | None
+        _lock: threading.RLock
+        _functions: dict[str, HostedFunction]
+        _parallelism: Parallelism
+        _creating: set[str]
+        _deleting: set[str]
+
+        def _hosted(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
+                    failure: str = "") -> HostedFunction: ...
+
+        def _remove(self, fn: HostedFunction) -> None: ...
+
     @property
     def pulsar_client(self) -> pulsar.Client:
         """This incarnation's client, once the broker has answered (BrokerUnavailable after 30 s)."""
         self.link.require()
-        return self.link.client
+        # set: Worker._connect sets the client before it sets `connected`, which require() waits for
+        return cast(pulsar.Client, self.link.client)
 
     def host_instances(self, cfg: FunctionConfig, code_path: str | None, ids: set[int], front: bool = False) -> None:
         """Run exactly `ids` of the function here: start the missing ones, drain the others (highest
@@ -41,9 +72,10 @@ class ClusterHosting:
             router = self.state_router
             if router is not None and fn.keyed is None and fn.owned_state is None:
                 # one copy of the state: every instance's calls go to the worker assigned instance 0
-                fn.owned_state = OwnedState(partial(router.handle, cfg.fqfn))
-                fn.owned_state.endpoint = router.endpoint(cfg.fqfn)   # process instances call it over HTTP
-            fn.num_instances.value = cfg.parallelism
+                fn.owned_state = owned = OwnedState(partial(router.handle, cfg.fqfn))
+                # an attribute OwnedState does not declare: process instances call it over HTTP
+                cast(_WithEndpoint, owned).endpoint = router.endpoint(cfg.fqfn)
+            cast(SharedCount, fn.num_instances).value = cfg.parallelism
             leaving = sorted((i for i in fn.instances if i not in ids), reverse=True)
             keyed = fn.keyed
             # a keyedState instance that leaves this worker forgets its stores: it restores when it comes back
@@ -54,17 +86,21 @@ class ClusterHosting:
                 if i not in fn.instances:
                     self._parallelism.start(fn, i)
             if keyed is not None:
+                # spread: the cluster member set the worker's keyed_spread, so keyed_wiring made a ClusterKeyed
+                spread = cast(ClusterKeyed, keyed)
                 if front and cfg.parallelism > 0:
-                    keyed.start_front(cfg.parallelism)
+                    spread.start_front(cfg.parallelism)
                 else:
-                    keyed.stop_front()
+                    spread.stop_front()
         if router is not None and keyed is None:
             router.follow(cfg.fqfn)   # gives the state up when instance 0 left this worker
 
     def _forget_stores(self, fn: HostedFunction, left: set[int]) -> None:
-        fn.keyed.stores.snapshot(left)   # they drained; not under the worker's lock: a broker round trip
+        assert fn.keyed is not None   # host_instances calls it for a keyedState function only
+        stores = keyed_stores(fn.keyed)
+        stores.snapshot(left)   # they drained; not under the worker's lock: a broker round trip
         with self._lock:   # a start of one of them waits: it must find its store open or gone, not closing
-            fn.keyed.stores.forget({i for i in left if i not in fn.instances})
+            stores.forget({i for i in left if i not in fn.instances})
 
     def keyed_holds_groups(self, fqfn: str, instance_id: int) -> bool:
         """Cluster: whether this worker's instance of a keyedState function still holds key groups."""

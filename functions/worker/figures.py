@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from pulsar_autoscale.broker.lite.stalls import StallFence
 from pulsar_autoscale.functions.instance.stats import InstanceFigures, InstanceStats
@@ -13,6 +15,9 @@ from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.worker.hosted import HostedFunction, sum_figures
 from pulsar_autoscale.functions.worker.parallelism import Parallelism
 from pulsar_autoscale.snapshot import FunctionCounters
+
+if TYPE_CHECKING:
+    from pulsar_autoscale.functions.worker.broker_link import BrokerLink
 
 HISTORY_S = 70.0   # kept for the "1min" window
 
@@ -72,6 +77,12 @@ def stuck_inputs(fn: HostedFunction, figs: dict[int, InstanceFigures], fence: St
 class FunctionFigures:
     """What the REST API and the controller read of a hosted function. A mixin of Worker (worker.py), whose
     lock, hosted functions and broker link it reads."""
+
+    if TYPE_CHECKING:   # Worker's (worker.py)
+        link: BrokerLink
+        _lock: threading.RLock
+
+        def _get(self, fqfn: str) -> HostedFunction: ...
 
     def instance_figures(self, fqfn: str) -> tuple[FunctionConfig, dict[int, InstanceFigures], dict[int, int]]:
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol, cast
 
 from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.runtimes.handles import InstanceHandle, ProcessInstance, ThreadInstance
@@ -21,8 +21,27 @@ from pulsar_autoscale.functions.worker.function_files import FunctionFiles
 from pulsar_autoscale.functions.worker.hosted import HostedFunction, sum_figures
 from pulsar_autoscale.pulsar_client import ClientSettings
 
+if TYPE_CHECKING:
+    from pulsar_autoscale.broker.lite.shared_input import SharedInput
+    from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
+    from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
+    from pulsar_autoscale.functions.keyed.protocol import RoutedStores
+    from pulsar_autoscale.functions.state.owner_calls import OwnedState
+
 log = logging.getLogger(__name__)
 RESTART_BACKOFF_S = 5.0
+
+
+class SharedCount(Protocol):
+    """HostedFunction.num_instances: a multiprocessing Value("i") (process runtime) or a hosted.Counter."""
+
+    value: int
+
+
+def keyed_stores(keyed: KeyedScaler | ClusterKeyed) -> InstanceStateStores | RoutedStores:
+    """The stores of a keyedState function's instances on this worker, as the worker wired them."""
+    # keyed_wiring.wire_keyed gives a worker's own KeyedScaler InstanceStateStores; a ClusterKeyed has RoutedStores
+    return cast("InstanceStateStores | RoutedStores", keyed.stores)
 
 
 class Parallelism:
@@ -38,10 +57,10 @@ class Parallelism:
         self.retirers: list[threading.Thread] = []   # background drains (the list itself stays: close() joins it)
 
     def scale(self, fn: HostedFunction, target: int) -> None:
-        fn.num_instances.value = target
+        cast(SharedCount, fn.num_instances).value = target
         fn.stopped = {i for i in fn.stopped if i < target}   # a keyed surplus instance runs to hand its groups over
         keyed = fn.keyed is not None and target > 0
-        if keyed and not fn.stopped:
+        if keyed and fn.keyed is not None and not fn.stopped:
             for i in range(max(target, fn.keyed.router.assignment.parallelism)):
                 if i not in fn.instances:   # the owners of the current assignment run before groups move
                     self.start(fn, i)
@@ -69,16 +88,20 @@ class Parallelism:
         if fn.runtime(self._default_runtime) == "process" and keyed is not None:
             handle: InstanceHandle = ProcessInstance(
                 cfg, i, self._settings, fn.code_path, None, fn.num_instances, None, standby=standby,
-                keyed=KeyedParts(lambda: keyed.open_input(i), keyed.stores.store(i), lambda: link.client,
+                keyed=KeyedParts(lambda: keyed.open_input(i), keyed_stores(keyed).store(i), lambda: link.client,
                                  cfg.numKeyGroups, cfg.processingGuarantees == "EFFECTIVELY_ONCE"), user=user)
         elif fn.runtime(self._default_runtime) == "process":
             handle = ProcessInstance(
                 cfg, i, self._settings, fn.code_path,
                 getattr(fn.owned_state, "endpoint", None) or str(self._files.fn_dir(cfg) / "state.sqlite"),
-                fn.num_instances, fn.shared_input, standby=standby, user=user)
+                fn.num_instances, cast("SharedInput | None", fn.shared_input),   # set by broker_link.share_input
+                standby=standby, user=user)
         else:
+            # owned_state: an OwnedState (cluster_hosting.host_instances) or None
             handle = ThreadInstance(cfg, i, link.client, fn.code_path,
-                                    (fn.owned_state or fn.state) if keyed is None else keyed.stores.store(i), lambda: fn.num_instances.value,
+                                    (cast("OwnedState | None", fn.owned_state) or fn.state) if keyed is None
+                                    else keyed_stores(keyed).store(i),
+                                    lambda: cast(SharedCount, fn.num_instances).value,
                                     open_input=(lambda: link.subscribe(cfg, f"{cfg.fqfn}:{i}")) if keyed is None
                                     else (lambda: keyed.open_input(i)))
         fn.instances[i] = handle

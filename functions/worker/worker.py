@@ -15,19 +15,21 @@ with a bound, so no request waits on user code and no function blocks another.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import shutil
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from pulsar_autoscale.broker.lite.function_limits import check_function
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.instance.instance_user import InstanceUser, InstanceUsers
 from pulsar_autoscale.functions.instance.validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
-from pulsar_autoscale.functions.keyed.migration import KeyedScaler
+from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
 from pulsar_autoscale.functions.model.config import FunctionConfig, with_new_state
 from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.model.errors import Conflict, NotFound, StaleEpoch
@@ -43,7 +45,7 @@ from pulsar_autoscale.functions.worker.function_files import FunctionFiles
 from pulsar_autoscale.functions.worker.hosted import Counter, HostedFunction
 from pulsar_autoscale.functions.worker.keyed_wiring import wire_keyed
 from pulsar_autoscale.functions.worker.leftovers import Leftovers
-from pulsar_autoscale.functions.worker.parallelism import Parallelism
+from pulsar_autoscale.functions.worker.parallelism import Parallelism, keyed_stores
 from pulsar_autoscale.functions.worker.warm_pools import WarmPools, WarmPoolView
 from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.spark_bridge.session import SparkSettings
@@ -384,18 +386,19 @@ class Worker(ClusterHosting, FunctionFigures):
                     raise NotFound(f"the key group of {key!r} of {fqfn} is held by no instance on this worker")
                 return store
             if fn.keyed is not None:
-                return fn.keyed.stores.for_key(key)
+                # not spread: keyed_wiring.wire_keyed gave the KeyedScaler InstanceStateStores
+                return cast(InstanceStateStores, fn.keyed.stores).for_key(key)
             router = self.state_router
             if router is None:
                 return fn.state
         return router.local_store(fqfn)   # outside the lock: the first call restores the state from the changelog
 
-    def list(self, tenant: str, namespace: str) -> list[str]:
+    def list(self, tenant: str, namespace: str) -> builtins.list[str]:
         with self._lock:
             return sorted(f.config.name for f in self._functions.values()
                           if f.config.tenant == tenant and f.config.namespace == namespace)
 
-    def functions(self) -> list[FunctionConfig]:
+    def functions(self) -> builtins.list[FunctionConfig]:
         with self._lock:
             return [f.config for f in self._functions.values()]
 
@@ -475,7 +478,7 @@ class Worker(ClusterHosting, FunctionFigures):
             if stopping is not None:
                 stopping.join(self.drain_timeout_s)
             try:
-                k.stores.close_clean()
+                keyed_stores(k).close_clean()
             except Exception:   # the next start restores from the changelog instead
                 log.exception("could not snapshot the key groups on close")
         self._supervisor.join(5)
