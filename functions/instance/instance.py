@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import pulsar
 
@@ -61,6 +61,23 @@ def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str,
         initial_position=getattr(pulsar.InitialPosition, cfg.subscriptionPosition),
         **kwargs,
     )
+
+
+class InstanceInput(Protocol):
+    """What an instance receives from: its own pulsar.Consumer, or anything with the consumer's methods the loop
+    calls (pulsar-lite's shared-input lease, a keyed mailbox or route topic, a process instance's pipe)."""
+
+    def receive(self, timeout_millis: int) -> Any: ...
+
+    def acknowledge(self, msg: Any) -> None: ...
+
+    def negative_acknowledge(self, msg: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
 def is_connected(consumer) -> bool:
@@ -134,7 +151,7 @@ def prepare(client: pulsar.Client, cfg: FunctionConfig, code_path: str | None) -
 class Instance:
     def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
                  state: StateBackend, num_instances: Callable[[], int], stats: InstanceStats | None = None,
-                 open_input: Callable[[], object] | None = None, prepared: Prepared | None = None):
+                 open_input: Callable[[], InstanceInput] | None = None, prepared: Prepared | None = None):
         self.config = config
         self.instance_id = instance_id
         self.stats = stats or InstanceStats(instance_id)
@@ -147,7 +164,7 @@ class Instance:
         self._open_input = open_input or self._subscribe
         self._prepared = prepared
         self._stop = threading.Event()
-        self._input = None  # what abandon() closes
+        self._input: InstanceInput | None = None  # what abandon() closes
         # Outputs in flight = sent - completed; each counter has a single writer, so no lock on the hot path.
         self._sent = 0
         self._completed = 0
@@ -190,7 +207,10 @@ class Instance:
     def run(self) -> None:
         """The instance's one loop; returns after a drain or a fatal error (recorded in stats)."""
         cfg = self.config
-        consumer = producer = ctx = log_handler = None
+        consumer: InstanceInput | None = None
+        producer: pulsar.Producer | None = None
+        ctx: InstanceContext | None = None
+        log_handler: TopicLogHandler | None = None
         try:
             if cfg.logTopic:
                 log_handler = TopicLogHandler(self._client.create_producer(cfg.logTopic, block_if_queue_full=True))
@@ -215,6 +235,7 @@ class Instance:
         finally:
             if log_handler is not None:
                 self.logger.removeHandler(log_handler)
+            closable: _Closable | None
             for closable in (ctx, producer, consumer, log_handler):
                 if closable is not None:
                     try:
@@ -226,6 +247,7 @@ class Instance:
         msg = self._unacked.pop(str(msgid), None)
         if msg is None:
             raise ValueError(f"message {msgid} was not delivered to this instance or is acked already")
+        assert self._input is not None   # only the loop puts messages in _unacked, after run() opened the input
         self._input.acknowledge(msg)
 
     def _loop(self, consumer, producer, ctx: InstanceContext, process) -> None:

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pulsar
 
@@ -44,6 +44,9 @@ from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment, key_g
 from pulsar_autoscale.functions.model.migration_settings import keyed_migration
 from pulsar_autoscale.functions.state.changelog import changelog_of
 from pulsar_autoscale.functions.state.store import StateStore
+
+if TYPE_CHECKING:
+    from pulsar_autoscale.functions.model.config import FunctionConfig
 
 log = logging.getLogger(__name__)
 RETRY_S = 2.0               # a failed migration (an instance died meanwhile) is retried after this
@@ -106,8 +109,8 @@ class ClusterKeyed:
     the front (router + scaler) while instance 0 runs here."""
 
     def __init__(self, cfg, directory: Path, client: Callable[[], pulsar.Client],
-                 open_input_consumer: Callable[[], pulsar.Consumer], broker: BrokerProfile, config: Callable[[], object],
-                 stall_fence: Callable[[], StallFence | None] = lambda: None):
+                 open_input_consumer: Callable[[], pulsar.Consumer], broker: BrokerProfile,
+                 config: Callable[[], FunctionConfig], stall_fence: Callable[[], StallFence | None] = lambda: None):
         """`config`: the function's current config (an update restarts the instances with it); `stall_fence`:
         the worker's (B12), which watches the route consumers as it watches every input."""
         self.topics = KeyedTopics.of(cfg)
@@ -122,7 +125,7 @@ class ClusterKeyed:
         self.stores.wanted = lambda i: i < self._config().parallelism   # read at each wait: a scale-in meanwhile
         self._open_input_consumer = open_input_consumer
         self.router = self._new_router(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)))
-        self.scaler: KeyedScaler | None = None
+        self.scaler: KeyedScaler[FrontMarkers] | None = None
         self._saver: pulsar.Producer | None = None
         self._epoch: int | None = None   # the front's, while it runs here
         self._reply_producer: pulsar.Producer | None = None

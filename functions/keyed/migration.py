@@ -27,12 +27,12 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Generic, Protocol, TypeVar
 
 import pulsar
 
 from pulsar_autoscale.errors import PulsarAutoscaleError
-from pulsar_autoscale.functions.keyed.routing import KeyedRouter
+from pulsar_autoscale.functions.keyed.routing import KeyedInput, KeyedRouter
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment, key_group, moves, subscales
 from pulsar_autoscale.functions.model.migration_settings import KeyedMigration
 from pulsar_autoscale.functions.state.changelog import Changelog
@@ -70,6 +70,17 @@ class InstanceStores(Protocol):
 
     def open_all(self, groups: dict[int, set[int]]) -> None:
         """Restore the groups (local snapshot + changelog tail, else a full changelog replay)."""
+
+
+class LocalStores(InstanceStores, Protocol):
+    """InstanceStores whose instances run on this worker (InstanceStateStores): KeyedScaler.open_input restores
+    an instance's groups here before its mailbox opens."""
+
+    def restore(self, instance_id: int) -> None: ...
+
+
+Stores = TypeVar("Stores", bound=InstanceStores)
+Local = TypeVar("Local", bound=LocalStores)
 
 
 @dataclass
@@ -352,7 +363,7 @@ class InstanceStateStores:
             self.open(i, gs)
 
 
-class KeyedScaler:
+class KeyedScaler(Generic[Stores]):
     """A keyed function's instances on one worker, scaled around live migrations.
 
     Scale-out starts the new instances (they own nothing yet), then moves groups to them; scale-in
@@ -362,7 +373,7 @@ class KeyedScaler:
     so a migration never goes on towards a parallelism the function no longer has (a resumed one included).
     """
 
-    def __init__(self, router: KeyedRouter, stores: InstanceStores, start: Callable[[int], None],
+    def __init__(self, router: KeyedRouter, stores: Stores, start: Callable[[int], None],
                  drain: Callable[[list[int]], None], save: Callable[[KeyGroupAssignment], None],
                  settings: Callable[[], KeyedMigration] = KeyedMigration, retry_s: float | None = None):
         """`retry_s`: retry a failed migration after this long (on a cluster an instance that died meanwhile
@@ -400,7 +411,7 @@ class KeyedScaler:
         self.call_off()
         return self.idle(timeout_s)
 
-    def open_input(self, instance_id: int):
+    def open_input(self: KeyedScaler[Local], instance_id: int) -> KeyedInput:
         """What a keyed instance's thread opens instead of a consumer: its groups' state restored first
         (records of its groups wait in the router meanwhile), then its mailbox."""
         self.stores.restore(instance_id)

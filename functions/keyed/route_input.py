@@ -143,12 +143,12 @@ class RouteInput:
         if op == PREPARE:
             duty, rate = float(props.get(DUTY, 1)), float(props.get(RATE) or 0) or None
             self._in_background(op, groups, nonce,
-                                lambda g=groups, d=duty, r=rate: self._stores.prepare(self._id, g, d, r))
+                                lambda: self._stores.prepare(self._id, groups, duty, rate))
         elif op == OPEN:
             done = threading.Event()
             self._opening.update(dict.fromkeys(groups, done))
             self._scheduler.opening(groups)
-            self._in_background(op, groups, nonce, lambda g=groups: self._stores.open(self._id, g), done)
+            self._in_background(op, groups, nonce, lambda: self._stores.open(self._id, groups), done)
         elif op != ANNOUNCE:
             held = groups & self.store.owned()
             if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty

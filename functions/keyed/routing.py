@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
 import pulsar
 
@@ -176,7 +176,9 @@ class KeyedRouter:
             return self._waiting_for_absent()
 
     def _dispatch(self) -> None:
-        consumer = self._consumer
+        # _start sets it before it starts this thread (a close() between the two would leave None here: the
+        # receive below then fails, as it always did)
+        consumer = cast("pulsar.Consumer", self._consumer)
         paused = False
         while not self._closing.is_set():
             with self._cond:   # an instance's take, a detach or an attach wakes it
@@ -234,11 +236,14 @@ class KeyedRouter:
         """The consumer records come from now (a forward acks on the one its record came from)."""
         return self._consumer
 
+    # An instance acks only records it took from its mailbox, and the consumer stays open while a mailbox is here
+    # (close() returns early); an ack after the last instance detached (a late callback of an abandoned one) finds
+    # None and fails, as it always did.
     def acknowledge(self, msg) -> None:
-        self._consumer.acknowledge(msg)
+        cast("pulsar.Consumer", self._consumer).acknowledge(msg)
 
     def negative_acknowledge(self, msg) -> None:
-        self._consumer.negative_acknowledge(msg)
+        cast("pulsar.Consumer", self._consumer).negative_acknowledge(msg)
 
     # ---- what an instance takes ------------------------------------------------------------------------
     def take(self, attached: "KeyedInput", timeout_s: float):
@@ -278,7 +283,7 @@ class KeyedRouter:
         with self._cond:
             self._moving |= set(groups)
             for box in self._boxes.values():
-                keep = deque()
+                keep: deque = deque()
                 for msg in box.items:
                     g = message_group(msg, self.num_key_groups)
                     if g in groups:

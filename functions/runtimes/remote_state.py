@@ -27,7 +27,7 @@ import logging
 import pickle
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pulsar
 
@@ -35,6 +35,9 @@ from pulsar_autoscale.functions.runtimes.piped_input import PipedMessage, Taken
 from pulsar_autoscale.functions.state.backend import STATE_CALLS, apply_call
 from pulsar_autoscale.functions.state.groups import state_group
 from pulsar_autoscale.functions.state.store import StateStore
+
+if TYPE_CHECKING:
+    from pulsar_autoscale.functions.instance.instance import InstanceInput
 
 log = logging.getLogger(__name__)
 ONE_WAY = frozenset({"commit", "abort", "ack", "nack"})
@@ -44,7 +47,7 @@ ONE_WAY = frozenset({"commit", "abort", "ack", "nack"})
 class KeyedParts:
     """What the worker holds for one keyed process instance."""
 
-    open_input: Callable[[], object]        # its mailbox or route topic; restores its groups first
+    open_input: Callable[[], InstanceInput]   # its mailbox or route topic; restores its groups first
     store: StateStore                       # its key groups' store on this worker
     client: Callable[[], pulsar.Client]     # the worker's client: the changelog's producers
     num_key_groups: int
@@ -63,7 +66,7 @@ class KeyedServer:
         self._conn = conn
         self._parts = parts
         self._store = parts.store
-        self._input = None
+        self._input: InstanceInput | None = None
         self._taken = Taken()
         self._failed: Exception | None = None         # a one-way call's failure, for the next answer
 
@@ -100,10 +103,16 @@ class KeyedServer:
         if op in ("commit", "abort"):
             getattr(self._store, op)()
         elif op == "ack":
-            msg, keyed_input = self._taken.pop(args[0]), self._input
+            msg, keyed_input = self._taken.pop(args[0]), self._opened()
             self._store.when_persisted(lambda: keyed_input.acknowledge(msg))
         else:
-            self._input.negative_acknowledge(self._taken.pop(args[0]))
+            self._opened().negative_acknowledge(self._taken.pop(args[0]))
+
+    def _opened(self) -> InstanceInput:
+        """The input, for recv, ack and nack: only the process's RemoteInput sends them, and it exists once the open
+        was answered, until its close (the process's last call)."""
+        assert self._input is not None
+        return self._input
 
     def _answer(self, op: str, group: int | None, args: tuple):
         if op == "open":
@@ -122,12 +131,13 @@ class KeyedServer:
     def _receive(self, timeout_millis: int):
         """The next message, and its scope begun: (message, group, message id or None, (ok, begin's answer))."""
         try:
-            msg = self._input.receive(timeout_millis)
+            msg = self._opened().receive(timeout_millis)
         except pulsar.Timeout:
             return None
         piped = self._taken.take(msg)
         group = state_group(msg, self._parts.num_key_groups, True)
         msg_id = str(msg.message_id()) if self._parts.once else None
+        begun: tuple[bool, bool | Exception]
         try:
             begun = (True, self._store.begin(group, msg_id))
         except Exception as exc:   # raised by the Context's begin in the process, as on the thread runtime

@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 import requests
 
@@ -80,6 +80,9 @@ Transport = Callable[[str, bool, list], list]   # (session, fresh, calls) -> [(o
 class OwnedState:
     """A StateBackend whose calls run on the owner of the function's state, through `transport` (in the worker:
     functions/cluster/state_owner.py's router, which serves them itself when this worker is the owner)."""
+
+    # in the worker: what its process instances call over HTTP instead (cluster_hosting.host_instances sets it)
+    endpoint: StateEndpoint | None = None
 
     def __init__(self, transport: Transport, replay_s: float = REPLAY_S):
         self._transport = transport
@@ -212,7 +215,7 @@ class StateEndpoint:
     key: str = field(repr=False)
 
 
-def is_state_endpoint(state_path: object) -> bool:
+def is_state_endpoint(state_path: object) -> TypeGuard[StateEndpoint]:
     """A process instance's state "path" that names its worker's state-calls endpoint (a cluster, not keyedState)."""
     return isinstance(state_path, StateEndpoint)
 

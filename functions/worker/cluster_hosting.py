@@ -10,7 +10,7 @@ import shutil
 import threading
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 import pulsar
 
@@ -18,19 +18,12 @@ from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.state.owner_calls import OwnedState
 from pulsar_autoscale.functions.worker.hosted import HostedFunction
-from pulsar_autoscale.functions.worker.parallelism import Parallelism, SharedCount, keyed_stores
+from pulsar_autoscale.functions.worker.parallelism import Parallelism, keyed_stores
 
 if TYPE_CHECKING:
     from pulsar_autoscale.functions.cluster.state_owner import StateOwnerRouter
-    from pulsar_autoscale.functions.state.owner_calls import StateEndpoint
     from pulsar_autoscale.functions.worker.broker_link import BrokerLink
     from pulsar_autoscale.functions.worker.function_files import FunctionFiles
-
-
-class _WithEndpoint(Protocol):
-    """An OwnedState with the endpoint host_instances gives it (read by parallelism.Parallelism.start)."""
-
-    endpoint: StateEndpoint
 
 
 class ClusterHosting:
@@ -73,9 +66,9 @@ class ClusterHosting:
             if router is not None and fn.keyed is None and fn.owned_state is None:
                 # one copy of the state: every instance's calls go to the worker assigned instance 0
                 fn.owned_state = owned = OwnedState(partial(router.handle, cfg.fqfn))
-                # an attribute OwnedState does not declare: process instances call it over HTTP
-                cast(_WithEndpoint, owned).endpoint = router.endpoint(cfg.fqfn)
-            cast(SharedCount, fn.num_instances).value = cfg.parallelism
+                owned.endpoint = router.endpoint(cfg.fqfn)   # process instances call it over HTTP
+            assert fn.num_instances is not None   # Worker._hosted gives every function its count
+            fn.num_instances.value = cfg.parallelism
             leaving = sorted((i for i in fn.instances if i not in ids), reverse=True)
             keyed = fn.keyed
             # a keyedState instance that leaves this worker forgets its stores: it restores when it comes back

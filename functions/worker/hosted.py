@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
 from pulsar_autoscale.functions.instance.stats import InstanceFigures
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
-from pulsar_autoscale.functions.keyed.migration import KeyedScaler
+from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.runtimes.handles import InstanceHandle
 from pulsar_autoscale.functions.runtimes.warm_pool import WarmPool
 from pulsar_autoscale.functions.state.store import StateStore
+
+if TYPE_CHECKING:
+    from pulsar_autoscale.broker.lite.shared_input import SharedInput
+    from pulsar_autoscale.functions.state.owner_calls import OwnedState
+
+
+class SharedCount(Protocol):
+    """HostedFunction.num_instances: a multiprocessing Value("i") (process runtime) or a Counter."""
+
+    value: int
 
 
 @dataclass
@@ -25,16 +36,17 @@ class HostedFunction:
     stopped: set[int] = field(default_factory=set)             # instances stopped by the user (start/stop API)
     retired: InstanceFigures | None = None                      # sums of drained instances' figures
     history: deque = field(default_factory=deque)               # (time, FunctionCounters) for the "1min" window
-    num_instances: object = None                                 # shared int for Context.get_num_instances
-    shared_input: object = None                                  # pulsar-lite only: lite.shared_input.SharedInput
+    num_instances: SharedCount | None = None                     # shared int for Context.get_num_instances
+    shared_input: SharedInput | None = None                      # pulsar-lite only, set by broker_link.share_input
     warm_pool: WarmPool | None = None                            # process runtime: warm standbys
     warm_pool_size: int | None = None                            # asked by the controller (None: the worker's)
     code_digest: str | None = None                               # sha256 of code_path, which passed validation
     failure: str = ""                                            # why the function cannot run (no instances run)
     draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
     abandoned: int = 0                                           # drains that did not finish within the bound
-    keyed: KeyedScaler | ClusterKeyed | None = None              # keyedState: key-group routing + live migration
-    owned_state: object = None                                   # a cluster, not keyedState: calls to the state's owner
+    # keyedState: key-group routing + live migration
+    keyed: KeyedScaler[InstanceStateStores] | ClusterKeyed | None = None
+    owned_state: OwnedState | None = None                        # a cluster, not keyedState: calls to the state's owner
 
     def runtime(self, default: str) -> str:
         return self.config.instanceRuntime or default

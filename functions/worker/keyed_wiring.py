@@ -23,7 +23,8 @@ from pulsar_autoscale.functions.worker.hosted import HostedFunction
 
 
 def wire_keyed(fn: HostedFunction, files: FunctionFiles, link: BrokerLink, spread: bool,
-               start: Callable[[int], None], drain: Callable[[list[int]], None]) -> KeyedScaler | ClusterKeyed:
+               start: Callable[[int], None],
+               drain: Callable[[list[int]], None]) -> KeyedScaler[InstanceStateStores] | ClusterKeyed:
     """`start`, `drain`: what the scaler asks of the worker for the function's instances; `spread`: on a cluster."""
     cfg = fn.config
 

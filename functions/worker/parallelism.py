@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Protocol, cast
+from typing import TYPE_CHECKING, Callable
 
 from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.runtimes.handles import InstanceHandle, ProcessInstance, ThreadInstance
@@ -22,26 +22,17 @@ from pulsar_autoscale.functions.worker.hosted import HostedFunction, sum_figures
 from pulsar_autoscale.pulsar_client import ClientSettings
 
 if TYPE_CHECKING:
-    from pulsar_autoscale.broker.lite.shared_input import SharedInput
     from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
     from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
     from pulsar_autoscale.functions.keyed.protocol import RoutedStores
-    from pulsar_autoscale.functions.state.owner_calls import OwnedState
 
 log = logging.getLogger(__name__)
 RESTART_BACKOFF_S = 5.0
 
 
-class SharedCount(Protocol):
-    """HostedFunction.num_instances: a multiprocessing Value("i") (process runtime) or a hosted.Counter."""
-
-    value: int
-
-
-def keyed_stores(keyed: KeyedScaler | ClusterKeyed) -> InstanceStateStores | RoutedStores:
+def keyed_stores(keyed: KeyedScaler[InstanceStateStores] | ClusterKeyed) -> InstanceStateStores | RoutedStores:
     """The stores of a keyedState function's instances on this worker, as the worker wired them."""
-    # keyed_wiring.wire_keyed gives a worker's own KeyedScaler InstanceStateStores; a ClusterKeyed has RoutedStores
-    return cast("InstanceStateStores | RoutedStores", keyed.stores)
+    return keyed.stores
 
 
 class Parallelism:
@@ -57,7 +48,8 @@ class Parallelism:
         self.retirers: list[threading.Thread] = []   # background drains (the list itself stays: close() joins it)
 
     def scale(self, fn: HostedFunction, target: int) -> None:
-        cast(SharedCount, fn.num_instances).value = target
+        assert fn.num_instances is not None   # Worker._hosted gives every function its count
+        fn.num_instances.value = target
         fn.stopped = {i for i in fn.stopped if i < target}   # a keyed surplus instance runs to hand its groups over
         keyed = fn.keyed is not None and target > 0
         if keyed and fn.keyed is not None and not fn.stopped:
@@ -94,14 +86,16 @@ class Parallelism:
             handle = ProcessInstance(
                 cfg, i, self._settings, fn.code_path,
                 getattr(fn.owned_state, "endpoint", None) or str(self._files.fn_dir(cfg) / "state.sqlite"),
-                fn.num_instances, cast("SharedInput | None", fn.shared_input),   # set by broker_link.share_input
+                fn.num_instances, fn.shared_input,   # set by broker_link.share_input
                 standby=standby, user=user)
         else:
+            num_instances = fn.num_instances
+            assert num_instances is not None   # Worker._hosted gives every function its count
             # owned_state: an OwnedState (cluster_hosting.host_instances) or None
             handle = ThreadInstance(cfg, i, link.client, fn.code_path,
-                                    (cast("OwnedState | None", fn.owned_state) or fn.state) if keyed is None
+                                    (fn.owned_state or fn.state) if keyed is None
                                     else keyed_stores(keyed).store(i),
-                                    lambda: cast(SharedCount, fn.num_instances).value,
+                                    lambda: num_instances.value,
                                     open_input=(lambda: link.subscribe(cfg, f"{cfg.fqfn}:{i}")) if keyed is None
                                     else (lambda: keyed.open_input(i)))
         fn.instances[i] = handle

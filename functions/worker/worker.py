@@ -22,14 +22,13 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
 
 from pulsar_autoscale.broker.lite.function_limits import check_function
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.instance.instance_user import InstanceUser, InstanceUsers
 from pulsar_autoscale.functions.instance.validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
-from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
+from pulsar_autoscale.functions.keyed.migration import KeyedScaler
 from pulsar_autoscale.functions.model.config import FunctionConfig, with_new_state
 from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.model.errors import Conflict, NotFound, StaleEpoch
@@ -386,8 +385,7 @@ class Worker(ClusterHosting, FunctionFigures):
                     raise NotFound(f"the key group of {key!r} of {fqfn} is held by no instance on this worker")
                 return store
             if fn.keyed is not None:
-                # not spread: keyed_wiring.wire_keyed gave the KeyedScaler InstanceStateStores
-                return cast(InstanceStateStores, fn.keyed.stores).for_key(key)
+                return fn.keyed.stores.for_key(key)   # not spread: keyed_wiring.wire_keyed's InstanceStateStores
             router = self.state_router
             if router is None:
                 return fn.state

@@ -6,8 +6,8 @@ mode needs beyond it:
 
 - ``topic_stats``: a topic's rates, in-counter and per-subscription backlog from the broker's
   ``/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats`` (``/partitioned-stats`` summed over
-  partitions for a partitioned topic); ``input_reading`` sums them over a function's inputs for its
-  subscription (the fast check's arrival rate and backlog in stock mode);
+  partitions for a partitioned topic), backlogs in messages (``messages_per_entry``); ``input_reading``
+  sums them over a function's inputs for its subscription (the fast check's arrival rate and backlog in stock mode);
 - ``counters``: ``FunctionCounters`` built from Pulsar's FunctionStats (received, processed, busy
   time = average process latency x processed, per instance), kept monotonic across the restarts a
   stock parallelism update causes; inter-arrival figures are unknown and stay zero, so
@@ -52,7 +52,8 @@ class TopicStats:
     msg_rate_in: float                  # msgRateIn, messages/s
     msg_rate_out: float                 # msgRateOut, messages/s
     msg_in_counter: float               # msgInCounter: messages published since the topic was loaded
-    backlog: Mapping[str, float] = field(default_factory=dict)  # subscription -> msgBacklog
+    # subscription -> its backlog in messages: msgBacklog (entries) x messages_per_entry
+    backlog: Mapping[str, float] = field(default_factory=dict)
 
     def backlog_of(self, subscription: str) -> float | None:
         return self.backlog.get(subscription)
@@ -62,6 +63,18 @@ def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
         raise ValueError(f"{where} is {value!r}, expected a number >= 0")
     return float(value)
+
+
+def messages_per_entry(subscription: dict) -> float:
+    """A subscription's messages per entry, for its msgBacklog, which counts entries (a batch is one entry: 100
+    messages sent in batches of 10 are a backlog of 10). The broker's only per-subscription figure is each
+    consumer's avgMessagesPerEntry (a moving average of what it was sent, 0 before its first dispatch): their
+    mean over the consumers that have one. 1 (the backlog read as entries) while none has: a function whose
+    instances have not received yet, or a subscription without consumers."""
+    seen = [float(c["avgMessagesPerEntry"]) for c in subscription.get("consumers") or ()
+            if isinstance(c, dict) and isinstance(c.get("avgMessagesPerEntry"), (int, float))
+            and not isinstance(c.get("avgMessagesPerEntry"), bool) and c["avgMessagesPerEntry"] >= 1]
+    return sum(seen) / len(seen) if seen else 1.0
 
 
 def _split_topic(topic: str) -> tuple[str, str, str, str]:
@@ -279,8 +292,10 @@ class StockPulsarAdmin(FunctionsAdmin):
                 if not isinstance(subs, dict):
                     raise ValueError(f"{where}subscriptions is not an object")
                 for sub, s in subs.items():
-                    value = s.get("msgBacklog") if isinstance(s, dict) else None
-                    backlog[sub] = backlog.get(sub, 0.0) + _number(value, f"{where}subscriptions.{sub}.msgBacklog")
+                    if not isinstance(s, dict):
+                        raise ValueError(f"{where}subscriptions.{sub} is not an object")
+                    entries = _number(s.get("msgBacklog"), f"{where}subscriptions.{sub}.msgBacklog")
+                    backlog[sub] = backlog.get(sub, 0.0) + entries * messages_per_entry(s)
         except ValueError as exc:
             raise self._malformed("topic stats", url, str(exc)) from None
         return TopicStats(topic, n, rate_in, rate_out, counter, backlog)

@@ -157,3 +157,30 @@ def test_stock_adapter_against_the_live_rest_api(broker):
     finally:
         subprocess.run([str(CLI), "functions", "delete", "--admin-url", broker.admin_url, "--name", name],
                        cwd=REPO, capture_output=True, timeout=60)
+
+
+def test_a_batched_backlog_reads_in_messages(broker):
+    """Apache's msgBacklog counts entries: 100 messages sent in batches of 10 are a backlog of 10. The adapter
+    scales it by the subscription's consumers' avgMessagesPerEntry; an unbatched topic stays exact."""
+    admin = StockPulsarAdmin(broker.admin_url, timeout_s=30)
+    name = uuid.uuid4().hex[:8]
+    c = pulsar.Client(broker.service_url)
+    readings = {}
+    try:
+        for batched in (True, False):
+            topic = f"persistent://public/default/backlog-{name}-{'batched' if batched else 'single'}"
+            consumer = c.subscribe(topic, "sub", receiver_queue_size=1)
+            producer = c.create_producer(topic, batching_enabled=batched, batching_max_messages=10,
+                                         batching_max_publish_delay_ms=1000)
+            for i in range(100):
+                producer.send_async(f"m{i}".encode(), None)
+            producer.flush()
+            consumer.receive(10_000)   # a dispatch gives the consumer its messages-per-entry figure; nothing acked
+            wait_until(lambda t=topic: admin.topic_stats(t).backlog_of("sub") == 100, 30,
+                       lambda t=topic, b=batched: f"batched={b}: a backlog of 100 messages, read "
+                                                  f"{admin.topic_stats(t).backlog_of('sub')}")
+            raw = admin._call("GET", admin._topic_url(topic, "stats"))
+            readings[batched] = raw["subscriptions"]["sub"]["msgBacklog"]
+    finally:
+        c.close()
+    assert readings == {True: 10, False: 100}, f"the broker's own msgBacklog (entries): {readings}"

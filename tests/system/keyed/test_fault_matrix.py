@@ -33,19 +33,9 @@ SLICE = (
 )
 
 
-KNOWN = {   # cells that failed in the full run, with what was seen (docs/reliability.md, "State fault matrix")
-    Cell(True, "EFFECTIVELY_ONCE", "process", "sigstop"):
-        "keyedState: after SIGCONT of the front's worker a live migration under way failed saving its assignment "
-        "(the stopped front's producer was gone); 7 keys one count short",
-}
-
-
 def _params():
     for cell in all_cells():
-        marks = [pytest.mark.state_matrix]
-        if cell in KNOWN:
-            marks.append(pytest.mark.xfail(reason=KNOWN[cell], strict=False))
-        yield pytest.param(cell, id=cell.id, marks=marks)
+        yield pytest.param(cell, id=cell.id, marks=[pytest.mark.state_matrix])
 
 
 @pytest.mark.parametrize("cell", list(_params()))
