@@ -56,6 +56,8 @@ ON_APACHE = (
     "system/spark/test_source_sink.py",
     "system/spark/test_native_reader.py",
     "system/spark/test_ranges.py",
+    "system/spark/test_burst.py",
+    "system/spark/test_stateful.py",
 )
 
 
