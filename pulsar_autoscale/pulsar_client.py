@@ -11,12 +11,14 @@ import argparse
 import logging
 import os
 import re
+import ssl
 import threading
 import time
 from dataclasses import dataclass
 
 import pulsar
 import requests
+import requests.adapters
 
 from pulsar_autoscale.cliargs import env_default, global_options
 from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
@@ -72,6 +74,21 @@ class ClientSettings:
             session.cert = self._tls_files()
         return session
 
+    def trust_loaded_now(self) -> requests.Session:
+        """A session with no credentials and this TLS trust read into memory now: for a process instance, which
+        drops to a user that may not read the CA file before it makes its first call (requests would open the
+        file at each connection)."""
+        session = requests.Session()
+        if self.tls_allow_insecure_connection:
+            session.verify = False
+        elif self.tls_trust_certs_file_path:
+            try:
+                context = ssl.create_default_context(cafile=self.tls_trust_certs_file_path)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"cannot read the TLS trust file {self.tls_trust_certs_file_path}: {exc}") from None
+            session.mount("https://", _ContextAdapter(context))
+        return session
+
     def bearer_token(self) -> str | None:
         """The token of token authentication (for the admin REST API's Authorization header), else None."""
         return _token(self.auth_params) if self.auth_plugin in TOKEN_PLUGINS else None
@@ -85,6 +102,18 @@ class ClientSettings:
         if self.tls_trust_certs_file_path:
             kwargs["tls_trust_certs_file_path"] = self.tls_trust_certs_file_path
         return kwargs
+
+
+class _ContextAdapter(requests.adapters.HTTPAdapter):
+    """HTTPS through an SSL context made beforehand (its CAs already in memory)."""
+
+    def __init__(self, context: ssl.SSLContext):
+        self._context = context
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs):
+        kwargs["ssl_context"] = self._context
+        return super().init_poolmanager(*args, **kwargs)
 
 
 class _TrustSession(requests.Session):

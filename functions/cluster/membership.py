@@ -6,6 +6,12 @@ reads every other worker's. A worker is dead `heartbeat_timeout_s` after its las
 at once when it says goodbye. Liveness is measured on the reader's own monotonic clock; only
 while catching up on history is the broker's publish time used, so that a heartbeat of a worker
 that died long ago does not count.
+
+A worker's own **lease** (`holds_lease`) is the other side of that rule: the others count it alive until
+`heartbeat_timeout_s` after they read its last heartbeat, which is no earlier than the moment it began to send
+it. So while less than `heartbeat_timeout_s` has passed since then, no other worker can have declared it dead;
+after that (it was frozen, or cut off from the broker) what it owns may have moved, and it must not answer as
+an owner until a heartbeat goes through again.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ class MembershipManager:
         self.changed = threading.Condition(self._lock)
         self._producer = client.create_producer(topics.membership, block_if_queue_full=True, batching_enabled=False)
         self._closing = threading.Event()
+        self._lease_from: float | None = None   # when the last heartbeat that went through began to be sent
         self._tailer = TopicTailer(client, topics.membership, self._apply, f"membership-{worker_id}",
                                    self._producer)
         self._thread = threading.Thread(target=self._beat, name="membership-heartbeat", daemon=True)
@@ -102,7 +109,14 @@ class MembershipManager:
         body = {"workerId": self.worker_id, "url": self.url, "capacity": self.capacity,
                 "incarnation": self.incarnation, "leaving": report.leaving, "leaderEpoch": report.leader_epoch,
                 "running": list(report.running), "hosted": list(report.hosted), "busy": report.busy_s, "gone": gone}
+        started = time.monotonic()
         self._producer.send(json.dumps(body).encode())
+        self._lease_from = None if gone else started
+
+    def holds_lease(self) -> bool:
+        """Whether no other worker can have declared this one dead yet (see the module's docstring)."""
+        lease_from = self._lease_from
+        return lease_from is not None and time.monotonic() - lease_from < self.timeout_s
 
     def _beat(self) -> None:
         while not self._closing.wait(self.interval_s):

@@ -30,6 +30,7 @@ from pulsar_autoscale.functions.model.errors import NotFound
 from pulsar_autoscale.functions.state.changelog import changelog_of
 from pulsar_autoscale.functions.state.groups import one_group
 from pulsar_autoscale.functions.state.owner_calls import (
+    LEASE_LAPSED,
     OwnerSessions,
     OwnerUnavailable,
     SessionLost,
@@ -52,9 +53,9 @@ SESSION_GONE = 409
 class _Owned:
     """This worker's ownership of one function's state group."""
 
-    def __init__(self, store: StateStore):
+    def __init__(self, store: StateStore, leased: Callable[[], bool]):
         self.store = store
-        self.sessions = OwnerSessions(store)
+        self.sessions = OwnerSessions(store, leased)
         self.lock = threading.Lock()
         self.open = False
         self.seen_since = time.monotonic()
@@ -150,6 +151,8 @@ class StateOwnerRouter:
 
     # ---- ownership ------------------------------------------------------------------------------------------
     def _ensure_open(self, fqfn: str) -> _Owned:
+        if not self._membership.holds_lease():
+            raise OwnerUnavailable(f"{fqfn}: {self.me}: {LEASE_LAPSED}")
         if self.owner(fqfn) != self.me:
             self.follow(fqfn)
             raise OwnerUnavailable(f"{fqfn}: {self.me} does not own the function's state (instance 0 is on "
@@ -160,7 +163,7 @@ class StateOwnerRouter:
         with self._lock:
             owned = self._owned.get(fqfn)
             if owned is None or owned.store is not fn.state:
-                owned = self._owned[fqfn] = _Owned(fn.state)
+                owned = self._owned[fqfn] = _Owned(fn.state, self._membership.holds_lease)
         if owned.open:
             return owned
         with owned.lock:
@@ -188,7 +191,7 @@ class StateOwnerRouter:
                 if fqfn not in self._owned:
                     fn = self._hosted(fqfn)
                     if fn is not None:
-                        self._owned[fqfn] = _Owned(fn.state)
+                        self._owned[fqfn] = _Owned(fn.state, self._membership.holds_lease)
             return
         with self._lock:
             owned = self._owned.pop(fqfn, None)

@@ -124,7 +124,7 @@ def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, c
     if config.keyedState:
         state = RemoteStateStore(input_conn)
     elif is_state_endpoint(state_path):   # a cluster: one copy of the state, on its owner (state/owner_calls.py)
-        state = OwnedState(http_transport(state_path))
+        state = OwnedState(http_transport(state_path, client_settings.trust_loaded_now()))
     else:
         # a path: only a keyedState instance has none (its state is served over the pipe)
         state = StateStore(cast(str, state_path), config.numKeyGroups, keyed=False)

@@ -42,6 +42,8 @@ REPLAY_S = 60.0         # how long a caller tries to reach the owner (a failover
 RETRY_PAUSE_S = 0.2
 ONE_WAY = frozenset({"abort"})
 RETRY = "RETRY: "       # an answer's error that means "not applied here, send it to the owner again"
+PERSISTING = frozenset({"commit", "flush_before_ack"})   # answered once persisted: the caller acks after them
+LEASE_LAPSED = "this worker's membership lease lapsed (frozen or cut off from the broker): its state may have moved"
 # a process instance's key to its function's state calls on its worker (the worker's REST API may check tokens;
 # the instance holds none, and this key opens that one function's state calls and nothing else)
 STATE_KEY_HEADER = "X-Pulsar-Autoscale-State-Key"
@@ -220,10 +222,9 @@ def is_state_endpoint(state_path: object) -> TypeGuard[StateEndpoint]:
     return isinstance(state_path, StateEndpoint)
 
 
-def http_transport(endpoint: StateEndpoint) -> Transport:
+def http_transport(endpoint: StateEndpoint, http: requests.Session) -> Transport:
     """A process instance's calls, to its own worker's `.../state-calls` (which serves them, as the owner, or
-    forwards them to the owner)."""
-    http = requests.Session()
+    forwards them to the owner), through `http`: with the worker's TLS trust when it serves HTTPS."""
     http.headers[STATE_KEY_HEADER] = endpoint.key
     url = endpoint.url
 
@@ -252,8 +253,8 @@ class OwnedGroup:
 
 # ---- the owner's side ----------------------------------------------------------------------------------------
 class _Session:
-    def __init__(self, store: StateStore, name: str, on_end: Callable[[], None]):
-        self._store = store
+    def __init__(self, store: StateStore, name: str, on_end: Callable[[], None], leased: Callable[[], bool]):
+        self._store, self._leased = store, leased
         self._inbox: queue.Queue = queue.Queue()
         self._on_end = on_end
         self.ended = False
@@ -290,6 +291,11 @@ class _Session:
                         skipping = op not in ("commit", "abort")
                         continue
                     ok, value = _apply(self._store, op, group, args)
+                    if ok and op in PERSISTING and not self._leased():
+                        # persisted, but this worker may have been frozen past its lease meanwhile and its state
+                        # taken over (restored without these records): the caller sends the message again to
+                        # whoever owns the state now, rather than ack a message the new owner never saw
+                        ok, value = False, f"{RETRY}{LEASE_LAPSED}"
                     if op == "begin" and ok and value is False:
                         skipping = True
                     answers.append((ok, value))
@@ -331,8 +337,9 @@ def _apply(store: StateStore, op: str, group: int | None, args: list) -> tuple[b
 class OwnerSessions:
     """The sessions of one function's state on its owner."""
 
-    def __init__(self, store: StateStore):
-        self.store = store
+    def __init__(self, store: StateStore, leased: Callable[[], bool] = lambda: True):
+        """`leased`: whether this worker still surely owns the state (the cluster membership's lease)."""
+        self.store, self._leased = store, leased
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
 
@@ -342,7 +349,8 @@ class OwnerSessions:
             if s is None or s.ended:
                 if not fresh:
                     raise SessionLost(f"no state session {session} here (it ended, or this worker restarted)")
-                s = self._sessions[session] = _Session(self.store, session[:8], lambda: self._forget(session))
+                s = self._sessions[session] = _Session(self.store, session[:8], lambda: self._forget(session),
+                                                       self._leased)
         answers = s.run(calls, timeout_s)
         if answers == [(False, "session ended")]:
             raise SessionLost(f"state session {session} ended")

@@ -22,10 +22,11 @@ class WorkerProc:
     port: int
     proc: subprocess.Popen
     log_path: Path
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -50,6 +51,7 @@ class WorkerCluster:
     extra_args: tuple[str, ...] = ()
     cluster: bool = True   # False: plain single workers (no --cluster), today's one-machine default
     token: str | None = None   # the workers check tokens (extra_args): wait_ready's calls carry this one
+    ca: str | None = None      # the workers serve HTTPS (extra_args: --tls-cert-file ...): URLs https, checked by it
 
     def add(self) -> WorkerProc:
         port = free_port()
@@ -74,7 +76,7 @@ class WorkerCluster:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        return WorkerProc(wid, port, proc, log_path)
+        return WorkerProc(wid, port, proc, log_path, "https" if self.ca else "http")
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Every live worker answers and sees every other live worker."""
@@ -85,10 +87,10 @@ class WorkerCluster:
         while time.monotonic() < deadline:
             try:
                 views = [{m["workerId"] for m in requests.get(w.url + "/admin/v2/worker/cluster", headers=headers,
-                                                              timeout=2).json()}
+                                                              timeout=2, verify=self.ca or True).json()}
                          for w in self.live()]
                 leader = requests.get(self.live()[0].url + "/admin/v2/worker/cluster/leader", headers=headers,
-                                      timeout=2)
+                                      timeout=2, verify=self.ca or True)
                 if all(v == want for v in views) and leader.status_code == 200:
                     return
                 last = views

@@ -98,3 +98,27 @@ def test_a_session_the_owner_lost_is_refused(tmp_path):
     owner = _owner(tmp_path)
     with pytest.raises(OwnerUnavailable):
         owner.run("nosuch", False, [["get_counter", G, ["k"]]])
+
+
+def test_a_commit_persisted_after_the_owners_lease_lapsed_is_sent_again(tmp_path):
+    """The owner's worker froze in the middle of a message past its membership lease: its commit persists when it
+    wakes, but it answers 'send it again' instead of success, so the caller does not ack a message whose changes the
+    next owner (restored meanwhile) never saw. The calls go again, whole, to the next owner."""
+    lease = [True]
+    old = OwnerSessions(StateStore(tmp_path / "a" / "state.sqlite", 128, keyed=False), lambda: lease[0])
+    new = _owner(tmp_path, "b")
+    owners = [old]
+
+    def transport(session, fresh, calls):
+        answers = owners[0].run(session, fresh, calls)
+        if not lease[0]:
+            owners[:] = [new]   # the caller's next try reaches the worker that owns the state now
+        return answers
+
+    state = OwnedState(transport, replay_s=5)
+    assert state.begin(G, "m1")
+    state.group(G).incr_counter("k", 1)
+    lease[0] = False   # frozen here, past the heartbeat timeout
+    state.commit()
+    assert new.store.get_counter("k") == 1, "the message was not sent again to the next owner"
+    assert state.begin(G, "m1") is False
