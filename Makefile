@@ -23,12 +23,14 @@ demo: install
 # Everything on the embedded pulsar-lite, its modules spread over TEST_WORKERS processes (pytest-xdist; each
 # has its own session broker; the tests mostly wait on brokers and workers, so 3 fit on 2 cores), the fuzz
 # tests alone (pyproject.toml, marker `fuzz`); then the broker-sensitive tests again on Apache Pulsar
-# standalone (fetched through Maven on first use; tests/conftest.py ON_APACHE lists what runs there).
+# standalone (fetched through Maven on first use; tests/conftest.py ON_APACHE lists what runs there), over
+# APACHE_TEST_WORKERS processes, each with a standalone of its own (a JVM of about 1 GB).
 TEST_WORKERS ?= 3
+APACHE_TEST_WORKERS ?= 2
 test: install lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not fuzz" --durations=20 $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -m fuzz $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q --durations=10 --broker apache $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(APACHE_TEST_WORKERS) --dist loadfile --durations=10 --broker apache $(PYTEST_ARGS)
 
 # The unit tier alone: no broker, no subprocess, no Spark; about 20 s.
 test-unit: install

@@ -1,12 +1,7 @@
 """`pulsar-autoscale demo`: the whole story on the embedded broker, in one command.
 
-The paper's application (Russo Russo et al., ICPE'21, Sec. 5): images arrive on a source topic;
-`resize-store` resizes and stores them (a sink), `resize-recognize` resizes them for
-`recognize`, a slow recognition-like model call. Service times are emulated by waiting (like a
-call to a model server), so threads scale on two cores. The paper reports no service times;
-we chose resize 20 ms (lognormal, cv 0.5: image sizes vary) and recognize 150 ms (lognormal,
-cv 1.0: inference time depends on content), so at the peak rate recognize needs about 5-7
-instances and resize 1-2, the paper's shape at a scale two cores can run.
+The paper's image application (pulsar_autoscale/image_app.py: resize-store, resize-recognize, recognize): at
+the peak rate recognize needs about 5-7 instances and resize 1-2, the paper's shape at a scale two cores can run.
 
 Poisson arrivals step through constant-rate intervals; the controller (leader-elected, the
 chosen policy) scales every function through the worker's REST API, restart-free. A live view
@@ -32,34 +27,18 @@ from pathlib import Path
 import numpy as np
 import pulsar
 
+from pulsar_autoscale import image_app
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
+from pulsar_autoscale.image_app import NS, STAGES
 from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import open_client
 
-NS = "public/default"
 DEFAULT_SLO_S = 1.0   # the paper's R_max per path
-SOURCE = f"persistent://{NS}/images"
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    inputs: tuple[str, ...]
-    output: str
-    service_ms: float
-    cv: float
-
-
-STAGES = (
-    Stage("resize-store", (SOURCE,), f"persistent://{NS}/stored", 20.0, 0.5),
-    Stage("resize-recognize", (SOURCE,), f"persistent://{NS}/resized", 20.0, 0.5),
-    Stage("recognize", (f"persistent://{NS}/resized",), f"persistent://{NS}/labels", 150.0, 1.0),
-)
-SINKS = {f"persistent://{NS}/stored": "images -> resize-store",
-         f"persistent://{NS}/labels": "images -> resize-recognize -> recognize"}
+SOURCE = f"persistent://{NS}/{image_app.SOURCE}"
+SINKS = {f"persistent://{NS}/{topic}": label for topic, label in image_app.PATHS.items()}
 
 
 @dataclass
@@ -216,10 +195,7 @@ def run(args: argparse.Namespace) -> int:
         worker = workers[0]
         admin = FunctionsAdmin([w.url for w in workers])
         for s in STAGES:
-            admin.create({"tenant": "public", "namespace": "default", "name": s.name,
-                          "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy", "inputs": list(s.inputs),
-                          "output": s.output, "parallelism": 1, "receiverQueueSize": args.receiver_queue,
-                          "userConfig": {"service_ms": s.service_ms, "dist": "lognormal", "cv": s.cv}})
+            admin.create({**s.config(), "parallelism": 1, "receiverQueueSize": args.receiver_queue})
         wait_running(admin, [s.name for s in STAGES])
         config = ControllerConfig(
             service_url=broker.service_url, admin_url=tuple(w.url for w in workers), metrics_url=broker.metrics_url,

@@ -26,7 +26,7 @@ DEFAULTS: dict[str, dict[str, float | None]] = {"sim": {"warmup": MstSettings.wa
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--app", default="linear",
-                   help=f"simulated app ({', '.join(APPS)}); live: sleepy, sleepy-chain, sleepy:MS or an app YAML")
+                   help=f"simulated app ({', '.join(APPS)}); live: sleepy, sleepy-chain, sleepy:MS, images (the demo) or an app YAML")
     p.add_argument("--testbed", default="sim", choices=("sim", "live"),
                    help="sim: the simulated testbed; live: a worker and broker (--admin-url, --service-url, --metrics-url)")
     p.add_argument("--seed", type=int, default=0)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from pulsar_autoscale import image_app
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.broker import metrics as broker_metrics
 from pulsar_autoscale.errors import ConfigError
@@ -108,11 +109,24 @@ def sleepy_app(service_ms: float = 20.0, stages: int = 1, tag: str | None = None
     return LiveApp(f"sleepy-{service_ms:g}ms" + (f"-x{stages}" if stages > 1 else ""), topics[0], topics[-1], fns)
 
 
-BUILTIN = {"sleepy": lambda: sleepy_app(20.0), "sleepy-chain": lambda: sleepy_app(20.0, stages=2)}
+def images_app(tag: str | None = None) -> LiveApp:
+    """The demo's image application (pulsar_autoscale/image_app.py), its topics tagged; latency is measured on the
+    longer path (images -> resize-recognize -> recognize)."""
+    tag = tag or uuid.uuid4().hex[:6]
+
+    def topic(name: str) -> str:
+        return f"persistent://{image_app.NS}/plan-{tag}-{name}"
+    fns = tuple(LiveFunction({**s.config(topic), "instanceRuntime": "thread"}) for s in image_app.STAGES)
+    return LiveApp("images", topic(image_app.SOURCE), topic(image_app.LABELS), fns)
+
+
+BUILTIN = {"sleepy": lambda: sleepy_app(20.0), "sleepy-chain": lambda: sleepy_app(20.0, stages=2),
+           "images": images_app}
 
 
 def load_live_app(spec: str) -> LiveApp:
-    """A built-in demo app (sleepy, sleepy-chain, or sleepy:MS for another service time) or a YAML file:
+    """A built-in demo app (sleepy, sleepy-chain, sleepy:MS for another service time, or images: the demo's) or a
+    YAML file:
 
         name: my-app
         source: persistent://public/default/in

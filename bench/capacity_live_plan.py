@@ -1,0 +1,86 @@
+"""A whole capacity plan made live, then checked live: the demo's image application (resize-store,
+resize-recognize, recognize) on the embedded broker and one worker of this machine. `plan make --testbed live`'s
+code (profile each function, measure MST at small budgets, fit, plan for the target rate), then the planned
+deployment is run at 100% of the target for --sustain-s (it must keep up: processed >= 99% of injected, no
+backlog growing, p99 under --slo-p99) and at 115% (it must fall behind: the plan is not padded beyond its
+headroom). Prints JSON and writes it to --out.
+
+A throughput measurement on a shared machine is a benchmark, not a test: run it on a quiet machine.
+
+    python3 bench/capacity_live_plan.py --target-rate 40 [--sustain-s 600] [--out bench/results/capacity_live_plan.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from pulsar_autoscale.broker.embedded import EmbeddedBroker
+from pulsar_autoscale.functions.api.server import WorkerServer
+from pulsar_autoscale.planning.livebed import LiveTestbed, images_app
+from pulsar_autoscale.planning.mst import MstSettings, judge
+from pulsar_autoscale.planning.plan import Cluster, build_model, default_budgets, plan_for_rate
+from pulsar_autoscale.planning.profile import profile_app
+from pulsar_autoscale.planning.sustain import OVERLOAD
+from pulsar_autoscale.planning.testbed import Phases, TestConfig
+
+
+def _run_json(run, verdict: tuple[bool, str]) -> dict:
+    return {"target_rate": run.target_rate, "injected_rate": round(run.injected_rate, 2),
+            "processed_rate": round(run.processed_rate, 2), "p99_s": run.p99_s, "observe_s": run.observe_s,
+            "passed": verdict[0], "reason": verdict[1]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target-rate", type=float, default=40.0, help="source images/s to plan for")
+    ap.add_argument("--max-parallelism", type=int, default=4, help="profile each function up to this")
+    ap.add_argument("--largest-budget", type=int, default=12, help="largest budget (instances) measured")
+    ap.add_argument("--max-rate", type=float, default=200.0, help="the warm-up's rate (above any capacity)")
+    ap.add_argument("--slo-p99", type=float, default=5.0, help="p99 (s) the sustained run must stay under")
+    ap.add_argument("--sustain-s", type=float, default=600.0, help="each check's observation (100%% and 115%%)")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    args = ap.parse_args()
+    settings = MstSettings(warmup_s=10.0, phases=Phases(cooldown_s=3.0, ramp_s=5.0, observe_s=15.0), step=0.02,
+                           bracket=0.1)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(data_dir=str(Path(tmp, "broker"))) as broker, \
+            WorkerServer(broker.service_url, data_dir=str(Path(tmp, "worker")), metrics_url=broker.metrics_url) as w:
+        tb = LiveTestbed(images_app(), w.url, broker.service_url, broker.metrics_url, max_rate=args.max_rate)
+        try:
+            profile = profile_app(tb, args.max_parallelism, settings)
+            print(f"profiled in {time.perf_counter() - started:.0f} s ({profile.runs} runs)", flush=True)
+            model = build_model(tb, profile, default_budgets(len(tb.functions()), args.largest_budget), settings)
+            plan = plan_for_rate(model, args.target_rate, 0.10, Cluster(), started)
+            planning_s = time.perf_counter() - started
+            print(f"planned in {planning_s:.0f} s: {plan.parallelism}, predicted MST {plan.predicted_mst:.1f}/s "
+                  f"{'(refused: ' + plan.refused + ')' if plan.refused else ''}", flush=True)
+            checks = {}
+            if not plan.refused:
+                cfg = TestConfig(dict(plan.parallelism))
+                phases = Phases(cooldown_s=5.0, ramp_s=30.0, observe_s=args.sustain_s)
+                slo = MstSettings(slo_p99_s=args.slo_p99, phases=phases)
+                for label, rate in (("100%", args.target_rate), (f"{OVERLOAD:.0%}", args.target_rate * OVERLOAD)):
+                    run = tb.run(rate, cfg, phases)
+                    checks[label] = _run_json(run, judge(run, slo))
+                    print(f"{label} of the target: {checks[label]}", flush=True)
+        finally:
+            tb.close()
+    out = {"app": "images", "target_rate": args.target_rate, "plan": plan.to_json(),
+           "measured_points": [{"budget": p.budget, "mst": round(p.measured.mst, 2), "runs": p.measured.runs,
+                                "testbed_s": round(p.measured.testbed_s, 1)} for p in model.points],
+           "profile_runs": profile.runs, "planning_wall_s": round(planning_s, 1), "checks": checks,
+           "sustained": bool(checks) and checks["100%"]["passed"],
+           "overload_failed": bool(checks) and not checks[f"{OVERLOAD:.0%}"]["passed"],
+           "total_wall_s": round(time.perf_counter() - started, 1)}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
