@@ -4,7 +4,7 @@ One broker; for each cluster size a fresh cluster of worker processes (`worker -
 a Spin function (5 ms of CPU per message) with `--per-worker` process instances per worker,
 `--messages` produced at once when its instances run, then the time until every message has an output.
 The 1-worker cluster is the baseline of the same run. Prints one JSON object.
-Usage: python bench/cluster_scale.py [--workers 1,2,3] [--messages 3000] [--per-worker 1]
+Usage: python bench/cluster_scale.py [--workers 1,2,3] [--messages 3000] [--per-worker 1] [--broker lite|apache|both]
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import pulsar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from bench.brokers import add_broker_option, per_broker  # noqa: E402
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
-from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
 
 
-def run_one(broker: EmbeddedBroker, workers: int, messages: int, per_worker: int, work_ms: float) -> dict:
+def run_one(broker, workers: int, messages: int, per_worker: int, work_ms: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="cluster-bench-") as d, \
             WorkerCluster(broker.service_url, broker.metrics_url, Path(d), n=workers, runtime="process") as c:
         admin = FunctionsAdmin([w.url for w in c.live()])
@@ -70,16 +70,19 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=3000)
     ap.add_argument("--per-worker", type=int, default=1, help="process instances per worker (default 1)")
     ap.add_argument("--work-ms", type=float, default=5.0, help="CPU per message (default 5 ms)")
+    add_broker_option(ap)
     args = ap.parse_args()
     sizes = [int(x) for x in args.workers.split(",")]
-    with EmbeddedBroker() as broker:
+
+    def measure(broker) -> dict:
         runs = [run_one(broker, n, args.messages, args.per_worker, args.work_ms) for n in sizes]
-    base = runs[0]["throughput_msg_s"]
-    for r in runs:
-        r["speedup_vs_1_worker"] = round(r["throughput_msg_s"] / base, 2)
-        r["efficiency"] = round(r["speedup_vs_1_worker"] / (r["workers"] / runs[0]["workers"]), 2)
+        base = runs[0]["throughput_msg_s"]
+        for r in runs:
+            r["speedup_vs_1_worker"] = round(r["throughput_msg_s"] / base, 2)
+            r["efficiency"] = round(r["speedup_vs_1_worker"] / (r["workers"] / runs[0]["workers"]), 2)
+        return {"runs": runs}
     print(json.dumps({"bench": "cluster_scale", "cpu_cores": os.cpu_count(), "work_ms": args.work_ms,
-                      "per_worker": args.per_worker, "runs": runs}, indent=1))
+                      "per_worker": args.per_worker, **per_broker(args.broker, measure)}, indent=1))
     return 0
 
 

@@ -37,7 +37,6 @@ from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
-from tests.system.keyed.test_cluster import _spread  # noqa: E402
 
 SETUPS = [("keyed, 1 worker", 1, True), ("keyed, 3 workers", 3, True),
           ("not keyed, 1 worker", 1, False), ("not keyed, 3 workers", 3, False)]
@@ -58,7 +57,7 @@ def run_one(broker: EmbeddedBroker, label: str, workers: int, keyed: bool, args)
             wait_until(lambda: admin.status("public", "default", name)["numRunning"] == PARALLELISM, 120,
                        "3 instances running")
         else:
-            wait_until(lambda: _spread(cluster, name, PARALLELISM), 120, "3 instances on 3 workers")
+            wait_until(lambda: cluster.spread(name, PARALLELISM), 120, "3 instances on 3 workers")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         outputs = OutputCollector(client, dst)
         producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2,

@@ -36,7 +36,6 @@ from pulsar_autoscale.functions.keyed.protocol import KeyedTopics  # noqa: E402
 from pulsar_autoscale.functions.model.keygroups import key_group  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
 from tests.support.scenario import EXAMPLES, wait_until  # noqa: E402
-from tests.system.keyed.test_cluster import _placement, _spread  # noqa: E402
 
 
 def main() -> None:
@@ -67,7 +66,7 @@ def measure(args, broker) -> dict:
                       "parallelism": 3, "keyedState": True, "subscriptionPosition": "Earliest",
                       "userConfig": {"window_s": 3600, "state_bytes": state_bytes}},
                      str(EXAMPLES / "windowed_count.py"))
-        placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 workers")
+        placed = wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 workers")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         outputs = client.subscribe(dst, "bench", consumer_type=pulsar.ConsumerType.Shared)
         producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
@@ -103,7 +102,7 @@ def measure(args, broker) -> dict:
         killed = time.monotonic()
         cluster.kill(victim)
         placed = wait_until(lambda: (lambda p: p if all(p.get(i) not in (None, victim.worker_id) for i in lost)
-                                     else None)(_placement(cluster, name)), 300, f"instances {lost} on a survivor")
+                                     else None)(cluster.placement(name)), 300, f"instances {lost} on a survivor")
         survivor = placed[args.kill]
         out["instances_running_after_s"] = round(time.monotonic() - killed, 2)
         while True:   # the first output, of a record sent after the kill, from a group the victim owned

@@ -13,7 +13,7 @@ keys' instances carry more load, so their steady p99 is higher whatever the migr
 
     .venv/bin/python bench/state_migration.py [--state-mb 50] [--keys 10000] [--service-ms 4] [--workers 3]
         [--changelog-shards 1] [--cycles 4] [--modes live,restart] [--arrivals FILE [--route-times]]
-        [--no-relay] [--broker-dir DIR] [--rescore FILE]
+        [--no-relay] [--broker-dir DIR] [--broker lite|apache] [--rescore FILE]
 
 A latency is from the record's send to its output's receipt, both taken to the microsecond by the load process
 (the output carries its record's event time in whole ms only, and 1 ms is 5-7% of the unaffected keys' p99).
@@ -332,17 +332,22 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
     from pulsar_autoscale.functions.keyed.cluster import read_assignment
     from pulsar_autoscale.functions.keyed.protocol import KeyedTopics
     from pulsar_autoscale.functions.model.keygroups import moves
-    sys.path.insert(0, str(ROOT / "tests"))
-    from cluster.harness import WorkerCluster
-    from state_migration.test_cluster import _placement, _spread
+    sys.path.insert(0, str(ROOT))
+    from tests.support.cluster_harness import WorkerCluster
 
     out["worker"] = f"{args.workers} worker processes (a cluster), thread instances spread over them"
     out["relay"] = not args.no_relay
     changes: list[dict] = []
     data: dict = {"sent": 0, "arrivals": []}
     lines: list[str] = []
-    with EmbeddedBroker(data_dir=_broker_dir(args, tmp), log_level="warn", relay=not args.no_relay) as broker, \
-            WorkerCluster(broker.service_url, broker.metrics_url, Path(tmp), n=args.workers) as cluster:
+    if args.broker == "apache":
+        from bench.brokers import open_broker
+        opened = open_broker("apache")
+        out["relay"] = False
+    else:
+        opened = EmbeddedBroker(data_dir=_broker_dir(args, tmp), log_level="warn", relay=not args.no_relay)
+    out["broker"] = args.broker
+    with opened as broker, WorkerCluster(broker.service_url, broker.metrics_url, Path(tmp), n=args.workers) as cluster:
         admin = FunctionsAdmin([w.url for w in cluster.live()])
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         for mode in args.modes:
@@ -366,7 +371,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                           "customRuntimeOptions": json.dumps({"keyedMigration": migration}),
                           "userConfig": _userconfig(args, state_bytes), **_shards(args)},
                          str(EXAMPLES / "windowed_count.py"))
-            _wait(lambda: _spread(cluster, name, 2), 90, "2 instances on 2 workers")
+            _wait(lambda: cluster.spread(name, 2), 90, "2 instances on 2 workers")
             capacity = preload_counting_outputs(client, broker.service_url, src, dst, keys)
             out.setdefault("capacity_2_instances_per_s", round(capacity, 1))
             out.setdefault("capacity_by_mode", {})[mode] = round(capacity, 1)
@@ -404,7 +409,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                                 "t_done": t_done, "moved_groups": report["movedGroups"],
                                 "subscales": report["subscales"], "duration_s": report["seconds"],
                                 "pre_copy_s": report.get("preCopySeconds"), "pre_copy_rounds": report.get("preCopyRounds"),
-                                "placement": _placement(cluster, name), "moving": sorted({m.group for m in moves(before, after)})})
+                                "placement": cluster.placement(name), "moving": sorted({m.group for m in moves(before, after)})})
             time.sleep(args.steady_s)
             result = load.finish()
             data["sent"] += result["sent"]
@@ -449,6 +454,9 @@ def main() -> None:
     ap.add_argument("--no-relay", action="store_true",
                     help="clients reach pulsar-lite directly, not through the relay that fences B10 (docs/dev/pulsar-lite-defects.md): "
                          "to measure what the relay's hop costs; nothing here kills a client")
+    ap.add_argument("--broker", choices=("lite", "apache"), default="lite",
+                    help="with --workers > 1: the embedded pulsar-lite (default) or an Apache Pulsar standalone "
+                         "(docs/apache-pulsar.md; --no-relay and --broker-dir are pulsar-lite's)")
     ap.add_argument("--broker-dir", metavar="DIR",
                     help="keep the broker's data in a new directory under DIR (default: beside the workers' stores, "
                          "in the run's temporary directory): to tell the broker's disk waits from the workers'")
@@ -465,6 +473,8 @@ def main() -> None:
                     help="run nothing: score the changes and outputs an earlier run wrote with --arrivals "
                          "(give the same --groups, --steady-s and --cycles)")
     args = ap.parse_args()
+    if args.broker == "apache" and args.workers == 1:
+        ap.error("--broker apache: with --workers > 1 (one worker in this process runs on pulsar-lite)")
     default = MODES if args.workers > 1 else MODES[:2]
     args.modes = [m.strip() for m in args.modes.split(",")] if args.modes else list(default)
     if set(args.modes) - set(default) or "live" not in args.modes:

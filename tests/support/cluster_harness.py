@@ -111,6 +111,25 @@ class WorkerCluster:
     def live(self) -> list[WorkerProc]:
         return [w for w in self.workers if w.alive()]
 
+    def placement(self, name: str) -> dict[int, str]:
+        """instance id -> worker id of every running instance of public/default/`name`, as each live worker
+        reports its own (surplus instances of a scale-in included)."""
+        out: dict[int, str] = {}
+        for w in self.live():
+            try:
+                resp = requests.get(f"{w.url}/admin/v3/functions/public/default/{name}/status",
+                                    params={"scope": "local"}, timeout=3, verify=self.ca or True)
+            except requests.RequestException:
+                continue
+            if resp.status_code == 200:
+                out.update({int(i): w.worker_id for i, s in resp.json().items() if s["status"]["running"]})
+        return out
+
+    def spread(self, name: str, n: int) -> dict[int, str] | None:
+        """The placement once instances 0..n-1 run on n different workers, else None."""
+        placed = self.placement(name)
+        return placed if sorted(placed) == list(range(n)) and len(set(placed.values())) == n else None
+
     def by_id(self, worker_id: str) -> WorkerProc:
         return next(w for w in self.workers if w.worker_id == worker_id)
 

@@ -22,32 +22,12 @@ KEYS, RECORDS, RATE = 30, 3000, 100.0
 FQFN = "public/default/{}"
 
 
-def _placement(cluster: WorkerCluster, name: str) -> dict[int, str]:
-    """instance id -> worker id of every running instance, as each live worker reports its own (surplus
-    instances of a scale-in included)."""
-    out: dict[int, str] = {}
-    for w in cluster.live():
-        try:
-            resp = requests.get(f"{w.url}/admin/v3/functions/{FQFN.format(name)}/status", params={"scope": "local"},
-                                timeout=3)
-        except requests.RequestException:
-            continue
-        if resp.status_code == 200:
-            out.update({int(i): w.worker_id for i, s in resp.json().items() if s["status"]["running"]})
-    return out
-
-
-def _spread(cluster: WorkerCluster, name: str, n: int) -> dict[int, str] | None:
-    placed = _placement(cluster, name)
-    return placed if sorted(placed) == list(range(n)) and len(set(placed.values())) == n else None
-
-
 def _counts(cluster: WorkerCluster, name: str) -> dict[str, int]:
     return key_counts(cluster, name, KEYS)
 
 
 def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str) -> dict[int, str] | None:
-    placed = _placement(cluster, name)
+    placed = cluster.placement(name)
     return placed if all(placed.get(i) not in (None, victim) for i in ids) else None
 
 
@@ -56,7 +36,7 @@ def _create(cluster: WorkerCluster, url: str, name: str, src: str) -> dict[int, 
         {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
          "inputs": [src], "parallelism": 3, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
          "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
-    return wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 different workers")
+    return wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 different workers")
 
 
 def _assert_exact(cluster: WorkerCluster, name: str) -> None:
@@ -78,8 +58,8 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
             time.sleep(2)
             FunctionsAdmin(a.url).set_parallelism("public", "default", name, 2)
             t0 = time.monotonic()
-            wait_until(lambda: sorted(_placement(cluster, name)) == [0, 1], 60,
-                       lambda: f"instance 2 drained once its groups left: {_placement(cluster, name)}")
+            wait_until(lambda: sorted(cluster.placement(name)) == [0, 1], 60,
+                       lambda: f"instance 2 drained once its groups left: {cluster.placement(name)}")
             timings["scale 3->2 (instance 2 drained)"] = time.monotonic() - t0
             front_view = lambda: FunctionsAdmin(b.url).status("public", "default", name).get("autoscale")  # noqa: E731
             wait_until(lambda: (front_view() or {}).get("keyedState", {}).get("groupsPerInstance") == {"0": 64, "1": 64},
@@ -87,7 +67,7 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
             assert front_view()["keyedState"]["lastMigration"]["movedGroups"] == 42
             FunctionsAdmin(b.url).set_parallelism("public", "default", name, 3)
             t0 = time.monotonic()
-            placed = wait_until(lambda: _spread(cluster, name, 3), 60, "3 instances on 3 workers again")
+            placed = wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 workers again")
             timings["scale 2->3 (instance 2 running)"] = time.monotonic() - t0
             time.sleep(2)
             victim = next(w for w in cluster.live() if w.worker_id != placed[0])   # not the front
@@ -169,7 +149,7 @@ def _create_paced(cluster: WorkerCluster, name: str, src: str, parallelism: int)
          "subscriptionPosition": "Earliest",
          "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'},
         str(EXAMPLES / "keyed_count.py"))
-    return wait_until(lambda: _spread(cluster, name, parallelism), 60,
+    return wait_until(lambda: cluster.spread(name, parallelism), 60,
                       f"{parallelism} instances on {parallelism} different workers")
 
 
@@ -213,12 +193,12 @@ def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 3)
             view = wait_until(lambda: _mid_migration(cluster, name, "2", 3), 60,
                               lambda: f"a 2 -> 3 under way with groups on instance 2: {_keyed_view(cluster, name)}")
-            placed = wait_until(lambda: _spread(cluster, name, 3), 30, "instance 2 on the third worker")
+            placed = wait_until(lambda: cluster.spread(name, 3), 30, "instance 2 on the third worker")
             assert view["migrating"] and placed[2] != placed[0]
             cluster.kill(cluster.by_id(placed[0]))   # the front's worker
             _finished(cluster, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished under a new front")
             _scale_in_to_2_under_way(cluster, name)
-            cluster.kill(cluster.by_id(_placement(cluster, name)[2]))   # the surplus instance's worker
+            cluster.kill(cluster.by_id(cluster.placement(name)[2]))   # the surplus instance's worker
             _finished(cluster, name, {"0": 64, "1": 64}, "the 3 -> 2 finished without instance 2's worker")
             assert producer.wait(90) == 0
         _assert_exact(cluster, name)

@@ -18,7 +18,7 @@ from pulsar_autoscale.functions.model.keygroups import key_group
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.conformance import metric, scrape
 from tests.support.scenario import EXAMPLES, keyed_settled, wait_until
-from tests.system.keyed.test_cluster import KEYS, RECORDS, _load, _placement
+from tests.system.keyed.test_cluster import KEYS, RECORDS, _load
 from tests.system.keyed.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
@@ -346,7 +346,7 @@ def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client
         admin = FunctionsAdmin(cluster.live()[1].url)
         _create(admin, name, src, parallelism=2)
         send_and_count(10)
-        placed = _placement(cluster, name)
+        placed = cluster.placement(name)
         logged = {w.worker_id: w.log_path.stat().st_size for w in cluster.live()}
         admin.action("public", "default", name, "stop")
         _wait_running(admin, name, set(), "every instance stopped")
@@ -358,7 +358,7 @@ def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client
         admin.action("public", "default", name, "start")
         _wait_running(admin, name, {0, 1}, "every instance started again")
         send_and_count(20)   # counts stay exact through the stop: the snapshots hold what was counted before
-        again = _placement(cluster, name)
+        again = cluster.placement(name)
         since = {w.worker_id: w.log_path.read_bytes()[logged[w.worker_id]:].decode() for w in cluster.live()}
         restores = {(wid, int(m[1])): tuple(map(int, m.groups()[1:]))
                     for wid, text in since.items() for line in text.splitlines()

@@ -14,7 +14,7 @@ from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.functions.model.keygroups import key_group
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.scenario import EXAMPLES, wait_until
-from tests.system.keyed.test_cluster import _counts, _create_paced, _spread
+from tests.system.keyed.test_cluster import _counts, _create_paced
 from tests.system.keyed.test_recreate import KEYS, _send
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_a_state_key_written_in_another_keys_group_is_found_on_every_worker(brok
         FunctionsAdmin(cluster.live()[0].url).create(
             {"tenant": "public", "namespace": "default", "name": name, "className": "poison.Poison", "inputs": [src],
              "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest"}, str(EXAMPLES / "poison.py"))
-        wait_until(lambda: _spread(cluster, name, 2), 60, "2 instances on 2 different workers")
+        wait_until(lambda: cluster.spread(name, 2), 60, "2 instances on 2 different workers")
         state_key = "deliveries:hello"
         # instance 0 owns groups 0-63, instance 1 64-127: the message key's group on the other instance
         other_half = key_group(state_key, 128) < 64

@@ -17,7 +17,7 @@ import pytest
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster, key_counts
 from tests.support.scenario import keyed_settled, start_keyed_load, wait_until
-from tests.system.keyed.test_cluster import _create_paced, _keyed_view, _mid_migration, _placement
+from tests.system.keyed.test_cluster import _create_paced, _keyed_view, _mid_migration
 
 pytestmark = pytest.mark.slow
 KEYS, PER_KEY, RATE = 40, 50, 100.0
@@ -42,7 +42,7 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 4)
             wait_until(lambda: _mid_migration(cluster, name, "2", 2), 60,
                        lambda: f"a 2 -> 4 under way with groups on instance 2: {_keyed_view(cluster, name)}")
-            front = cluster.by_id(_placement(cluster, name)[0])
+            front = cluster.by_id(cluster.placement(name)[0])
             cluster.kill(front)
             survivor = cluster.live()[0]
             if scaled == "while-down":

@@ -12,7 +12,6 @@ import pytest
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.scenario import EXAMPLES, wait_until
-from tests.system.keyed.test_cluster import _placement
 from tests.system.keyed.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
@@ -80,11 +79,11 @@ def _deleted_while_its_worker_was_down(cluster: WorkerCluster, client, name: str
     the deleted function)."""
     admin = FunctionsAdmin(cluster.workers[0].url)
     _create(admin, name, src, parallelism=2)
-    wait_until(lambda: len(set(_placement(cluster, name).values())) == 2, 60,
-               lambda: f"one instance per worker: {_placement(cluster, name)}")
+    wait_until(lambda: len(set(cluster.placement(name).values())) == 2, 60,
+               lambda: f"one instance per worker: {cluster.placement(name)}")
     _send(client, src, 4)
     _expect(admin, name, 4, "the first function")
-    crashed = cluster.by_id(_placement(cluster, name)[1])
+    crashed = cluster.by_id(cluster.placement(name)[1])
     files = cluster.base_dir / crashed.worker_id / "functions" / "public" / "default" / name
     assert any(files.rglob("*.sqlite*")), f"no state files of {name} under {files}"
     admin = FunctionsAdmin(next(w for w in cluster.workers if w is not crashed).url)
@@ -104,8 +103,8 @@ def test_a_worker_back_from_a_crash_holds_no_state_of_a_function_deleted_meanwhi
         first, second = (f"persistent://public/default/{name}-in-{n}" for n in (1, 2))
         admin, back, _ = _deleted_while_its_worker_was_down(cluster, client, name, first)
         _create(admin, name, second, parallelism=2)
-        wait_until(lambda: _placement(cluster, name).get(1) == back.worker_id, 60,
-                   lambda: f"instance 1 on the worker back from the crash: {_placement(cluster, name)}")
+        wait_until(lambda: cluster.placement(name).get(1) == back.worker_id, 60,
+                   lambda: f"instance 1 on the worker back from the crash: {cluster.placement(name)}")
         _send(client, second, 1)
         _expect(admin, name, 1, "the function created again, instance 1 on the worker back from the crash")
 
