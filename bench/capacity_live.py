@@ -10,10 +10,11 @@ A throughput measurement on a shared machine is a benchmark, not a test: run it 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
+
+from report import emit  # bench/report.py (bench/ is the script's directory)
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer
@@ -47,11 +48,7 @@ def main() -> None:
                                 "trace": [[round(s.rate, 1), s.passed, s.reason] for s in res.steps]})
         finally:
             tb.close()
-    out = {"service_ms": args.service_ms, "results": results}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit({"service_ms": args.service_ms, "results": results}, args.out)
 
 
 if __name__ == "__main__":

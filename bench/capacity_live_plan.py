@@ -13,10 +13,11 @@ A throughput measurement on a shared machine is a benchmark, not a test: run it 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
+
+from report import emit  # bench/report.py (bench/ is the script's directory)
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer
@@ -76,10 +77,7 @@ def main() -> None:
            "sustained": bool(checks) and checks["100%"]["passed"],
            "overload_failed": bool(checks) and not checks[f"{OVERLOAD:.0%}"]["passed"],
            "total_wall_s": round(time.perf_counter() - started, 1)}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

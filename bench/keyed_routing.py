@@ -30,7 +30,6 @@ Results and what they mean: docs/apache-pulsar.md, "Keyed routing: the front aga
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench.proc_cpu import cpu_by_pid  # noqa: E402
+from bench.report import emit  # noqa: E402
 from pulsar_autoscale.broker.lite.incarnation import incarnation_client  # noqa: E402
 from pulsar_autoscale.broker.profile import LITE  # noqa: E402
 from pulsar_autoscale.functions.keyed.protocol import ORIGINAL_ID, ORIGINAL_PUBLISH, ORIGINAL_TOPIC  # noqa: E402
@@ -446,10 +446,7 @@ def main() -> int:
               "summary": summary, "ratios_over_key_shared": ratios, "runs": runs,
               "discarded_warmup_runs": [{k: r[k] for k in ("setup", "throughput_msg_s", "cpu_ms_per_record", "check")}
                                         for r in discarded], "lite_key_shared": lite}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out, indent=1)
     return 0
 
 
