@@ -6,8 +6,8 @@ short name plus a namespace label; both are normalised to the full name here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Collection
+from dataclasses import dataclass, field, replace
+from typing import Collection, Mapping
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,20 +22,34 @@ class BrokerMetrics:
     backlog: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> entries
     messages_per_entry: float = 1.0   # broker-wide: backlogs count entries (batches), not messages
     unacked: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> messages
-    entries: dict[str, float] = field(default_factory=dict)                  # topic -> cumulative entries in
+    batching: dict[str, float] = field(default_factory=dict)                 # topic -> its own messages per entry
 
     def backlog_messages(self, topic: str, subscription: str) -> float | None:
         entries = self.backlog.get((topic, subscription))
         return None if entries is None else entries * self.topic_messages_per_entry(topic)
 
     def topic_messages_per_entry(self, topic: str) -> float:
-        """The topic's own batching (messages in / entries in, both counted since the topic was loaded), so that
-        an unbatched input beside batched topics is not read as batched; the broker-wide figure where the broker
-        counts entries only broker-wide (pulsar-lite B17)."""
-        entries, messages = self.entries.get(topic, 0.0), self.in_messages.get(topic, 0.0)
-        if entries > 0 and messages > 0:
-            return max(messages / entries, 1.0)
-        return self.messages_per_entry
+        """The topic's own batching where the broker tells it (Apache Pulsar), so that an unbatched input beside
+        batched topics is not read as batched; the broker-wide figure where the broker counts entries only
+        broker-wide (pulsar-lite B17)."""
+        return self.batching.get(topic, self.messages_per_entry)
+
+    def remembering(self, known: Mapping[str, float], topics: Collection[str]) -> "BrokerMetrics":
+        """These figures, with the batching of `topics` that this scrape does not tell taken from `known` (an
+        earlier scrape's): an idle topic's backlog keeps the batching it was written with."""
+        return replace(self, batching={t: v for t, v in {**known, **self.batching}.items() if t in topics})
+
+
+def topic_batching(entry_count: float, entry_bytes: float, messages: float, message_bytes: float) -> float | None:
+    """A topic's messages per entry from Apache Pulsar's figures: its entries' mean size (pulsar_entry_size_sum /
+    _count) over its messages' mean size (pulsar_in_bytes_total / pulsar_in_messages_total); None when one is
+    unknown. Sizes, not counts: the entry figures cover the last managed-ledger stats period only (60 s by default;
+    an idle topic's are 0), the message counters everything since the topic was loaded, so their counts cannot be
+    divided (a topic that had 600 messages and 10 entries in the last period read as 60 messages per entry),
+    while mean sizes stay comparable as long as the producers' batching and message sizes do."""
+    if min(entry_count, entry_bytes, messages, message_bytes) <= 0:
+        return None
+    return max((entry_bytes / entry_count) / (message_bytes / messages), 1.0)
 
 
 def _topic(labels: dict) -> str:
@@ -45,8 +59,8 @@ def _topic(labels: dict) -> str:
     return f"persistent://{labels.get('namespace', 'public/default')}/{topic}"
 
 
-PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_subscription_back_log{", "pulsar_subscription_unacked_messages{",
-             "pulsar_entry_size_count{")
+PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_in_bytes_total{", "pulsar_subscription_back_log{",
+             "pulsar_subscription_unacked_messages{", "pulsar_entry_size_count{", "pulsar_entry_size_sum{")
 BROKER_WIDE = ("pulsar_broker_in_messages_total", "pulsar_entry_size_count ")
 
 
@@ -68,7 +82,7 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
     in_messages: dict[str, float] = {}
     backlog: dict[tuple[str, str], float] = {}
     unacked: dict[tuple[str, str], float] = {}
-    entries: dict[str, float] = {}
+    per_topic: dict[str, dict[str, float]] = {}   # topic -> entry count, entry bytes, message bytes
     totals = {"messages": 0.0, "entries": 0.0}
     for family in text_string_to_metric_families(text if topics is None else relevant(text, topics)):
         for sample in family.samples:
@@ -84,18 +98,25 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
                 unacked[key] = unacked.get(key, 0.0) + sample.value
             elif name == "pulsar_broker_in_messages_total":
                 totals["messages"] = sample.value
-            elif name == "pulsar_entry_size_count" and "topic" in labels:
-                t = _topic(labels)
-                entries[t] = entries.get(t, 0.0) + sample.value
+            elif name in ("pulsar_entry_size_count", "pulsar_entry_size_sum", "pulsar_in_bytes_total") \
+                    and "topic" in labels:
+                figures = per_topic.setdefault(_topic(labels), {})
+                figures[name] = figures.get(name, 0.0) + sample.value
             elif name == "pulsar_entry_size_count":
                 totals["entries"] += sample.value
     ratio = totals["messages"] / totals["entries"] if totals["entries"] > 0 and totals["messages"] > 0 else 1.0
+    batching = {}
+    for t, f in per_topic.items():
+        mpe = topic_batching(f.get("pulsar_entry_size_count", 0.0), f.get("pulsar_entry_size_sum", 0.0),
+                             in_messages.get(t, 0.0), f.get("pulsar_in_bytes_total", 0.0))
+        if mpe is not None:
+            batching[t] = mpe
     if topics is not None:   # relevant() kept a superset (names sharing a prefix)
         in_messages = {t: v for t, v in in_messages.items() if t in topics}
         backlog = {k: v for k, v in backlog.items() if k[0] in topics}
         unacked = {k: v for k, v in unacked.items() if k[0] in topics}
-        entries = {t: v for t, v in entries.items() if t in topics}
-    return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0), unacked, entries)
+        batching = {t: v for t, v in batching.items() if t in topics}
+    return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0), unacked, batching)
 
 
 def fetch(metrics_url: str, now: float, timeout_s: float = 5.0, topics: Collection[str] | None = None

@@ -77,6 +77,7 @@ class Monitor:
     namespaces: tuple[str, ...] = ("public/default",)
     window_s: float = 30.0
     _history: dict[str, deque] = field(default_factory=dict)
+    _batching: dict[str, float] = field(default_factory=dict)   # each input's last known messages per entry
 
     def observe(self, now: float) -> Observation:
         errors: list[str] = []
@@ -115,13 +116,18 @@ class Monitor:
         return infos
 
     def _broker(self, now: float, errors: list[str], topics: set[str]) -> BrokerMetrics | None:
+        """The broker's figures, each input's batching as last known: Apache Pulsar reports a topic's entries
+        for the last stats period only, so an idle topic's backlog keeps the batching it had when it was written."""
         if not self.metrics_url:
             return None
         try:
-            return fetch_broker_metrics(self.metrics_url, now, topics=topics)
+            broker = fetch_broker_metrics(self.metrics_url, now, topics=topics)
         except PulsarAutoscaleError as exc:
             errors.append(str(exc))
             return None
+        broker = broker.remembering(self._batching, topics)
+        self._batching = broker.batching
+        return broker
 
     def _function(self, info: FunctionInfo, broker: BrokerMetrics | None, now: float,
                   errors: list[str]) -> FunctionSnapshot:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pulsar
 import pytest
 
+from pulsar_autoscale.broker.metrics import fetch
 from tests.support.conformance import client, drain, metric, produce, scrape, wait_for
 
 REFRESH_S = 15  # three refresh periods
@@ -75,23 +76,28 @@ def test_an_unsubscribed_subscription_leaves_the_metrics(broker, topic):
 
 @pytest.mark.lite_defect(reason="pulsar-lite B17 (docs/dev/pulsar-lite-defects.md): entries are counted broker-wide only "
                    "(pulsar_entry_size_count has no topic label), so a topic's own batching is unknown")
-def test_entries_are_counted_per_topic(broker, topic):
-    """What turns one topic's backlog (entries) into messages: its own messages in / entries in. With one
-    broker-wide ratio, an unbatched topic beside a batched one reads as batched (its backlog multiplied)."""
-    n = 200
+def test_each_topic_tells_its_own_batching(broker, topic):
+    """What turns one topic's backlog (entries) into messages: its own messages per entry, from its entries' and
+    its messages' mean sizes (the entry figures cover the last stats period only). With one broker-wide ratio, an
+    unbatched topic beside a batched one reads as batched (its backlog multiplied)."""
+    n, plain = 200, f"{topic}-plain"
     with client(broker.service_url) as c:
-        c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1).close()
+        for t in (topic, plain):
+            c.subscribe(t, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1).close()
         produce(c, topic, n, batching=True)
+        produce(c, plain, n // 4)
 
-        def per_topic_entries():
+        def both_known():
             samples = scrape(broker.metrics_url)
-            entries = metric(samples, "pulsar_entry_size_count", topic)
-            messages = metric(samples, "pulsar_in_messages_total", topic)
             broker_wide = [v for (name, labels), v in samples.items()
                            if name == "pulsar_entry_size_count" and not dict(labels).get("topic")]
-            assert entries is not None or not broker_wide or messages != n, \
+            assert metric(samples, "pulsar_entry_size_count", topic) is not None or not broker_wide, \
                 f"entries counted broker-wide only ({broker_wide[0]:.0f}), none for {topic}"
-            return entries if messages == n and entries else None
-        entries = wait_for(per_topic_entries, ENTRY_REFRESH_S, f"pulsar_entry_size_count of {topic} after {n} messages",
-                           interval_s=0.5)
+            known = fetch(broker.metrics_url, 0.0, topics={topic, plain}).batching
+            entries = metric(samples, "pulsar_entry_size_count", topic)
+            return (known, entries) if topic in known and plain in known and entries else None
+        known, entries = wait_for(both_known, ENTRY_REFRESH_S, f"the batching of {topic} and {plain} after {n} and "
+                                  f"{n // 4} messages", interval_s=0.5)
     assert entries < n, f"{entries} entries for {n} batched messages"
+    assert abs(known[topic] - n / entries) <= 0.05 * n / entries, (known, n / entries)
+    assert abs(known[plain] - 1.0) <= 0.05, known

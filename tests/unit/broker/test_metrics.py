@@ -33,22 +33,42 @@ def test_lite_labels_and_batch_correction():
 
 
 APACHE_BATCHED = """
-pulsar_in_messages_total{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched"} 100
+pulsar_in_messages_total{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched"} 600
+pulsar_in_bytes_total{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched"} 8760
 pulsar_in_messages_total{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain"} 10
+pulsar_in_bytes_total{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain"} 146
 pulsar_subscription_back_log{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched",subscription="s"} 10
 pulsar_subscription_back_log{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain",subscription="s"} 10
+pulsar_subscription_back_log{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/idle",subscription="s"} 10
 pulsar_entry_size_count{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched"} 10
+pulsar_entry_size_sum{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/batched"} 1460
 pulsar_entry_size_count{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain"} 10
+pulsar_entry_size_sum{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/plain"} 146
+pulsar_entry_size_count{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/idle"} 0
+pulsar_entry_size_sum{cluster="standalone",namespace="t/ns",topic="persistent://t/ns/idle"} 0
 """
 
 
 def test_each_topic_backlog_is_scaled_by_its_own_batching():
-    """Apache Pulsar 4.0.8's page for 100 messages sent in batches of 10 and 10 sent unbatched, nothing
-    consumed: each backlog reads 10 entries; in messages they are 100 and 10."""
-    for topics in (None, {"persistent://t/ns/batched", "persistent://t/ns/plain"}):
+    """Apache Pulsar's figures: 600 messages sent in batches of 10 of which the last stats period saw 10 entries
+    (counting 600 / 10 would read 60 per entry), 10 messages sent unbatched, and an idle topic whose entries of
+    the last period are 0: each backlog reads 10 entries; in messages they are 100, 10, and 10 (unknown batching:
+    as entries)."""
+    for topics in (None, {"persistent://t/ns/batched", "persistent://t/ns/plain", "persistent://t/ns/idle"}):
         m = parse(APACHE_BATCHED, now=1.0, topics=topics)
         assert m.backlog_messages("persistent://t/ns/batched", "s") == 100
         assert m.backlog_messages("persistent://t/ns/plain", "s") == 10
+        assert m.backlog_messages("persistent://t/ns/idle", "s") == 10
+
+
+def test_an_idle_topic_keeps_the_batching_it_was_written_with():
+    busy = parse(APACHE_BATCHED, now=1.0)
+    idle = parse(APACHE_BATCHED.replace('batched"} 10\n', 'batched"} 0\n').replace('batched"} 1460', 'batched"} 0'), now=2.0)
+    assert idle.backlog_messages("persistent://t/ns/batched", "s") == 10   # no entries this period: unknown
+    topics = {"persistent://t/ns/batched", "persistent://t/ns/plain"}
+    later = idle.remembering(busy.batching, topics)
+    assert later.backlog_messages("persistent://t/ns/batched", "s") == 100
+    assert set(later.batching) == topics   # only the inputs asked for are kept
 
 
 def test_apache_full_topic_names():
