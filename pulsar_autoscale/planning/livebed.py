@@ -303,22 +303,26 @@ class LiveTestbed:
         self.deploy(config)
         t0 = self._clock()
         half = t0 + seconds / 2
-        readings: list[Reading] = []
+        everything: list[Reading] = []
         paused = False
         while self._clock() < t0 + seconds:
             r = self.read()
             backlog = max((f.backlog for f in r.functions.values()), default=0.0)
             paused = backlog > self.warmup_backlog or (paused and backlog > self.warmup_backlog / 2)
             self._producer.set_rate(0.0 if paused else rate)
-            if r.time >= half:
-                readings.append(r)
+            everything.append(r)
             self._sleep(min(self.sample_s, 0.25))
         self._producer.set_rate(0.0)
-        if len(readings) < 2:
-            readings = [readings[0], self.read()] if readings else [self.read(), self.read()]
+        everything.append(self.read())
+        readings = [r for r in everything if r.time >= half] or everything[-2:]
         res = summarize(rate, readings, [], config.parallelism, 0.0, self._workers(), "warm-up (backlog-capped)")
-        processed = min((fm.processed_rate / max(fm.arrival_rate / max(res.injected_rate, 1e-9), 1e-9)
-                         for fm in res.functions.values() if fm.arrival_rate > 0), default=res.processed_rate)
+        # Each function's processed rate in source messages: over its arrivals per message sent in the whole
+        # warm-up. Not in the second half alone: a slow function keeps the producer paused all of it, and its
+        # arrivals over nothing sent made the start of the search 0 (the bisection then crept up from there).
+        whole = summarize(rate, everything, [], config.parallelism, 0.0)
+        share = {n: fm.arrival_rate / whole.injected_rate for n, fm in whole.functions.items()
+                 if fm.arrival_rate > 0 and whole.injected_rate > 0}
+        processed = min((res.functions[n].processed_rate / s for n, s in share.items()), default=res.processed_rate)
         self._drain(max(30.0, seconds))
         return RunResult(rate, res.injected_rate, processed, None, res.observe_s, self._clock() - t0,
                          res.functions, res.workers, res.note)

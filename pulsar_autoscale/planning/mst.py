@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.planning.testbed import Phases, RunResult, Testbed, TestConfig
 
 
@@ -119,6 +120,9 @@ def measure_mst(testbed: Testbed, config: TestConfig, settings: MstSettings = Ms
     warm = testbed.warmup(warm_rate, config, settings.warmup_s)
     spent += warm.duration_s
     if start_rate is None:
+        if warm.processed_rate <= 0:
+            raise PulsarAutoscaleError(f"the warm-up at {warm_rate:g}/s measured no processing ({warm.note or 'no note'}):"
+                                       " is every function running and reading its input?")
         start_rate = warm.processed_rate
         if settings.start == "ds2":
             start_rate = ds2_estimate(warm) or start_rate
