@@ -284,6 +284,7 @@ class LiveTestbed:
         self._clock, self._sleep = clock, sleep
         self._deployed: dict[str, int] = {}
         self._base: dict[str, float] = {}        # per function: arrived - processed when it was created
+        self._first: Reading | None = None       # the first reading: each function's arrivals per message sent
         self._fns = {f.name: f for f in app.functions}
         self._topics = sorted({t for f in app.functions for t in f.inputs})
         self._sink = SinkLatency(service_url, app.sink)
@@ -316,12 +317,14 @@ class LiveTestbed:
         everything.append(self.read())
         readings = [r for r in everything if r.time >= half] or everything[-2:]
         res = summarize(rate, readings, [], config.parallelism, 0.0, self._workers(), "warm-up (backlog-capped)")
-        # Each function's processed rate in source messages: over its arrivals per message sent in the whole
-        # warm-up. Not in the second half alone: a slow function keeps the producer paused all of it, and its
-        # arrivals over nothing sent made the start of the search 0 (the bisection then crept up from there).
-        whole = summarize(rate, everything, [], config.parallelism, 0.0)
-        share = {n: fm.arrival_rate / whole.injected_rate for n, fm in whole.functions.items()
-                 if fm.arrival_rate > 0 and whole.injected_rate > 0}
+        # Each function's processed rate in source messages: over its arrivals per message sent since this
+        # testbed's first reading. Not over the second half alone: a slow function keeps the producer paused all
+        # of it (or all the warm-up, with a backlog left by the step before), and arrivals over nothing sent made
+        # the start of the search 0.
+        first = self._first or everything[0]
+        sent = everything[-1].sent - first.sent
+        share = {n: (f.arrived - first.functions[n].arrived) / sent for n, f in everything[-1].functions.items()
+                 if sent > 0 and n in first.functions and f.arrived > first.functions[n].arrived}
         processed = min((res.functions[n].processed_rate / s for n, s in share.items()), default=res.processed_rate)
         self._drain(max(30.0, seconds))
         return RunResult(rate, res.injected_rate, processed, None, res.observe_s, self._clock() - t0,
@@ -413,7 +416,10 @@ class LiveTestbed:
             base = self._base.setdefault(name, arrived - processed)
             fns[name] = FnReading(arrived, processed, float(c.get("outputs", 0) or 0), float(c.get("busy_s", 0) or 0),
                                   max(0.0, arrived - processed - base), inst)
-        return Reading(now, float(sent), fns)
+        reading = Reading(now, float(sent), fns)
+        if self._first is None:
+            self._first = reading
+        return reading
 
     def _workers(self) -> int:
         try:

@@ -1,5 +1,5 @@
 """The live testbed's pure parts: the pacer, the measurement from readings, app specs, the search's
-bracketing, and the CLI's checks (no broker: tests/system/test_planning_live.py runs it live)."""
+bracketing, and the CLI's checks (no broker: bench/capacity_live.py measures it live, against the analytic answer)."""
 
 from __future__ import annotations
 
