@@ -57,6 +57,7 @@ ON_APACHE = (
     "system/spark/test_native_reader.py",
     "system/spark/test_ranges.py",
     "system/spark/test_burst.py",
+    "system/keyed/test_cluster.py::test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing",
     "system/spark/test_stateful.py",
 )
 
