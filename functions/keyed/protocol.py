@@ -128,7 +128,7 @@ class RoutedStores:
             self.producer(instance_id).send(b"", properties={OP: ANNOUNCE, EPOCH: str(epoch),
                                                               INSTANCE: str(instance_id)})
 
-    def _ask_all(self, op: str, groups: dict[int, set[int]], epoch: int, timeout_s: float = MARKER_TIMEOUT_S,
+    def ask_all(self, op: str, groups: dict[int, set[int]], epoch: int, timeout_s: float = MARKER_TIMEOUT_S,
                  **extra: str) -> None:
         """A marker to each instance, then wait for every answer: the instances work in parallel."""
         asked: dict[str, tuple[int, set[int]]] = {}
@@ -165,15 +165,6 @@ class RoutedStores:
         failed = [f"instance {asked[n][0]}: {r['error']}" for n, r in replies.items() if r and r.get("error")]
         if failed:
             raise MigrationError(f"{self._topics.name}: the {op} failed on " + "; ".join(failed))
-
-    def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None, epoch: int) -> None:
-        self._ask_all(PREPARE, groups, epoch, PREPARE_TIMEOUT_S, **{DUTY: str(duty), RATE: str(mb_per_s or "")})
-
-    def release_all(self, groups: dict[int, set[int]], epoch: int) -> None:
-        self._ask_all(RELEASE, groups, epoch)
-
-    def open_all(self, groups: dict[int, set[int]], epoch: int) -> None:
-        self._ask_all(OPEN, groups, epoch)
 
     def call_off(self) -> None:
         """The function is deleted: an answer waited for (an instance that will never start) is not awaited."""
@@ -236,10 +227,11 @@ class FrontMarkers:
     epoch: int
 
     def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
-        self.stores.prepare_all(groups, duty, mb_per_s, self.epoch)
+        self.stores.ask_all(PREPARE, groups, self.epoch, PREPARE_TIMEOUT_S,
+                            **{DUTY: str(duty), RATE: str(mb_per_s or "")})
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
-        self.stores.release_all(groups, self.epoch)
+        self.stores.ask_all(RELEASE, groups, self.epoch)
 
     def open_all(self, groups: dict[int, set[int]]) -> None:
-        self.stores.open_all(groups, self.epoch)
+        self.stores.ask_all(OPEN, groups, self.epoch)

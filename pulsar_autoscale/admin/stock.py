@@ -71,9 +71,11 @@ def messages_per_entry(subscription: dict) -> float:
     consumer's avgMessagesPerEntry (a moving average of what it was sent, 0 before its first dispatch): their
     mean over the consumers that have one. 1 (the backlog read as entries) while none has: a function whose
     instances have not received yet, or a subscription without consumers."""
-    seen = [float(c["avgMessagesPerEntry"]) for c in subscription.get("consumers") or ()
-            if isinstance(c, dict) and isinstance(c.get("avgMessagesPerEntry"), (int, float))
-            and not isinstance(c.get("avgMessagesPerEntry"), bool) and c["avgMessagesPerEntry"] >= 1]
+    seen = []
+    for consumer in subscription.get("consumers") or ():
+        value = consumer.get("avgMessagesPerEntry") if isinstance(consumer, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1:
+            seen.append(float(value))
     return sum(seen) / len(seen) if seen else 1.0
 
 

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -321,10 +321,10 @@ class LiveTestbed:
         # testbed's first reading. Not over the second half alone: a slow function keeps the producer paused all
         # of it (or all the warm-up, with a backlog left by the step before), and arrivals over nothing sent made
         # the start of the search 0.
-        first = self._first or everything[0]
+        first = cast(Reading, self._first)   # read() keeps its first reading, and it has just read
         sent = everything[-1].sent - first.sent
         share = {n: (f.arrived - first.functions[n].arrived) / sent for n, f in everything[-1].functions.items()
-                 if sent > 0 and n in first.functions and f.arrived > first.functions[n].arrived}
+                 if sent > 0 and f.arrived > first.functions[n].arrived}
         processed = min((res.functions[n].processed_rate / s for n, s in share.items()), default=res.processed_rate)
         self._drain(max(30.0, seconds))
         return RunResult(rate, res.injected_rate, processed, None, res.observe_s, self._clock() - t0,
