@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, cast
+from typing import Callable
 
 import pulsar
 
@@ -110,7 +110,8 @@ class KeyedRouter:
         if self._consumer is None:
             self._consumer = self._open_consumer()
             self._closing.clear()
-            self._dispatcher = threading.Thread(target=self._dispatch, name="keyed-dispatch", daemon=True)
+            self._dispatcher = threading.Thread(target=self._dispatch, args=(self._consumer,), name="keyed-dispatch",
+                                                daemon=True)
             self._dispatcher.start()
 
     def detach(self, attached: "KeyedInput") -> None:
@@ -175,10 +176,7 @@ class KeyedRouter:
         with self._cond:
             return self._waiting_for_absent()
 
-    def _dispatch(self) -> None:
-        # _start sets it before it starts this thread (a close() between the two would leave None here: the
-        # receive below then fails, as it always did)
-        consumer = cast("pulsar.Consumer", self._consumer)
+    def _dispatch(self, consumer: pulsar.Consumer) -> None:
         paused = False
         while not self._closing.is_set():
             with self._cond:   # an instance's take, a detach or an attach wakes it
@@ -237,13 +235,17 @@ class KeyedRouter:
         return self._consumer
 
     # An instance acks only records it took from its mailbox, and the consumer stays open while a mailbox is here
-    # (close() returns early); an ack after the last instance detached (a late callback of an abandoned one) finds
-    # None and fails, as it always did.
+    # (close() returns early). An ack after the last instance detached (a late callback of an abandoned one) has no
+    # consumer to go to: the record went back to the broker with the consumer it came from, which redelivers it.
     def acknowledge(self, msg) -> None:
-        cast("pulsar.Consumer", self._consumer).acknowledge(msg)
+        if (consumer := self._consumer) is not None:
+            consumer.acknowledge(msg)
+        else:
+            log.debug("keyed input closed: a late ack is dropped; the broker redelivers its record")
 
     def negative_acknowledge(self, msg) -> None:
-        cast("pulsar.Consumer", self._consumer).negative_acknowledge(msg)
+        if (consumer := self._consumer) is not None:
+            consumer.negative_acknowledge(msg)
 
     # ---- what an instance takes ------------------------------------------------------------------------
     def take(self, attached: "KeyedInput", timeout_s: float):

@@ -1,11 +1,13 @@
-"""Child process of test_incarnations.py: one client on a Shared subscription, printing each message it acks.
+"""Child process of test_incarnations.py: one client on a Shared subscription, printing each message it acks (payload and message id).
 
     consume URL TOPIC 0          a plain client (ids from 0), runs until killed
     hold URL TOPIC N             a plain client that acks N messages, then holds what it prefetched until killed
     publish-big URL TOPIC 0      a plain client that holds what it prefetched from TOPIC and publishes 512 KB
                                  messages to TOPIC-big until killed (a kill lands in the middle of a frame)
-    incarnation URL TOPIC IDLE_S a lite.incarnation.incarnation_client; prints FLOOR n, exits after IDLE_S
-                                 without a message or on SIGTERM (closing its client cleanly)
+    incarnation URL TOPIC IDLE_S KIND
+                                 a lite.incarnation.incarnation_client for broker KIND (lite pads its consumer
+                                 ids; apache's is a plain client); prints FLOOR n, exits after IDLE_S without a
+                                 message or on SIGTERM (closing its client cleanly)
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import time
 import pulsar
 
 
-def main(mode: str, url: str, topic: str, idle_s: str) -> None:
+def main(mode: str, url: str, topic: str, idle_s: str, kind: str = "lite") -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if mode == "incarnation":
         from pulsar_autoscale.broker.lite.incarnation import incarnation_client
-        from pulsar_autoscale.broker.profile import LITE
+        from pulsar_autoscale.broker.profile import APACHE, LITE
 
-        client = incarnation_client(url, LITE)
+        client = incarnation_client(url, APACHE if kind == "apache" else LITE)
         print(f"FLOOR {client.floor}", flush=True)
     else:
         client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -46,7 +48,7 @@ def main(mode: str, url: str, topic: str, idle_s: str) -> None:
         except pulsar.Timeout:
             continue
         consumer.acknowledge(msg)
-        print(f"GOT {int(msg.data())}", flush=True)
+        print(f"GOT {int(msg.data())} {msg.message_id()}", flush=True)
         last, acked = time.monotonic(), acked + 1
     consumer.close()
     client.close()
