@@ -71,8 +71,12 @@ def main() -> None:
         finally:
             tb.close()
     out = {"app": "images", "target_rate": args.target_rate, "plan": plan.to_json(),
-           "measured_points": [{"budget": p.budget, "mst": round(p.measured.mst, 2), "runs": p.measured.runs,
-                                "testbed_s": round(p.measured.testbed_s, 1)} for p in model.points],
+           "measured_points": [{"budget": p.budget, "parallelism": p.parallelism, "profile_rate": round(p.profile_rate, 2),
+                                "mst": round(p.measured.mst, 2), "start_rate": round(p.measured.start_rate, 2),
+                                "runs": p.measured.runs, "testbed_s": round(p.measured.testbed_s, 1),
+                                "steps": [[round(s.rate, 2), s.passed, s.reason] for s in p.measured.steps]}
+                               for p in model.points],
+           "profile": profile.to_json(),
            "profile_runs": profile.runs, "planning_wall_s": round(planning_s, 1), "checks": checks,
            "sustained": bool(checks) and checks["100%"]["passed"],
            "overload_failed": bool(checks) and not checks[f"{OVERLOAD:.0%}"]["passed"],

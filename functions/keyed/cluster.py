@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -128,6 +129,7 @@ class ClusterKeyed:
         self.scaler: KeyedScaler[FrontMarkers] | None = None
         self._saver: pulsar.Producer | None = None
         self._epoch: int | None = None   # the front's, while it runs here
+        self._inputs: weakref.WeakSet[RouteInput] = weakref.WeakSet()   # this worker's instances' route inputs
         self._reply_producer: pulsar.Producer | None = None
         self._lock = threading.Lock()
         self._front_lock = threading.Lock()   # a front starting here, and the last one closing in the background
@@ -142,10 +144,18 @@ class ClusterKeyed:
             self.stores.restore(instance_id)
         epoch = self._epoch
         if epoch is None:
-            saved = read_saved(self._client(), self.topics.assignment)
-            epoch = 0 if saved is None else saved.epoch
-        return RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
-                          self._subscription_type, self._config(), self._stall_fence(), epoch)
+            epoch = self._saved_epoch()
+        opened = RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
+                            self._subscription_type, self._config(), self._stall_fence(), epoch, self._saved_epoch)
+        with self._lock:   # a front starting here meanwhile: its epoch
+            self._inputs.add(opened)
+            if self._epoch is not None:
+                opened.raise_epoch(self._epoch)
+        return opened
+
+    def _saved_epoch(self) -> int:
+        saved = read_saved(self._client(), self.topics.assignment)
+        return 0 if saved is None else saved.epoch
 
     def owners(self) -> KeyGroupAssignment:
         """The saved assignment (what the front last served), or the uniform one before any was saved."""
@@ -182,7 +192,11 @@ class ClusterKeyed:
                 saved = read_saved(self._client(), self.topics.assignment)
                 if saved is not None:
                     self.router.assignment = saved.assignment
-                epoch = self._epoch = (0 if saved is None else saved.epoch) + 1
+                epoch = (0 if saved is None else saved.epoch) + 1
+                with self._lock:
+                    self._epoch = epoch
+                    for opened in self._inputs:   # an announcement may go to a frozen instance's consumer instead
+                        opened.raise_epoch(epoch)
                 target = self.router.assignment.rescale(max(parallelism, 1))
                 self.router.stop_serving({m.group for m in moves(self.router.assignment, target)})
                 # this front's own producer: a migration under way when the front stops ends through it (its

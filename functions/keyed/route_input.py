@@ -83,13 +83,19 @@ class RouteInput:
     of the instance's other groups already here: functions/keyed/record_scheduling.py.
 
     A marker of a front older than the newest this instance has heard of (`epoch`: the front's at its start, then
-    each announcement) is refused with an error answer: that front no longer owns the assignment."""
+    each announcement) is refused with an error answer: that front no longer owns the assignment. An instance that
+    replaced a frozen one may never hear a newer front's announcement: the frozen consumer on the same route topic
+    (pulsar-lite's Shared route subscription) can hold it. So until it has heard one, its first other marker is
+    checked against the saved assignment's epoch (`saved_epoch`) first."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
                  reply: Callable[[dict], None], subscription_type: str, cfg,
-                 stall_fence: StallFence | None = None, epoch: int = 0):
+                 stall_fence: StallFence | None = None, epoch: int = 0,
+                 saved_epoch: Callable[[], int] = lambda: 0):
         self._topics, self._id = topics, instance_id
         self.epoch = epoch
+        self._saved_epoch: Callable[[], int] | None = saved_epoch   # None once checked or an announcement heard
+        self._epoch_lock = threading.Lock()
         self._stores, self._reply = stores, reply
         kwargs: dict = {}
         if cfg.maxMessageRetries is not None:   # the function's retries and dead-letter topic (its first input's),
@@ -126,10 +132,28 @@ class RouteInput:
             if time.monotonic() >= deadline:
                 raise pulsar.Timeout()
 
+    def raise_epoch(self, epoch: int) -> None:
+        """A front started on this instance's worker: its epoch is the current one."""
+        with self._epoch_lock:
+            self.epoch, self._saved_epoch = max(self.epoch, epoch), None
+
     def _take_marker(self, op: str, props: dict) -> None:
         groups = {int(g) for g in props.get(GROUPS, "").split(",") if g}
         nonce = props.get(NONCE)
         epoch = int(props.get(EPOCH) or 0)
+        with self._epoch_lock:
+            check, self._saved_epoch = self._saved_epoch, None
+        if check is not None and op != ANNOUNCE:
+            try:
+                saved = check()
+            except (pulsar.PulsarException, TimeoutError) as exc:   # the front retries the step
+                with self._epoch_lock:
+                    self._saved_epoch = check
+                self._reply({"nonce": nonce, "op": op, "instance": self._id,
+                             "error": f"reading the saved assignment's epoch failed: {exc}"})
+                return
+            with self._epoch_lock:
+                self.epoch = max(self.epoch, saved)
         if epoch < self.epoch:
             log.warning("%s instance %d: refused a %s of key groups %s from a stale front (epoch %d; the current "
                         "front's is %d)", self._topics.name, self._id, op, sorted(groups), epoch, self.epoch)
@@ -137,7 +161,8 @@ class RouteInput:
                 self._reply({"nonce": nonce, "op": op, "instance": self._id,
                              "error": f"refused: a stale front (epoch {epoch}, the current one is {self.epoch})"})
             return
-        self.epoch = epoch
+        with self._epoch_lock:
+            self.epoch = max(self.epoch, epoch)
         # A pre-copy or an open reads the changelog: in a thread of its own, so that this instance's other
         # groups go on meanwhile (no record of the groups comes before the answer). A release is a flush.
         if op == PREPARE:

@@ -108,7 +108,7 @@ def _querystate(url: str, name: str, key: str) -> int | str:
     try:
         return FunctionsAdmin(url).get_state("public", "default", name, key)["numberValue"]
     except (AdminError, requests.RequestException, KeyError) as exc:
-        return f"{type(exc).__name__}: {str(exc)[:80]}"
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def every_workers_counts(cluster: WorkerCluster, name: str) -> dict[str, dict[str, int | str]]:
@@ -221,8 +221,9 @@ def _run(cell: Cell, cluster: WorkerCluster, name: str, src: str, out: str, serv
         return (result.exact_keys() == KEYS) if cell.once else (result.processed_keys() == KEYS)
     try:
         wait_until(settled, 150, lambda: "every worker's querystate settled")
-    except AssertionError:
-        return   # the result says what is missing
+    except AssertionError:   # the result says what is missing; the workers' logs say why
+        print(cluster.log_tails(60), file=sys.stderr)
+        return
     # the last outputs: every key output at least PER_KEY times, then what else comes within the drain's quiet time
     try:
         wait_until(lambda: _drain(consumer, result) >= 0 and result.lost() == 0, 30, "every output")

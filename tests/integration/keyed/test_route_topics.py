@@ -149,6 +149,33 @@ def test_a_stale_fronts_markers_and_saves_are_refused(broker, client, tmp_path):
         worker.close()
 
 
+def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_release(broker, client, tmp_path):
+    """An instance that replaced a frozen one may never hear the newer front's announcement (the frozen consumer
+    of its route topic holds it). Until it hears one, its first marker is checked against the saved assignment's
+    epoch: a newer front's save is enough to refuse the frozen front's RELEASE when it wakes."""
+    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
+    worker.keyed_spread = True
+    try:
+        cfg, code, src = _keyed_count(worker, tmp_path, "kn")
+        _half_counted(worker, cfg, client.create_producer(src, block_if_queue_full=True))
+        topics = KeyedTopics.of(cfg)
+        current = read_saved(client, topics.assignment)
+        assert current is not None
+        keyed = worker._functions[cfg.fqfn].keyed
+        assert isinstance(keyed, ClusterKeyed)
+        instance1 = next(i for i in keyed._inputs if i._id == 1)
+        instance1._saved_epoch = keyed._saved_epoch   # as if it had opened on another worker than the front's
+        producer = client.create_producer(topics.assignment)
+        save_assignment(producer, current.assignment, current.epoch + 1)   # a newer front, its announcement lost
+        producer.close()
+        groups = {g for g, owner in enumerate(current.assignment.owners) if owner == 1}
+        with pytest.raises(MigrationError, match="stale front"):
+            FrontMarkers(keyed.stores, current.epoch).release_all({1: groups})
+        assert worker.keyed_holds_groups(cfg.fqfn, 1), "the frozen front's RELEASE was carried out"
+    finally:
+        worker.close()
+
+
 @pytest.mark.parametrize("spread", [True, False], ids=["route-topics", "one-worker-mailboxes"])
 def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_message_retries(broker, client, tmp_path,
                                                                                          spread):
