@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 
 from pulsar_autoscale.functions.instance.instance import Instance
@@ -18,6 +17,7 @@ from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.state.store import StateStore
 from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
+from pulsar_autoscale.stop_signals import StopSignals
 
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
 log = logging.getLogger(__name__)
@@ -36,15 +36,13 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
     instances = [Instance(cfg, i, client, code, state, lambda: cfg.parallelism) for i in range(cfg.parallelism)]
     threads = [threading.Thread(target=inst.run, name=f"{cfg.fqfn}:{inst.instance_id}", daemon=True)
                for inst in instances]
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = StopSignals()
     for t in threads:
         t.start()
     print(f"localrun {cfg.fqfn}: {cfg.parallelism} instance(s) on {service_url}, inputs "
           f"{', '.join(cfg.inputs) or cfg.topicsPattern} -> {cfg.output or '(no output)'}; state in {state_dir}; "
           "Ctrl-C to stop", flush=True)
-    while not stop.wait(0.5):
+    while not signals.wait(timeout_s=0.5):
         if not any(t.is_alive() for t in threads):
             break
     for inst in instances:

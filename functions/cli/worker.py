@@ -6,7 +6,6 @@ import argparse
 import faulthandler
 import logging
 import os
-import signal
 import sys
 import threading
 
@@ -24,6 +23,7 @@ from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import add_client_arguments, settings_from_args
 from pulsar_autoscale.security.serving import ServerSecurity, add_server_arguments
 from pulsar_autoscale.spark_bridge.session import SparkSettings
+from pulsar_autoscale.stop_signals import StopSignals
 
 # A worker's thread instances, a keyed function's front and its background state copies share one GIL: a thread
 # that wants it waits up to the switch interval for a busy one (CPython's default 5 ms, on every hop of a record).
@@ -32,7 +32,6 @@ GIL_SWITCH_INTERVAL_S = 0.001
 # kill -9 would end it (nothing acknowledged is lost: state is in the changelog, unacked input is redelivered).
 SHUTDOWN_TIMEOUT_S = 50.0
 NOT_DRAINED = "exiting with instances not drained (they restore as after kill -9)"
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 log = logging.getLogger(__name__)
 
@@ -119,26 +118,25 @@ def run(args: argparse.Namespace) -> int:
     except PulsarAutoscaleError as exc:   # e.g. a cluster it could not join: the worker's client may be connecting
         print(f"error: {exc}", file=sys.stderr, flush=True)
         _exit_at_once(2)
-    stop = threading.Event()
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda *_: stop.set())
+    signals = StopSignals()
     print(f"worker {server.worker.worker_id} serving {server.url} (broker {args.service_url}, "
           f"{server.worker.broker_kind}, runtime {args.runtime}"
           f"{f', cluster {args.cluster}' if cluster else ''}; {security.describe()}); data in {data_dir}",
           flush=True)
     print(server.worker.instance_users.describe(), flush=True)
-    stop.wait()
+    signals.wait()
     _stop_within(server, args.shutdown_timeout, "handing instances over..." if cluster else "draining instances...",
-                 args.service_url)
+                 args.service_url, signals)
     return 0
 
 
-def _stop_within(server: WorkerServer, timeout_s: float, announce: str, service_url: str) -> None:
+def _stop_within(server: WorkerServer, timeout_s: float, announce: str, service_url: str,
+                 signals: StopSignals) -> None:
     """A stop that waits on a broker that is gone, or on user code that never returns, ends anyway: after
     timeout_s, or at once on a second signal (an operator's second Ctrl-C). The stop runs in a thread of its
     own, so the main thread stays free to take that signal whatever the stop is blocked in. A stop that fails
     (the broker did not answer a call of it) ends the process too, with what failed in one line."""
-    over, second, failed = threading.Event(), threading.Event(), []
+    over, failed = threading.Event(), []
 
     def stop() -> None:
         try:
@@ -148,15 +146,9 @@ def _stop_within(server: WorkerServer, timeout_s: float, announce: str, service_
         finally:
             over.set()
 
-    def again(*_) -> None:
-        second.set()
-        over.set()
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, again)
     print(announce, flush=True)   # from here on a second signal counts
     threading.Thread(target=stop, name="worker-stop", daemon=True).start()
-    over.wait(timeout_s)
+    second = signals.wait(2, timeout_s, done=over)
     if failed:
         exc = failed[0]
         if isinstance(exc, pulsar.PulsarException):
@@ -165,8 +157,8 @@ def _stop_within(server: WorkerServer, timeout_s: float, announce: str, service_
         else:
             log.error("stop failed; %s", NOT_DRAINED, exc_info=exc)
         _exit_at_once(1)
-    if not over.is_set() or second.is_set():
-        why = "a second signal" if second.is_set() else f"not done after {timeout_s:.0f} s (--shutdown-timeout)"
+    if not over.is_set() or second:
+        why = "a second signal" if second else f"not done after {timeout_s:.0f} s (--shutdown-timeout)"
         log.error("stop: %s; %s; what the stop waited on:", why, NOT_DRAINED)
         faulthandler.dump_traceback()
         _exit_at_once(1)

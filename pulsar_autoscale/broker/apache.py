@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from pulsar_autoscale.broker.embedded import _die_with_parent
 from pulsar_autoscale.errors import BrokerError, ConfigError
 from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.pulsar_client import ClientSettings
+from pulsar_autoscale.stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
@@ -420,9 +420,7 @@ class ApacheStandalone:
 
 def run(args: argparse.Namespace) -> int:
     """`pulsar-autoscale broker --kind apache`: start, print where it is, run until SIGINT/SIGTERM."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = StopSignals()
     auth = None
     if getattr(args, "token_secret_key", None):
         if not args.broker_token:
@@ -444,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
               f"make tokens with `pulsar-autoscale tokens create --secret-key {args.token_secret_key} "
               f"--subject ROLE`", flush=True)
     try:
-        while not stop.wait(0.5):
+        while not signals.wait(timeout_s=0.5):
             if not broker.alive():
                 print(f"apache pulsar exited unexpectedly. Log tail:\n{broker.log_tail()}", file=sys.stderr)
                 return 1

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ import requests
 from pulsar_autoscale.broker.lite.startup import metrics_server_lost
 from pulsar_autoscale.errors import BrokerError, ConfigError
 from pulsar_autoscale.netutil import free_port, wait_for_port
+from pulsar_autoscale.stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
@@ -285,12 +285,10 @@ def run(args: argparse.Namespace) -> int:
         from pulsar_autoscale.broker import apache
         return apache.run(args)
     broker = EmbeddedBroker(args.port, args.metrics_port, args.data_dir, args.log_level).start()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = StopSignals()
     print(f"broker ready: service-url {broker.service_url}  metrics {broker.metrics_url}  data {broker.data_dir}", flush=True)
     try:
-        while not stop.wait(0.5):
+        while not signals.wait(timeout_s=0.5):
             if not broker.alive():
                 print(f"broker exited unexpectedly. Log tail:\n{broker.log_tail()}", file=sys.stderr)
                 return 1

@@ -10,6 +10,7 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.security.serving import ServerSecurity, add_server_arguments
+from pulsar_autoscale.stop_signals import StopSignals
 
 EXAMPLE = """\
 example controller.yaml:
@@ -50,15 +51,13 @@ def run(args: argparse.Namespace) -> int:
         config = ControllerConfig(**{**config.__dict__, **overrides})
     security = ServerSecurity.from_args(args)
     controller = Controller(config, config_path=args.config, overrides=overrides, security=security).start()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = StopSignals()
     # SIGHUP: re-read the config file; off the signal handler, which must not wait for a running period
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=_reload, args=(controller,), daemon=True).start())
     print(f"controller {controller.identity}: policy {config.policy}, period {config.period_s}s, "
           f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; {security.describe()}; status on "
           f"http://{config.http_host}:{controller.http_port}/status; decision log {config.decision_log}", flush=True)
-    stop.wait()
+    signals.wait()
     controller.stop()
     return 0
 
