@@ -8,11 +8,18 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from dataclasses import dataclass
 
 import pulsar
 import pytest
 
-from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed, read_assignment, read_saved, save_assignment
+from pulsar_autoscale.functions.keyed.cluster import (
+    ClusterKeyed,
+    SavedAssignment,
+    read_assignment,
+    read_saved,
+    save_assignment,
+)
 from pulsar_autoscale.functions.keyed.migration import MigrationError
 from pulsar_autoscale.functions.keyed.protocol import ANNOUNCE, OP, ORIGINAL_ID, FrontMarkers, KeyedTopics
 from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -118,62 +125,67 @@ def test_a_front_started_again_while_the_last_one_closes(broker, client, tmp_pat
         worker.close()
 
 
-def test_a_stale_fronts_markers_and_saves_are_refused(broker, client, tmp_path):
-    """A front frozen during its migration wakes after another front took over (a higher epoch, announced to
-    every instance): its RELEASE is refused with an error answer and the instance keeps its groups, and the
-    assignment it saves loses to the newer front's."""
+@dataclass
+class _Fronted:
+    """A spread keyedState function on one worker, half counted: its front's saved assignment and its part."""
+    worker: Worker
+    cfg: FunctionConfig
+    topics: KeyedTopics
+    current: SavedAssignment
+    keyed: ClusterKeyed
+
+    def groups_of(self, instance_id: int) -> set[int]:
+        return {g for g, owner in enumerate(self.current.assignment.owners) if owner == instance_id}
+
+
+@pytest.fixture
+def fronted(broker, client, tmp_path):
     worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
     worker.keyed_spread = True
     try:
-        cfg, code, src = _keyed_count(worker, tmp_path, "ks")
+        cfg, _code, src = _keyed_count(worker, tmp_path, "ks")
         _half_counted(worker, cfg, client.create_producer(src, block_if_queue_full=True))
         topics = KeyedTopics.of(cfg)
         current = read_saved(client, topics.assignment)
         assert current is not None and current.epoch >= 1, current
         keyed = worker._functions[cfg.fqfn].keyed
         assert isinstance(keyed, ClusterKeyed)
-        held = worker.keyed_holds_groups(cfg.fqfn, 1)
-        assert held, "instance 1 holds key groups before the stale front's release"
-        groups = {g for g, owner in enumerate(current.assignment.owners) if owner == 1}
-        stale = FrontMarkers(keyed.stores, current.epoch - 1)
-        with pytest.raises(MigrationError, match="stale front"):
-            stale.release_all({1: groups})
-        assert worker.keyed_holds_groups(cfg.fqfn, 1), "the stale front's RELEASE was carried out"
-
-        moved = type(current.assignment)(current.assignment.num_key_groups, (0,) * current.assignment.num_key_groups)
-        producer = client.create_producer(topics.assignment)
-        save_assignment(producer, moved, current.epoch - 1)
-        producer.close()
-        assert read_assignment(client, topics.assignment) == current.assignment, "a stale front's save won"
+        assert worker.keyed_holds_groups(cfg.fqfn, 1), "instance 1 holds key groups before any stale release"
+        yield _Fronted(worker, cfg, topics, current, keyed)
     finally:
         worker.close()
 
 
-def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_release(broker, client, tmp_path):
+def test_a_stale_fronts_markers_and_saves_are_refused(client, fronted):
+    """A front frozen during its migration wakes after another front took over (a higher epoch, announced to
+    every instance): its RELEASE is refused with an error answer and the instance keeps its groups, and the
+    assignment it saves loses to the newer front's."""
+    current = fronted.current
+    stale = FrontMarkers(fronted.keyed.stores, current.epoch - 1)
+    with pytest.raises(MigrationError, match="stale front"):
+        stale.release_all({1: fronted.groups_of(1)})
+    assert fronted.worker.keyed_holds_groups(fronted.cfg.fqfn, 1), "the stale front's RELEASE was carried out"
+
+    moved = type(current.assignment)(current.assignment.num_key_groups, (0,) * current.assignment.num_key_groups)
+    producer = client.create_producer(fronted.topics.assignment)
+    save_assignment(producer, moved, current.epoch - 1)
+    producer.close()
+    assert read_assignment(client, fronted.topics.assignment) == current.assignment, "a stale front's save won"
+
+
+def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_release(client, fronted):
     """An instance that replaced a frozen one may never hear the newer front's announcement (the frozen consumer
     of its route topic holds it). Until it hears one, its first marker is checked against the saved assignment's
     epoch: a newer front's save is enough to refuse the frozen front's RELEASE when it wakes."""
-    worker = Worker(broker.service_url, str(tmp_path / "w"), broker_kind="pulsar-lite")
-    worker.keyed_spread = True
-    try:
-        cfg, code, src = _keyed_count(worker, tmp_path, "kn")
-        _half_counted(worker, cfg, client.create_producer(src, block_if_queue_full=True))
-        topics = KeyedTopics.of(cfg)
-        current = read_saved(client, topics.assignment)
-        assert current is not None
-        keyed = worker._functions[cfg.fqfn].keyed
-        assert isinstance(keyed, ClusterKeyed)
-        instance1 = next(i for i in keyed._inputs if i._id == 1)
-        instance1._saved_epoch = keyed._saved_epoch   # as if it had opened on another worker than the front's
-        producer = client.create_producer(topics.assignment)
-        save_assignment(producer, current.assignment, current.epoch + 1)   # a newer front, its announcement lost
-        producer.close()
-        groups = {g for g, owner in enumerate(current.assignment.owners) if owner == 1}
-        with pytest.raises(MigrationError, match="stale front"):
-            FrontMarkers(keyed.stores, current.epoch).release_all({1: groups})
-        assert worker.keyed_holds_groups(cfg.fqfn, 1), "the frozen front's RELEASE was carried out"
-    finally:
-        worker.close()
+    current, keyed = fronted.current, fronted.keyed
+    instance1 = next(i for i in keyed._inputs if i._id == 1)
+    instance1._saved_epoch = keyed._saved_epoch   # as if it had opened on another worker than the front's
+    producer = client.create_producer(fronted.topics.assignment)
+    save_assignment(producer, current.assignment, current.epoch + 1)   # a newer front, its announcement lost
+    producer.close()
+    with pytest.raises(MigrationError, match="stale front"):
+        FrontMarkers(keyed.stores, current.epoch).release_all({1: fronted.groups_of(1)})
+    assert fronted.worker.keyed_holds_groups(fronted.cfg.fqfn, 1), "the frozen front's RELEASE was carried out"
 
 
 @pytest.mark.parametrize("spread", [True, False], ids=["route-topics", "one-worker-mailboxes"])
