@@ -28,6 +28,13 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what() if callable(what) else what}")
 
 
+def lead(elector, timeout_s: float = 30):
+    """Make a lone elector leader. One try can fail on a loaded machine (the lock client's subscribe has a
+    1 s operation timeout), so tests that only need leadership retry until the lock is theirs."""
+    return wait_until(elector.try_acquire, timeout_s, f"{elector.identity} to take the free leader lock",
+                      interval_s=0.1)
+
+
 def keyed_settled(view: dict, groups: dict[str, int]) -> bool:
     """A keyedState status view (FunctionsAdmin.keyed_state) with every group where `groups` says and no migration
     under way: a poll asks for the view once, since each status call gathers every worker's view."""

@@ -20,7 +20,7 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
 from tests.support.contracts.fake_cluster import Contract
 from tests.support.contracts.published import broker_doc, functions_doc
-from tests.support.scenario import wait_until
+from tests.support.scenario import lead, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "pulsar-autoscale"
@@ -89,7 +89,7 @@ def test_controller_scales_a_stock_function_up_under_load_and_loses_nothing(brok
             "lock_topic": f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
             "decision_log": str(tmp_path / "decisions.jsonl")})
         controller = Controller(config)
-        controller.elector.try_acquire()
+        lead(controller.elector)
         t0 = time.monotonic()
         try:
             decision = None

@@ -15,6 +15,7 @@ from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.snapshot import FunctionSnapshot, InputReading
 from tests.integration.stock.test_stock_mode import IN_TOPIC, base
 from tests.support.contracts.fake_cluster import FakeCluster
+from tests.support.scenario import lead
 
 FQFN = "public/default/enrich"
 SERVICE_MS = 50.0   # mu = 20/s per instance
@@ -71,7 +72,7 @@ def run(broker, tmp_path, rates: list[float]) -> tuple[list[dict], FakeCluster, 
         **base(broker, tmp_path), "policy": "queueing", "period_s": 60.0, "window_s": 60.0,
         "mode": "stock", "admin_url": host.url, "fast": {"enabled": True, "period_s": 1.0, "window_s": 2.0}})
     controller = Controller(config)
-    controller.elector.try_acquire()
+    lead(controller.elector)
     try:
         t0 = 1000.0
         first = controller.iterate(now=t0)

@@ -13,7 +13,7 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.functions.api.server import WorkerServer
 from tests.support.contracts.fake_cluster import FakeCluster
-from tests.support.scenario import wait_until
+from tests.support.scenario import lead, wait_until
 
 IN_TOPIC = "persistent://public/default/raw"
 
@@ -36,7 +36,7 @@ def test_stock_mode_scales_a_function_of_a_stock_cluster(broker, tmp_path):
                                               "msgBacklog": 900, "type": "Shared", "consumers": []}}}
         config = ControllerConfig.from_mapping({**base(broker, tmp_path), "mode": "stock", "admin_url": host.url})
         controller = Controller(config)
-        controller.elector.try_acquire()
+        lead(controller.elector)
         it = controller.iterate()
         # threshold asks 2 -> 3; stock mode plans a quarter more (ceil(3 * 1.25) = 4) so the next step
         # up needs no second restart of every instance
@@ -74,7 +74,7 @@ def test_same_config_in_worker_mode(broker, tmp_path):
         config = ControllerConfig.from_mapping({**base(broker, tmp_path), "mode": "worker", "admin_url": w.url,
                                                 "metrics_url": broker.metrics_url})
         controller = Controller(config)
-        controller.elector.try_acquire()
+        lead(controller.elector)
         fqfn = f"public/default/{name}"
         it = controller.iterate()
         decision = next(d for d in it.decisions if d["function"] == fqfn)
