@@ -86,7 +86,8 @@ class RouteInput:
     each announcement) is refused with an error answer: that front no longer owns the assignment. An instance that
     replaced a frozen one may never hear a newer front's announcement: the frozen consumer on the same route topic
     (pulsar-lite's Shared route subscription) can hold it. So until it has heard one, its first other marker is
-    checked against the saved assignment's epoch (`saved_epoch`) first."""
+    checked against the saved assignment's epoch (`saved_epoch`) first, an announcement too: the one it reads first
+    may be a stale front's, left unacknowledged by the frozen consumer."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
                  reply: Callable[[dict], None], subscription_type: str, cfg,
@@ -143,14 +144,15 @@ class RouteInput:
         epoch = int(props.get(EPOCH) or 0)
         with self._epoch_lock:
             check, self._saved_epoch = self._saved_epoch, None
-        if check is not None and op != ANNOUNCE:
+        if check is not None:   # an announcement too: a stale front's, redelivered from the frozen consumer's backlog
             try:
                 saved = check()
             except (pulsar.PulsarException, TimeoutError) as exc:   # the front retries the step
                 with self._epoch_lock:
                     self._saved_epoch = check
-                self._reply({"nonce": nonce, "op": op, "instance": self._id,
-                             "error": f"reading the saved assignment's epoch failed: {exc}"})
+                if op != ANNOUNCE:
+                    self._reply({"nonce": nonce, "op": op, "instance": self._id,
+                                 "error": f"reading the saved assignment's epoch failed: {exc}"})
                 return
             with self._epoch_lock:
                 self.epoch = max(self.epoch, saved)

@@ -173,16 +173,22 @@ def test_a_stale_fronts_markers_and_saves_are_refused(client, fronted):
     assert read_assignment(client, fronted.topics.assignment) == current.assignment, "a stale front's save won"
 
 
-def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_release(client, fronted):
+@pytest.mark.parametrize("stale_announcement", [False, True], ids=["release-first", "stale-announcement-first"])
+def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_release(client, fronted,
+                                                                                       stale_announcement):
     """An instance that replaced a frozen one may never hear the newer front's announcement (the frozen consumer
     of its route topic holds it). Until it hears one, its first marker is checked against the saved assignment's
-    epoch: a newer front's save is enough to refuse the frozen front's RELEASE when it wakes."""
+    epoch: a newer front's save is enough to refuse the frozen front's RELEASE when it wakes. The first marker may
+    be the frozen front's own announcement, redelivered from the frozen consumer's backlog: it must not count as
+    the newest."""
     current, keyed = fronted.current, fronted.keyed
     instance1 = next(i for i in keyed._inputs if i._id == 1)
     instance1._saved_epoch = keyed._saved_epoch   # as if it had opened on another worker than the front's
     producer = client.create_producer(fronted.topics.assignment)
     save_assignment(producer, current.assignment, current.epoch + 1)   # a newer front, its announcement lost
     producer.close()
+    if stale_announcement:
+        keyed.stores.announce(current.epoch, {1})
     with pytest.raises(MigrationError, match="stale front"):
         FrontMarkers(keyed.stores, current.epoch).release_all({1: fronted.groups_of(1)})
     assert fronted.worker.keyed_holds_groups(fronted.cfg.fqfn, 1), "the frozen front's RELEASE was carried out"
