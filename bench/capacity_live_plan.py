@@ -1,5 +1,6 @@
 """A whole capacity plan made live, then checked live: the demo's image application (resize-store,
-resize-recognize, recognize) on the embedded broker and one worker of this machine. `plan make --testbed live`'s
+resize-recognize, recognize) on a broker (the embedded pulsar-lite, or Apache Pulsar standalone with --broker apache)
+and one worker of this machine. `plan make --testbed live`'s
 code (profile each function, measure MST at small budgets, fit, plan for the target rate), then the planned
 deployment is run at 100% of the target for --sustain-s (it must keep up: processed >= 99% of injected, no
 backlog growing, p99 under --slo-p99) and at 115% (it must fall behind: the plan is not padded beyond its
@@ -7,7 +8,7 @@ headroom). Prints JSON and writes it to --out.
 
 A throughput measurement on a shared machine is a benchmark, not a test: run it on a quiet machine.
 
-    python3 bench/capacity_live_plan.py --target-rate 40 [--sustain-s 600] [--out bench/results/capacity_live_plan.json]
+    python3 bench/capacity_live_plan.py --target-rate 40 [--broker apache] [--sustain-s 600] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import emit  # bench/report.py (bench/ is the script's directory)
+from brokers import add_broker_option, open_broker  # bench/ is the script's directory
+from report import emit
 
-from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.planning.livebed import LiveTestbed, images_app
 from pulsar_autoscale.planning.mst import MstSettings, judge
@@ -44,11 +45,14 @@ def main() -> None:
     ap.add_argument("--slo-p99", type=float, default=5.0, help="p99 (s) the sustained run must stay under")
     ap.add_argument("--sustain-s", type=float, default=600.0, help="each check's observation (100%% and 115%%)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    add_broker_option(ap)
     args = ap.parse_args()
+    if args.broker == "both":
+        ap.error("--broker both: run the plan once per broker (it takes most of an hour)")
     settings = MstSettings(warmup_s=10.0, phases=Phases(cooldown_s=3.0, ramp_s=5.0, observe_s=15.0), step=0.02,
                            bracket=0.1)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(data_dir=str(Path(tmp, "broker"))) as broker, \
+    with tempfile.TemporaryDirectory() as tmp, open_broker(args.broker) as broker, \
             WorkerServer(broker.service_url, data_dir=str(Path(tmp, "worker")), metrics_url=broker.metrics_url) as w:
         tb = LiveTestbed(images_app(), w.url, broker.service_url, broker.metrics_url, max_rate=args.max_rate)
         try:
@@ -70,7 +74,7 @@ def main() -> None:
                     print(f"{label} of the target: {checks[label]}", flush=True)
         finally:
             tb.close()
-    out = {"app": "images", "target_rate": args.target_rate, "plan": plan.to_json(),
+    out = {"app": "images", "broker": args.broker, "target_rate": args.target_rate, "plan": plan.to_json(),
            "measured_points": [{"budget": p.budget, "parallelism": p.parallelism, "profile_rate": round(p.profile_rate, 2),
                                 "mst": round(p.measured.mst, 2), "start_rate": round(p.measured.start_rate, 2),
                                 "runs": p.measured.runs, "testbed_s": round(p.measured.testbed_s, 1),

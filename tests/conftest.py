@@ -33,6 +33,7 @@ ON_APACHE = (
     "integration/keyed/",
     "integration/state/",
     "integration/stock/",
+    "integration/planning/",
     "integration/worker/test_warm_pool.py",
     "integration/worker/test_fast_live.py",
     "system/test_apache_security.py",

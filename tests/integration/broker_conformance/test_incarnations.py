@@ -252,7 +252,7 @@ def test_a_client_killed_while_publishing_large_messages_loses_nothing_through_t
 def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(broker, broker_kind, topic):
     """Four incarnation clients in separate processes on one Shared subscription: two from the start,
     a third joins mid-stream, the first leaves and a fourth joins (on pulsar-lite taking the freed floor).
-    Every message is counted: none lost, none delivered twice."""
+    Every message is counted: none lost, and on pulsar-lite none delivered twice."""
     n = 6000
     def joiner() -> _Lines:
         return _Lines(_child("incarnation", broker.service_url, topic, "6", broker_kind))
@@ -292,7 +292,12 @@ def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(brok
     if broker_kind == "lite":   # consumer id floors are pulsar-lite's fence (B2); Apache Pulsar needs none
         assert len(set(floors[1:])) == 3, f"live incarnations shared a floor: {floors}"
     assert first[0].got() and third.got(), "the first or the mid-stream joiner received nothing"
-    assert lost == 0 and not twice, f"{lost} lost, {len(twice)} delivered twice"
+    assert lost == 0, f"{lost} lost"
+    # The fence (floors) must add no duplicate on pulsar-lite. Apache Pulsar's Shared subscription is
+    # at-least-once while consumers come and go: a redelivery racing with a consumer's arrival or departure can
+    # dispatch one message twice (Pulsar's own tests show such races; here 1 of 6,000 once, with plain clients).
+    if broker_kind == "lite":
+        assert not twice, f"{len(twice)} delivered twice"
 
 
 # ---- lite.incarnation.join_shared_subscription: what a join leaves behind, what a failed one says ---------------

@@ -1,0 +1,27 @@
+"""The live testbed on a real broker and worker: each function of a chain counts what arrived on its input from
+the broker's in-counters (live on both brokers), and a run well under capacity is judged as kept up."""
+
+from __future__ import annotations
+
+import pytest
+
+from pulsar_autoscale.planning.livebed import LiveTestbed, sleepy_app
+from pulsar_autoscale.planning.mst import MstSettings, judge
+from pulsar_autoscale.planning.testbed import Phases, TestConfig
+
+
+def test_a_chain_well_under_capacity_keeps_up_and_every_stage_sees_the_source_rate(broker, worker):
+    app = sleepy_app(10.0, stages=2)   # deterministic 10 ms per stage: 100/s per instance
+    tb = LiveTestbed(app, worker.url, broker.service_url, broker.metrics_url)
+    try:
+        config = TestConfig({f.name: 1 for f in app.functions})
+        run = tb.run(20.0, config, Phases(cooldown_s=1.0, ramp_s=3.0, observe_s=8.0))
+    finally:
+        tb.close()
+    assert run.valid, f"the producer sent {run.injected_rate:.1f}/s of 20/s"
+    for name, fm in run.functions.items():
+        assert fm.arrival_rate == pytest.approx(run.injected_rate, rel=0.15), \
+            f"{name} received {fm.arrival_rate:.1f}/s while the source got {run.injected_rate:.1f}/s"
+    passed, reason = judge(run, MstSettings())
+    assert passed, reason
+    assert run.p99_s is not None and run.p99_s < 5.0, f"end-to-end p99 {run.p99_s}"
