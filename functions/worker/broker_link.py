@@ -76,13 +76,12 @@ class BrokerLink:
             raise BrokerUnavailable(f"the worker is still waiting for {self.waiting_for}")
 
     # ---- inputs, fenced as the profile says ----------------------------------------------------------
-    def subscribe(self, cfg: FunctionConfig, consumer_name: str, beside_siblings: bool = False):
-        """The function's input consumer, fenced against the broker's defects: Failover's (B1, B13), a broker
-        that stops dispatching to it (B12), and one that fills it before its siblings (B18: `beside_siblings`,
-        an instance's own consumer of the function's subscription)."""
+    def subscribe(self, cfg: FunctionConfig, consumer_name: str):
+        """The function's input consumer, fenced against the broker's defects: Failover's (B1, B13), and a
+        broker that stops dispatching to it (B12)."""
         def open_consumer():
             consumer = subscribe(self.client, cfg, consumer_name,
-                                 receiver_queue_size=self.profile.input_receiver_queue(cfg, beside_siblings))
+                                 receiver_queue_size=self.profile.input_receiver_queue(cfg))
             return fence_nacks(consumer, cfg, self.client, self.profile, NACK_REDELIVERY_DELAY_MS / 1000)
         return fence_stalls(open_consumer, cfg.inputs, cfg.subscription_name, self.stall_fence)
 

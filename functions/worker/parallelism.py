@@ -96,8 +96,7 @@ class Parallelism:
                                     (fn.owned_state or fn.state) if keyed is None
                                     else keyed_stores(keyed).store(i),
                                     lambda: num_instances.value,
-                                    open_input=(lambda: link.subscribe(cfg, f"{cfg.fqfn}:{i}", beside_siblings=True))
-                                    if keyed is None
+                                    open_input=(lambda: link.subscribe(cfg, f"{cfg.fqfn}:{i}")) if keyed is None
                                     else (lambda: keyed.open_input(i)))
         fn.instances[i] = handle
         fn.restarts.setdefault(i, 0)

@@ -30,7 +30,6 @@ class BrokerProfile:
     consumer_id_floors: bool              # B2 between clients: each client's consumer ids start at a floor of its own
     shared_process_input: bool            # B2 in a worker: process instances receive through the worker's one consumer
     failover_receiver_queue: int | None   # B1: a FAILOVER input's receiver queue (None: the function's setting)
-    sibling_receiver_queue: int | None    # B18: the most a SHARED input beside its siblings' fetches (None: no cap)
     nack_redelivery: bool                 # a FAILOVER input redelivers its nacked messages itself (B13; see APACHE)
     stall_fence: bool                     # B12: inputs are reopened when the broker stops dispatching to them
     keyed_subscription: str | None        # B4, B11: a keyedState worker consumer's type (None: the function's)
@@ -38,16 +37,10 @@ class BrokerProfile:
     function_limits: bool                 # B5, B9: refuses topicsPattern and skipToLatest
     large_batches_may_stall: bool         # docs/dev/pulsar-lite-defects.md "Observed": batches over a receiver queue stall Shared
 
-    def input_receiver_queue(self, cfg, beside_siblings: bool = False) -> int | None:
+    def input_receiver_queue(self, cfg) -> int | None:
         """B1: a FAILOVER input (retainOrdering, EFFECTIVELY_ONCE) fetches `failover_receiver_queue` messages at
-        a time, whatever receiverQueueSize says. B18: a SHARED input that is one of several consumers of its
-        subscription (a thread instance) fetches at most `sibling_receiver_queue`, or the broker queues a
-        trickle behind one instance while the others idle. None: the function's own setting."""
-        if cfg.subscription_type == "FAILOVER":
-            return self.failover_receiver_queue
-        if beside_siblings and self.sibling_receiver_queue is not None and cfg.subscription_type == "SHARED":
-            return min(cfg.receiverQueueSize, self.sibling_receiver_queue)
-        return None
+        a time, whatever receiverQueueSize says; None: the function's own setting."""
+        return self.failover_receiver_queue if cfg.subscription_type == "FAILOVER" else None
 
     def keyed_subscription_type(self, subscription_type: str) -> str:
         """The subscription type of a keyedState function's worker consumer (routing.keyed_subscription_type).
@@ -61,13 +54,8 @@ class BrokerProfile:
         return self.keyed_subscription or subscription_type
 
 
-# B18: pulsar-lite fills one Shared consumer's permits before the next one's, so a consumer's receiver queue is how
-# many messages can wait behind one busy instance while its siblings idle: docs/dev/pulsar-lite-defects.md.
-SIBLING_QUEUE = 10
-
 APACHE = BrokerProfile(
     name="apache", consumer_id_floors=False, shared_process_input=False, failover_receiver_queue=None,
-    sibling_receiver_queue=None,
     # Apache Pulsar does redeliver a nacked Failover message, but with redelivery count 0 (its single-active-
     # consumer dispatchers keep no redelivery tracker), so the client's DeadLetterPolicy never fires: the input
     # counts and redelivers its nacks itself here too, or a poison message under retainOrdering is retried forever.
@@ -78,7 +66,6 @@ APACHE = BrokerProfile(
 LITE = BrokerProfile(
     name="pulsar-lite", consumer_id_floors=True, shared_process_input=True,
     failover_receiver_queue=1,   # B1: duplicates at 10 or more (0-11 of 2,000 at 10), none seen at 1
-    sibling_receiver_queue=SIBLING_QUEUE,
     nack_redelivery=True, stall_fence=True, keyed_subscription="SHARED",
     # Failover delivers twice (B1) and never redelivers a nack (B13); Shared with its one consumer redelivers
     # both a nacked message and a closed consumer's unacked ones. Break before make keeps one consumer per topic.

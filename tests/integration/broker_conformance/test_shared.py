@@ -14,7 +14,6 @@ import time
 import pulsar
 import pytest
 
-from pulsar_autoscale.broker.profile import SIBLING_QUEUE
 from tests.support.conformance import client, drain, payloads, produce
 
 
@@ -34,6 +33,9 @@ def test_shared_consumers_in_one_client_split_the_load(broker, topic):
     assert sorted(everything) == list(range(n)), "lost or duplicated messages"
     shares = [len(mine) for mine in per_consumer]
     assert all(s >= n // 10 for s in shares), f"load not split across consumers: {shares}"
+
+
+SMALL_QUEUE = 10
 
 
 def trickle_lag(service_url: str, topic: str, receiver_queue: int, n: int = 160, rate: float = 40.0) -> int:
@@ -69,22 +71,23 @@ def trickle_lag(service_url: str, topic: str, receiver_queue: int, n: int = 160,
 
 
 @pytest.mark.lite_defect(reason="pulsar-lite B18: a Shared subscription fills one consumer's permits before "
-                                "the next one's (a lag of 60-80 of 160 messages with receiver queues of 100)")
+                                "the next one's (a lag of 46 of 160 messages with receiver queues of 100)")
 def test_a_trickle_goes_to_idle_shared_consumers_with_permits(broker, topic):
     """Instances of a slow function each hold permits for a receiver queue; a trickle must reach the idle ones,
     not queue behind one busy instance (added instances would add latency and no capacity until the first one's
     receiver queue is full)."""
     lag = trickle_lag(broker.service_url, topic, receiver_queue=100)
     print(f"\nlag with receiver queues of 100: {lag}")
-    assert lag <= 2 * SIBLING_QUEUE, f"{lag} messages waited while consumers with permits idled"
+    assert lag <= SMALL_QUEUE * 2, f"{lag} messages waited while consumers with permits idled"
 
 
-def test_the_sibling_receiver_queue_bounds_the_wait_behind_a_busy_consumer(broker, topic):
-    """B18's fence (BrokerProfile.sibling_receiver_queue): no consumer holds more than that queue, so the others
-    get the overflow."""
-    lag = trickle_lag(broker.service_url, topic, receiver_queue=SIBLING_QUEUE)
-    print(f"\nlag with receiver queues of {SIBLING_QUEUE}: {lag}")
-    assert lag <= 2 * SIBLING_QUEUE, f"{lag} messages waited while consumers with permits idled"
+def test_a_small_receiver_queue_bounds_the_wait_behind_a_busy_consumer(broker, topic):
+    """What an operator can do about B18 on pulsar-lite, for producers that do not batch: a small receiverQueueSize
+    (no consumer holds more than it, so the others get the overflow). Not a default: batches larger than the
+    queue stall a Shared subscription on pulsar-lite (docs/dev/pulsar-lite-defects.md, B18)."""
+    lag = trickle_lag(broker.service_url, topic, receiver_queue=SMALL_QUEUE)
+    print(f"\nlag with receiver queues of {SMALL_QUEUE}: {lag}")
+    assert lag <= SMALL_QUEUE * 2, f"{lag} messages waited while consumers with permits idled"
 
 
 def test_unacked_messages_of_a_closed_consumer_go_to_the_survivors(broker, topic):
