@@ -127,8 +127,8 @@ def test_single_active_consumer_with_a_small_receiver_queue_gets_each_message_on
                                                                                   sub_type):
     """B1's fence (BrokerProfile.input_receiver_queue): with a receiver queue of 1 the duplicates (40-140% with the
     default queue) all but stop on pulsar-lite: none in 8 runs on an idle machine, 1 of 2,000 once in a full CI run
-    on 2 loaded cores. So pulsar-lite may deliver a few of 2,000 twice (EFFECTIVELY_ONCE there is not exact);
-    Apache Pulsar none."""
+    on 2 loaded cores. So pulsar-lite may deliver a few of 2,000 twice (the function sees them twice; state under
+    EFFECTIVELY_ONCE still applies a message id once, docs/state.md); Apache Pulsar none."""
     n = 2000
     with client(broker.service_url) as c:
         consumer = c.subscribe(topic, "s", consumer_type=getattr(pulsar.ConsumerType, sub_type), receiver_queue_size=1)
