@@ -21,10 +21,10 @@ HOLDER = textwrap.dedent("""
     import sys, time
     from pulsar_autoscale.leader import LeaderElector
     e = LeaderElector(sys.argv[1], sys.argv[2], identity="holder")
-    term = None
-    while term is None:   # one try can time out on a loaded machine; the lock is free
+    term, deadline = None, time.monotonic() + 30
+    while term is None and time.monotonic() < deadline:   # one try can time out on a loaded machine
         term = e.try_acquire()
-    print("LEADER", term.epoch, flush=True)
+    print("LEADER", term.epoch if term else 0, flush=True)
     time.sleep(600)
 """)
 
