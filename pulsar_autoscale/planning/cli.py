@@ -46,6 +46,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rate", type=float, default=1000.0, metavar="R",
                    help="live: the warm-up's rate (above the app's capacity; the backlog is capped)")
     p.add_argument("--producers", type=int, default=1, help="live: producer processes")
+    p.add_argument("--min-messages", type=int, default=200, metavar="N",
+                   help="live: extend each observation (up to 4x --observe) until every function received N messages")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -97,7 +99,7 @@ def testbed_of(args: argparse.Namespace):
         if missing:
             raise ConfigError(f"--testbed live needs {', '.join(missing)}")
         return LiveTestbed(load_live_app(args.app), args.admin_url, args.service_url, args.metrics_url,
-                           max_rate=args.max_rate, producers=args.producers)
+                           max_rate=args.max_rate, producers=args.producers, min_messages=args.min_messages)
     return SimTestbed(load_app(args.app), seed=args.seed)
 
 

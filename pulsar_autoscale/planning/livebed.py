@@ -227,19 +227,21 @@ class Reading:
     functions: Mapping[str, FnReading]
 
 
-def slope(ts: Sequence[float], ys: Sequence[float]) -> float:
-    """Least-squares slope (per second); 0 with fewer than two distinct times."""
+def trend(ts: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope (per second) and the standard deviation of the samples about that line;
+    (0, 0) with fewer than two distinct times."""
     t, y = np.asarray(ts, dtype=float), np.asarray(ys, dtype=float)
     if len(t) < 2 or np.ptp(t) <= 0:
-        return 0.0
-    return float(np.polyfit(t - t[0], y, 1)[0])
+        return 0.0, 0.0
+    k, c = np.polyfit(t - t[0], y, 1)
+    return float(k), float(np.std(y - (k * (t - t[0]) + c)))
 
 
 def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequence[float],
               parallelism: Mapping[str, int], duration_s: float, workers: int = 1, note: str = "") -> RunResult:
-    """A RunResult from the observation's readings: rates from the first and last, backlog growth from
-    the slope over all of them, processed rate in source messages (injected x the worst function's
-    processed / arrived), p99 over the sink latencies."""
+    """A RunResult from the observation's readings: rates from the first and last, backlog growth (and
+    its noise about that trend) from the least-squares line over all of them, processed rate in source
+    messages (injected x the worst function's processed / arrived), p99 over the sink latencies."""
     first, last = readings[0], readings[-1]
     obs = max(last.time - first.time, 1e-9)
     injected = (last.sent - first.sent) / obs
@@ -252,15 +254,18 @@ def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequen
         processed = (b.processed - a.processed) / obs
         if arrival > 0:
             worst = min(worst, processed / arrival)
-        growth = slope(ts, [r.functions[name].backlog for r in readings]) * obs
-        mid = float(np.mean([r.functions[name].backlog for r in readings]))
+        backlogs = [r.functions[name].backlog for r in readings]
+        k, noise = trend(ts, backlogs)
+        growth = k * obs
+        mid = float(np.mean(backlogs))
         inst = tuple(InstanceMeasure(processed=b.instances[i][1] - a.instances[i][1],
                                      busy_s=b.instances[i][2] - a.instances[i][2], cpu_s=0.0,
                                      arrived=b.instances[i][0] - a.instances[i][0])
                      for i in sorted(set(a.instances) & set(b.instances)))
         fms[name] = FunctionMeasure(parallelism=parallelism.get(name, len(inst)), arrival_rate=arrival,
                                     processed_rate=processed, output_rate=(b.outputs - a.outputs) / obs,
-                                    backlog_start=mid - growth / 2, backlog_end=mid + growth / 2, instances=inst)
+                                    backlog_start=mid - growth / 2, backlog_end=mid + growth / 2, instances=inst,
+                                    backlog_noise=noise)
     p99 = float(np.percentile(latencies, 99)) if len(latencies) else None
     return RunResult(target_rate=target_rate, injected_rate=injected, processed_rate=injected * worst,
                      p99_s=p99, observe_s=obs, duration_s=duration_s, functions=fms, workers=workers, note=note)
@@ -269,11 +274,18 @@ def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequen
 # ---------------------------------------------------------------- the testbed
 
 class LiveTestbed:
-    """The Testbed protocol on a live worker (cluster) and broker; `close()` deletes the app's functions."""
+    """The Testbed protocol on a live worker (cluster) and broker; `close()` deletes the app's functions.
+
+    An observation lasts the phases' observe_s, and longer (up to MAX_STRETCH times) until every function
+    has received `min_messages`: the 99% test needs a count in the hundreds to resolve 1%, and a slow
+    function at a few messages per second receives only tens in a 15 s observation."""
+
+    MAX_STRETCH = 4.0
 
     def __init__(self, app: LiveApp, admin_url: str | list[str], service_url: str, metrics_url: str,
                  max_rate: float = 1000.0, producers: int = 1, sample_s: float = 0.5,
                  warmup_backlog: float = 200.0, drain_backlog: float = 5.0, batching: bool = False,
+                 min_messages: int = 200,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
         self.app = app
         self.name = f"live:{app.name}"
@@ -281,6 +293,7 @@ class LiveTestbed:
         self.admin = FunctionsAdmin(admin_url)
         self.service_url, self.metrics_url = service_url, metrics_url
         self.sample_s, self.warmup_backlog, self.drain_backlog = sample_s, warmup_backlog, drain_backlog
+        self.min_messages = min_messages
         self._clock, self._sleep = clock, sleep
         self._deployed: dict[str, int] = {}
         self._base: dict[str, float] = {}        # per function: arrived - processed when it was created
@@ -340,12 +353,18 @@ class LiveTestbed:
         self._sleep(phases.ramp_s)
         readings = [self.read()]
         end = readings[0].time + phases.observe_s
-        while (now := self._clock()) < end:
-            self._sleep(min(self.sample_s, end - now))
+        last = readings[0].time + phases.observe_s * self.MAX_STRETCH
+        while (now := self._clock()) < end or (now < last and self._fewest_arrivals(readings) < self.min_messages):
+            self._sleep(min(self.sample_s, end - now) if now < end else self.sample_s)
             readings.append(self.read())
         lat = self._sink.latencies(readings[0].time, readings[-1].time)
         self._producer.set_rate(0.0)
         return summarize(rate, readings, lat, config.parallelism, self._clock() - t0, self._workers())
+
+    @staticmethod
+    def _fewest_arrivals(readings: Sequence[Reading]) -> float:
+        first, last = readings[0], readings[-1]
+        return min(last.functions[n].arrived - f.arrived for n, f in first.functions.items())
 
     # -- deployment
     def deploy(self, config: TestConfig) -> None:

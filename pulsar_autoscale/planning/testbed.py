@@ -67,6 +67,7 @@ class FunctionMeasure:
     backlog_end: float        # ... and at its end
     instances: tuple[InstanceMeasure, ...] = ()
     key_group_counts: tuple[float, ...] | None = None   # messages per key group (keyed functions)
+    backlog_noise: float = 0.0   # std of the backlog about its trend over the observation (messages)
 
     def backlog_growth_rate(self, observe_s: float) -> float:
         return (self.backlog_end - self.backlog_start) / observe_s if observe_s > 0 else 0.0
@@ -106,8 +107,11 @@ class RunResult:
 
     @property
     def valid(self) -> bool:
-        """A run whose producer missed its target says nothing about the app."""
-        return self.injected_rate >= self.target_rate * (1 - self.PRODUCER_TOLERANCE)
+        """A run whose producer missed its target says nothing about the app. One message is forgiven: the
+        observation's two ends cut a paced stream between messages, which at a few messages per second is
+        more than 0.5% of a short observation."""
+        slack = 1.0 / self.observe_s if self.observe_s > 0 else 0.0
+        return self.injected_rate >= self.target_rate * (1 - self.PRODUCER_TOLERANCE) - slack
 
 
 @runtime_checkable

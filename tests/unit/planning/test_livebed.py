@@ -9,7 +9,7 @@ import pytest
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.planning import cli
-from pulsar_autoscale.planning.livebed import FnReading, Reading, load_live_app, sleepy_app, slope, summarize
+from pulsar_autoscale.planning.livebed import FnReading, Reading, load_live_app, sleepy_app, summarize, trend
 from pulsar_autoscale.planning.mst import MstSettings, judge, next_rate
 from pulsar_autoscale.planning.producer import TokenBucket
 
@@ -50,10 +50,36 @@ def test_summarize_an_overloaded_run_fails_on_processed_and_backlog():
     assert not ok and "83.33%" in reason
 
 
-def test_slope_is_least_squares():
-    assert slope([0, 1, 2, 3], [0, 2, 4, 6]) == pytest.approx(2.0)
-    assert slope([0, 1, 2, 3], [5, 9, 5, 9]) == pytest.approx(0.8)   # noise, not growth
-    assert slope([1.0], [3.0]) == 0.0
+def test_trend_is_least_squares_with_the_noise_about_it():
+    assert trend([0, 1, 2, 3], [0, 2, 4, 6]) == pytest.approx((2.0, 0.0))
+    k, noise = trend([0, 1, 2, 3], [5, 9, 5, 9])
+    assert k == pytest.approx(0.8) and noise == pytest.approx(0.8 * 5 ** 0.5)   # mostly noise, little growth
+    assert trend([1.0], [3.0]) == (0.0, 0.0)
+
+
+def _fluctuating(deficit: float, swing: float, seconds: int = 30) -> list[Reading]:
+    """20 msg/s in; the backlog (arrived - processed) swings by +-swing and ends `deficit` above where it began."""
+    out = []
+    for t in range(seconds + 1):
+        wait = 5 + (swing if t % 2 else -swing) * (0 < t < seconds) + deficit * (t == seconds)
+        out.append(Reading(t, 20.0 * t, {"f": FnReading(20.0 * t, 20.0 * t - wait, 0.0, 0.0, wait, {})}))
+    return out
+
+
+def test_a_deficit_within_the_backlogs_noise_passes_and_one_beyond_it_fails():
+    # 600 arrived, 8 short (1.3%): a backlog swinging by 4 messages explains it, a flat one does not.
+    noisy = summarize(20.0, _fluctuating(8, 4), [], {"f": 1}, 40.0)
+    assert noisy.processed_rate / noisy.injected_rate < 0.99
+    ok, reason = judge(noisy, MstSettings())
+    assert ok and "within the backlogs' noise" in reason, reason
+    flat = summarize(20.0, _fluctuating(8, 0), [], {"f": 1}, 40.0)
+    ok, reason = judge(flat, MstSettings())
+    assert not ok and "98.67%" in reason
+    # A backlog that keeps growing fails whatever its noise: its deficit is many standard deviations.
+    growing = summarize(20.0, [Reading(t, 20.0 * t, {"f": FnReading(20.0 * t, 18.0 * t - (t % 2), 0.0, 0.0,
+                                                                     2.0 * t + (t % 2), {})}) for t in range(31)],
+                        [], {"f": 1}, 40.0)
+    assert not judge(growing, MstSettings())[0]
 
 
 def test_next_rate_brackets_then_bisects():
