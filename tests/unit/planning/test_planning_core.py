@@ -208,6 +208,14 @@ def test_profile_points_are_each_functions_own(linear_model):
         assert fp.capacity(4) == pytest.approx(4 * fp.capacity(1), rel=0.03)
 
 
+def test_the_smallest_budget_reuses_the_profiles_baseline(linear_model):
+    _, model = linear_model
+    first, *rest = model.points
+    assert first.parallelism == {f: 1 for f in first.parallelism} and first.reused
+    assert first.measured is model.profile.baseline and not any(p.reused for p in rest)
+    assert model.runs == model.profile.runs + sum(p.measured.runs for p in rest)
+
+
 def test_plan_for_rate_meets_the_target_with_headroom(linear_model):
     tb, model = linear_model
     plan = plan_for_rate(model, 5000.0, 0.10, Cluster(cores_per_worker=8, instances_per_worker=4, runtime="process"))
