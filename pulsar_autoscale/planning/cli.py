@@ -98,6 +98,8 @@ def testbed_of(args: argparse.Namespace):
         missing = [f"--{n.replace('_', '-')}" for n in ("admin_url", "service_url", "metrics_url") if not getattr(args, n)]
         if missing:
             raise ConfigError(f"--testbed live needs {', '.join(missing)}")
+        if args.min_messages < 0:
+            raise ConfigError(f"--min-messages must be >= 0 (got {args.min_messages})")
         return LiveTestbed(load_live_app(args.app), args.admin_url, args.service_url, args.metrics_url,
                            max_rate=args.max_rate, producers=args.producers, min_messages=args.min_messages)
     return SimTestbed(load_app(args.app), seed=args.seed)

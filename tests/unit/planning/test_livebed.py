@@ -120,6 +120,9 @@ def test_cli_live_needs_urls_and_gets_live_phases(capsys):
     args = _args("mst", "--testbed", "live", "--app", "sleepy")
     assert cli.run(args) == 2
     assert "--admin-url, --service-url, --metrics-url" in capsys.readouterr().err
+    urls = ("--admin-url", "http://w", "--service-url", "pulsar://b", "--metrics-url", "http://b/metrics")
+    assert cli.run(_args("mst", "--testbed", "live", *urls, "--min-messages", "-1")) == 2
+    assert "--min-messages must be >= 0 (got -1)" in capsys.readouterr().err
     s = cli.settings_of(_args("mst", "--testbed", "live", "--observe", "9"))
     assert s.phases.observe_s == 9 and s.warmup_s == 10 and s.bracket == 0.1 and s.step == 0.02
     s = cli.settings_of(_args("mst"))
