@@ -9,7 +9,7 @@ import pytest
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.planning import cli
-from pulsar_autoscale.planning.livebed import FnReading, Reading, load_live_app, sleepy_app, summarize, trend
+from pulsar_autoscale.planning.livebed import FnReading, LiveTestbed, Reading, load_live_app, sleepy_app, summarize, trend
 from pulsar_autoscale.planning.mst import MstSettings, judge, next_rate
 from pulsar_autoscale.planning.producer import TokenBucket
 
@@ -80,6 +80,15 @@ def test_a_deficit_within_the_backlogs_noise_passes_and_one_beyond_it_fails():
                                                                      2.0 * t + (t % 2), {})}) for t in range(31)],
                         [], {"f": 1}, 40.0)
     assert not judge(growing, MstSettings())[0]
+
+
+def test_the_observation_is_sized_by_the_function_that_received_fewest():
+    def at(t: float, a: float, b: float) -> Reading:
+        return Reading(t, 0.0, {"a": FnReading(a, 0, 0, 0, 0), "b": FnReading(b, 0, 0, 0, 0)})
+    assert LiveTestbed._fewest_arrivals([at(0, 0, 100), at(15, 40, 400)]) == 40
+    # b's input is not fed by this app: a does the sizing
+    assert LiveTestbed._fewest_arrivals([at(0, 0, 100), at(15, 40, 100)]) == 40
+    assert LiveTestbed._fewest_arrivals([at(0, 0, 0), at(15, 0, 0)]) == float("inf")
 
 
 def test_next_rate_brackets_then_bisects():
