@@ -271,6 +271,18 @@ def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequen
                      p99_s=p99, observe_s=obs, duration_s=duration_s, functions=fms, workers=workers, note=note)
 
 
+def saturated_rate(res: RunResult, readings: Sequence[Reading], share: Mapping[str, float],
+                   parallelism: Mapping[str, int]) -> float:
+    """The warm-up's estimate of the source rate the app sustains: the lowest processed rate, in source
+    messages (over `share`, its arrivals per message sent), of the functions that had messages waiting
+    beyond those in service all along (saturated). A function the paused producer starved processed what
+    it got, not what it can: counting it made the start of a search a quarter of the capacity. If none
+    was saturated throughout, the lowest of all."""
+    rates = {n: res.functions[n].processed_rate / s for n, s in share.items() if n in res.functions}
+    saturated = [n for n in rates if min(r.functions[n].backlog for r in readings) > parallelism.get(n, 1)]
+    return min((rates[n] for n in (saturated or rates)), default=res.processed_rate)
+
+
 # ---------------------------------------------------------------- the testbed
 
 class LiveTestbed:
@@ -312,8 +324,8 @@ class LiveTestbed:
 
     def warmup(self, rate: float, config: TestConfig, seconds: float) -> RunResult:
         """Deploy, then load at `rate` with the backlogs capped at `warmup_backlog` (the producer pauses
-        above it): the app runs saturated, so the processed rate over the second half is its capacity,
-        and the backlog left to drain is small (an uncapped full-speed warm-up would leave minutes of it)."""
+        above it): its bottleneck runs saturated, so that one's processed rate over the second half is the
+        capacity (saturated_rate), and the backlog left to drain is small (an uncapped full-speed warm-up would leave minutes of it)."""
         self.deploy(config)
         t0 = self._clock()
         half = t0 + seconds / 2
@@ -338,7 +350,7 @@ class LiveTestbed:
         sent = everything[-1].sent - first.sent
         share = {n: (f.arrived - first.functions[n].arrived) / sent for n, f in everything[-1].functions.items()
                  if sent > 0 and f.arrived > first.functions[n].arrived}
-        processed = min((res.functions[n].processed_rate / s for n, s in share.items()), default=res.processed_rate)
+        processed = saturated_rate(res, readings, share, config.parallelism)
         self._drain(max(30.0, seconds))
         return RunResult(rate, res.injected_rate, processed, None, res.observe_s, self._clock() - t0,
                          res.functions, res.workers, res.note)

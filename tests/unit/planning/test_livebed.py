@@ -9,7 +9,16 @@ import pytest
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.planning import cli
-from pulsar_autoscale.planning.livebed import FnReading, LiveTestbed, Reading, load_live_app, sleepy_app, summarize, trend
+from pulsar_autoscale.planning.livebed import (
+    FnReading,
+    LiveTestbed,
+    Reading,
+    load_live_app,
+    saturated_rate,
+    sleepy_app,
+    summarize,
+    trend,
+)
 from pulsar_autoscale.planning.mst import MstSettings, judge, next_rate
 from pulsar_autoscale.planning.producer import TokenBucket
 
@@ -89,6 +98,19 @@ def test_the_observation_is_sized_by_the_function_that_received_fewest():
     # b's input is not fed by this app: a does the sizing
     assert LiveTestbed._fewest_arrivals([at(0, 0, 100), at(15, 40, 100)]) == 40
     assert LiveTestbed._fewest_arrivals([at(0, 0, 0), at(15, 0, 0)]) == float("inf")
+
+
+def test_the_warm_up_starts_from_the_saturated_function_not_a_starved_one():
+    # resize gets what the paused producer lets through (3/s, nothing waiting); recognize, 2 instances, has
+    # 150 waiting all along and processes 12/s: the start is recognize's 12, not resize's 3.
+    readings = [Reading(t, 3.0 * t, {"resize": FnReading(3.0 * t, 3.0 * t, 0, 0, 0.0),
+                                     "recognize": FnReading(150 + 12.0 * t, 12.0 * t, 0, 0, 150.0)})
+                for t in range(6)]
+    res = summarize(200.0, readings, [], {"resize": 1, "recognize": 2}, 5.0)
+    share = {"resize": 1.0, "recognize": 1.0}
+    assert saturated_rate(res, readings, share, {"resize": 1, "recognize": 2}) == pytest.approx(12.0)
+    # nothing saturated throughout: the lowest of all, as before
+    assert saturated_rate(res, readings, share, {"resize": 1, "recognize": 200}) == pytest.approx(3.0)
 
 
 def test_next_rate_brackets_then_bisects():
