@@ -276,8 +276,8 @@ def saturated_rate(res: RunResult, readings: Sequence[Reading], share: Mapping[s
     """The warm-up's estimate of the source rate the app sustains: the lowest processed rate, in source
     messages (over `share`, its arrivals per message sent), of the functions that had messages waiting
     beyond those in service all along (saturated). A function the paused producer starved processed what
-    it got, not what it can: counting it made the start of a search a quarter of the capacity. If none
-    was saturated throughout, the lowest of all."""
+    it got, not what it can, and would start the search far under the capacity. If none was saturated
+    throughout, the lowest of all."""
     rates = {n: res.functions[n].processed_rate / s for n, s in share.items() if n in res.functions}
     saturated = [n for n in rates if min(r.functions[n].backlog for r in readings) > parallelism.get(n, 1)]
     return min((rates[n] for n in (saturated or rates)), default=res.processed_rate)
@@ -325,7 +325,8 @@ class LiveTestbed:
     def warmup(self, rate: float, config: TestConfig, seconds: float) -> RunResult:
         """Deploy, then load at `rate` with the backlogs capped at `warmup_backlog` (the producer pauses
         above it): its bottleneck runs saturated, so that one's processed rate over the second half is the
-        capacity (saturated_rate), and the backlog left to drain is small (an uncapped full-speed warm-up would leave minutes of it)."""
+        capacity (saturated_rate), and the backlog left to drain is small (an uncapped full-speed warm-up
+        would leave minutes of it)."""
         self.deploy(config)
         t0 = self._clock()
         half = t0 + seconds / 2

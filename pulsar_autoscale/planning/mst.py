@@ -4,8 +4,9 @@ StreamBed's method: a warm-up (state and buffers reach their steady size; a fres
 absorbs more than it sustains), then a dichotomous search between a passing rate and a failing one,
 each test a cooldown, a ramp-up and an observation. A test passes when the app processed at least
 99% of what was injected (or less by no more than its backlogs' noise), no function's backlog grew,
-and (for an SLO capacity) the p99 response time stayed under the SLO. A run whose producer missed its target is invalid: it is repeated, and
-if the producer cannot reach a rate, that rate bounds the search (the app was not shown to fail).
+and (for an SLO capacity) the p99 response time stayed under the SLO. A run whose producer missed its
+target is invalid: it is repeated, and if the producer cannot reach a rate, that rate bounds the search
+(the app was not shown to fail).
 """
 
 from __future__ import annotations
