@@ -167,7 +167,9 @@ def _load(broker, src: str):
 
 def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
     FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 2)
-    wait_until(lambda: _mid_migration(cluster, name, "2", -38), 60,
+    # Paced at a duty of 5%, each 1-group subscale is followed by a pause 19x as long as it took, so on a loaded
+    # machine five groups can take over a minute (3 of 5 in 60 s once in CI); the migration of 43 lasts far longer.
+    wait_until(lambda: _mid_migration(cluster, name, "2", -38), 150,
                lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
 
 
