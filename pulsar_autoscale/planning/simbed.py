@@ -206,21 +206,25 @@ class SimTestbed:
                 sel = lay.fn == j
                 emit[sel] = f.window_keys * lay.share[sel] * f.emit_cost_s / f.window_s
         lock = x * lock_s[lay.fn] + emit
-        busy = x * time_s[lay.fn] + emit
         cl = self.app.cluster
         per_worker = np.bincount(lay.worker, weights=lock, minlength=lay.workers)
         core_u = per_worker / cl.cores_per_worker
+        wait = np.zeros(len(x))
         if cl.runtime == "thread":
-            lock_u = per_worker * (1 + cl.lock_contention * (lay.threads - 1))
+            handoff = 1 + cl.lock_contention * (lay.threads - 1)
+            lock_u = per_worker * handoff
+            wait = _lock_waits(x, lock_s[lay.fn] * handoff[lay.worker], lay)
         else:
             lock_u = np.zeros(lay.workers)
-        return lam, out, x, lock, busy, core_u, lock_u, time_s
+        # time waiting for a contended lock is spent inside process(): busy time, as in a live worker
+        busy = x * (time_s[lay.fn] + wait) + emit
+        return lam, out, x, lock, busy, core_u, lock_u, time_s, wait
 
     def utilization(self, r: float, config: TestConfig) -> tuple[float, int]:
         """The highest utilization of any resource at source rate r, and the function it binds
         (for a worker's lock or cores: the function with most lock demand there)."""
         lay = self._layout(config)
-        _, _, _, lock, busy, core_u, lock_u, _ = self._demands(r, lay)
+        _, _, _, lock, busy, core_u, lock_u, _, _ = self._demands(r, lay)
         worst_w = np.maximum(core_u, lock_u)
         i = int(np.argmax(busy))
         w = int(np.argmax(worst_w))
@@ -273,13 +277,8 @@ class SimTestbed:
             grow[b] = (lam_in[b] - lam_x[b]) * observe_s
             downstream_of_b = self._downstream(b)
         lam_seen = np.where([j in downstream_of_b or grow[j] > 0 for j in range(len(self._order))], lam_x, lam_in)
-        _, _, x, lock, busy, core_u, lock_u, time_s = self._demands(kept, lay)
-        # time waiting for a contended lock counts as busy (it is spent inside process())
-        wait = np.zeros(len(x))
-        if cl.runtime == "thread":
-            u = np.minimum(lock_u[lay.worker], 0.95)
-            wait = lock * u / (1 - u)
-        busy_s = np.minimum((busy + wait) * observe_s, observe_s)
+        _, _, x, lock, busy, core_u, lock_u, time_s, wait = self._demands(kept, lay)
+        busy_s = np.minimum(busy * observe_s, observe_s)
         functions = {}
         p99 = {}
         for j, f in enumerate(self.app.functions):
@@ -293,8 +292,8 @@ class SimTestbed:
             counts = None
             if f.name in self._weights:
                 counts = tuple(float(c) for c in rng.poisson(self._weights[f.name] * lam_x[j] * observe_s))
-            hot = float(np.max(busy[sel] + wait[sel]))
-            service = float(time_s[j])
+            hot = float(np.max(busy[sel]))
+            service = float(time_s[j] + np.max(wait[sel]))
             backlog0 = backlog1 = 0.0
             drain = 0.0
             for u in f.upstream:
@@ -331,6 +330,25 @@ class SimTestbed:
         for j, f in enumerate(self.app.functions):
             best[f.name] = p99[j] + max((best[u] for u in f.upstream), default=0.0)
         return max(best.values())
+
+
+def _lock_waits(x: np.ndarray, hold: np.ndarray, lay: _Layout) -> np.ndarray:
+    """Seconds per message each thread waits for its worker's interpreter lock, from its rate `x` and
+    its hold per message. A thread that asks for the lock waits for the holds of the other threads
+    then at the lock (first come, first served); each of those is at the lock, by Little's law, its
+    rate times its hold plus its own wait of the time, and at most all of it. A closed system: a
+    thread waits at most one hold of every other thread on its worker, never the unbounded queue of
+    an open model, since there are no more contenders than threads. Solved by damped iteration."""
+    wait = np.zeros(len(x))
+    for _ in range(200):
+        held = np.minimum(1.0, x * hold)
+        waiting = np.minimum(1.0 - held, x * wait)
+        ahead = held * hold / 2 + waiting * hold   # the holder's remaining half, each waiter's whole hold
+        others = np.bincount(lay.worker, weights=ahead, minlength=lay.workers)[lay.worker] - ahead
+        if np.allclose(others, wait, rtol=1e-6, atol=1e-9):
+            break
+        wait = (wait + others) / 2
+    return wait
 
 
 def _residual(burst: float, drain_s: float, phase: float) -> float:

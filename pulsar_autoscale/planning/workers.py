@@ -65,9 +65,13 @@ class WorkerCeiling:
     points: tuple[ProbePoint, ...] = field(default=())
 
     def ceiling(self, threads: int) -> float:
-        fitted = 1.0 / (self.a + self.b * threads)
+        """A bound point's ceiling as measured; elsewhere the fit, and at least what a worker that kept
+        up gave (a lower bound)."""
+        bound = [p.ceiling for p in self.points if p.threads == threads and p.bound]
+        if bound:
+            return max(bound)
         seen = [p.ceiling for p in self.points if p.threads == threads]
-        return max([fitted] + seen)
+        return max([1.0 / (self.a + self.b * threads)] + seen)
 
     def workers(self, instances: int) -> int:
         return max(1, math.ceil(instances / self.slots))
