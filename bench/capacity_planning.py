@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from pulsar_autoscale.planning.sustain import FACTORS, SLO_P99_S, format_sustain, sustain
-from pulsar_autoscale.planning.validate import format_table, validate
+from pulsar_autoscale.planning.validate import format_pooled, format_table, pooled, validate
 
 
 def main() -> int:
@@ -38,6 +38,8 @@ def main() -> int:
     out = {"seeds": runs, "summary": {s: {k: r[k] for k in ("median_error", "max_error", "passed",
                                                              "baselines_worse_on_every_nonlinear_app")}
                                       | {"per_app": r["per_app"]} for s, r in runs.items()}}
+    out["summary"]["pooled"] = pooled(list(runs.values()))
+    print(format_pooled(out["summary"]["pooled"]), file=sys.stderr)
     if not args.no_sustain:
         sus = sustain(seeds=seeds, factors=[float(f) for f in args.factors.split(",")], slo_p99_s=args.slo_p99)
         print(format_sustain(sus), file=sys.stderr)

@@ -30,7 +30,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--testbed", default="sim", choices=("sim", "live"),
                    help="sim: the simulated testbed; live: a worker and broker (--admin-url, --service-url, --metrics-url)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-p99", type=float, default=None, metavar="S", help="SLO capacity: p99 response time under S seconds")
+    p.add_argument("--slo-p99", type=float, default=None, metavar="S", help="SLO capacity: p99 response time under S seconds (each test also "
+                        "checks it; plan make sizes a function fed by a window's bursts to drain one within S)")
     for name, what in (("warmup", "warm-up"), ("ramp", "ramp-up per run"),
                        ("observe", "observation per run; a multiple of any window a function uses"),
                        ("cooldown", "cooldown per run")):
@@ -172,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         budgets = default_budgets(len(testbed.functions()), args.largest_budget)
         model = build_model(testbed, prof, budgets, settings)
         cluster = Cluster(args.cores_per_worker, args.instances_per_worker, args.runtime)
-        plan = plan_for_rate(model, args.target_rate, args.headroom, cluster, started)
+        plan = plan_for_rate(model, args.target_rate, args.headroom, cluster, started, args.slo_p99)
         files = write_plan(Path(args.out), plan, model) if args.out else {}
         text = plan_text(plan, model) + ("\n  files: " + ", ".join(files.values()) if files else "")
         _emit(args, {"plan": plan.to_json(), "capacity_model": model.to_json(), "files": files}, text)

@@ -41,11 +41,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
 
 @dataclass(frozen=True)
 class LiveFunction:
-    """One function of the app: its FunctionConfig fields (parallelism is the TestConfig's) and,
-    for a function not importable on the worker, the py file to upload."""
+    """One function of the app: its FunctionConfig fields (parallelism is the TestConfig's),
+    for a function not importable on the worker the py file to upload, and for a function that
+    emits what it gathered once per window, the window's length (its outputs arrive downstream in bursts)."""
 
     config: Mapping[str, Any]
     py: str | None = None
+    window_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -131,7 +133,8 @@ def load_live_app(spec: str) -> LiveApp:
         name: my-app
         source: persistent://public/default/in
         sink: persistent://public/default/out
-        functions:            # upstream first; FunctionConfig fields, `py` (optional) a file to upload
+        functions:            # upstream first; FunctionConfig fields, `py` (optional) a file to upload,
+                              # `window_s` (optional) the window of a function that emits once per window
           - {name: f1, className: sleepy.Sleepy, py: functions/examples/sleepy.py,
              inputs: [in], output: mid, userConfig: {service_ms: 20, dist: deterministic}}
     """
@@ -150,11 +153,16 @@ def load_live_app(spec: str) -> LiveApp:
     try:
         fns = []
         for raw in doc["functions"]:
-            cfg = {"tenant": "public", "namespace": "default", **{k: v for k, v in raw.items() if k != "py"}}
+            cfg = {"tenant": "public", "namespace": "default",
+                   **{k: v for k, v in raw.items() if k not in ("py", "window_s")}}
             py = raw.get("py")
             if py and not Path(py).is_absolute():
                 py = str((path.parent / py) if (path.parent / py).is_file() else Path(py))
-            fns.append(LiveFunction(cfg, py))
+            window = raw.get("window_s", 0)
+            if isinstance(window, bool) or not isinstance(window, (int, float)) or window < 0:
+                raise ConfigError(f"{spec}: function {raw.get('name')!r}: window_s must be a number of seconds >= 0, "
+                                  f"got {window!r}")
+            fns.append(LiveFunction(cfg, py, float(window)))
         return LiveApp(str(doc.get("name", path.stem)), _full(doc["source"]), _full(doc["sink"]), tuple(fns))
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"{spec}: an app needs source, sink and functions with name, className, inputs ({exc})"
@@ -321,6 +329,9 @@ class LiveTestbed:
 
     def upstream(self, function: str) -> tuple[str, ...]:
         return self.app.upstream(function)
+
+    def window_s(self, function: str) -> float:
+        return self._fns[function].window_s
 
     def warmup(self, rate: float, config: TestConfig, seconds: float) -> RunResult:
         """Deploy, then load at `rate` with the backlogs capped at `warmup_backlog` (the producer pauses

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -157,6 +157,7 @@ class Plan:
     testbed_s: float
     wall_s: float
     refused: str | None = None
+    drains: dict[str, str] = field(default_factory=dict)   # function: why the SLO raised its parallelism
 
     def to_json(self) -> dict:
         return {"target_rate": self.target_rate, "headroom": self.headroom, "budget": self.budget,
@@ -166,7 +167,7 @@ class Plan:
                          "extrapolation": self.band.extrapolation, "trusted": self.band.trusted,
                          "note": self.band.note},
                 "model": self.model.to_json(), "limited_by": self.limited_by, "runs": self.runs,
-                "testbed_s": self.testbed_s, "wall_s": self.wall_s, "refused": self.refused}
+                "testbed_s": self.testbed_s, "wall_s": self.wall_s, "refused": self.refused, "drains": self.drains}
 
 
 def cpu_per_source_msg(profile: AppProfile) -> float:
@@ -178,9 +179,46 @@ def cpu_per_source_msg(profile: AppProfile) -> float:
     return total
 
 
+def burst_drain(profile: AppProfile, rate: float, slo_p99_s: float) -> tuple[dict[str, int], dict[str, str]]:
+    """The parallelism each function fed by a window's bursts needs to drain one burst within the SLO.
+
+    A windowed function emits what it gathered over its window at once: its next function receives
+    rate x gain x window messages in one burst and drains them at its capacity, so the last of them waits
+    burst / capacity: nearly the whole window in a deployment sized for the mean rate (utilization near 1),
+    and in the p99, since every message of the burst waits. Sized at the planned rate (target + headroom),
+    so the headroom is left for the path's other waits. Returns the parallelism and a note per function; a
+    curve that never reaches the capacity raises ConfigError."""
+    need_k, notes = {}, {}
+    for f, window in profile.bursts.items():
+        fp = profile.functions[f]
+        capacity = rate * fp.gain * window / slo_p99_s
+        if capacity <= fp.capacity(1):
+            continue
+        hi = 1
+        while fp.capacity(hi) < capacity:
+            if hi >= 1 << 20 or fp.capacity(hi * 2) <= fp.capacity(hi) * (1 + 1e-9):
+                raise ConfigError(f"{f} cannot drain the {window:g} s window's burst of {rate * fp.gain * window:.0f} "
+                                  f"messages within {slo_p99_s:g} s: its capacity stops rising at "
+                                  f"{fp.capacity(hi):.1f}/s")
+            hi *= 2
+        lo = hi // 2 + 1 if hi > 1 else 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fp.capacity(mid) >= capacity:
+                hi = mid
+            else:
+                lo = mid + 1
+        need_k[f] = hi
+        notes[f] = (f"{hi} instances drain a {window:g} s window's burst ({rate * fp.gain * window:.0f} messages) "
+                    f"within the {slo_p99_s:g} s SLO")
+    return need_k, notes
+
+
 def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.10,
-                  cluster: Cluster = Cluster(), started: float | None = None) -> Plan:
-    """The smallest budget whose predicted MST is at least target x (1 + headroom)."""
+                  cluster: Cluster = Cluster(), started: float | None = None,
+                  slo_p99_s: float | None = None) -> Plan:
+    """The smallest budget whose predicted MST is at least target x (1 + headroom); with an SLO, each
+    function fed by a window's bursts also gets what drains one within it (`burst_drain`)."""
     if target_rate <= 0:
         raise ConfigError(f"--target-rate must be > 0, got {target_rate}")
     need = target_rate * (1 + headroom)
@@ -198,16 +236,26 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
     pred = predict(model, budget)
     if refused is None and not pred.band.trusted:
         refused = pred.band.note
+    parallelism, used = dict(pred.allocation.parallelism), pred.allocation.used
+    drains: dict[str, str] = {}
+    if slo_p99_s is not None and refused is None:
+        try:
+            raise_to, drains = burst_drain(model.profile, need, slo_p99_s)
+        except ConfigError as exc:
+            refused, raise_to = str(exc), {}
+        for f, k in raise_to.items():
+            used += max(0, k - parallelism[f])
+            parallelism[f] = max(k, parallelism[f])
     cores = cpu_per_source_msg(model.profile) * need
     if model.profile.workers is not None:
         # the model's own deployment: its prediction already holds each worker's ceiling
-        workers = model.profile.workers.workers(pred.allocation.used)
+        workers = model.profile.workers.workers(used)
     else:
-        workers = max(math.ceil(pred.allocation.used / cluster.instances_per_worker),
+        workers = max(math.ceil(used / cluster.instances_per_worker),
                       math.ceil(cores / cluster.usable_cores - 1e-9), 1)
     wall = time.perf_counter() - started if started is not None else 0.0
-    return Plan(target_rate, headroom, budget, pred.allocation.parallelism, workers, cores, pred.mst, pred.band,
-                model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused)
+    return Plan(target_rate, headroom, max(budget, used), parallelism, workers, cores, pred.mst, pred.band,
+                model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused, drains)
 
 
 def controller_snippet(plan: Plan, floor_share: float = 0.25) -> str:

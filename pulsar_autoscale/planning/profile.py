@@ -14,7 +14,7 @@ over the share the hot instance would own at k (the worker's contiguous key-grou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence, cast
 
 import numpy as np
@@ -97,6 +97,7 @@ class AppProfile:
     testbed_s: float
     workers: WorkerCeiling | None = None     # a per-worker ceiling the probe found (None: none binds)
     probe: tuple[ProbePoint, ...] = ()
+    bursts: Mapping[str, float] = field(default_factory=dict)   # function: the window whose bursts reach it (s)
 
     def curves(self) -> dict[str, Callable[[int], float]]:
         return {n: fp.capacity for n, fp in self.functions.items()}
@@ -125,7 +126,7 @@ class AppProfile:
                 "baseline_mst": self.baseline.mst,
                 "functions": {n: fp.to_json() for n, fp in self.functions.items()},
                 "worker_ceiling": self.workers.to_json() if self.workers else None,
-                "probe": [{**p.__dict__, "bound": p.bound} for p in self.probe]}
+                "probe": [{**p.__dict__, "bound": p.bound} for p in self.probe], "bursts": dict(self.bursts)}
 
 
 def gains_of(run: RunResult) -> dict[str, float]:
@@ -203,7 +204,8 @@ def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSetting
         if last_counts:
             counts = np.asarray(last_counts[0].functions[f].key_group_counts, dtype=float)
         profiles[f] = fit_profile(f, gains[f], points, counts)
-    return AppProfile(testbed.name, base, profiles, runs, spent, ceiling, probed)
+    bursts = {f: w for f in fns if (w := max((testbed.window_s(u) for u in testbed.upstream(f)), default=0.0)) > 0}
+    return AppProfile(testbed.name, base, profiles, runs, spent, ceiling, probed, bursts)
 
 
 def fit_profile(name: str, gain: float, points: Sequence[ProfilePoint],

@@ -33,7 +33,7 @@ def plan_text(plan: Plan, model: CapacityModel) -> str:
               "  parallelism"]
     width = max(len(f) for f in plan.parallelism)
     for fn, k in plan.parallelism.items():
-        lines.append(f"    {fn:<{width}}  {k}")
+        lines.append(f"    {fn:<{width}}  {k}" + (f"  ({plan.drains[fn]})" if fn in plan.drains else ""))
     return "\n".join(lines)
 
 

@@ -140,6 +140,9 @@ class SimTestbed:
     def upstream(self, function: str) -> tuple[str, ...]:
         return self._fns[function].upstream
 
+    def window_s(self, function: str) -> float:
+        return self._fns[function].window_s
+
     def run(self, rate: float, config: TestConfig, phases: Phases = Phases()) -> RunResult:
         self.runs += 1
         self.testbed_s += phases.total_s
@@ -293,29 +296,51 @@ class SimTestbed:
             if f.name in self._weights:
                 counts = tuple(float(c) for c in rng.poisson(self._weights[f.name] * lam_x[j] * observe_s))
             hot = float(np.max(busy[sel]))
-            service = float(time_s[j] + np.max(wait[sel]))
             backlog0 = backlog1 = 0.0
-            drain = 0.0
-            for u in f.upstream:
-                uf = self._fns[u]
-                if uf.window_s > 0:   # a burst of the window's outputs arrives at every window end
-                    burst = out_x[self._order.index(u)] * uf.window_s
-                    capacity = lam_x[j] / max(hot, 1e-9)
-                    drain = burst / max(capacity, 1e-9)
-                    backlog0 += _residual(burst, drain, phase0 % uf.window_s)
-                    backlog1 += _residual(burst, drain, (phase0 + observe_s) % uf.window_s)
+            for burst, drain, window in self._bursts(j, lam_x, out_x, hot):
+                backlog0 += _residual(burst, drain, phase0 % window)
+                backlog1 += _residual(burst, drain, (phase0 + observe_s) % window)
             base = abs(rng.normal(0, 2.0))
             functions[f.name] = FunctionMeasure(
                 parallelism=k, arrival_rate=float(lam_seen[j] if grow[j] == 0 else lam_in[j]),
                 processed_rate=float(processed), output_rate=float(processed * f.selectivity),
                 backlog_start=backlog0 + base, backlog_end=backlog1 + base + float(grow[j]) + abs(rng.normal(0, 2.0)),
                 instances=insts, key_group_counts=counts)
-            p99[j] = (service * LN100 / max(1 - min(hot, 0.999), 1e-3) if hot < 1 else observe_s) + drain
+            p99[j] = self._p99(j, lay, busy, time_s, wait, lam_x, out_x, observe_s)
         path = self._longest_path(p99)
         processed_rate = kept * (1 + rng.normal(0, noise / 4))
         return RunResult(target_rate=rate, injected_rate=float(injected), processed_rate=float(processed_rate),
                          p99_s=float(observe_s if injected > cap else path), observe_s=observe_s,
                          duration_s=duration_s, functions=functions, workers=lay.workers)
+
+    def _bursts(self, j: int, lam_x: np.ndarray, out_x: np.ndarray, hot: float) -> list[tuple[float, float, float]]:
+        """(messages, seconds to drain them, window) of each burst a windowed upstream sends function j at
+        every window's end."""
+        out = []
+        for u in self._fns[self._order[j]].upstream:
+            window = self._fns[u].window_s
+            if window > 0:
+                burst = out_x[self._order.index(u)] * window
+                out.append((burst, burst / max(lam_x[j] / max(hot, 1e-9), 1e-9), window))
+        return out
+
+    def _p99(self, j: int, lay: _Layout, busy: np.ndarray, time_s: np.ndarray, wait: np.ndarray,
+             lam_x: np.ndarray, out_x: np.ndarray, horizon_s: float) -> float:
+        """Function j's p99: an M/M/1 wait at its hottest instance's utilization (`horizon_s` once it cannot
+        keep up), plus the drain of the bursts it receives."""
+        sel = lay.fn == j
+        hot = float(np.max(busy[sel]))
+        service = float(time_s[j] + np.max(wait[sel]))
+        queue = service * LN100 / max(1 - min(hot, 0.999), 1e-3) if hot < 1 else horizon_s
+        return queue + max((drain for _, drain, _ in self._bursts(j, lam_x, out_x, hot)), default=0.0)
+
+    def p99(self, rate: float, config: TestConfig, horizon_s: float = 600.0) -> float:
+        """The longest path's p99 at `rate`, without run-to-run noise (ground truth; the planner never calls it)."""
+        lay = self._layout(config)
+        lam_x, out_x = self.rates(rate)
+        _, _, _, _, busy, _, _, time_s, wait = self._demands(rate, lay)
+        return self._longest_path({j: self._p99(j, lay, busy, time_s, wait, lam_x, out_x, horizon_s)
+                                   for j in range(len(self._order))})
 
     def _downstream(self, j: int) -> set[int]:
         name = self._order[j]

@@ -6,9 +6,10 @@ machine sustains, plan for `factor` times that, then run the planned deployment 
 testbed (other noise) for `observe_s` (10 minutes) at 100% of the target (it must keep up with p99
 under the SLO) and at 115% (it must fall behind: the plan is not padded beyond its headroom).
 
-The plan's instance count is also compared with the exhaustive minimum: the fewest instances, over
-every allocation of the functions on the same workers rule, whose true MST covers the target plus the
-plan's headroom; the plan may use at most that plus max(one per function, 10%).
+The plan is made for the SLO (functions fed by a window's bursts sized to drain one within it), and
+its instance count is compared with the exhaustive minimum: the fewest instances, over every allocation
+of the functions on the same workers rule, whose true MST covers the target plus the plan's headroom and
+whose p99 at the target is under the SLO; the plan may use at most that plus max(one per function, 10%).
 """
 
 from __future__ import annotations
@@ -65,16 +66,17 @@ class SustainRow:
 
 
 def exhaustive_min(testbed: SimTestbed, need: float, start: dict[str, int] | None = None,
-                   limit: int = 4096) -> int | None:
+                   limit: int = 4096, slo: tuple[float, float] | None = None) -> int | None:
     """The fewest instances over every allocation whose true MST is at least `need` (the testbed's
-    own workers rule), None if no function count up to `limit` keeps up. Each function's lower bound
-    is the fewest instances with which it keeps up when every other function has plenty; allocations
-    are enumerated from the sum of those up."""
+    own workers rule) and, with `slo` = (rate, p99 seconds), whose p99 at that rate is under it; None if
+    no function count up to `limit` does. Each function's lower bound is the fewest instances with which
+    it does when every other function has plenty; allocations are enumerated from the sum of those up."""
     fns = testbed.functions()
     big = max(64, 4 * sum((start or {}).values()))
 
-    def keeps_up(par: dict[str, int]) -> bool:   # true MST >= need, without the bisection
-        return testbed.utilization(need, TestConfig(par))[0] < 1.0
+    def keeps_up(par: dict[str, int]) -> bool:   # true MST >= need (and the SLO), without the bisection
+        cfg = TestConfig(par)
+        return testbed.utilization(need, cfg)[0] < 1.0 and (slo is None or testbed.p99(slo[0], cfg) <= slo[1])
 
     lower = {}
     for f in fns:
@@ -121,9 +123,9 @@ def sustain_app(name: str, seed: int, factor: float, largest: int = 16, profile_
     model = build_model(testbed, profile, default_budgets(len(testbed.functions()), largest), settings)
     machine = model.points[-1].measured.mst
     target = factor * machine
-    plan = plan_for_rate(model, target, headroom)
+    plan = plan_for_rate(model, target, headroom, slo_p99_s=slo_p99_s)
     check = SimTestbed(APPS[name], seed=seed + 2000)
-    least = exhaustive_min(check, target * (1 + headroom), plan.parallelism)
+    least = exhaustive_min(check, target * (1 + headroom), plan.parallelism, slo=(target, slo_p99_s))
     allowed = None if least is None else least + max(len(plan.parallelism), math.ceil(0.1 * least))
     if plan.refused:
         return SustainRow(name, seed, factor, machine, target, sum(plan.parallelism.values()), plan.workers,

@@ -127,6 +127,10 @@ class Testbed(Protocol):
     def upstream(self, function: str) -> tuple[str, ...]:
         """The functions whose outputs feed `function` (empty: fed by source topics only)."""
 
+    def window_s(self, function: str) -> float:
+        """Seconds between a windowed function's emissions, whose outputs reach the next function in one
+        burst (0: it emits as its messages arrive)."""
+
     def run(self, rate: float, config: TestConfig, phases: Phases = Phases()) -> RunResult:
         """Inject `rate` source messages/s into `config` and measure it."""
 

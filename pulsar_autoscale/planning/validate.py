@@ -122,6 +122,38 @@ def validate(apps: Sequence[str] = tuple(APPS), seed: int = 0, largest: int = 16
             "wall_s": round(time.perf_counter() - started, 2)}
 
 
+def pooled(results: Sequence[dict]) -> dict:
+    """The accuracy table over several seeds as one: each app's largest error over every seed's held-out
+    budgets, the planner's against each baseline's. Per seed, a baseline can come within the planner's
+    error on an app that is nearly linear at the held-out budgets; the pooled table says whether it does
+    over all of them."""
+    apps = results[0]["per_app"]
+    per_app = {}
+    for name in apps:
+        mx = {k: max(r["per_app"][name][k] for r in results) for k in ("max_error", "linear_max_error",
+                                                                        "ds2_max_error")}
+        per_app[name] = mx | {"baselines_worse": mx["linear_max_error"] > mx["max_error"] and
+                              mx["ds2_max_error"] > mx["max_error"]}
+    errors = [row["error"] for r in results for row in r["rows"]]
+    median, mx_all = float(np.median(errors)), float(max(errors))
+    nonlinear_ok = all(v["baselines_worse"] for k, v in per_app.items() if k != "linear")
+    return {"per_app": per_app, "median_error": median, "max_error": mx_all, "seeds": [r["seed"] for r in results],
+            "baselines_worse_on_every_nonlinear_app": nonlinear_ok,
+            "passed": median <= TARGET_MEDIAN and mx_all <= TARGET_MAX and nonlinear_ok}
+
+
+def format_pooled(result: dict) -> str:
+    lines = [f"over seeds {result['seeds']}: {'app':<12}{'max err':>9}{'linear':>9}{'ds2':>9}"]
+    for name, v in result["per_app"].items():
+        lines.append(f"{'':<{len(str(result['seeds'])) + 12}}{name:<12}{v['max_error']:>9.1%}"
+                     f"{v['linear_max_error']:>9.1%}{v['ds2_max_error']:>9.1%}"
+                     + ("" if v["baselines_worse"] or name == "linear" else "  (a baseline within the planner's error)"))
+    lines.append(f"median error {result['median_error']:.2%}, max {result['max_error']:.2%}; baselines worse on every "
+                 f"non-linear app: {result['baselines_worse_on_every_nonlinear_app']}; "
+                 f"{'PASSED' if result['passed'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
 def format_table(result: dict) -> str:
     head = (f"{'app':<12}{'budget':>7}{'x':>5}{'predicted':>11}{'measured':>10}{'error':>8}  {'model':<8}"
             f"{'linear err':>11}{'ds2 err':>9}")

@@ -141,6 +141,19 @@ def test_builtin_and_yaml_apps(tmp_path):
         load_live_app(str(spec))
 
 
+def test_a_yaml_app_declares_a_windowed_function(tmp_path):
+    spec = tmp_path / "app.yaml"
+    spec.write_text("name: w\nsource: in\nsink: out\nfunctions:\n"
+                    "  - {name: agg, className: a.Agg, inputs: [in], output: mid, window_s: 10}\n"
+                    "  - {name: alert, className: a.Alert, inputs: [mid], output: out}\n")
+    app = load_live_app(str(spec))
+    assert [f.window_s for f in app.functions] == [10.0, 0.0]
+    assert "window_s" not in app.functions[0].config     # not a FunctionConfig field: the worker never sees it
+    spec.write_text(spec.read_text().replace("window_s: 10", "window_s: ten"))
+    with pytest.raises(ConfigError, match="agg.*window_s must be a number of seconds >= 0, got 'ten'"):
+        load_live_app(str(spec))
+
+
 def _args(*argv):
     p = argparse.ArgumentParser()
     cli.configure_parser(p)
