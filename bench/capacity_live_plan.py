@@ -14,6 +14,7 @@ A throughput measurement on a shared machine is a benchmark, not a test: run it 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,28 @@ def _run_json(run, verdict: tuple[bool, str]) -> dict:
             "passed": verdict[0], "reason": verdict[1]}
 
 
+def baselines(out: dict) -> list[dict]:
+    """Each measured budget's MST against what the two baselines predict for the same allocation:
+    linear from one instance (each function's capacity at parallelism 1, times k) and DS2 one-shot
+    (each function's true rate per busy second in its parallelism-1 run, times k)."""
+    fns = out["profile"]["functions"]
+    model = out["plan"]["model"]
+
+    def rate(parallelism: dict, key: str) -> float:
+        return min(fns[f]["points"][0][key] * k / fns[f]["gain"] for f, k in parallelism.items())
+    rows = []
+    for p in out["measured_points"]:
+        lin, ds2 = rate(p["parallelism"], "capacity"), rate(p["parallelism"], "true_rate")
+        # the model's fit at this budget (a saved result without it: the profile family's factor)
+        fitted = p.get("predicted", model["params"][0] * p["profile_rate"] if model["family"] == "profile" else None)
+        rows.append({"budget": p["budget"], "measured": p["mst"],
+                     "planner": None if fitted is None else round(fitted, 2),
+                     "planner_error": None if fitted is None else round(abs(fitted - p["mst"]) / p["mst"], 4),
+                     "linear": round(lin, 2), "linear_error": round(abs(lin - p["mst"]) / p["mst"], 4),
+                     "ds2": round(ds2, 2), "ds2_error": round(abs(ds2 - p["mst"]) / p["mst"], 4)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target-rate", type=float, default=40.0, help="source images/s to plan for")
@@ -45,8 +68,14 @@ def main() -> None:
     ap.add_argument("--slo-p99", type=float, default=5.0, help="p99 (s) the sustained run must stay under")
     ap.add_argument("--sustain-s", type=float, default=600.0, help="each check's observation (100%% and 115%%)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--baselines-of", default=None, metavar="FILE",
+                    help="add the baselines to a saved result (no run) and print it")
     add_broker_option(ap)
     args = ap.parse_args()
+    if args.baselines_of:
+        saved = json.loads(Path(args.baselines_of).read_text())
+        emit(saved | {"baselines": baselines(saved)}, args.out)
+        return
     if args.broker == "both":
         ap.error("--broker both: run the plan once per broker (it takes most of an hour)")
     settings = MstSettings(warmup_s=10.0, phases=Phases(cooldown_s=3.0, ramp_s=5.0, observe_s=15.0), step=0.02,
@@ -76,6 +105,7 @@ def main() -> None:
             tb.close()
     out = {"app": "images", "broker": args.broker, "target_rate": args.target_rate, "plan": plan.to_json(),
            "measured_points": [{"budget": p.budget, "parallelism": p.parallelism, "profile_rate": round(p.profile_rate, 2),
+                                "predicted": round(model.predict(p.budget), 2),
                                 "mst": round(p.measured.mst, 2), "start_rate": round(p.measured.start_rate, 2),
                                 "runs": p.measured.runs, "testbed_s": round(p.measured.testbed_s, 1),
                                 "steps": [[round(s.rate, 2), s.passed, s.reason] for s in p.measured.steps]}
@@ -85,7 +115,7 @@ def main() -> None:
            "sustained": bool(checks) and checks["100%"]["passed"],
            "overload_failed": bool(checks) and not checks[f"{OVERLOAD:.0%}"]["passed"],
            "total_wall_s": round(time.perf_counter() - started, 1)}
-    emit(out, args.out)
+    emit(out | {"baselines": baselines(out)}, args.out)
 
 
 if __name__ == "__main__":
