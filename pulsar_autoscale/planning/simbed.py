@@ -359,11 +359,11 @@ class SimTestbed:
 
 def _lock_waits(x: np.ndarray, hold: np.ndarray, lay: _Layout) -> np.ndarray:
     """Seconds per message each thread waits for its worker's interpreter lock, from its rate `x` and
-    its hold per message. A thread that asks for the lock waits for the holds of the other threads
-    then at the lock (first come, first served); each of those is at the lock, by Little's law, its
-    rate times its hold plus its own wait of the time, and at most all of it. A closed system: a
-    thread waits at most one hold of every other thread on its worker, never the unbounded queue of
-    an open model, since there are no more contenders than threads. Solved by damped iteration."""
+    its hold per message. A thread that asks for the lock waits for the rest of the holder's hold (half
+    of it, on average) and the whole hold of each thread waiting before it; by Little's law a thread
+    holds the lock rate x hold of the time and waits for it rate x wait. A closed system: a thread
+    waits at most about one hold of every other thread on its worker, never the unbounded queue of an
+    open model, since there are no more contenders than threads. Solved by damped iteration."""
     wait = np.zeros(len(x))
     for _ in range(200):
         held = np.minimum(1.0, x * hold)
