@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -30,8 +31,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--testbed", default="sim", choices=("sim", "live"),
                    help="sim: the simulated testbed; live: a worker and broker (--admin-url, --service-url, --metrics-url)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-p99", type=float, default=None, metavar="S", help="SLO capacity: p99 response time under S seconds (each test also "
-                        "checks it; plan make sizes a function fed by a window's bursts to drain one within S)")
+    p.add_argument("--slo-p99", type=float, default=None, metavar="S", help="p99 response time under S seconds: mst and profile measure SLO capacities "
+                        "(each test checks it); make sizes a function fed by a window's bursts to drain one within S")
     for name, what in (("warmup", "warm-up"), ("ramp", "ramp-up per run"),
                        ("observe", "observation per run; a multiple of any window a function uses"),
                        ("cooldown", "cooldown per run")):
@@ -168,10 +169,12 @@ def _run(args: argparse.Namespace) -> int:
             lines.append("  (* another function fell behind first: a lower bound, not fitted)")
             _emit(args, {**prof.to_json(), "wall_s": round(time.perf_counter() - started, 3)}, "\n".join(lines))
             return 0
-        # make
-        prof = profile_app(testbed, args.max_parallelism, settings)
+        # make: throughput capacities (an SLO failure does not say which function caused it, so SLO
+        # capacities of the profile's runs cannot be composed); the SLO sizes the plan (burst_drain)
+        throughput = replace(settings, slo_p99_s=None)
+        prof = profile_app(testbed, args.max_parallelism, throughput)
         budgets = default_budgets(len(testbed.functions()), args.largest_budget)
-        model = build_model(testbed, prof, budgets, settings)
+        model = build_model(testbed, prof, budgets, throughput)
         cluster = Cluster(args.cores_per_worker, args.instances_per_worker, args.runtime)
         plan = plan_for_rate(model, args.target_rate, args.headroom, cluster, started, args.slo_p99)
         files = write_plan(Path(args.out), plan, model) if args.out else {}

@@ -39,3 +39,13 @@ def test_make_writes_plan_controller_and_report(tmp_path, capsys):
     assert yaml.safe_load((tmp_path / "controller.yaml").read_text())["plan"]["bounds"]
     assert (tmp_path / "model.png").stat().st_size > 0 and (tmp_path / "bisections.png").stat().st_size > 0
     assert "MST against budget" in (tmp_path / "report.md").read_text()
+
+
+def test_make_for_a_p99_sizes_the_function_a_window_bursts_into(capsys):
+    # the plan is made from throughput capacities (an SLO capacity of the windowed app is bound by the burst's
+    # drain in every profile run, so it cannot tell the functions apart), then sized for the p99
+    assert run("make", "--app", "windowed", "--target-rate", "6000", "--slo-p99", "2", "--json") == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["refused"] is None and set(plan["drains"]) == {"alert"}
+    assert plan["parallelism"]["alert"] > 3 * plan["parallelism"]["aggregate"]
+    assert plan["budget"] == sum(plan["parallelism"].values())
