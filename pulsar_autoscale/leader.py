@@ -72,11 +72,18 @@ class LeaderElector:
                 self._drop_client()
                 return None
             self._lock_consumer = consumer
-            last = self._latest(client)
-            term = Term((last.epoch if last else 0) + 1, self.identity, self.url)
-            producer = client.create_producer(self.epoch_topic)
-            producer.send(" ".join(str(f) for f in (term.epoch, term.holder, term.url) if f).encode())
-            producer.close()
+            try:
+                last = self._latest(client)
+                term = Term((last.epoch if last else 0) + 1, self.identity, self.url)
+                producer = client.create_producer(self.epoch_topic)
+                producer.send(" ".join(str(f) for f in (term.epoch, term.holder, term.url) if f).encode())
+                producer.close()
+            except pulsar.PulsarException as exc:
+                # the lock without a recorded term leads nothing and keeps every other replica out: let it go
+                log.warning("%s took the leader lock but could not record a term (%s: %s); released it to try again",
+                            self.identity, type(exc).__name__, exc)
+                self._drop_client()
+                return None
             self._term = term
             log.info("%s is leader with epoch %d", self.identity, term.epoch)
             return term

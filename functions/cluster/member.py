@@ -256,7 +256,10 @@ class ClusterMember:
             term = self.elector.term
             if term is None or not self.elector.check():
                 if not self._closing.wait(LEADER_RETRY_S):
-                    self._try_lead()
+                    try:
+                        self._try_lead()
+                    except Exception:   # this thread is the cluster's only way to a leader: it must not end
+                        log.exception("%s: an attempt to lead failed; retrying", self.me)
                 continue
             try:
                 self._schedule(term)

@@ -143,10 +143,14 @@ class WorkerCluster:
         w.proc.wait(timeout_s)
 
     def __enter__(self) -> "WorkerCluster":
-        for _ in range(self.n):
-            self.add()
-        if self.workers:   # n=0: the test adds them
-            self.wait_ready()
+        try:
+            for _ in range(self.n):
+                self.add()
+            if self.workers:   # n=0: the test adds them
+                self.wait_ready()
+        except BaseException:   # no __exit__ for a failed __enter__: stop what was started
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

@@ -142,14 +142,17 @@ def start_broker(port: int, metrics_port: int, data_dir: str, kind: str = "lite"
     ready, with `port_open_at` set: when its service port first accepted a connection (clients are served from
     then on; Apache Pulsar's standalone says ready seconds later, once its own functions worker leads). On Apache,
     metrics_port is the standalone's web port (its /metrics)."""
-    proc = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli.main", "broker", "--port", str(port),
-                             "--metrics-port", str(metrics_port), "--data-dir", data_dir, "--kind", kind],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    errors = Path(f"{data_dir}.stderr")   # why a broker that never said ready gave up (its last lines)
+    with errors.open("ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli.main", "broker", "--port", str(port),
+                                 "--metrics-port", str(metrics_port), "--data-dir", data_dir, "--kind", kind],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
     wait_for_port("127.0.0.1", port, 180, alive=lambda: proc.poll() is None)
     proc.port_open_at = time.monotonic()
     line = proc.stdout.readline()
     if not line.startswith("apache pulsar" if kind == "apache" else "broker ready") or "ready" not in line:
-        raise AssertionError(f"broker did not start: {line!r}")
+        tail = "\n".join(errors.read_text(errors="replace").splitlines()[-30:])
+        raise AssertionError(f"broker did not start: {line!r}; its stderr ends:\n{tail}")
     return proc
 
 

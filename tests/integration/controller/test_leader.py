@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 
+import pulsar
 import pytest
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
@@ -40,6 +41,29 @@ def test_one_leader_and_epochs_increase(broker, topic):
     term_b = wait_until(b.try_acquire, 10, "b to take over after a released")
     assert term_b.epoch == 2
     b.release()
+
+
+class _EpochTopicTimesOut(LeaderElector):
+    """A replica whose first read of the epoch topic times out, as it does on a broker slowed by load."""
+
+    failures = 1
+
+    def _latest(self, client):
+        if self.failures:
+            self.failures -= 1
+            raise pulsar.Timeout("the epoch topic did not answer")
+        return super()._latest(client)
+
+
+def test_a_replica_that_cannot_record_its_term_lets_the_lock_go(broker, topic):
+    a = _EpochTopicTimesOut(broker.service_url, topic, identity="a")
+    assert a.try_acquire() is None and not a.is_leader()   # no exception out of the attempt, no term
+    b = LeaderElector(broker.service_url, topic, identity="b")
+    term_b = wait_until(b.try_acquire, 10, "b to take the lock that a could not use")
+    assert term_b.epoch == 1
+    b.release()
+    assert wait_until(a.try_acquire, 10, "a to lead on a later try").epoch == 2
+    a.release()
 
 
 def test_standby_takes_over_after_kill_9(broker, topic):
