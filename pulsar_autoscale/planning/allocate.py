@@ -80,6 +80,24 @@ def for_rate(curves: Mapping[str, Curve], gains: Mapping[str, float], rate: floa
     return None
 
 
+def fewest(ok: Callable[[int], bool], limit: int, hopeless: Callable[[int], bool] = lambda k: False) -> int | None:
+    """The smallest k in 1..limit with ok(k), for an ok that turns true as k grows and stays true: doubling,
+    then bisection. None when no k up to `limit` does, or once `hopeless(k)` says no larger k will."""
+    prev, k = 0, 1
+    while not ok(k):
+        if k >= limit or hopeless(k):
+            return None
+        prev, k = k, min(2 * k, limit)
+    lo = prev + 1
+    while lo < k:
+        mid = (lo + k) // 2
+        if ok(mid):
+            k = mid
+        else:
+            lo = mid + 1
+    return k
+
+
 Bound = Callable[[Mapping[str, int]], float]
 
 

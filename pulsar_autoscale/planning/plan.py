@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from pulsar_autoscale.errors import ConfigError
-from pulsar_autoscale.planning.allocate import Allocation
+from pulsar_autoscale.planning.allocate import Allocation, fewest
 from pulsar_autoscale.planning.extrapolate import FAMILIES, MAX_EXTRAPOLATION, Band, Fit, band, invert, select
 from pulsar_autoscale.planning.mst import MstResult, MstSettings, measure_mst
 from pulsar_autoscale.planning.profile import AppProfile
@@ -179,6 +179,9 @@ def cpu_per_source_msg(profile: AppProfile) -> float:
     return total
 
 
+BURST_LIMIT = 1 << 20   # instances: beyond this a burst is not drained by adding more
+
+
 def burst_drain(profile: AppProfile, rate: float, slo_p99_s: float) -> tuple[dict[str, int], dict[str, str]]:
     """The parallelism each function fed by a window's bursts needs to drain one burst within the SLO.
 
@@ -194,24 +197,21 @@ def burst_drain(profile: AppProfile, rate: float, slo_p99_s: float) -> tuple[dic
         capacity = rate * fp.gain * window / slo_p99_s
         if capacity <= fp.capacity(1):
             continue
-        hi = 1
-        while fp.capacity(hi) < capacity:
-            if hi >= 1 << 20 or fp.capacity(hi * 2) <= fp.capacity(hi) * (1 + 1e-9):
-                raise ConfigError(f"{f} cannot drain the {window:g} s window's burst of {rate * fp.gain * window:.0f} "
-                                  f"messages within {slo_p99_s:g} s: its capacity stops rising at "
-                                  f"{fp.capacity(hi):.1f}/s")
-            hi *= 2
-        lo = hi // 2 + 1 if hi > 1 else 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fp.capacity(mid) >= capacity:
-                hi = mid
-            else:
-                lo = mid + 1
-        need_k[f] = hi
-        notes[f] = (f"{hi} instances drain a {window:g} s window's burst ({rate * fp.gain * window:.0f} messages) "
+        k = _fewest_reaching(fp.capacity, capacity)
+        if k is None:   # a curve that stopped rising (a hot key group) keeps its last capacity from there on
+            raise ConfigError(f"{f} cannot drain the {window:g} s window's burst of {rate * fp.gain * window:.0f} "
+                              f"messages within {slo_p99_s:g} s: its capacity stops rising at "
+                              f"{fp.capacity(BURST_LIMIT):.1f}/s")
+        need_k[f] = k
+        notes[f] = (f"{k} instances drain a {window:g} s window's burst ({rate * fp.gain * window:.0f} messages) "
                     f"within the {slo_p99_s:g} s SLO")
     return need_k, notes
+
+
+def _fewest_reaching(curve: Callable[[int], float], capacity: float) -> int | None:
+    """The fewest instances whose capacity is at least `capacity`; None where the curve stops rising first."""
+    return fewest(lambda k: curve(k) >= capacity, BURST_LIMIT,
+                  hopeless=lambda k: curve(2 * k) <= curve(k) * (1 + 1e-9))
 
 
 def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.10,

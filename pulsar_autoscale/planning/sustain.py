@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from pulsar_autoscale.planning.allocate import fewest
 from pulsar_autoscale.planning.mst import MstSettings, judge
 from pulsar_autoscale.planning.plan import build_model, default_budgets, plan_for_rate
 from pulsar_autoscale.planning.profile import profile_app
@@ -78,21 +79,15 @@ def exhaustive_min(testbed: SimTestbed, need: float, start: dict[str, int] | Non
         cfg = TestConfig(par)
         return testbed.utilization(need, cfg)[0] < 1.0 and (slo is None or testbed.p99(slo[0], cfg) <= slo[1])
 
+    def alone(f: str) -> int | None:   # f's fewest instances when every other function has plenty
+        return fewest(lambda k: keeps_up({**{g: big for g in fns}, f: k}), limit)
+
     lower = {}
     for f in fns:
-        k = 1
-        while not keeps_up({**{g: big for g in fns}, f: k}):
-            k *= 2
-            if k > limit:
-                return None
-        lo, hi = max(1, k // 2), k
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if keeps_up({**{g: big for g in fns}, f: mid}):
-                hi = mid
-            else:
-                lo = mid + 1
-        lower[f] = lo
+        k = alone(f)
+        if k is None:
+            return None
+        lower[f] = k
     n = sum(lower.values())
     while n <= limit:
         extra = n - sum(lower.values())
