@@ -102,44 +102,34 @@ def validate(apps: Sequence[str] = tuple(APPS), seed: int = 0, largest: int = 16
         models[name] = {"model": model.fit.to_json(), "runs": model.runs, "testbed_s": model.testbed_s,
                         "measured_budgets": [p.budget for p in model.points],
                         "candidates": [c.to_json() for c in model.candidates]}
-    errors = np.array([r.error for r in rows])
-    per_app = {}
-    for name in apps:
-        mine = [r for r in rows if r.app == name]
-        per_app[name] = {"max_error": max(r.error for r in mine),
-                         "linear_max_error": max(r.linear_error for r in mine),
-                         "ds2_max_error": max(r.ds2_error for r in mine)}
-        per_app[name]["baselines_worse"] = (per_app[name]["linear_max_error"] > per_app[name]["max_error"] and
-                                            per_app[name]["ds2_max_error"] > per_app[name]["max_error"])
-    median, mx = float(np.median(errors)), float(errors.max())
-    nonlinear_ok = all(v["baselines_worse"] for k, v in per_app.items() if k != "linear")
-    return {"rows": [asdict(r) for r in rows], "per_app": per_app, "models": models,
-            "median_error": median, "max_error": mx,
+    return {"rows": [asdict(r) for r in rows], "models": models, **summarize([asdict(r) for r in rows]),
             "targets": {"median": TARGET_MEDIAN, "max": TARGET_MAX},
-            "passed": median <= TARGET_MEDIAN and mx <= TARGET_MAX and nonlinear_ok,
-            "baselines_worse_on_every_nonlinear_app": nonlinear_ok,
             "seed": seed, "largest_measured_budget": largest, "ratios": list(ratios),
             "wall_s": round(time.perf_counter() - started, 2)}
 
 
-def pooled(results: Sequence[dict]) -> dict:
-    """The accuracy table over several seeds as one: each app's largest error over every seed's held-out
-    budgets, the planner's against each baseline's. Per seed, a baseline can come within the planner's
-    error on an app that is nearly linear at the held-out budgets; the pooled table says whether it does
-    over all of them."""
-    apps = results[0]["per_app"]
+def summarize(rows: Sequence[dict]) -> dict:
+    """Median and max error over `rows`, each app's largest error against each baseline's, and whether
+    that passes: the targets met and the baselines worse on every app but the linear control."""
     per_app = {}
-    for name in apps:
-        mx = {k: max(r["per_app"][name][k] for r in results) for k in ("max_error", "linear_max_error",
-                                                                        "ds2_max_error")}
+    for name in dict.fromkeys(r["app"] for r in rows):
+        mine = [r for r in rows if r["app"] == name]
+        mx = {f"{k}max_error": max(r[f"{k}error"] for r in mine) for k in ("", "linear_", "ds2_")}
         per_app[name] = mx | {"baselines_worse": mx["linear_max_error"] > mx["max_error"] and
                               mx["ds2_max_error"] > mx["max_error"]}
-    errors = [row["error"] for r in results for row in r["rows"]]
+    errors = [r["error"] for r in rows]
     median, mx_all = float(np.median(errors)), float(max(errors))
     nonlinear_ok = all(v["baselines_worse"] for k, v in per_app.items() if k != "linear")
-    return {"per_app": per_app, "median_error": median, "max_error": mx_all, "seeds": [r["seed"] for r in results],
-            "baselines_worse_on_every_nonlinear_app": nonlinear_ok,
-            "passed": median <= TARGET_MEDIAN and mx_all <= TARGET_MAX and nonlinear_ok}
+    return {"per_app": per_app, "median_error": median, "max_error": mx_all,
+            "passed": median <= TARGET_MEDIAN and mx_all <= TARGET_MAX and nonlinear_ok,
+            "baselines_worse_on_every_nonlinear_app": nonlinear_ok}
+
+
+def pooled(results: Sequence[dict]) -> dict:
+    """The accuracy table over several seeds as one: every seed's held-out budgets together. Per seed, a
+    baseline can come within the planner's error on an app that is nearly linear at the held-out budgets;
+    the pooled table says whether it does over all of them."""
+    return summarize([row for r in results for row in r["rows"]]) | {"seeds": [r["seed"] for r in results]}
 
 
 def format_pooled(result: dict) -> str:

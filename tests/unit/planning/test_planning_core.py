@@ -306,9 +306,8 @@ def test_run_result_validity_tolerance():
 
 def test_the_pooled_table_takes_each_apps_largest_error_over_the_seeds():
     def seed(n, mine, linear, ds2):
-        return {"seed": n, "rows": [{"error": mine}, {"error": 0.01}],
-                "per_app": {"linear": {"max_error": 0.01, "linear_max_error": 0.01, "ds2_max_error": 0.01},
-                            "windowed": {"max_error": mine, "linear_max_error": linear, "ds2_max_error": ds2}}}
+        return {"seed": n, "rows": [{"app": "linear", "error": 0.01, "linear_error": 0.01, "ds2_error": 0.01},
+                                    {"app": "windowed", "error": mine, "linear_error": linear, "ds2_error": ds2}]}
     # seed 1 alone: a baseline (1.5%) within the planner's 1.8%; over both seeds the baselines reach 2.8%
     both = pooled([seed(0, 0.010, 0.028, 0.028), seed(1, 0.018, 0.015, 0.015)])
     assert both["per_app"]["windowed"] == {"max_error": 0.018, "linear_max_error": 0.028, "ds2_max_error": 0.028,
