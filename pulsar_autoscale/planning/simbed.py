@@ -295,9 +295,9 @@ class SimTestbed:
             counts = None
             if f.name in self._weights:
                 counts = tuple(float(c) for c in rng.poisson(self._weights[f.name] * lam_x[j] * observe_s))
-            hot = float(np.max(busy[sel]))
+            p99[j], bursts = self._p99(j, lay, busy, time_s, wait, lam_x, out_x, observe_s)
             backlog0 = backlog1 = 0.0
-            for burst, drain, window in self._bursts(j, lam_x, out_x, hot):
+            for burst, drain, window in bursts:
                 backlog0 += _residual(burst, drain, phase0 % window)
                 backlog1 += _residual(burst, drain, (phase0 + observe_s) % window)
             base = abs(rng.normal(0, 2.0))
@@ -306,7 +306,6 @@ class SimTestbed:
                 processed_rate=float(processed), output_rate=float(processed * f.selectivity),
                 backlog_start=backlog0 + base, backlog_end=backlog1 + base + float(grow[j]) + abs(rng.normal(0, 2.0)),
                 instances=insts, key_group_counts=counts)
-            p99[j] = self._p99(j, lay, busy, time_s, wait, lam_x, out_x, observe_s)
         path = self._longest_path(p99)
         processed_rate = kept * (1 + rng.normal(0, noise / 4))
         return RunResult(target_rate=rate, injected_rate=float(injected), processed_rate=float(processed_rate),
@@ -325,21 +324,22 @@ class SimTestbed:
         return out
 
     def _p99(self, j: int, lay: _Layout, busy: np.ndarray, time_s: np.ndarray, wait: np.ndarray,
-             lam_x: np.ndarray, out_x: np.ndarray, horizon_s: float) -> float:
+             lam_x: np.ndarray, out_x: np.ndarray, horizon_s: float) -> tuple[float, list[tuple[float, float, float]]]:
         """Function j's p99: an M/M/1 wait at its hottest instance's utilization (`horizon_s` once it cannot
-        keep up), plus the drain of the bursts it receives."""
+        keep up), plus the drain of the bursts it receives; and those bursts (`_bursts`)."""
         sel = lay.fn == j
         hot = float(np.max(busy[sel]))
         service = float(time_s[j] + np.max(wait[sel]))
         queue = service * LN100 / max(1 - min(hot, 0.999), 1e-3) if hot < 1 else horizon_s
-        return queue + max((drain for _, drain, _ in self._bursts(j, lam_x, out_x, hot)), default=0.0)
+        bursts = self._bursts(j, lam_x, out_x, hot)
+        return queue + max((drain for _, drain, _ in bursts), default=0.0), bursts
 
     def p99(self, rate: float, config: TestConfig, horizon_s: float = 600.0) -> float:
         """The longest path's p99 at `rate`, without run-to-run noise (ground truth; the planner never calls it)."""
         lay = self._layout(config)
         lam_x, out_x = self.rates(rate)
         _, _, _, _, busy, _, _, time_s, wait = self._demands(rate, lay)
-        return self._longest_path({j: self._p99(j, lay, busy, time_s, wait, lam_x, out_x, horizon_s)
+        return self._longest_path({j: self._p99(j, lay, busy, time_s, wait, lam_x, out_x, horizon_s)[0]
                                    for j in range(len(self._order))})
 
     def _downstream(self, j: int) -> set[int]:
