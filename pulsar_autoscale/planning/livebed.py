@@ -249,7 +249,9 @@ def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequen
               parallelism: Mapping[str, int], duration_s: float, workers: int = 1, note: str = "") -> RunResult:
     """A RunResult from the observation's readings: rates from the first and last, backlog growth (and
     its noise about that trend) from the least-squares line over all of them, processed rate in source
-    messages (injected x the worst function's processed / arrived), p99 over the sink latencies."""
+    messages (injected x the worst function's processed / arrived, both least-squares slopes: the few
+    messages in service at the last reading, or one slow message there, are not a shortfall in the rate),
+    p99 over the sink latencies."""
     first, last = readings[0], readings[-1]
     obs = max(last.time - first.time, 1e-9)
     injected = (last.sent - first.sent) / obs
@@ -260,8 +262,9 @@ def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequen
         b = last.functions[name]
         arrival = (b.arrived - a.arrived) / obs
         processed = (b.processed - a.processed) / obs
-        if arrival > 0:
-            worst = min(worst, processed / arrival)
+        arrival_k, _ = trend(ts, [r.functions[name].arrived for r in readings])
+        if arrival_k > 0:
+            worst = min(worst, trend(ts, [r.functions[name].processed for r in readings])[0] / arrival_k)
         backlogs = [r.functions[name].backlog for r in readings]
         k, noise = trend(ts, backlogs)
         growth = k * obs
