@@ -142,6 +142,17 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class BarePlan:
+    """What the target needs without the headroom: the headroom's price, in instances and workers. Where
+    capacity comes a worker at a time (a per-worker ceiling), a headroom a fraction of a percent short of
+    what was asked can cost a whole worker; the operator sees both and chooses."""
+
+    budget: int
+    workers: int
+    predicted_mst: float
+
+
+@dataclass(frozen=True)
 class Plan:
     target_rate: float
     headroom: float
@@ -158,6 +169,7 @@ class Plan:
     wall_s: float
     refused: str | None = None
     drains: dict[str, str] = field(default_factory=dict)   # function: why the SLO raised its parallelism
+    bare: BarePlan | None = None   # the smallest deployment predicted to cover the target with no headroom
 
     def to_json(self) -> dict:
         return {"target_rate": self.target_rate, "headroom": self.headroom, "budget": self.budget,
@@ -167,7 +179,8 @@ class Plan:
                          "extrapolation": self.band.extrapolation, "trusted": self.band.trusted,
                          "note": self.band.note},
                 "model": self.model.to_json(), "limited_by": self.limited_by, "runs": self.runs,
-                "testbed_s": self.testbed_s, "wall_s": self.wall_s, "refused": self.refused, "drains": self.drains}
+                "testbed_s": self.testbed_s, "wall_s": self.wall_s, "refused": self.refused, "drains": self.drains,
+                "without_headroom": None if self.bare is None else self.bare.__dict__}
 
 
 def cpu_per_source_msg(profile: AppProfile) -> float:
@@ -222,17 +235,14 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
     if target_rate <= 0:
         raise ConfigError(f"--target-rate must be > 0, got {target_rate}")
     need = target_rate * (1 + headroom)
-    first = model.points[0].budget
-    x = invert(model.fit, need, x_lo=float(first), x_hi=float(model.max_budget))
+    found = _smallest_budget(model, need)
     refused = None
-    if x is None:
+    if found is None:
         budget = model.max_budget
         refused = (f"no budget up to {model.max_budget} instances ({MAX_EXTRAPOLATION:.0f}x the largest measured) "
                    f"reaches {need:.1f}/s by the {model.fit.family} model")
     else:
-        budget = int(math.ceil(x - 1e-9))
-        while model.predict(budget) < need and budget < model.max_budget:
-            budget += 1
+        budget = found
     pred = predict(model, budget)
     if refused is None and not pred.band.trusted:
         refused = pred.band.note
@@ -247,15 +257,35 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
             used += max(0, k - parallelism[f])
             parallelism[f] = max(k, parallelism[f])
     cores = cpu_per_source_msg(model.profile) * need
-    if model.profile.workers is not None:
-        # the model's own deployment: its prediction already holds each worker's ceiling
-        workers = model.profile.workers.workers(used)
-    else:
-        workers = max(math.ceil(used / cluster.instances_per_worker),
-                      math.ceil(cores / cluster.usable_cores - 1e-9), 1)
+    workers = _workers(model, used, cores, cluster)
+    bare = None
+    if refused is None and headroom > 0:
+        b = _smallest_budget(model, target_rate)
+        if b is not None and b < budget:
+            bare = BarePlan(b, _workers(model, b, cpu_per_source_msg(model.profile) * target_rate, cluster),
+                            model.predict(b))
     wall = time.perf_counter() - started if started is not None else 0.0
     return Plan(target_rate, headroom, max(budget, used), parallelism, workers, cores, pred.mst, pred.band,
-                model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused, drains)
+                model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused, drains, bare)
+
+
+def _smallest_budget(model: CapacityModel, rate: float) -> int | None:
+    """The fewest instances whose predicted MST is at least `rate` (None beyond the model's range)."""
+    first = model.points[0].budget
+    x = invert(model.fit, rate, x_lo=float(first), x_hi=float(model.max_budget))
+    if x is None:
+        return None
+    budget = int(math.ceil(x - 1e-9))
+    while model.predict(budget) < rate and budget < model.max_budget:
+        budget += 1
+    return budget
+
+
+def _workers(model: CapacityModel, instances: int, cores: float, cluster: Cluster) -> int:
+    if model.profile.workers is not None:
+        # the model's own deployment: its prediction already holds each worker's ceiling
+        return model.profile.workers.workers(instances)
+    return max(math.ceil(instances / cluster.instances_per_worker), math.ceil(cores / cluster.usable_cores - 1e-9), 1)
 
 
 def controller_snippet(plan: Plan, floor_share: float = 0.25) -> str:

@@ -24,6 +24,9 @@ def plan_text(plan: Plan, model: CapacityModel) -> str:
               f"  model       {plan.model.family}: {plan.model.formula()}, held-out error {plan.model.heldout_error:.1%} "
               f"(max {plan.model.heldout_max:.1%})",
               f"  limited by  {plan.limited_by}",
+              *([f"  no headroom {plan.bare.budget} instances on {plan.bare.workers} workers cover the target alone "
+                 f"(predicted MST {plan.bare.predicted_mst:.1f} msg/s, "
+                 f"{plan.bare.predicted_mst / plan.target_rate - 1:+.1%} over it)"] if plan.bare else []),
               *([f"  per worker  a ceiling of {model.profile.workers.ceiling(model.profile.workers.slots):.2f} CPU s/s at "
                  f"{model.profile.workers.slots} instances (the probe: one worker fell behind t workers; "
                  f"{model.profile.workers.workers(sum(plan.parallelism.values()))} workers planned)"]

@@ -17,6 +17,7 @@ from pulsar_autoscale.planning.extrapolate import band, fit, invert, select
 from pulsar_autoscale.planning.mst import MstSettings, judge, measure_mst
 from pulsar_autoscale.planning.plan import Cluster, build_model, burst_drain, controller_snippet, default_budgets, plan_for_rate
 from pulsar_autoscale.planning.profile import profile_app
+from pulsar_autoscale.planning.report import plan_text
 from pulsar_autoscale.planning.simbed import APPS, SimCluster, SimFn, SimPlanApp, SimTestbed, block_shares
 from pulsar_autoscale.planning.testbed import Phases, RunResult, TestConfig
 from pulsar_autoscale.planning.testbed import Testbed as ProtocolTestbed
@@ -242,6 +243,12 @@ def test_plan_for_rate_meets_the_target_with_headroom(linear_model):
     assert tb.true_mst(TestConfig(plan.parallelism)) >= 5000.0
     assert plan.workers >= math.ceil(sum(plan.parallelism.values()) / 4)
     assert plan.band.low < plan.predicted_mst < plan.band.high
+    # what the headroom costs: the fewest instances the model says cover 5000/s alone
+    assert plan.bare is not None and plan.bare.budget < plan.budget
+    assert plan.bare.predicted_mst >= 5000.0 > model.predict(plan.bare.budget - 1)
+    assert plan.to_json()["without_headroom"]["budget"] == plan.bare.budget
+    assert plan_for_rate(model, 5000.0, 0.0).bare is None
+    assert f"no headroom {plan.bare.budget} instances on {plan.bare.workers} workers" in plan_text(plan, model)
 
 
 def test_plan_refuses_beyond_25x(linear_model):
