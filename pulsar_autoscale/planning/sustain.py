@@ -52,6 +52,7 @@ class SustainRow:
     reason: str
     overload_failed: bool       # 115%: fell behind (or broke the SLO)
     overload_reason: str
+    bare: int | None = None     # the plan's `without_headroom` instances: what covers the target alone
 
     @property
     def within_allowance(self) -> bool:
@@ -135,7 +136,7 @@ def sustain_app(name: str, seed: int, factor: float, largest: int = 16, profile_
     over_ok, over_reason = judge(over, slo)
     return SustainRow(name, seed, factor, machine, target, sum(plan.parallelism.values()), plan.workers,
                       plan.predicted_mst, check.true_mst(cfg), least, allowed, None, ok, at.p99_s, reason,
-                      not over_ok, over_reason)
+                      not over_ok, over_reason, plan.bare.budget if plan.bare else None)
 
 
 def sustain(apps: Sequence[str] = tuple(APPS), seeds: Sequence[int] = SEEDS, factors: Sequence[float] = FACTORS,
@@ -150,7 +151,7 @@ def sustain(apps: Sequence[str] = tuple(APPS), seeds: Sequence[int] = SEEDS, fac
 
 def format_sustain(result: dict) -> str:
     head = (f"{'app':<12}{'seed':>5}{'x':>4}{'machine':>9}{'target':>9}{'inst':>6}{'min':>5}{'wkrs':>5}"
-            f"{'pred':>9}{'true':>9}{'100%':>6}{'p99 s':>7}{'115%':>7}")
+            f"{'pred':>9}{'true':>9}{'100%':>6}{'p99 s':>7}{'115%':>7}{'bare':>6}")
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
         p99 = f"{r['p99_s']:.2f}" if r["p99_s"] is not None else "-"
@@ -163,8 +164,9 @@ def format_sustain(result: dict) -> str:
         lines.append(f"{r['app']:<12}{r['seed']:>5}{r['factor']:>4g}{r['machine_mst']:>9.0f}{r['target']:>9.0f}"
                      f"{r['instances']:>6}{r['exhaustive_min'] or '-':>5}{r['workers']:>5}{r['predicted']:>9.0f}"
                      f"{r['true_mst']:>9.0f}{'ok' if r['sustained'] else 'FAIL':>6}{p99:>7}"
-                     f"{'fails' if r['overload_failed'] else 'KEPT':>7}")
+                     f"{'fails' if r['overload_failed'] else 'KEPT':>7}{r.get('bare') or '-':>6}")
     lines.append(f"100%: sustained with p99 <= {result['slo_p99_s']} s over {result['observe_s']:.0f} s; "
                  f"{result['overload']:.0%}: falls behind; instances <= exhaustive minimum + max(1 per function, 10%): "
-                 f"{'PASSED' if result['passed'] else 'FAILED'}")
+                 f"{'PASSED' if result['passed'] else 'FAILED'}; bare: the plan's instances for the target "
+                 "without headroom")
     return "\n".join(lines)
