@@ -261,7 +261,7 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
     bare = None
     if refused is None and headroom > 0:
         b = _smallest_budget(model, target_rate)
-        if b is not None and b < budget:
+        if b is not None:
             bare = BarePlan(b, _workers(model, b, cpu_per_source_msg(model.profile) * target_rate, cluster),
                             model.predict(b))
     wall = time.perf_counter() - started if started is not None else 0.0
