@@ -250,23 +250,35 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
     drains: dict[str, str] = {}
     if slo_p99_s is not None and refused is None:
         try:
-            raise_to, drains = burst_drain(model.profile, need, slo_p99_s)
+            used, drains = _drain_bursts(model.profile, need, slo_p99_s, parallelism, used)
         except ConfigError as exc:
-            refused, raise_to = str(exc), {}
-        for f, k in raise_to.items():
-            used += max(0, k - parallelism[f])
-            parallelism[f] = max(k, parallelism[f])
+            refused = str(exc)
     cores = cpu_per_source_msg(model.profile) * need
     workers = _workers(model, used, cores, cluster)
     bare = None
     if refused is None and headroom > 0:
         b = _smallest_budget(model, target_rate)
         if b is not None:
-            bare = BarePlan(b, _workers(model, b, cpu_per_source_msg(model.profile) * target_rate, cluster),
-                            model.predict(b))
+            alloc = model.allocation(b)
+            bare_used = alloc.used
+            if slo_p99_s is not None:   # where it drains at target + headroom, it drains at the target
+                bare_used, _ = _drain_bursts(model.profile, target_rate, slo_p99_s, dict(alloc.parallelism), bare_used)
+            bare = BarePlan(max(b, bare_used), _workers(model, bare_used, cpu_per_source_msg(model.profile) * target_rate,
+                                                        cluster), model.predict(b))
     wall = time.perf_counter() - started if started is not None else 0.0
     return Plan(target_rate, headroom, max(budget, used), parallelism, workers, cores, pred.mst, pred.band,
                 model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused, drains, bare)
+
+
+def _drain_bursts(profile: AppProfile, rate: float, slo_p99_s: float, parallelism: dict[str, int],
+                  used: int) -> tuple[int, dict[str, str]]:
+    """Raise `parallelism` (in place) to what drains each window's burst at `rate` within the SLO: the
+    instances used then, and why each raised function was raised. ConfigError where none can."""
+    raise_to, notes = burst_drain(profile, rate, slo_p99_s)
+    for f, k in raise_to.items():
+        used += max(0, k - parallelism[f])
+        parallelism[f] = max(k, parallelism[f])
+    return used, notes
 
 
 def _smallest_budget(model: CapacityModel, rate: float) -> int | None:
