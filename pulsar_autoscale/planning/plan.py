@@ -253,7 +253,8 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
             used, drains = _drain_bursts(model.profile, need, slo_p99_s, parallelism, used)
         except ConfigError as exc:
             refused = str(exc)
-    cores = cpu_per_source_msg(model.profile) * need
+    cpu_per_msg = cpu_per_source_msg(model.profile)
+    cores = cpu_per_msg * need
     workers = _workers(model, used, cores, cluster)
     bare = None
     if refused is None and headroom > 0:
@@ -263,8 +264,8 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
             bare_used = alloc.used
             if slo_p99_s is not None:   # where it drains at target + headroom, it drains at the target
                 bare_used, _ = _drain_bursts(model.profile, target_rate, slo_p99_s, dict(alloc.parallelism), bare_used)
-            bare = BarePlan(max(b, bare_used), _workers(model, bare_used, cpu_per_source_msg(model.profile) * target_rate,
-                                                        cluster), model.predict(b))
+            bare = BarePlan(max(b, bare_used), _workers(model, bare_used, cpu_per_msg * target_rate, cluster),
+                            model.predict(b))
     wall = time.perf_counter() - started if started is not None else 0.0
     return Plan(target_rate, headroom, max(budget, used), parallelism, workers, cores, pred.mst, pred.band,
                 model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused, drains, bare)
