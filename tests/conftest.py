@@ -60,6 +60,7 @@ ON_APACHE = (
     "system/spark/test_ranges.py",
     "system/spark/test_burst.py",
     "system/keyed/test_cluster.py::test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing",
+    "system/keyed/test_cluster_controls.py::test_an_update_of_the_retries_reaches_the_keyed_input",
     "system/spark/test_stateful.py",
 )
 

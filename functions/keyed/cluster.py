@@ -118,11 +118,11 @@ class ClusterKeyed:
         self._config = config
         self._stall_fence = stall_fence
         self._client = client
-        self._subscription_type = broker.route_subscription
+        self._broker = broker
         # a cluster worker restores every group it opens: the function may have run elsewhere since
         local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, changelog_of(cfg),
                                     restore_always=True)
-        self.stores = RoutedStores(client, self.topics, local, self._subscription_type)
+        self.stores = RoutedStores(client, self.topics, local, broker.route_subscription)
         self.stores.wanted = lambda i: i < self._config().parallelism   # read at each wait: a scale-in meanwhile
         self._open_input_consumer = open_input_consumer
         self.router = self._new_router(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)))
@@ -146,7 +146,7 @@ class ClusterKeyed:
         if epoch is None:
             epoch = self._saved_epoch()
         opened = RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
-                            self._subscription_type, self._config(), self._stall_fence(), epoch, self._saved_epoch)
+                            self._broker, self._config(), self._stall_fence(), epoch, self._saved_epoch)
         with self._lock:   # a front starting here meanwhile: its epoch
             self._inputs.add(opened)
             if self._epoch is not None:

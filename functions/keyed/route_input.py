@@ -14,7 +14,9 @@ from typing import Callable
 
 import pulsar
 
+from pulsar_autoscale.broker.lite.nack_redelivery import fence_nacks
 from pulsar_autoscale.broker.lite.stalls import StallFence, fence_stalls
+from pulsar_autoscale.broker.profile import BrokerProfile
 from pulsar_autoscale.functions.instance.instance import NACK_REDELIVERY_DELAY_MS
 from pulsar_autoscale.functions.keyed.migration import InstanceStateStores
 from pulsar_autoscale.functions.keyed.protocol import (
@@ -90,7 +92,7 @@ class RouteInput:
     may be a stale front's, left unacknowledged by the frozen consumer."""
 
     def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
-                 reply: Callable[[dict], None], subscription_type: str, cfg,
+                 reply: Callable[[dict], None], broker: BrokerProfile, cfg,
                  stall_fence: StallFence | None = None, epoch: int = 0,
                  saved_epoch: Callable[[], int] = lambda: 0):
         self._topics, self._id = topics, instance_id
@@ -98,15 +100,23 @@ class RouteInput:
         self._saved_epoch: Callable[[], int] | None = saved_epoch   # None once checked or an announcement heard
         self._epoch_lock = threading.Lock()
         self._stores, self._reply = stores, reply
+        # The function's retries and dead-letter topic (its first input's), not the route topic's. Where the
+        # broker does not count a Failover route's redeliveries, the input counts them (fence_nacks).
         kwargs: dict = {}
-        if cfg.maxMessageRetries is not None:   # the function's retries and dead-letter topic (its first input's),
-            kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(   # not the route topic's
-                max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=(cfg.dead_letter_topics() or [None])[0])
-        self._consumer = fence_stalls(lambda: client.subscribe(
-            topics.route(instance_id), ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
-            consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs),
-            (topics.route(instance_id),), ROUTE_SUBSCRIPTION, stall_fence)
+        dead_letter_topic = (cfg.dead_letter_topics() or [None])[0]
+        if cfg.maxMessageRetries is not None:
+            kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(
+                max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=dead_letter_topic)
+        route, subscription_type = topics.route(instance_id), broker.route_subscription
+
+        def open_consumer():
+            consumer = client.subscribe(
+                route, ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
+                consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
+                receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs)
+            return fence_nacks(consumer, cfg, client, broker, NACK_REDELIVERY_DELAY_MS / 1000, subscription_type,
+                               dead_letter_topic)
+        self._consumer = fence_stalls(open_consumer, (route,), ROUTE_SUBSCRIPTION, stall_fence)
         self._opening: dict[int, threading.Event] = {}   # groups an OPEN is restoring in the background
         self._restored = False   # its groups, at the first record (ClusterKeyed.open_input): then no more locks per record
         self._scheduler: RecordScheduler[pulsar.Message] = RecordScheduler()

@@ -27,8 +27,10 @@ from typing import cast
 
 import pulsar
 
+from pulsar_autoscale.broker.lite.nack_redelivery import fence_nacks
 from pulsar_autoscale.broker.lite.shared_input import SharedInput
-from pulsar_autoscale.functions.instance.instance import Instance, prepare
+from pulsar_autoscale.broker.profile import BrokerProfile
+from pulsar_autoscale.functions.instance.instance import NACK_REDELIVERY_DELAY_MS, Instance, prepare, subscribe
 from pulsar_autoscale.functions.instance.instance_user import InstanceUser, enter
 from pulsar_autoscale.functions.instance.stats import InstanceFigures, InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -98,14 +100,14 @@ class ThreadInstance(InstanceHandle):
         self._instance.abandon()
 
 
-def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
+def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings, broker: BrokerProfile,
                   code_path: str | None, state_path: str | StateEndpoint | None, num_instances, stop_event, stats_queue, input_conn,
                   start_time_ms: int, user: InstanceUser) -> None:
     """Entry point of a process instance: run the loop in a thread, report figures until drained."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client, state, code_path = _as_instance_user(config, client_settings, code_path, state_path, input_conn, user)
     _run_instance(client, config, instance_id, code_path, state, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms)
+                  input_conn, start_time_ms, broker)
 
 
 def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None,
@@ -134,7 +136,8 @@ def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, c
     return client, state, enter(user, code_path)
 
 
-def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str, num_instances,
+def _standby_main(config: FunctionConfig, client_settings: ClientSettings, broker: BrokerProfile, code_path: str | None,
+                  state_path: str, num_instances,
                   stop_event, stats_queue, input_conn, control, user: InstanceUser) -> None:
     """Entry point of a warm standby (warm_pool): interpreter up, the function's code imported (as the instance
     user), the client connected to the broker, the output producer open; then it waits for an instance id and
@@ -159,18 +162,22 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, code_
         return
     instance_id, start_time_ms = activation
     _run_instance(client, config, instance_id, code_path, state, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms, prepared)
+                  input_conn, start_time_ms, broker, prepared)
 
 
 def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state,
-                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, prepared=None) -> None:
+                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, broker: BrokerProfile,
+                  prepared=None) -> None:
     """`input_conn`, a pipe to the worker: a keyedState instance's input and state calls (functions/runtimes/remote_state.py),
-    else its input on pulsar-lite (lite.shared_input.SharedInput); None: it subscribes itself."""
+    else its input on pulsar-lite (lite.shared_input.SharedInput); None: it subscribes itself, fenced as the worker
+    fences its inputs (`broker`: a FAILOVER input counts its nacks itself, broker/lite/nack_redelivery.py)."""
     stats = InstanceStats(instance_id, start_time_ms)
     if config.keyedState:
         open_input = state.input
     else:
-        open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else None
+        open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else (lambda: fence_nacks(
+            subscribe(client, config, f"{config.fqfn}:{instance_id}"), config, client, broker,
+            NACK_REDELIVERY_DELAY_MS / 1000))
     instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
                         open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)
@@ -204,8 +211,8 @@ def start_process_server() -> None:
 class ProcessInstance(InstanceHandle):
     _ctx = _process_context()  # never fork the worker itself: it holds pulsar-client threads
 
-    def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings, code_path: str | None,
-                 state_path: str | StateEndpoint | None, num_instances, shared_input: SharedInput | None, standby=None,
+    def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
+                 broker: BrokerProfile, code_path: str | None, state_path: str | StateEndpoint | None, num_instances, shared_input: SharedInput | None, standby=None,
                  keyed: KeyedParts | None = None, user: InstanceUser | None = None):
         """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn.
         `keyed` (a keyedState function): its input and its state are served by this worker. `user`: whom the
@@ -222,7 +229,7 @@ class ProcessInstance(InstanceHandle):
             self._queue = self._ctx.Queue()
             self._proc = self._ctx.Process(
                 target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
-                args=(config, instance_id, client_settings, code_path, state_path, num_instances, self._stop,
+                args=(config, instance_id, client_settings, broker, code_path, state_path, num_instances, self._stop,
                       self._queue, child_conn, self._figures.start_time_ms, user or InstanceUser.resolve()))
         if keyed is not None:
             serve_keyed(parent_conn, keyed, f"{config.fqfn}:{instance_id}")

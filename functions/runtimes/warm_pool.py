@@ -21,6 +21,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from pulsar_autoscale.broker.profile import BrokerProfile
 from pulsar_autoscale.functions.instance.instance_user import InstanceUser
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.pulsar_client import ClientSettings
@@ -35,7 +36,8 @@ REFILL_DELAY_S = 1.0
 class Standby:
     """One pre-started interpreter waiting for an instance id (runtime._standby_main)."""
 
-    def __init__(self, ctx, config: FunctionConfig, client_settings: ClientSettings, code_path: str | None, state_path: str,
+    def __init__(self, ctx, config: FunctionConfig, client_settings: ClientSettings, broker: BrokerProfile,
+                 code_path: str | None, state_path: str,
                  num_instances, piped_input: bool, user: InstanceUser | None = None):
         """`user` (default: InstanceUser.resolve(), nobody for a root worker): the standby drops to
         it, with a clean environment, before it imports the function's code."""
@@ -46,7 +48,7 @@ class Standby:
         self.stop_event = ctx.Event()
         self.stats_queue = ctx.Queue()
         self.proc = ctx.Process(target=_standby_main, name=f"{config.fqfn}:standby", daemon=True,
-                                args=(config, client_settings, code_path, state_path, num_instances, self.stop_event,
+                                args=(config, client_settings, broker, code_path, state_path, num_instances, self.stop_event,
                                       self.stats_queue, input_child, child_control, user or InstanceUser.resolve()))
         self.proc.start()
         self._state = "warming"

@@ -79,12 +79,12 @@ class Parallelism:
         standby = fn.warm_pool.take() if fn.warm_pool is not None and fn.owned_state is None else None   # a standby opened the local file: not a cluster's state
         if fn.runtime(self._default_runtime) == "process" and keyed is not None:
             handle: InstanceHandle = ProcessInstance(
-                cfg, i, self._settings, fn.code_path, None, fn.num_instances, None, standby=standby,
+                cfg, i, self._settings, link.profile, fn.code_path, None, fn.num_instances, None, standby=standby,
                 keyed=KeyedParts(lambda: keyed.open_input(i), keyed_stores(keyed).store(i), lambda: link.client,
                                  cfg.numKeyGroups, cfg.processingGuarantees == "EFFECTIVELY_ONCE"), user=user)
         elif fn.runtime(self._default_runtime) == "process":
             handle = ProcessInstance(
-                cfg, i, self._settings, fn.code_path,
+                cfg, i, self._settings, link.profile, fn.code_path,
                 getattr(fn.owned_state, "endpoint", None) or str(self._files.fn_dir(cfg) / "state.sqlite"),
                 fn.num_instances, fn.shared_input,   # set by broker_link.share_input
                 standby=standby, user=user)

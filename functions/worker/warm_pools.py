@@ -8,9 +8,9 @@ from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.runtimes.handles import ProcessInstance
 from pulsar_autoscale.functions.runtimes.warm_pool import Standby, WarmPool
+from pulsar_autoscale.functions.worker.broker_link import BrokerLink
 from pulsar_autoscale.functions.worker.function_files import FunctionFiles
 from pulsar_autoscale.functions.worker.hosted import HostedFunction
-from pulsar_autoscale.pulsar_client import ClientSettings
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,12 @@ class WarmPoolView:
 class WarmPools:
     """`size`: standbys per process-runtime function until the controller sizes its pool (--warm-pool)."""
 
-    def __init__(self, size: int, settings: ClientSettings, files: FunctionFiles, default_runtime: str,
+    def __init__(self, size: int, link: BrokerLink, files: FunctionFiles, default_runtime: str,
                  max_parallelism: int, users: InstanceUsers | None = None):
         if size < 0:
             raise ConfigError(f"warm pool size must be >= 0, got {size}")
         self.size = size
-        self._settings = settings
+        self._link = link   # its client settings, and the broker's profile for a standby that subscribes itself
         self._files = files
         self._default_runtime = default_runtime
         self._max_parallelism = max_parallelism
@@ -45,7 +45,7 @@ class WarmPools:
         if size > 0 and fn.runtime(self._default_runtime) == "process" and not fn.failure:
             cfg, state_path = fn.config, str(self._files.fn_dir(fn.config) / "state.sqlite")
             fn.warm_pool = WarmPool(size, lambda: Standby(
-                ProcessInstance._ctx, cfg, self._settings, fn.code_path, state_path, fn.num_instances,
+                ProcessInstance._ctx, cfg, self._link.settings, self._link.profile, fn.code_path, state_path, fn.num_instances,
                 fn.shared_input is not None or fn.keyed is not None,
                 self._users.of(cfg.fqfn) if self._users is not None else None))
 

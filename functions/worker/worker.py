@@ -84,7 +84,7 @@ class Worker(ClusterHosting, FunctionFigures):
         self.link = BrokerLink(self.client_settings, broker_kind, metrics_url, self._closing)
         self.files = FunctionFiles(self.data_dir)
         # warm standbys per process-runtime function (functions/runtimes/warm_pool.py)
-        self._pools = WarmPools(warm_pool, self.client_settings, self.files, default_runtime, max_parallelism,
+        self._pools = WarmPools(warm_pool, self.link, self.files, default_runtime, max_parallelism,
                                 self.instance_users)
         self._functions: dict[str, HostedFunction] = {}
         self._leftovers = Leftovers(self.files, self.link, web_service_url, self._hosts)

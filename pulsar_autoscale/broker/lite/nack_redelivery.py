@@ -1,8 +1,10 @@
-"""B13: a nacked message of a Failover subscription is never redelivered by pulsar-lite.
+"""B13: a nacked message of a Failover subscription is never redelivered by pulsar-lite; Apache Pulsar
+redelivers it without counting, so neither broker lets the Pulsar client's DeadLetterPolicy take a poison message.
 
 Tests: tests/integration/broker_conformance/test_messages.py::test_negative_ack_redelivers_to_the_same_subscription
 (the defect), tests/integration/worker/test_function_semantics.py::test_poison_message_is_delivered_three_times_then_dead_lettered
-(the fence: it fails without it).
+(the fence: it fails without it), tests/system/keyed/test_cluster_controls.py::test_an_update_of_the_retries_reaches_the_keyed_input
+(a keyed function's Failover route topic on Apache Pulsar).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from pulsar_autoscale.broker.profile import BrokerProfile
 DLQ_REAL_TOPIC, DLQ_ORIGIN_MESSAGE_ID = "REAL_TOPIC", "ORIGIN_MESSAGE_ID"
 
 
-def fence_nacks(consumer, cfg, client: pulsar.Client, broker: BrokerProfile, redelivery_delay_s: float):
-    """The function's input as Pulsar would behave: where the broker never redelivers a FAILOVER input's
-    nacked messages (B13) the input does it itself, elsewhere the consumer as it is."""
-    if not broker.nack_redelivery or cfg.subscription_type != "FAILOVER":
+def fence_nacks(consumer, cfg, client: pulsar.Client, broker: BrokerProfile, redelivery_delay_s: float,
+                subscription_type: str | None = None, dead_letter_topic: str | None = None):
+    """A consumer whose nacks count against maxMessageRetries as Pulsar's DeadLetterPolicy counts them: where
+    the broker does not count a FAILOVER consumer's redeliveries (B13; Apache Pulsar, see profile.APACHE) the
+    consumer counts them itself, elsewhere it is returned as it is. `subscription_type`: the consumer's, when it
+    is not the function's (a keyed route topic); `dead_letter_topic`: where the function's dead letters go,
+    when not derived from the message's topic."""
+    if not broker.nack_redelivery or (subscription_type or cfg.subscription_type).upper() != "FAILOVER":
         return consumer
-    return NackRedelivery(consumer, cfg, client, redelivery_delay_s)
+    return NackRedelivery(consumer, cfg, client, redelivery_delay_s, dead_letter_topic)
 
 
 class NackRedelivery:
@@ -32,12 +38,13 @@ class NackRedelivery:
     DeadLetterPolicy does with the broker's redelivery count (docs/dev/pulsar-lite-defects.md B13). The message never
     leaves this consumer's unacked set meanwhile, so a consumer that closes leaves it to the broker."""
 
-    def __init__(self, consumer, cfg, client: pulsar.Client, redelivery_delay_s: float):
+    def __init__(self, consumer, cfg, client: pulsar.Client, redelivery_delay_s: float,
+                 dead_letter_topic: str | None = None):
         self._consumer = consumer
         self._client = client
         self._delay_s = redelivery_delay_s
         self._max = cfg.maxMessageRetries
-        self._dead_letter_topic = cfg.deadLetterTopic
+        self._dead_letter_topic = dead_letter_topic or cfg.deadLetterTopic
         self._subscription = cfg.subscription_name
         self._due: deque = deque()              # (due time, message), in nack order: one delay for all
         self._nacks: dict[str, int] = {}        # message id -> redeliveries so far
