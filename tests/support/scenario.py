@@ -18,14 +18,21 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
 
 
 def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02):
-    """Poll predicate until it returns a truthy value; fail with `what` after timeout_s."""
+    """Poll predicate until it returns a truthy value; fail with `what` after timeout_s. A predicate that raises
+    LookupError (a status view without the instance or key yet, in the middle of a change) has not happened
+    yet; the last such error is in the timeout's message. Any other exception ends the wait."""
     deadline = time.monotonic() + timeout_s
+    missing: LookupError | None = None
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except LookupError as exc:
+            missing, value = exc, None
         if value:
             return value
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what() if callable(what) else what}")
+    last = f" (last: {type(missing).__name__}: {missing})" if missing is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what() if callable(what) else what}{last}")
 
 
 def lead(elector, timeout_s: float = 30):
