@@ -11,7 +11,9 @@ import argparse
 import logging
 import threading
 
-from pulsar_autoscale.functions.instance.instance import Instance
+from pulsar_autoscale.broker.lite.nack_redelivery import fence_nacks
+from pulsar_autoscale.broker.profile import APACHE
+from pulsar_autoscale.functions.instance.instance import NACK_REDELIVERY_DELAY_MS, Instance, subscribe
 from pulsar_autoscale.functions.instance.loader import load_callable
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.state.store import StateStore
@@ -33,7 +35,8 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
     state_dir = args.state_dir or user_data_dir("localrun", cfg.tenant, cfg.namespace, cfg.name)
     client = open_client(settings, operation_timeout_seconds=30)
     state = StateStore(f"{state_dir}/state.sqlite", cfg.numKeyGroups, keyed=cfg.keyedState)
-    instances = [Instance(cfg, i, client, code, state, lambda: cfg.parallelism) for i in range(cfg.parallelism)]
+    instances = [Instance(cfg, i, client, code, state, lambda: cfg.parallelism, open_input=_input(client, cfg, i))
+                 for i in range(cfg.parallelism)]
     threads = [threading.Thread(target=inst.run, name=f"{cfg.fqfn}:{inst.instance_id}", daemon=True)
                for inst in instances]
     signals = StopSignals()
@@ -58,3 +61,10 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
         print(f"error: {failed[0]}", flush=True)
         return 1
     return 0
+
+
+def _input(client, cfg: FunctionConfig, instance_id: int):
+    """An instance's consumer, as a worker opens it on Apache Pulsar (what localrun runs against): a FAILOVER
+    input counts its own nacks, or no retry would ever reach maxMessageRetries (broker/lite/nack_redelivery.py)."""
+    return lambda: fence_nacks(subscribe(client, cfg, f"{cfg.fqfn}:{instance_id}"), cfg, client, APACHE,
+                               NACK_REDELIVERY_DELAY_MS / 1000)

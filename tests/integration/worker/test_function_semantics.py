@@ -5,6 +5,9 @@ cleanupSubscription, forwardSourceMessageProperty, customSerdeInputs/outputSerde
 from __future__ import annotations
 
 import pickle
+import signal
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -69,6 +72,36 @@ def test_poison_message_is_delivered_three_times_then_dead_lettered(admin, clien
     assert status(admin, name)["numRestarts"] == 0
     outputs.close()
     dead.close()
+
+
+def test_localrun_dead_letters_a_poison_message_under_retain_ordering(client, broker, tmp_path):
+    """`functions localrun` opens its inputs as a worker does: a FAILOVER input's retries reach the dead-letter
+    topic on both brokers (before, on Apache Pulsar it retried the poison message every second for ever)."""
+    name = unique("lpoison")
+    out, dlq = f"persistent://public/default/{name}-out", f"persistent://public/default/{name}-dlq"
+    outputs, dead = OutputCollector(client, out), OutputCollector(client, dlq)
+    local = subprocess.Popen(
+        [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions", "localrun", "--broker-service-url",
+         broker.service_url, "--name", name, "--py", POISON, "--classname", "poison.Poison", "-i", f"{name}-in",
+         "-o", out, "--retain-ordering", "--max-message-retries", "2", "--dead-letter-topic", dlq,
+         "--subs-position", "Earliest", "--state-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert f"localrun public/default/{name}" in local.stdout.readline()
+        send(client, f"{name}-in", ["m0", "poison", "m1"])
+        wait_until(lambda: dead.distinct() == 1, 30, "the poison message on the dead-letter topic")
+        wait_until(lambda: outputs.distinct() == 2, 30, "the 2 other messages processed")
+        local.send_signal(signal.SIGINT)
+        summary, err = local.communicate(timeout=60)
+        assert local.returncode == 0, err
+        assert "2 processed, 3 user exceptions" in summary, summary   # 1 delivery + 2 redeliveries
+        assert dead.counts == {b"poison": 1}
+    finally:
+        if local.poll() is None:
+            local.kill()
+            local.wait()
+        outputs.close()
+        dead.close()
 
 
 def test_default_dead_letter_topic_and_unserializable_result(admin, client, worker):
