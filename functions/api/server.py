@@ -6,15 +6,21 @@ import shutil
 import tempfile
 import threading
 
+from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.api.rest import create_app
 from pulsar_autoscale.functions.cluster.member import ClusterSettings, join
 from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.worker.worker import Worker
-from pulsar_autoscale.netutil import free_port
+from pulsar_autoscale.netutil import cannot_bind, free_port
 from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.security.serving import ServerSecurity
 from pulsar_autoscale.spark_bridge.session import SparkSettings
+
+
+def _unservable(host: str, port: int, exc: OSError) -> str:
+    return (f"cannot serve the worker's REST API on {host}:{port}: {exc.strerror or exc} (another worker or "
+            f"program listens there?): give another --port")
 
 
 class WorkerServer:
@@ -28,6 +34,9 @@ class WorkerServer:
         self.security = security or ServerSecurity()
         self.security.check_bind(host)  # refuse before anything starts
         self.port = port or free_port(host)
+        taken = cannot_bind(host, self.port)
+        if taken is not None:   # before the worker connects or joins: nothing to undo
+            raise ConfigError(_unservable(host, self.port, taken))
         self.host = host
         self._temp_dir: str | None = None if data_dir else tempfile.mkdtemp(prefix="pa-worker-")
         worker_dir = data_dir or self._temp_dir
@@ -40,7 +49,13 @@ class WorkerServer:
                              tenant_thread_runtime=tenant_thread_runtime)
         # A cluster member joins (topics, consumer-id slot) before the REST API answers.
         self.cluster = join(self.worker, self.url, cluster, service_url) if cluster else None
-        self._server = self.security.make_server(host, self.port, create_app(self.worker, self.cluster))
+        try:
+            self._server = self.security.make_server(host, self.port, create_app(self.worker, self.cluster))
+        except OSError as exc:   # taken since the check: what started goes
+            if self.cluster is not None:
+                self.cluster.leave()
+            self.worker.close()
+            raise ConfigError(_unservable(host, self.port, exc)) from None
         self._thread: threading.Thread | None = None
 
     @property

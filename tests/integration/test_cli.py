@@ -88,3 +88,20 @@ def test_worker_refuses_a_web_service_url_that_is_no_admin_address(broker, tmp_p
                    "--web-service-url", bad, check=False)
         assert proc.returncode == 2 and "--web-service-url" in proc.stderr and "Traceback" not in proc.stderr, \
             proc.stderr
+
+
+def test_a_worker_on_a_port_in_use_says_so_in_one_line(broker, tmp_path):
+    """The operator's second worker on the first one's port: exit 2 with one line naming the port, before it
+    connects or joins (before, a traceback and a C++ abort, its cluster membership left behind)."""
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = cli("worker", "--service-url", broker.service_url, "--port", str(port), "--data-dir", str(tmp_path),
+                   "--cluster", "c-port", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot serve the worker's REST API on "
+                                                           f"127.0.0.1:{port}: Address already in use"), proc.stderr
+    assert "Traceback" not in proc.stderr and "Fatal Python error" not in proc.stderr, proc.stderr
+
