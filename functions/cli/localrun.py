@@ -11,9 +11,8 @@ import argparse
 import logging
 import threading
 
-from pulsar_autoscale.broker.lite.nack_redelivery import fence_nacks
 from pulsar_autoscale.broker.profile import APACHE
-from pulsar_autoscale.functions.instance.instance import NACK_REDELIVERY_DELAY_MS, Instance, subscribe
+from pulsar_autoscale.functions.instance.instance import Instance, subscribe_fenced
 from pulsar_autoscale.functions.instance.loader import load_callable
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.state.store import StateStore
@@ -66,5 +65,4 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
 def _input(client, cfg: FunctionConfig, instance_id: int):
     """An instance's consumer, as a worker opens it on Apache Pulsar (what localrun runs against): a FAILOVER
     input counts its own nacks, or no retry would ever reach maxMessageRetries (broker/lite/nack_redelivery.py)."""
-    return lambda: fence_nacks(subscribe(client, cfg, f"{cfg.fqfn}:{instance_id}"), cfg, client, APACHE,
-                               NACK_REDELIVERY_DELAY_MS / 1000)
+    return lambda: subscribe_fenced(client, cfg, f"{cfg.fqfn}:{instance_id}", APACHE)

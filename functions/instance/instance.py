@@ -17,6 +17,8 @@ from typing import Any, Callable, Protocol
 
 import pulsar
 
+from pulsar_autoscale.broker.lite.nack_redelivery import fence_nacks
+from pulsar_autoscale.broker.profile import BrokerProfile
 from pulsar_autoscale.functions.instance.context import InstanceContext, identity_deserialize, source_event_time
 from pulsar_autoscale.functions.instance.loader import load_callable, load_serde
 from pulsar_autoscale.functions.instance.stats import InstanceStats
@@ -61,6 +63,13 @@ def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str,
         initial_position=getattr(pulsar.InitialPosition, cfg.subscriptionPosition),
         **kwargs,
     )
+
+
+def subscribe_fenced(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str, broker: BrokerProfile):
+    """The function's consumer as `broker`'s profile fences it: a FAILOVER input's receiver queue (B1) and its nacks
+    counted by the input itself where the broker does not count them (broker/lite/nack_redelivery.py)."""
+    consumer = subscribe(client, cfg, consumer_name, receiver_queue_size=broker.input_receiver_queue(cfg))
+    return fence_nacks(consumer, cfg, client, broker, NACK_REDELIVERY_DELAY_MS / 1000)
 
 
 class InstanceInput(Protocol):

@@ -27,10 +27,9 @@ from typing import cast
 
 import pulsar
 
-from pulsar_autoscale.broker.lite.nack_redelivery import fence_nacks
 from pulsar_autoscale.broker.lite.shared_input import SharedInput
 from pulsar_autoscale.broker.profile import BrokerProfile
-from pulsar_autoscale.functions.instance.instance import NACK_REDELIVERY_DELAY_MS, Instance, prepare, subscribe
+from pulsar_autoscale.functions.instance.instance import Instance, prepare, subscribe_fenced
 from pulsar_autoscale.functions.instance.instance_user import InstanceUser, enter
 from pulsar_autoscale.functions.instance.stats import InstanceFigures, InstanceStats
 from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -175,9 +174,8 @@ def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: s
     if config.keyedState:
         open_input = state.input
     else:
-        open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else (lambda: fence_nacks(
-            subscribe(client, config, f"{config.fqfn}:{instance_id}"), config, client, broker,
-            NACK_REDELIVERY_DELAY_MS / 1000))
+        open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else \
+            (lambda: subscribe_fenced(client, config, f"{config.fqfn}:{instance_id}", broker))
     instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
                         open_input=open_input, prepared=prepared)
     runner = threading.Thread(target=instance.run, daemon=True)

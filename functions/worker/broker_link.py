@@ -15,11 +15,10 @@ from typing import Callable
 import pulsar
 
 from pulsar_autoscale.broker.lite.incarnation import LiteJoinError, incarnation_client
-from pulsar_autoscale.broker.lite.nack_redelivery import fence_nacks
 from pulsar_autoscale.broker.lite.shared_input import SharedInput
 from pulsar_autoscale.broker.lite.stalls import StallFence, fence_stalls
 from pulsar_autoscale.broker.profile import APACHE, BrokerProfile, detect, named
-from pulsar_autoscale.functions.instance.instance import NACK_REDELIVERY_DELAY_MS, subscribe
+from pulsar_autoscale.functions.instance.instance import subscribe, subscribe_fenced
 from pulsar_autoscale.functions.keyed.routing import keyed_subscription_type
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.model.errors import BrokerUnavailable
@@ -79,11 +78,8 @@ class BrokerLink:
     def subscribe(self, cfg: FunctionConfig, consumer_name: str):
         """The function's input consumer, fenced against the broker's defects: Failover's (B1, B13), and a
         broker that stops dispatching to it (B12)."""
-        def open_consumer():
-            consumer = subscribe(self.client, cfg, consumer_name,
-                                 receiver_queue_size=self.profile.input_receiver_queue(cfg))
-            return fence_nacks(consumer, cfg, self.client, self.profile, NACK_REDELIVERY_DELAY_MS / 1000)
-        return fence_stalls(open_consumer, cfg.inputs, cfg.subscription_name, self.stall_fence)
+        return fence_stalls(lambda: subscribe_fenced(self.client, cfg, consumer_name, self.profile), cfg.inputs,
+                            cfg.subscription_name, self.stall_fence)
 
     def keyed_input(self, cfg: FunctionConfig):
         """A keyedState function's one worker consumer (its router's input), of the type the profile allows

@@ -116,7 +116,7 @@ def test_default_dead_letter_topic_and_unserializable_result(admin, client, work
     send(client, f"{name}-in", ["a", "object", "b"])
     wait_until(lambda: dead.distinct() == 1 and outputs.distinct() == 2, 30, "1 dead-lettered, 2 processed")
     assert dead.counts == {b"object": 1} and deliveries(worker, name, "object") == 2
-    instance = admin.status("public", "default", name)["instances"][0]["status"]
+    instance = status(admin, name)
     assert instance["numUserExceptions"] == 2 and instance["numRestarts"] == 0 and instance["running"]
     assert "cannot serialize" in instance["latestUserExceptions"][0]["exceptionString"]
     dead.close()
