@@ -150,9 +150,9 @@ def _improve(k: dict[str, int], r: float, name: str, rate: Callable, bounds: Map
     for _ in range(rounds):
         moved = False
         for src in k:
-            if k[src] <= max(1, bounds.get(src, (1, 10**9))[0]):
-                continue
             for dst in k:
+                if k[src] <= max(1, bounds.get(src, (1, 10**9))[0]):
+                    break   # a move can leave src at its floor: no further one from it
                 if dst == src or k[dst] >= bounds.get(dst, (1, 10**9))[1]:
                     continue
                 trial = {**k, src: k[src] - 1, dst: k[dst] + 1}

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pulsar_autoscale.planning.allocate import best_within, bounded_path
+from pulsar_autoscale.planning.allocate import _improve, best_within, bounded_path
 from pulsar_autoscale.planning.extrapolate import select
 from pulsar_autoscale.planning.profile import profile_app
 from pulsar_autoscale.planning.simbed import APPS, SimCluster, SimFn, SimPlanApp, SimTestbed
@@ -117,3 +117,12 @@ def test_exhaustive_min_counts_the_fewest_instances():
     assert exhaustive_min(tb, 290.0) == 3 + 6
     capped = SimTestbed(APPS["zipf"])
     assert exhaustive_min(capped, 1e6, limit=256) is None
+
+
+def test_moves_between_functions_never_take_one_below_its_floor():
+    """A move that leaves a function at one instance is the last one from it: the next would leave it none."""
+    def rate(k):   # fewer instances of a and more of the others: always better, as long as a has one
+        return 1.0 / k["a"] + k["b"] + k["c"], "x"
+
+    k, r, _ = _improve({"a": 2, "b": 1, "c": 1}, 2.5, "x", rate, {})
+    assert k == {"a": 1, "b": 2, "c": 1} and r == 4.0
