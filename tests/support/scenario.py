@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -170,25 +171,44 @@ def run_scaling(service_url: str, admin_url: str, runtime: str, messages: int = 
 
 
 _KEYED_LOAD = """
-import sys, time, pulsar
+import signal, sys, time
+done = []
+signal.signal(signal.SIGUSR1, lambda *_: done.append(True))
+import pulsar
 url, topic, n, keys, rate, batched = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6] == "1"
 c = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
 batching = {"batching_max_publish_delay_ms": 2} if batched else {"batching_enabled": False}
 p = c.create_producer(topic, block_if_queue_full=True, send_timeout_millis=0, **batching)
 t0 = time.monotonic()
-for i in range(n):
-    delay = t0 + i / rate - time.monotonic()
+sent = 0
+while sent < n and not (done and sent % keys == 0):
+    delay = t0 + sent / rate - time.monotonic()
     if delay > 0:
         time.sleep(delay)
-    p.send_async(b"x", None, partition_key="k%d" % (i % keys))
+    p.send_async(b"x", None, partition_key="k%d" % (sent % keys))
+    sent += 1
 p.flush()
 c.close()
+print(sent, flush=True)
 """
 
 
-def start_keyed_load(service_url: str, topic: str, n: int, keys: int, rate: float, batched: bool):
+class KeyedLoad(subprocess.Popen):
+    """A keyed load's process; `finish` ends it early, after a whole round of keys, so every key has as many
+    records: a test under load sends for as long as its changes take, not for a fixed time."""
+
+    def finish(self, timeout_s: float) -> int:
+        """Stop sending after the current round; the number of records sent (all of them if it had ended)."""
+        if self.poll() is None:
+            self.send_signal(signal.SIGUSR1)
+        out, _ = self.communicate(timeout=timeout_s)
+        assert self.returncode == 0, f"the keyed load exited {self.returncode}"
+        return int(out.split()[-1])
+
+
+def start_keyed_load(service_url: str, topic: str, n: int, keys: int, rate: float, batched: bool) -> KeyedLoad:
     """`n` records keyed k0..k{keys-1} in turn at `rate`/s, from a process of their own (a fault test kills workers,
     not its load)."""
-    return subprocess.Popen([sys.executable, "-c", _KEYED_LOAD, service_url, topic, str(n), str(keys), str(rate),
-                             "1" if batched else "0"])
+    return KeyedLoad([sys.executable, "-c", _KEYED_LOAD, service_url, topic, str(n), str(keys), str(rate),
+                      "1" if batched else "0"], stdout=subprocess.PIPE, text=True)
 

@@ -37,8 +37,7 @@ def test_process_instances_scale_live_with_exact_counts(broker, tmp_path, cluste
         _migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "2 -> 3")
         admin.set_parallelism("public", "default", name, 2)
         _migrated(admin, name, {"0": 64, "1": 64}, "3 -> 2")
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        _assert_exact(admin, name, producer.finish(90))
         assert _running(admin, name) == {0, 1}
 
 
@@ -75,8 +74,7 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
                                  code=str(code), userConfig={"flag": str(flag)}, **PROCESS) as (admin, name, _,
                                                                                                 producer):
         wait_until(flag.exists, 60, "the instance that owns k7 to reach its 50th record")
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        _assert_exact(admin, name, producer.finish(90))
         restarts = {s["instanceId"]: s["status"]["numRestarts"]
                     for s in admin.status("public", "default", name)["instances"]}
         assert sorted(restarts.values()) == [0, 1], f"one instance restarted once: {restarts}"

@@ -18,7 +18,7 @@ from pulsar_autoscale.functions.model.keygroups import key_group
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.conformance import metric, scrape
 from tests.support.scenario import EXAMPLES, keyed_settled, wait_until
-from tests.system.keyed.test_cluster import KEYS, RECORDS, _load
+from tests.system.keyed.test_cluster import KEYS, _load
 from tests.system.keyed.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
@@ -48,8 +48,8 @@ def _admin(broker, tmp_path, cluster: bool):
 
 @contextmanager
 def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str, **fields):
-    """A keyed count at parallelism 3 (or `fields`' parallelism) and a producer of RECORDS records at RATE:
-    (admin, name, src, producer)."""
+    """A keyed count at parallelism 3 (or `fields`' parallelism) and a producer of up to 3,000 records at 100/s
+    (`producer.finish` ends it once the test's changes are made): (admin, name, src, producer)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     with _admin(broker, tmp_path, cluster) as admin:
@@ -96,10 +96,11 @@ def _wait_running(admin: FunctionsAdmin, name: str, ids: set[int], why: str) -> 
                                                                  f"saw {sorted(_running(admin, name))}")
 
 
-def _assert_exact(admin: FunctionsAdmin, name: str) -> None:
-    want = {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
+def _assert_exact(admin: FunctionsAdmin, name: str, sent: int) -> None:
+    """Every key counted the `sent // KEYS` records it was sent, once (the load sends whole rounds of keys)."""
+    want = {f"k{k}": sent // KEYS for k in range(KEYS)}
     wait_until(lambda: _counts(admin, name, KEYS) == want, 120,
-               lambda: f"exact counts {RECORDS // KEYS} per key: {_counts(admin, name, KEYS)}")
+               lambda: f"exact counts {sent // KEYS} per key: {_counts(admin, name, KEYS)}")
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -132,8 +133,8 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
         admin.action("public", "default", name, "stop")
         _wait_running(admin, name, set(), "every instance stopped")
         admin.action("public", "default", name, "start")
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        sent = producer.finish(90)
+        _assert_exact(admin, name, sent)
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -156,8 +157,8 @@ def test_a_stopped_instance_0_leaves_the_other_keys_going(broker, tmp_path, clus
             assert all(_counts(admin, name, KEYS)[k] == before[k] for k in mine)
         admin.action("public", "default", name, "start", 0)
         _wait_running(admin, name, {0, 1, 2}, "instance 0 started again")
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        sent = producer.finish(90)
+        _assert_exact(admin, name, sent)
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -174,8 +175,8 @@ def test_scale_to_zero_and_back(broker, tmp_path, cluster):
         time.sleep(2)
         admin.set_parallelism("public", "default", name, 2)
         _wait_running(admin, name, {0, 1}, "back at 2")
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        sent = producer.finish(90)
+        _assert_exact(admin, name, sent)
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -253,8 +254,8 @@ def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, 
         admin.update({"tenant": "public", "namespace": "default", "name": name, "userConfig": {"version": 2}})
         time.sleep(2)
         admin.action("public", "default", name, "restart", 1)
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        sent = producer.finish(90)
+        _assert_exact(admin, name, sent)
         _migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished")
 
 
@@ -292,8 +293,8 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
     with _keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2) as (admin, name, _, producer):
         for target, groups in (SCALE_OUT, SCALE_IN):
             _stop_set_start(admin, name, target, groups, cluster)
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        sent = producer.finish(90)
+        _assert_exact(admin, name, sent)
         if not cluster:
             return
         _stop_set_start(admin, name, *SCALE_OUT, cluster)
@@ -311,7 +312,7 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
         kept = any(_started_again_with_its_store(log_lines) for log_lines in logs.values())
         print(f"\nsurplus instance 2: store kept open {kept}, groups released unrestored {released}")
         assert released == (0 if kept else 42), f"42 groups released unrestored (kept store: {kept}): {lines}"
-        _assert_exact(admin, name)
+        _assert_exact(admin, name, sent)
 
 
 def _started_again_with_its_store(lines: list[str]) -> bool:
@@ -333,8 +334,8 @@ def test_an_update_of_the_parallelism_and_the_config_together(broker, tmp_path, 
             assert admin.get("public", "default", name)["userConfig"] == {"version": version}
             _wait_running(admin, name, set(range(target)), f"{target} instances after the update")
             _migrated(admin, name, groups, f"the change to {target} finished")
-        assert producer.wait(90) == 0
-        _assert_exact(admin, name)
+        sent = producer.finish(90)
+        _assert_exact(admin, name, sent)
 
 
 def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client, tmp_path):
