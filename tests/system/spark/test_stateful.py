@@ -186,7 +186,9 @@ def test_counts_exact_across_parallelism_change_with_windows(spark, broker, puls
         send(pulsar_client, topic, 100, event_ms=W2, batching=False)  # moves the watermark past W1: W1 closes
         output.wait(lambda o: len(o.finals()) == 10 and len(o.counts()) == 20, 90,
                     "W1 closed and W2 counted", stage)
-        status = stage.status()
+        # The query's progress (its state rows) is recorded after the batch's output is committed: wait for it.
+        status = poll(lambda: (st := stage.status()).state_rows == 10 and st, 30,
+                      lambda: f"the progress of the batch that closed W1 (10 state rows): {stage.status()}")
         # Read stages run `parallelism` tasks, the stateful stage its 2 state partitions.
         assert task_counts(spark, before.runId) == {1, 2}
         assert task_counts(spark, stage.query.runId) == {2, 3}
