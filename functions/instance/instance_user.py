@@ -7,8 +7,9 @@ another process's memory and environment; what a child needs from the worker's f
 the drop (its code's directory, its state file, its broker connection) and keeps as open files.
 
 The interpreter's own library may be unreachable for the instance user (a pyenv under /root, 0700):
-every directory on sys.path is opened before the drop and reached through /proc/self/fd afterwards, so
-imports keep working without granting the instance user the path.
+every directory on sys.path is opened before the drop and reached through /proc/self/fd afterwards (and
+each loaded package's own directory where the instance user may not pass through its sys.path entry's,
+as in a checkout whose root is 0700), so imports keep working without granting the instance user the path.
 """
 
 from __future__ import annotations
@@ -210,6 +211,19 @@ def _not_dumpable() -> None:
         pass
 
 
+def _others_may_pass(root: str, path: str) -> bool:
+    """Whether any user may walk from `root` down to `path` (o+x on `root` and on each directory between): only
+    then may `path` be reached through `root`'s open directory; else it needs one of its own (a checkout whose
+    root is 0700 holds this project's packages, which the instance user may read)."""
+    walk = [root]
+    for part in path[len(root) + 1:].split(os.sep)[:-1]:
+        walk.append(os.path.join(walk[-1], part))
+    try:
+        return all(os.stat(d).st_mode & 0o001 for d in walk)
+    except OSError:
+        return False
+
+
 def _reach_imports() -> None:
     """Each sys.path directory (and each loaded package's) opened now, reached as /proc/self/fd/N afterwards."""
     fds: dict[str, str] = {}
@@ -218,7 +232,7 @@ def _reach_imports() -> None:
         if not isinstance(path, str) or not os.path.isabs(path):
             return path
         for root, alias in fds.items():
-            if path == root or path.startswith(root + os.sep):
+            if path == root or (path.startswith(root + os.sep) and _others_may_pass(root, path)):
                 return alias + path[len(root):]
         if not os.path.isdir(path):
             return path

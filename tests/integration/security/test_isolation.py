@@ -263,3 +263,31 @@ def test_the_worker_keeps_its_data_dir_and_a_functions_config_to_itself(attacked
     code_dirs = list((holder / "code").iterdir())
     assert (holder / "code").stat().st_mode & 0o777 == 0o700 and code_dirs
     assert code_dirs[0].stat().st_mode & 0o777 == 0o755   # the instance user's working directory
+
+
+DROP_THEN_IMPORT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import pkg                                  # loaded before the drop, as a worker loads this project's packages
+from pulsar_autoscale.functions.instance.instance_user import InstanceUser, enter
+enter(InstanceUser.resolve("nobody"), None)
+import pkg.sub                              # and a module of it imported after, as a bundled example's class is
+print(pkg.sub.VALUE)
+"""
+
+
+def test_user_code_imports_from_a_checkout_only_root_may_enter(tmp_path):
+    """A root operator's checkout is often 0700 (under /root, or made by mktemp): the instance user reaches its
+    packages through directories the worker opened before the drop. Before, a package below a sys.path entry
+    was reached through that entry's open directory, which the instance user may not pass: a process instance
+    of a bundled example failed with ModuleNotFoundError, again and again."""
+    checkout = tmp_path / "checkout"
+    (checkout / "pkg").mkdir(parents=True)
+    (checkout / "pkg" / "__init__.py").write_text("")
+    (checkout / "pkg" / "sub.py").write_text("VALUE = 'imported as nobody'\n")
+    for path in (checkout / "pkg", checkout / "pkg" / "__init__.py", checkout / "pkg" / "sub.py"):
+        path.chmod(0o755)
+    checkout.chmod(0o700)
+    run = subprocess.run([sys.executable, "-c", DROP_THEN_IMPORT, str(checkout)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "imported as nobody", run.stderr[-2000:]
