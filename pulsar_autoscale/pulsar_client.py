@@ -115,6 +115,16 @@ class _ContextAdapter(requests.adapters.HTTPAdapter):
         kwargs["ssl_context"] = self._context
         return super().init_poolmanager(*args, **kwargs)
 
+    def cert_verify(self, conn, url, verify, cert):
+        """Verify against the context alone: requests would also load a CA bundle (REQUESTS_CA_BUNDLE's or
+        certifi's file), which adds trust the session was not given and which the instance user may not be able
+        to read."""
+        if verify is not False and url.lower().startswith("https"):
+            super().cert_verify(conn, url, False, cert)   # the client certificate, if any
+            conn.cert_reqs = "CERT_REQUIRED"
+        else:
+            super().cert_verify(conn, url, verify, cert)
+
 
 class _TrustSession(requests.Session):
     """A session whose own `verify` (the trusted CA) wins over REQUESTS_CA_BUNDLE, which requests otherwise

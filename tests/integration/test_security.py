@@ -231,6 +231,22 @@ def test_tls_serves_https_with_the_given_certificate(worker, keys):
     assert admin_as(worker, keys, SUPERUSER).list("public", "default") == []
 
 
+def test_a_session_with_its_trust_in_memory_needs_no_ca_file(worker, keys, monkeypatch):
+    """A process instance makes HTTPS calls to its worker after dropping to a user that may not read any file of
+    the worker's (requests' own CA bundle sits in a virtualenv that may be 0700): the trust read before the drop
+    is all it verifies with, and it still refuses a server its CA did not sign."""
+    trusting = ClientSettings(worker.url, tls_trust_certs_file_path=keys["ca"]).trust_loaded_now()
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):   # an instance's environment has neither
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(requests.adapters, "DEFAULT_CA_BUNDLE_PATH", "/nonexistent/cacert.pem")
+    assert trusting.get(worker.url + "/healthz", timeout=10).status_code == 200
+    other = trustme.CA()
+    other.cert_pem.write_to_path(str(keys["dir"] / "other-ca.pem"))
+    stranger = ClientSettings(worker.url, tls_trust_certs_file_path=str(keys["dir"] / "other-ca.pem"))
+    with pytest.raises(requests.exceptions.SSLError):
+        stranger.trust_loaded_now().get(worker.url + "/healthz", timeout=10)
+
+
 def test_cli_passes_pulsar_admin_auth_flags(worker, keys, tmp_path):
     (tmp_path / "tok").write_text(token(keys, SUPERUSER))
     base = [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions", "--admin-url", worker.url,

@@ -26,7 +26,7 @@ from tests.support.cluster_harness import WorkerCluster
 from tests.support.scenario import EXAMPLES, start_keyed_load, wait_until
 
 KEYS, PER_KEY = 40, 50
-RATE = 100.0            # messages per second: 2,000 over 20 s, so that the faults land while records flow
+RATE = 100.0            # messages per second (up to 2,000 over 20 s): the faults land while records flow
 STOP_S = 15.0           # how long a SIGSTOPped worker stays frozen
 FAULTS = ("kill9", "sigterm", "sigstop")
 
@@ -60,37 +60,38 @@ class CellResult:
     outputs: Counter = field(default_factory=Counter)                      # key -> outputs received
     payloads: Counter = field(default_factory=Counter)                     # each output (key:count:instance)
     victim: str = ""
+    per_key: int = PER_KEY   # records sent per key: the load ends once the cell's changes are made
 
     def exact_keys(self) -> int:
-        """Keys whose count is exactly PER_KEY on every live worker."""
-        return sum(all(c.get(f"k{k}") == PER_KEY for c in self.counts.values()) for k in range(KEYS))
+        """Keys whose count is exactly `per_key` on every live worker."""
+        return sum(all(c.get(f"k{k}") == self.per_key for c in self.counts.values()) for k in range(KEYS))
 
     def processed_keys(self) -> int:
-        """Keys every worker answers the same count for, at least PER_KEY (every message counted, one copy)."""
+        """Keys every worker answers the same count for, at least `per_key` (every message counted, one copy)."""
         out = 0
         for k in range(KEYS):
             seen = {c.get(f"k{k}") for c in self.counts.values()}
-            out += len(seen) == 1 and isinstance(next(iter(seen)), int) and next(iter(seen)) >= PER_KEY
+            out += len(seen) == 1 and isinstance(next(iter(seen)), int) and next(iter(seen)) >= self.per_key
         return out
 
     def duplicates(self) -> int:
         """Outputs received beyond one per message: reprocessed messages (ATLEAST_ONCE) and outputs sent twice."""
-        return sum(max(0, n - PER_KEY) for n in self.outputs.values())
+        return sum(max(0, n - self.per_key) for n in self.outputs.values())
 
     def counted_twice(self) -> int:
         """Counts above exact, over every key (ATLEAST_ONCE redeliveries), from the first worker's answers."""
         first = next(iter(self.counts.values()), {})
-        return sum(max(0, v - PER_KEY) for v in first.values() if isinstance(v, int))
+        return sum(max(0, v - self.per_key) for v in first.values() if isinstance(v, int))
 
     def lost(self) -> int:
-        """Messages whose output never came. EFFECTIVELY_ONCE: the counts 1..PER_KEY of a key that no output carried
+        """Messages whose output never came. EFFECTIVELY_ONCE: the counts 1..`per_key` of a key that no output carried
         (each count is one message's commit). ATLEAST_ONCE (a message may be counted twice, its first output lost and
-        its second sent): the keys' distinct outputs short of PER_KEY."""
+        its second sent): the keys' distinct outputs short of `per_key`."""
         if self.cell.once:
             seen = {tuple(p.split(":")[:2]) for p in self.payloads}
-            return sum((f"k{k}", str(c)) not in seen for k in range(KEYS) for c in range(1, PER_KEY + 1))
+            return sum((f"k{k}", str(c)) not in seen for k in range(KEYS) for c in range(1, self.per_key + 1))
         distinct = Counter(p.split(":")[0] for p in self.payloads)
-        return sum(max(0, PER_KEY - distinct.get(f"k{k}", 0)) for k in range(KEYS))
+        return sum(max(0, self.per_key - distinct.get(f"k{k}", 0)) for k in range(KEYS))
 
     def row(self) -> str:
         verdict = f"{self.exact_keys()}/{KEYS} exact" if self.cell.once else f"{self.processed_keys()}/{KEYS} processed"
@@ -100,7 +101,7 @@ class CellResult:
     def summary(self) -> str:
         split = {k: {w: c.get(k) for w, c in self.counts.items()} for k in (f"k{i}" for i in range(KEYS))
                  if len({c.get(k) for c in self.counts.values()}) > 1 or
-                 any(c.get(k) != PER_KEY for c in self.counts.values())}
+                 any(c.get(k) != self.per_key for c in self.counts.values())}
         return f"{self.row()} victim {self.victim}; keys not exact on every worker: {dict(list(split.items())[:6])}"
 
 
@@ -209,7 +210,7 @@ def _run(cell: Cell, cluster: WorkerCluster, name: str, src: str, out: str, serv
         result.victim = wait_until(lambda: _instance0_worker(cluster, name), 30, "the worker assigned instance 0")
         fault(cluster, result.victim, cell.fault)
         _scale(cluster, name, 2, via=2)                     # and after it
-        wait_until(lambda: producer.poll() is not None, 120, "the producer's end")
+        result.per_key = producer.finish(120) // KEYS
     finally:
         if producer.poll() is None:
             producer.kill()
@@ -224,7 +225,7 @@ def _run(cell: Cell, cluster: WorkerCluster, name: str, src: str, out: str, serv
     except AssertionError:   # the result says what is missing; the workers' logs say why
         print(cluster.log_tails(60), file=sys.stderr)
         return
-    # the last outputs: every key output at least PER_KEY times, then what else comes within the drain's quiet time
+    # the last outputs: every key output at least per_key times, then what else comes within the drain's quiet time
     try:
         wait_until(lambda: _drain(consumer, result) >= 0 and result.lost() == 0, 30, "every output")
     except AssertionError:

@@ -163,10 +163,14 @@ def test_hanging_process_does_not_hold_delete_or_scale_in(server, client):
                     ("hang.py", HANGS)).status_code == 204
         wait_until(lambda: status(server, name)["numRunning"] == 2, 20, "2 running instances")
         producer = client.create_producer(f"persistent://public/default/{name}-in")
-        for _ in range(4):
+
+        def both_stalled() -> bool:
+            # one message more each time: an instance whose consumer joined after the first ones were dispatched
+            # (to the other, which prefetches) still gets one
             producer.send(b"x")
+            return status(server, name)["numRunning"] == 0
+        wait_until(both_stalled, 30, "both instances reported stalled", interval_s=0.25)
         producer.close()
-        wait_until(lambda: status(server, name)["numRunning"] == 0, 20, "both instances reported stalled")
         errors = {i["status"]["error"] for i in status(server, name)["instances"]}
         assert all(e.startswith("stalled:") for e in errors), errors
 

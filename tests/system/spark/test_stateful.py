@@ -247,10 +247,12 @@ def test_the_worker_hosts_a_stage_that_the_controller_scales(spark, broker, puls
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == scaled_to, 120,
                    f"{scaled_to} input partitions")
         output.wait(lambda o: o.counts() == {(k, None): 200 for k in KEYS}, 120, "count 200 per key")
-        # The backlog is unknown (None) until the restarted run's first progress report, then 0.
-        stats = wait_until(lambda: (s := admin.stats("public", "default", name))["autoscale"]["backlog"] == 0 and s,
-                           60, "the stage to report backlog 0")
-        assert stats["receivedTotal"] == stats["processedSuccessfullyTotal"] >= 2000, stats
+        # The backlog is unknown (None) until the restarted run's first progress report, then 0; a batch's rows
+        # count once its progress is reported, which Spark does after the batch's output is committed.
+        stats = wait_until(lambda: (s := admin.stats("public", "default", name))["autoscale"]["backlog"] == 0
+                           and s["receivedTotal"] >= 2000 and s, 60,
+                           lambda: f"the stage to report backlog 0 and 2000 rows: {admin.stats('public', 'default', name)}")
+        assert stats["receivedTotal"] == stats["processedSuccessfullyTotal"], stats
         assert stats["autoscale"]["counters"]["busy_s"] > 0
     # A restarted worker brings the stage back, as it was scaled, with its state.
     with WorkerServer(broker.service_url, data_dir=str(tmp_path / "worker"), metrics_url=broker.metrics_url) as w:
