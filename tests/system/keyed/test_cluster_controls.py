@@ -48,7 +48,7 @@ def _admin(broker, tmp_path, cluster: bool):
 
 @contextmanager
 def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str, **fields):
-    """A keyed count at parallelism 3 (or `fields`' parallelism) and a producer of up to 3,000 records at 100/s
+    """A keyed count at parallelism 3 (or `fields`' parallelism) and the keyed load of test_cluster.py's `_load`
     (`producer.finish` ends it once the test's changes are made): (admin, name, src, producer)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
