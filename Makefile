@@ -39,6 +39,7 @@ test-unit: install
 
 lint: install typecheck
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # mypy over the installed layout: functions/, policies/ and spark_bridge/ are pulsar_autoscale.* sub-packages
 # (pyproject's package-dir), so the checker reads them through a tree of links that has that layout.

@@ -5,5 +5,13 @@ optional=True: where it does not compile, the install goes on and the source rea
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("pulsar_autoscale.spark_bridge._native_reader", ["spark_bridge/_native_reader.c"],
-                             extra_compile_args=["-O2"], optional=True)])
+setup(
+    ext_modules=[
+        Extension(
+            "pulsar_autoscale.spark_bridge._native_reader",
+            ["spark_bridge/_native_reader.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ]
+)

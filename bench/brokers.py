@@ -14,9 +14,13 @@ KINDS = ("lite", "apache")
 
 
 def add_broker_option(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--broker", choices=(*KINDS, "both"), default="lite",
-                    help="lite: the embedded pulsar-lite (default); apache: an Apache Pulsar standalone (java, and "
-                         "mvn for the first fetch: docs/apache-pulsar.md); both: one after the other")
+    ap.add_argument(
+        "--broker",
+        choices=(*KINDS, "both"),
+        default="lite",
+        help="lite: the embedded pulsar-lite (default); apache: an Apache Pulsar standalone (java, and "
+        "mvn for the first fetch: docs/apache-pulsar.md); both: one after the other",
+    )
 
 
 @contextlib.contextmanager
@@ -25,10 +29,12 @@ def open_broker(kind: str) -> Iterator:
     with tempfile.TemporaryDirectory(prefix=f"bench-{kind}-") as scratch:
         if kind == "apache":
             from pulsar_autoscale.broker.apache import ApacheStandalone
+
             with ApacheStandalone(data_dir=scratch) as broker:
                 yield broker
         else:
             from pulsar_autoscale.broker.embedded import EmbeddedBroker
+
             with EmbeddedBroker(data_dir=scratch, log_level="warn") as broker:
                 yield broker
 

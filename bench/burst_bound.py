@@ -23,30 +23,56 @@ from pulsar_autoscale.sim.engine import SimConfig, simulate
 from pulsar_autoscale.sim.workloads import load_workload
 
 REACT_MAX = str(Path(__file__).resolve().parent / "policies" / "react_max.py")
-POLICIES = {"queueing": ("queueing", {}), "predictive": ("predictive", {}),  # label -> (policy, params)
-            "react-max": (REACT_MAX, {}), "react-max +1 spare": (REACT_MAX, {"spare": 1}),
-            "react-max +2 spare": (REACT_MAX, {"spare": 2})}
+POLICIES = {
+    "queueing": ("queueing", {}),
+    "predictive": ("predictive", {}),  # label -> (policy, params)
+    "react-max": (REACT_MAX, {}),
+    "react-max +1 spare": (REACT_MAX, {"spare": 1}),
+    "react-max +2 spare": (REACT_MAX, {"spare": 2}),
+}
 PERIODS = (30.0, 10.0)
 SEEDS = (0, 1, 2)
 METRICS = ("mean_rt_s", "p99_rt_s", "avg_instances", "instance_seconds")
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()   # --help, and no stray options
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help, and no stray options
     started = time.perf_counter()
     out = []
     for period in PERIODS:
         means = {}
         for label, (policy, params) in POLICIES.items():
-            runs = [simulate(load_app("paper-image"), load_workload("burst"), build_autoscaler(policy, params, 15),
-                             SimConfig(period_s=period, seed=seed)).summary() for seed in SEEDS]
+            runs = [
+                simulate(
+                    load_app("paper-image"),
+                    load_workload("burst"),
+                    build_autoscaler(policy, params, 15),
+                    SimConfig(period_s=period, seed=seed),
+                ).summary()
+                for seed in SEEDS
+            ]
             means[label] = {m: round(float(np.mean([r[m] for r in runs])), 3) for m in METRICS}
             print(f"period {period:g} s {label}: {means[label]}", file=sys.stderr)
         q = means["queueing"]
-        out.append({"period_s": period, "means": means, "target_p99_s": round(q["p99_rt_s"] / 2, 3),
-                    "target_max_instance_seconds": round(1.2 * q["instance_seconds"], 1)})
-    json.dump({"app": "paper-image", "workload": "burst", "seeds": list(SEEDS), "periods": out,
-               "wall_s": round(time.perf_counter() - started, 1)}, sys.stdout, indent=1)
+        out.append(
+            {
+                "period_s": period,
+                "means": means,
+                "target_p99_s": round(q["p99_rt_s"] / 2, 3),
+                "target_max_instance_seconds": round(1.2 * q["instance_seconds"], 1),
+            }
+        )
+    json.dump(
+        {
+            "app": "paper-image",
+            "workload": "burst",
+            "seeds": list(SEEDS),
+            "periods": out,
+            "wall_s": round(time.perf_counter() - started, 1),
+        },
+        sys.stdout,
+        indent=1,
+    )
     print()
     return 0
 

@@ -35,9 +35,14 @@ def main() -> int:
     for seed in seeds:
         runs[seed] = validate(seed=seed)
         print(format_table(runs[seed]), file=sys.stderr)
-    out = {"seeds": runs, "summary": {s: {k: r[k] for k in ("median_error", "max_error", "passed",
-                                                             "baselines_worse_on_every_nonlinear_app")}
-                                      | {"per_app": r["per_app"]} for s, r in runs.items()}}
+    out = {
+        "seeds": runs,
+        "summary": {
+            s: {k: r[k] for k in ("median_error", "max_error", "passed", "baselines_worse_on_every_nonlinear_app")}
+            | {"per_app": r["per_app"]}
+            for s, r in runs.items()
+        },
+    }
     out["summary"]["pooled"] = pooled(list(runs.values()))
     print(format_pooled(out["summary"]["pooled"]), file=sys.stderr)
     if not args.no_sustain:

@@ -36,8 +36,9 @@ from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 WARM_UP_S = 2.0
 
 
-def _read(service_url: str, topic: str, records: int, record_bytes: int, rate_mbps: float, queue: int,
-          pace_every: int, result) -> None:
+def _read(
+    service_url: str, topic: str, records: int, record_bytes: int, rate_mbps: float, queue: int, pace_every: int, result
+) -> None:
     """Child process: read `records` from the start of `topic`, paced after every `pace_every` records."""
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=queue)
@@ -61,7 +62,7 @@ class Probe:
         self._consumer = client.subscribe(topic, "probe", consumer_type=pulsar.ConsumerType.Shared)
         self._producer = client.create_producer(topic, batching_enabled=False)
         self._interval = 1 / rate
-        self.latencies: list[tuple[float, float]] = []   # (sent at, ms)
+        self.latencies: list[tuple[float, float]] = []  # (sent at, ms)
         self._done = threading.Event()
         self._receiver = threading.Thread(target=self._receive, daemon=True)
         self._receiver.start()
@@ -80,7 +81,7 @@ class Probe:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             self._producer.send_async(repr(time.time()).encode(), None)
-            time.sleep(self._interval)   # pacing the probe, not synchronisation
+            time.sleep(self._interval)  # pacing the probe, not synchronisation
 
     def between(self, t0: float, t1: float) -> list[float]:
         return [ms for sent, ms in self.latencies if t0 <= sent < t1]
@@ -96,23 +97,33 @@ def measure(broker: EmbeddedBroker, probe: Probe, big: str, records: int, args, 
     ctx = mp.get_context("spawn")
     result = ctx.Queue()
     t_read = time.time()
-    reader = ctx.Process(target=_read, args=(broker.service_url, big, records, args.record_kb * 1000,
-                                             args.rate_mbps, args.queue, pace_every, result))
+    reader = ctx.Process(
+        target=_read,
+        args=(broker.service_url, big, records, args.record_kb * 1000, args.rate_mbps, args.queue, pace_every, result),
+    )
     reader.start()
-    while reader.is_alive() and result.empty():   # probing all through the read
+    while reader.is_alive() and result.empty():  # probing all through the read
         probe.send_for(0.5)
     read_s, read_n = result.get(timeout=60)
     reader.join(30)
     before = probe.between(t_before + WARM_UP_S, t_read)
     during = probe.between(t_read, t_read + read_s)
-    out = {"pace_every_records": pace_every, "burst_kb": pace_every * args.record_kb, "read_s": round(read_s, 1),
-           "read_records": read_n, "read_mb_per_s": round(read_n * args.record_kb / 1000 / read_s, 1)}
+    out = {
+        "pace_every_records": pace_every,
+        "burst_kb": pace_every * args.record_kb,
+        "read_s": round(read_s, 1),
+        "read_records": read_n,
+        "read_mb_per_s": round(read_n * args.record_kb / 1000 / read_s, 1),
+    }
     for name, xs in (("before", before), ("during", during)):
         out[name] = {"n": len(xs), "p50_ms": round(_pct(xs, 0.5), 3), "p99_ms": round(_pct(xs, 0.99), 3)}
     out["p50_during_over_before"] = round(out["during"]["p50_ms"] / out["before"]["p50_ms"], 2)
     out["p99_during_over_before"] = round(out["during"]["p99_ms"] / out["before"]["p99_ms"], 2)
-    print(f"pace every {pace_every} records: p99 {out['before']['p99_ms']} -> {out['during']['p99_ms']} ms",
-          file=sys.stderr, flush=True)
+    print(
+        f"pace every {pace_every} records: p99 {out['before']['p99_ms']} -> {out['during']['p99_ms']} ms",
+        file=sys.stderr,
+        flush=True,
+    )
     return out
 
 
@@ -125,16 +136,19 @@ def main() -> int:
     ap.add_argument("--pace-every", default="50,2", help="pacings to compare: records per burst, comma-separated")
     ap.add_argument("--probe-rate", type=float, default=300.0, help="probe records per second")
     ap.add_argument("--seconds", type=float, default=15.0, help="the baseline's length before each read")
-    ap.add_argument("--no-relay", action="store_true", help="clients reach pulsar-lite directly (docs/dev/pulsar-lite-defects.md, B10)")
+    ap.add_argument(
+        "--no-relay", action="store_true", help="clients reach pulsar-lite directly (docs/dev/pulsar-lite-defects.md, B10)"
+    )
     args = ap.parse_args()
     pacings = [int(p) for p in args.pace_every.split(",")]
     records = args.mb * 1000 // args.record_kb
-    with tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp, \
-            EmbeddedBroker(data_dir=tmp, log_level="warn", relay=not args.no_relay) as broker:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp,
+        EmbeddedBroker(data_dir=tmp, log_level="warn", relay=not args.no_relay) as broker,
+    ):
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         big = f"persistent://public/default/big-{uuid.uuid4().hex[:8]}"
-        producer = client.create_producer(big, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                          block_if_queue_full=True)
+        producer = client.create_producer(big, batching_enabled=True, batching_max_publish_delay_ms=5, block_if_queue_full=True)
         print(f"writing {args.mb} MB to the big topic...", file=sys.stderr, flush=True)
         blob = b"x" * (args.record_kb * 1000)
         for _ in range(records):
@@ -145,8 +159,20 @@ def main() -> int:
         runs = [measure(broker, probe, big, records, args, p) for p in pacings]
         probe.close()
         client.close()
-    print(json.dumps({"mb": args.mb, "record_kb": args.record_kb, "rate_mbps": args.rate_mbps, "queue": args.queue,
-                      "probe_rate": args.probe_rate, "relay": not args.no_relay, "runs": runs}, indent=1))
+    print(
+        json.dumps(
+            {
+                "mb": args.mb,
+                "record_kb": args.record_kb,
+                "rate_mbps": args.rate_mbps,
+                "queue": args.queue,
+                "probe_rate": args.probe_rate,
+                "relay": not args.no_relay,
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -29,8 +29,10 @@ from tests.support.scenario import EXAMPLES, OutputCollector, wait_until  # noqa
 
 
 def run_one(broker, workers: int, messages: int, per_worker: int, work_ms: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="cluster-bench-") as d, \
-            WorkerCluster(broker.service_url, broker.metrics_url, Path(d), n=workers, runtime="process") as c:
+    with (
+        tempfile.TemporaryDirectory(prefix="cluster-bench-") as d,
+        WorkerCluster(broker.service_url, broker.metrics_url, Path(d), n=workers, runtime="process") as c,
+    ):
         admin = FunctionsAdmin([w.url for w in c.live()])
         name = f"spin{workers}"
         src, dst = f"persistent://public/default/{name}-{c.name}-in", f"persistent://public/default/{name}-{c.name}-out"
@@ -38,30 +40,50 @@ def run_one(broker, workers: int, messages: int, per_worker: int, work_ms: float
         collector = OutputCollector(client, dst)
         instances = workers * per_worker
         t0 = time.monotonic()
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "spin.Spin",
-                      "inputs": [src], "output": dst, "parallelism": instances, "receiverQueueSize": 20,
-                      "userConfig": {"work_ms": work_ms}}, str(EXAMPLES / "spin.py"))
-        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == instances, 120,
-                   "instances running")
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "spin.Spin",
+                "inputs": [src],
+                "output": dst,
+                "parallelism": instances,
+                "receiverQueueSize": 20,
+                "userConfig": {"work_ms": work_ms},
+            },
+            str(EXAMPLES / "spin.py"),
+        )
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == instances, 120, "instances running")
         running_s = time.monotonic() - t0
         # The subscription starts at the latest message (as in Pulsar): produce once it exists.
-        producer = client.create_producer(src, batching_enabled=True, batching_max_messages=20,
-                                          block_if_queue_full=True)
+        producer = client.create_producer(src, batching_enabled=True, batching_max_messages=20, block_if_queue_full=True)
         t1 = time.monotonic()
         for i in range(messages):
             producer.send_async(str(i).encode(), None)
         producer.flush()
-        wait_until(lambda: collector.distinct() >= messages, 600, lambda: f"{messages} outputs "
-                   f"(got {collector.distinct()})", interval_s=0.05)
+        wait_until(
+            lambda: collector.distinct() >= messages,
+            600,
+            lambda: f"{messages} outputs (got {collector.distinct()})",
+            interval_s=0.05,
+        )
         drain_s = time.monotonic() - t1
         placed = {w: len(v) for w, v in admin.assignments().items()}
         admin.delete("public", "default", name)
         collector.close()
         producer.close()
         client.close()
-        return {"workers": workers, "instances": instances, "placement": placed, "messages": messages,
-                "start_s": round(running_s, 2), "drain_s": round(drain_s, 2),
-                "throughput_msg_s": round(messages / drain_s, 1), "duplicates": collector.duplicates()}
+        return {
+            "workers": workers,
+            "instances": instances,
+            "placement": placed,
+            "messages": messages,
+            "start_s": round(running_s, 2),
+            "drain_s": round(drain_s, 2),
+            "throughput_msg_s": round(messages / drain_s, 1),
+            "duplicates": collector.duplicates(),
+        }
 
 
 def main() -> int:
@@ -81,8 +103,19 @@ def main() -> int:
             r["speedup_vs_1_worker"] = round(r["throughput_msg_s"] / base, 2)
             r["efficiency"] = round(r["speedup_vs_1_worker"] / (r["workers"] / runs[0]["workers"]), 2)
         return {"runs": runs}
-    print(json.dumps({"bench": "cluster_scale", "cpu_cores": os.cpu_count(), "work_ms": args.work_ms,
-                      "per_worker": args.per_worker, **per_broker(args.broker, measure)}, indent=1))
+
+    print(
+        json.dumps(
+            {
+                "bench": "cluster_scale",
+                "cpu_cores": os.cpu_count(),
+                "work_ms": args.work_ms,
+                "per_worker": args.per_worker,
+                **per_broker(args.broker, measure),
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -46,10 +46,18 @@ def synthetic_app(n: int, rng: random.Random) -> tuple[list[FunctionNode], dict[
         lam, service_s = rng.uniform(1, 60), rng.uniform(0.02, 0.2)
         done = lam * WINDOW_S
         prev = FunctionCounters(time=0.0, arrived=0.0)
-        cur = FunctionCounters(time=WINDOW_S, arrived=done, received=done, processed=done, outputs=done,
-                               busy_s=done * service_s, busy_sq_s2=done * service_s ** 2 * 1.5,
-                               interarrival_n=done, interarrival_s=WINDOW_S,
-                               interarrival_sq_s2=WINDOW_S ** 2 / done * 2)
+        cur = FunctionCounters(
+            time=WINDOW_S,
+            arrived=done,
+            received=done,
+            processed=done,
+            outputs=done,
+            busy_s=done * service_s,
+            busy_sq_s2=done * service_s**2 * 1.5,
+            interarrival_n=done,
+            interarrival_s=WINDOW_S,
+            interarrival_sq_s2=WINDOW_S**2 / done * 2,
+        )
         readings[name] = (prev, cur, rng.uniform(0, 500))
     return nodes, readings
 
@@ -57,8 +65,9 @@ def synthetic_app(n: int, rng: random.Random) -> tuple[list[FunctionNode], dict[
 def one_iteration(autoscaler: Autoscaler, nodes, readings, current) -> tuple[float, str | None]:
     start = time.perf_counter()
     graph = AppGraph.build(nodes)
-    functions = {name: window_snapshot(name, current[name], prev, cur, backlog)
-                 for name, (prev, cur, backlog) in readings.items()}
+    functions = {
+        name: window_snapshot(name, current[name], prev, cur, backlog) for name, (prev, cur, backlog) in readings.items()
+    }
     result = autoscaler.step(graph, Snapshot(WINDOW_S, WINDOW_S, functions), current, now=WINDOW_S)
     return (time.perf_counter() - start) * 1000, result.error
 
@@ -82,25 +91,36 @@ def run(sizes: list[int], repeats: int) -> dict:
             label = name + "".join(f":{v}" for v in params.values())
             try:
                 policy = load_policy(name, params)
-            except ConfigError as exc:   # a plugin still being written must not stop the bench
+            except ConfigError as exc:  # a plugin still being written must not stop the bench
                 rows.append({"functions": n, "policy": label, "error": str(exc)})
                 continue
             samples, error = [], None
             for _ in range(repeats):
-                ms, error = one_iteration(Autoscaler(policy, Planner(PlanConfig(cooldown_s=60))),
-                                          nodes, readings, current)
+                ms, error = one_iteration(Autoscaler(policy, Planner(PlanConfig(cooldown_s=60))), nodes, readings, current)
                 samples.append(ms)
-            rows.append({"functions": n, "policy": label, "median_ms": round(statistics.median(samples), 2),
-                         "max_ms": round(max(samples), 2), "repeats": repeats, "error": error})
+            rows.append(
+                {
+                    "functions": n,
+                    "policy": label,
+                    "median_ms": round(statistics.median(samples), 2),
+                    "max_ms": round(max(samples), 2),
+                    "repeats": repeats,
+                    "error": error,
+                }
+            )
     baseline = {r["functions"]: r["median_ms"] for r in rows if r["policy"] == "threshold" and "median_ms" in r}
-    for r in rows:   # threshold does least work: its time is mostly graph, snapshot and Plan step
+    for r in rows:  # threshold does least work: its time is mostly graph, snapshot and Plan step
         if "median_ms" in r and r["functions"] in baseline:
             r["x_threshold"] = round(r["median_ms"] / baseline[r["functions"]], 2)
     at_500 = [r for r in rows if r["functions"] == 500 and "median_ms" in r]
-    return {"bench": "controller_scale", "depth": DEPTH, "target_ms_at_500": TARGET_MS_AT_500, "rows": rows,
-            "slowest_ms_at_500": max((r["median_ms"] for r in at_500), default=None),
-            "target_met": bool(at_500) and all(r["median_ms"] < TARGET_MS_AT_500 and not r["error"]
-                                               for r in at_500)}
+    return {
+        "bench": "controller_scale",
+        "depth": DEPTH,
+        "target_ms_at_500": TARGET_MS_AT_500,
+        "rows": rows,
+        "slowest_ms_at_500": max((r["median_ms"] for r in at_500), default=None),
+        "target_met": bool(at_500) and all(r["median_ms"] < TARGET_MS_AT_500 and not r["error"] for r in at_500),
+    }
 
 
 def main() -> None:

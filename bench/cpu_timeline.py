@@ -84,9 +84,16 @@ def score(path: str, arrivals: str) -> None:
     report = []
     for c in live:
         put, done = c["t_put"] / 1000, c["t_done"] / 1000
-        report.append({"change": c["change"], "duration_s": c["duration_s"], "steady_before": cores(put - 8, put - 0.5),
-                       "after_put_by_quarter_second": {f"+{q / 4:.2f}": cores(put + q / 4, put + (q + 1) / 4)
-                                                       for q in range(int((done - put) * 4) + 1)}})
+        report.append(
+            {
+                "change": c["change"],
+                "duration_s": c["duration_s"],
+                "steady_before": cores(put - 8, put - 0.5),
+                "after_put_by_quarter_second": {
+                    f"+{q / 4:.2f}": cores(put + q / 4, put + (q + 1) / 4) for q in range(int((done - put) * 4) + 1)
+                },
+            }
+        )
     print(json.dumps(report, indent=1))
 
 

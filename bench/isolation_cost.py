@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pulsar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout: tests.support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
@@ -63,18 +63,30 @@ class Mode:
     """One worker with one --instance-user, and its scale-out function under load."""
 
     def __init__(self, broker, user: str, rate: float, service_ms: float, warm_pool: int):
-        self.server = WorkerServer(broker.service_url, metrics_url=broker.metrics_url, runtime="process",
-                                   warm_pool=warm_pool, instance_users=InstanceUsers(InstanceUser.resolve(user))).start()
+        self.server = WorkerServer(
+            broker.service_url,
+            metrics_url=broker.metrics_url,
+            runtime="process",
+            warm_pool=warm_pool,
+            instance_users=InstanceUsers(InstanceUser.resolve(user)),
+        ).start()
         self.broker, self.user, self.pool = broker, user, warm_pool
         self.admin = FunctionsAdmin(self.server.url)
         self.name = f"iso-{user}-{uuid.uuid4().hex[:6]}"
         self.fqfn = f"public/default/{self.name}"
-        self.admin.create({"tenant": "public", "namespace": "default", "name": self.name,
-                           "inputs": [f"{self.name}-in"], "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
-                           "receiverQueueSize": 10, "userConfig": {"service_ms": service_ms, "dist": "deterministic"}})
+        self.admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": self.name,
+                "inputs": [f"{self.name}-in"],
+                "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
+                "receiverQueueSize": 10,
+                "userConfig": {"service_ms": service_ms, "dist": "deterministic"},
+            }
+        )
         self.stop = threading.Event()
-        self.producer = threading.Thread(target=load, args=(broker.service_url, f"{self.name}-in", rate, self.stop),
-                                         daemon=True)
+        self.producer = threading.Thread(target=load, args=(broker.service_url, f"{self.name}-in", rate, self.stop), daemon=True)
         self.producer.start()
         self.returned: list[float] = []
         self.sent: list[float] = []
@@ -105,9 +117,12 @@ class Mode:
         self.server.stop()
 
     def report(self) -> dict:
-        return {"median_ms": statistics.median(self.returned), "max_ms": max(self.returned),
-                "samples_ms": self.returned,
-                "from_put_sent": {"median_ms": statistics.median(self.sent), "max_ms": max(self.sent)}}
+        return {
+            "median_ms": statistics.median(self.returned),
+            "max_ms": max(self.returned),
+            "samples_ms": self.returned,
+            "from_put_sent": {"median_ms": statistics.median(self.sent), "max_ms": max(self.sent)},
+        }
 
 
 def throughput(broker, user: str, messages: int) -> dict:
@@ -115,30 +130,48 @@ def throughput(broker, user: str, messages: int) -> dict:
     name = f"iso-tp-{user}-{uuid.uuid4().hex[:6]}"
     client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
-        client.subscribe(f"{name}-in", f"public/default/{name}").close()   # the function's subscription, first
+        client.subscribe(f"{name}-in", f"public/default/{name}").close()  # the function's subscription, first
         producer = client.create_producer(f"{name}-in", batching_enabled=False, block_if_queue_full=True)
         for _ in range(messages):
             producer.send_async(b"x", None)
         producer.flush()
     finally:
         client.close()
-    with WorkerServer(broker.service_url, metrics_url=broker.metrics_url, runtime="process",
-                      instance_users=InstanceUsers(InstanceUser.resolve(user))) as server:
+    with WorkerServer(
+        broker.service_url,
+        metrics_url=broker.metrics_url,
+        runtime="process",
+        instance_users=InstanceUsers(InstanceUser.resolve(user)),
+    ) as server:
         admin = FunctionsAdmin(server.url)
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
-                      "className": "pulsar_autoscale.functions.examples.noop.noop", "receiverQueueSize": 1000})
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "inputs": [f"{name}-in"],
+                "className": "pulsar_autoscale.functions.examples.noop.noop",
+                "receiverQueueSize": 1000,
+            }
+        )
         fqfn = f"public/default/{name}"
 
         def figures():
             _, figs, _ = server.worker.instance_figures(fqfn)
             return figs.get(0)
 
-        done = wait_for(lambda: (lambda f: f if f is not None and f.processed >= messages else None)(figures()),
-                        600, f"{user}: {messages} messages processed")
+        done = wait_for(
+            lambda: (lambda f: f if f is not None and f.processed >= messages else None)(figures()),
+            600,
+            f"{user}: {messages} messages processed",
+        )
         admin.delete("public", "default", name)
     span_s = (done.last_invocation_ms - done.first_processed_ms) / 1000
-    return {"messages": done.processed, "span_s": round(span_s, 3),
-            "msgs_per_s": round((done.processed - 1) / span_s, 1) if span_s > 0 else None}
+    return {
+        "messages": done.processed,
+        "span_s": round(span_s, 3),
+        "msgs_per_s": round((done.processed - 1) / span_s, 1) if span_s > 0 else None,
+    }
 
 
 def main() -> None:
@@ -153,15 +186,21 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("run as root: the isolated mode switches user code to nobody")
     started = time.perf_counter()
-    result: dict = {"bench": "isolation_cost", "runtime": "process", "rate_msgs_per_s": args.rate,
-                    "service_ms": args.service_ms, "repeats": args.repeats, "load_avg_before": os.getloadavg(),
-                    "cpus": os.cpu_count()}
+    result: dict = {
+        "bench": "isolation_cost",
+        "runtime": "process",
+        "rate_msgs_per_s": args.rate,
+        "service_ms": args.service_ms,
+        "repeats": args.repeats,
+        "load_avg_before": os.getloadavg(),
+        "cpus": os.cpu_count(),
+    }
     with EmbeddedBroker() as broker:
         for pool in sorted({0, args.warm_pool}):
             modes = [Mode(broker, user, args.rate, args.service_ms, pool) for user in USERS]
             try:
                 for _ in range(args.repeats):
-                    for mode in modes:            # alternating: load drift hits both modes alike
+                    for mode in modes:  # alternating: load drift hits both modes alike
                         mode.scale_out_once()
             finally:
                 for mode in modes:
@@ -169,11 +208,11 @@ def main() -> None:
             result[f"scale_out_pool_{pool}"] = {mode.user: mode.report() for mode in modes}
         runs: dict[str, list[dict]] = {user: [] for user in USERS}
         for _ in range(args.tp_repeats):
-            for user in USERS:                    # alternating, as above
+            for user in USERS:  # alternating, as above
                 runs[user].append(throughput(broker, user, args.messages))
         result["throughput_one_instance"] = {
-            user: {"median_msgs_per_s": statistics.median(r["msgs_per_s"] for r in rs), "runs": rs}
-            for user, rs in runs.items()}
+            user: {"median_msgs_per_s": statistics.median(r["msgs_per_s"] for r in rs), "runs": rs} for user, rs in runs.items()
+        }
     result["load_avg_after"] = os.getloadavg()
     result["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=1))

@@ -38,36 +38,55 @@ from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until  # noqa: E402
 
-SETUPS = [("keyed, 1 worker", 1, True), ("keyed, 3 workers", 3, True),
-          ("not keyed, 1 worker", 1, False), ("not keyed, 3 workers", 3, False)]
+SETUPS = [
+    ("keyed, 1 worker", 1, True),
+    ("keyed, 3 workers", 3, True),
+    ("not keyed, 1 worker", 1, False),
+    ("not keyed, 3 workers", 3, False),
+]
 PARALLELISM = 3
 
 
 def run_one(broker: EmbeddedBroker, label: str, workers: int, keyed: bool, args) -> dict:
-    with tempfile.TemporaryDirectory(prefix="keyed-front-") as d, \
-            WorkerCluster(broker.service_url, broker.metrics_url, Path(d), n=workers, cluster=workers > 1) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="keyed-front-") as d,
+        WorkerCluster(broker.service_url, broker.metrics_url, Path(d), n=workers, cluster=workers > 1) as cluster,
+    ):
         admin = FunctionsAdmin([w.url for w in cluster.live()])
         name = f"kc-{uuid.uuid4().hex[:6]}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                      "inputs": [src], "output": dst, "parallelism": PARALLELISM, "keyedState": keyed,
-                      "subscriptionPosition": "Earliest", "receiverQueueSize": 100},
-                     str(EXAMPLES / "keyed_count.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "keyed_count.KeyedCount",
+                "inputs": [src],
+                "output": dst,
+                "parallelism": PARALLELISM,
+                "keyedState": keyed,
+                "subscriptionPosition": "Earliest",
+                "receiverQueueSize": 100,
+            },
+            str(EXAMPLES / "keyed_count.py"),
+        )
         if workers == 1:
-            wait_until(lambda: admin.status("public", "default", name)["numRunning"] == PARALLELISM, 120,
-                       "3 instances running")
+            wait_until(lambda: admin.status("public", "default", name)["numRunning"] == PARALLELISM, 120, "3 instances running")
         else:
             wait_until(lambda: cluster.spread(name, PARALLELISM), 120, "3 instances on 3 workers")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         outputs = OutputCollector(client, dst)
-        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2,
-                                          block_if_queue_full=True)
+        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2, block_if_queue_full=True)
         cpu0, t0 = tree_cpu_seconds(include_root=False), time.monotonic()
         for i in range(args.messages):
             producer.send_async(b"x", None, partition_key=f"k{i % args.keys}", event_timestamp=int(time.time() * 1000))
         producer.flush()
-        wait_until(lambda: outputs.distinct() >= args.messages, 600,
-                   lambda: f"{args.messages} outputs (got {outputs.distinct()})", interval_s=0.05)
+        wait_until(
+            lambda: outputs.distinct() >= args.messages,
+            600,
+            lambda: f"{args.messages} outputs (got {outputs.distinct()})",
+            interval_s=0.05,
+        )
         drain_s, drain_cpu = time.monotonic() - t0, tree_cpu_seconds(include_root=False) - cpu0
 
         first = outputs.distinct()
@@ -79,18 +98,33 @@ def run_one(broker: EmbeddedBroker, label: str, workers: int, keyed: bool, args)
                 time.sleep(delay)
             producer.send_async(b"x", None, partition_key=f"k{i % args.keys}", event_timestamp=int(time.time() * 1000))
         producer.flush()
-        wait_until(lambda: outputs.distinct() >= first + n, 120, lambda: f"{n} outputs at {args.rate}/s "
-                   f"(got {outputs.distinct() - first})", interval_s=0.05)
+        wait_until(
+            lambda: outputs.distinct() >= first + n,
+            120,
+            lambda: f"{n} outputs at {args.rate}/s (got {outputs.distinct() - first})",
+            interval_s=0.05,
+        )
         latencies = outputs.lags_ms[-n:]
         outputs.close()
         producer.close()
         client.close()
         admin.delete("public", "default", name)
-    return {"setup": label, "workers": workers, "keyedState": keyed, "messages": args.messages,
-            "drain_s": round(drain_s, 2), "throughput_msg_s": round(args.messages / drain_s, 1),
-            "cpu_ms_per_record": round(1000 * drain_cpu / args.messages, 3),
-            "latency_ms_at_rate": {"rate_per_s": args.rate, "records": len(latencies), "p50": _pct(latencies, 0.5),
-                                   "p99": _pct(latencies, 0.99), "max": max(latencies)}}
+    return {
+        "setup": label,
+        "workers": workers,
+        "keyedState": keyed,
+        "messages": args.messages,
+        "drain_s": round(drain_s, 2),
+        "throughput_msg_s": round(args.messages / drain_s, 1),
+        "cpu_ms_per_record": round(1000 * drain_cpu / args.messages, 3),
+        "latency_ms_at_rate": {
+            "rate_per_s": args.rate,
+            "records": len(latencies),
+            "p50": _pct(latencies, 0.5),
+            "p99": _pct(latencies, 0.99),
+            "max": max(latencies),
+        },
+    }
 
 
 def main() -> int:
@@ -109,16 +143,29 @@ def main() -> int:
                 print(f"{label}: {runs[label][-1]['throughput_msg_s']} msg/s", file=sys.stderr)
     summary = {}
     for label, rs in runs.items():
-        summary[label] = {"best_throughput_msg_s": max(r["throughput_msg_s"] for r in rs),
-                          "median_cpu_ms_per_record": round(statistics.median(r["cpu_ms_per_record"] for r in rs), 3),
-                          "latency_p50_ms": [r["latency_ms_at_rate"]["p50"] for r in rs],
-                          "latency_p99_ms": [r["latency_ms_at_rate"]["p99"] for r in rs]}
+        summary[label] = {
+            "best_throughput_msg_s": max(r["throughput_msg_s"] for r in rs),
+            "median_cpu_ms_per_record": round(statistics.median(r["cpu_ms_per_record"] for r in rs), 3),
+            "latency_p50_ms": [r["latency_ms_at_rate"]["p50"] for r in rs],
+            "latency_p99_ms": [r["latency_ms_at_rate"]["p99"] for r in rs],
+        }
     for label, s in summary.items():
         plain = summary[label.replace("keyed", "not keyed", 1)] if label.startswith("keyed") else s
         s["cpu_per_record_vs_not_keyed"] = round(s["median_cpu_ms_per_record"] / plain["median_cpu_ms_per_record"], 2)
         s["throughput_vs_not_keyed"] = round(s["best_throughput_msg_s"] / plain["best_throughput_msg_s"], 2)
-    print(json.dumps({"bench": "keyed_front", "cpu_cores": os.cpu_count(), "parallelism": PARALLELISM,
-                      "messages": args.messages, "summary": summary, "runs": runs}, indent=1))
+    print(
+        json.dumps(
+            {
+                "bench": "keyed_front",
+                "cpu_cores": os.cpu_count(),
+                "parallelism": PARALLELISM,
+                "messages": args.messages,
+                "summary": summary,
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

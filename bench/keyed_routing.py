@@ -58,8 +58,8 @@ from pulsar_autoscale.pulsar_client import open_client  # noqa: E402
 PARALLELISM = 3
 NUM_KEY_GROUPS = 128
 SETUPS = ("front", "key_shared", "front_batched")
-PAYLOAD = struct.Struct("<qd")   # record index, send time (time.time())
-ROUTE_QUEUE = 100                # RouteInput's receiver queue
+PAYLOAD = struct.Struct("<qd")  # record index, send time (time.time())
+ROUTE_QUEUE = 100  # RouteInput's receiver queue
 
 
 def assignment_of(kind: str) -> KeyGroupAssignment:
@@ -94,20 +94,36 @@ def _received(consumer, stop: threading.Event):
                 return
 
 
-def _front(client: pulsar.Client, topic: str, routes: list[str], owner, queue: int, batched: bool,
-           ready: threading.Event, stop: threading.Event) -> None:
+def _front(
+    client: pulsar.Client,
+    topic: str,
+    routes: list[str],
+    owner,
+    queue: int,
+    batched: bool,
+    ready: threading.Event,
+    stop: threading.Event,
+) -> None:
     """The front's transport: receive the input, forward each record to its owner's route topic, ack when persisted.
     Unbatched as the product's route producers (functions/keyed/protocol.py); `batched`: default batching."""
-    consumer = client.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=queue,
-                                initial_position=pulsar.InitialPosition.Earliest)
+    consumer = client.subscribe(
+        topic,
+        "fn",
+        consumer_type=pulsar.ConsumerType.Shared,
+        receiver_queue_size=queue,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
     # a route topic has one consumer, so its batches need not be by key: the client's default batching
     batching = {"batching_enabled": True, "batching_max_publish_delay_ms": 2} if batched else {"batching_enabled": False}
-    producers = [client.create_producer(r, block_if_queue_full=True, send_timeout_millis=0, **batching)
-                 for r in routes]
+    producers = [client.create_producer(r, block_if_queue_full=True, send_timeout_millis=0, **batching) for r in routes]
     ready.set()
     for msg in _received(consumer, stop):
-        props = {**msg.properties(), ORIGINAL_ID: str(msg.message_id()), ORIGINAL_TOPIC: msg.topic_name(),
-                 ORIGINAL_PUBLISH: str(msg.publish_timestamp())}
+        props = {
+            **msg.properties(),
+            ORIGINAL_ID: str(msg.message_id()),
+            ORIGINAL_TOPIC: msg.topic_name(),
+            ORIGINAL_PUBLISH: str(msg.publish_timestamp()),
+        }
         kwargs: dict = {"properties": props}
         if msg.partition_key():
             kwargs["partition_key"] = msg.partition_key()
@@ -119,18 +135,33 @@ def _front(client: pulsar.Client, topic: str, routes: list[str], owner, queue: i
                 consumer.acknowledge(msg)
             else:
                 consumer.negative_acknowledge(msg)
+
         producers[owner(msg.partition_key())].send_async(msg.data(), done, **kwargs)
     try:
         for p in producers:
             p.flush()
             p.close()
         consumer.close()
-    except pulsar.PulsarException:   # closing on pulsar-lite may time out; the records are counted already
+    except pulsar.PulsarException:  # closing on pulsar-lite may time out; the records are counted already
         pass
 
 
-def worker(setup: str, lite: bool, service_url: str, topic: str, instance: int, ranges: list[tuple[int, int]], owners: tuple,
-           keys: int, queue: int, counter, after, ready, stop, results) -> None:
+def worker(
+    setup: str,
+    lite: bool,
+    service_url: str,
+    topic: str,
+    instance: int,
+    ranges: list[tuple[int, int]],
+    owners: tuple,
+    keys: int,
+    queue: int,
+    counter,
+    after,
+    ready,
+    stop,
+    results,
+) -> None:
     """One worker process: its consumer (route topic or sticky Key_Shared input), and for instance 0 the front.
     It subscribes once `after` (the previous worker subscribed) is set: one at a time. On pulsar-lite its client
     has consumer ids of its own (defect B2: a second client cannot join a subscription otherwise)."""
@@ -143,19 +174,30 @@ def worker(setup: str, lite: bool, service_url: str, topic: str, instance: int, 
     if after is not None:
         after.wait(300)
     if setup.startswith("front"):
-        consumer = client.subscribe(routes[instance], "route", consumer_type=pulsar.ConsumerType.Shared,
-                                    receiver_queue_size=ROUTE_QUEUE, initial_position=pulsar.InitialPosition.Earliest)
+        consumer = client.subscribe(
+            routes[instance],
+            "route",
+            consumer_type=pulsar.ConsumerType.Shared,
+            receiver_queue_size=ROUTE_QUEUE,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
     else:
-        consumer = client.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.KeyShared, receiver_queue_size=queue,
-                                    initial_position=pulsar.InitialPosition.Earliest,
-                                    key_shared_policy=pulsar.ConsumerKeySharedPolicy(
-                                        key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=ranges))
+        consumer = client.subscribe(
+            topic,
+            "fn",
+            consumer_type=pulsar.ConsumerType.KeyShared,
+            receiver_queue_size=queue,
+            initial_position=pulsar.InitialPosition.Earliest,
+            key_shared_policy=pulsar.ConsumerKeySharedPolicy(key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=ranges),
+        )
     front_stop, front = threading.Event(), None
     if setup.startswith("front") and instance == 0:
         front_ready = threading.Event()
-        front = threading.Thread(target=_front, args=(client, topic, routes, assignment.owner, queue,
-                                                      setup == "front_batched", front_ready,
-                                                      front_stop), daemon=True)
+        front = threading.Thread(
+            target=_front,
+            args=(client, topic, routes, assignment.owner, queue, setup == "front_batched", front_ready, front_stop),
+            daemon=True,
+        )
         front.start()
         front_ready.wait(60)
     ready.set()
@@ -180,10 +222,9 @@ def worker(setup: str, lite: bool, service_url: str, topic: str, instance: int, 
     try:
         consumer.close()
         client.close()
-    except pulsar.PulsarException as exc:   # pulsar-lite may time out here: the records are still reported
+    except pulsar.PulsarException as exc:  # pulsar-lite may time out here: the records are still reported
         notes.append(f"worker {instance}: closing: {exc!r}")
-    results.put({"instance": instance, "indices": indices, "sent": sent, "recv": times, "wrong_key": wrong_key,
-                 "notes": notes})
+    results.put({"instance": instance, "indices": indices, "sent": sent, "recv": times, "wrong_key": wrong_key, "notes": notes})
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -213,10 +254,29 @@ class Run:
         self.counters = [ctx.RawValue("q", 0) for _ in range(PARALLELISM)]
         self.stop, self.results = ctx.Event(), ctx.Queue()
         readies = [ctx.Event() for _ in range(PARALLELISM)]
-        self.procs = [ctx.Process(target=worker, daemon=True, args=(
-            setup, lite, service_url, self.topic, i, sticky_ranges(self.assignment, i, args.merge_ranges),
-            self.assignment.owners, args.keys, args.receiver_queue, self.counters[i], readies[i - 1] if i else None, readies[i], self.stop,
-            self.results)) for i in range(PARALLELISM)]
+        self.procs = [
+            ctx.Process(
+                target=worker,
+                daemon=True,
+                args=(
+                    setup,
+                    lite,
+                    service_url,
+                    self.topic,
+                    i,
+                    sticky_ranges(self.assignment, i, args.merge_ranges),
+                    self.assignment.owners,
+                    args.keys,
+                    args.receiver_queue,
+                    self.counters[i],
+                    readies[i - 1] if i else None,
+                    readies[i],
+                    self.stop,
+                    self.results,
+                ),
+            )
+            for i in range(PARALLELISM)
+        ]
         for p in self.procs:
             p.start()
         for e in readies:
@@ -224,8 +284,9 @@ class Run:
                 raise RuntimeError(f"{setup}: a worker did not subscribe within 300 s")
         self.client = open_client(service_url, log_level=pulsar.LoggerLevel.Error)
         batching = pulsar.BatchingType.KeyBased if args.producer_batching == "key" else pulsar.BatchingType.Default
-        self.producer = self.client.create_producer(self.topic, batching_enabled=True, batching_type=batching,
-                                                    batching_max_publish_delay_ms=2, block_if_queue_full=True)
+        self.producer = self.client.create_producer(
+            self.topic, batching_enabled=True, batching_type=batching, batching_max_publish_delay_ms=2, block_if_queue_full=True
+        )
         self.sent = 0
         self.notes: list[str] = []
 
@@ -264,7 +325,7 @@ class Run:
         try:
             self.producer.close()
             self.client.close()
-        except pulsar.PulsarException as exc:   # pulsar-lite may time out here (reported in the run's notes)
+        except pulsar.PulsarException as exc:  # pulsar-lite may time out here (reported in the run's notes)
             self.notes.append(f"closing the producer: {exc!r}")
         self.stop.set()
         out = [self.results.get(timeout=120) for _ in self.procs]
@@ -333,17 +394,37 @@ def run_one(setup: str, service_url: str, broker_pids: list[int], args, messages
         out["broker+workers"] = round(out["broker"] + out["workers"], 4)
         out["total"] = round(out["broker+workers"] + out["producer"], 4)
         return out
-    return {"setup": setup, "topic": run.topic, "messages": messages, "warmup": first,
-            "complete": complete, "drain_s": round(drain_s, 3), "throughput_msg_s": round(messages / drain_s, 1),
-            "cpu_ms_per_record": per_record(drain_cpu, messages),
-            "cpu_s_drain": {k: round(v, 3) for k, v in drain_cpu.items()},
-            "latency_ms_at_rate": {"rate_per_s": args.rate, "records": len(latencies), "p50": _pct(latencies, 0.5),
-                                   "p99": _pct(latencies, 0.99), "max": round(max(latencies), 2) if latencies else None},
-            "cpu_ms_per_record_at_rate": per_record(rate_cpu, max(n, 1)),
-            "notes": run.notes, "received_by_instance": [len(r["indices"]) for r in per_worker],
-            "check": {"sent": run.sent, "lost": len(lost), "duplicates": sum(c - 1 for c in seen.values()),
-                      "misrouted": misrouted, "out_of_order": out_of_order,
-                      "wrong_key": sum(r["wrong_key"] for r in per_worker), "lost_sample": lost[:10]}}
+
+    return {
+        "setup": setup,
+        "topic": run.topic,
+        "messages": messages,
+        "warmup": first,
+        "complete": complete,
+        "drain_s": round(drain_s, 3),
+        "throughput_msg_s": round(messages / drain_s, 1),
+        "cpu_ms_per_record": per_record(drain_cpu, messages),
+        "cpu_s_drain": {k: round(v, 3) for k, v in drain_cpu.items()},
+        "latency_ms_at_rate": {
+            "rate_per_s": args.rate,
+            "records": len(latencies),
+            "p50": _pct(latencies, 0.5),
+            "p99": _pct(latencies, 0.99),
+            "max": round(max(latencies), 2) if latencies else None,
+        },
+        "cpu_ms_per_record_at_rate": per_record(rate_cpu, max(n, 1)),
+        "notes": run.notes,
+        "received_by_instance": [len(r["indices"]) for r in per_worker],
+        "check": {
+            "sent": run.sent,
+            "lost": len(lost),
+            "duplicates": sum(c - 1 for c in seen.values()),
+            "misrouted": misrouted,
+            "out_of_order": out_of_order,
+            "wrong_key": sum(r["wrong_key"] for r in per_worker),
+            "lost_sample": lost[:10],
+        },
+    }
 
 
 def _describe(ranges: list[tuple[int, int]]) -> dict:
@@ -355,25 +436,32 @@ def _sent_times(per_worker: list[dict]) -> dict[int, float]:
 
 
 def _summary(rs: list[dict]) -> dict:
-    return {"best_throughput_msg_s": max(r["throughput_msg_s"] for r in rs),
-            "median_throughput_msg_s": statistics.median(r["throughput_msg_s"] for r in rs),
-            "median_cpu_ms_per_record": {k: round(statistics.median(r["cpu_ms_per_record"][k] for r in rs), 4)
-                                         for k in rs[0]["cpu_ms_per_record"]},
-            "latency_p50_ms": [r["latency_ms_at_rate"]["p50"] for r in rs],
-            "latency_p99_ms": [r["latency_ms_at_rate"]["p99"] for r in rs],
-            "latency_max_ms": [r["latency_ms_at_rate"]["max"] for r in rs],
-            "correct": all(not any(r["check"][k] for k in ("lost", "duplicates", "misrouted", "out_of_order",
-                                                           "wrong_key")) for r in rs)}
+    return {
+        "best_throughput_msg_s": max(r["throughput_msg_s"] for r in rs),
+        "median_throughput_msg_s": statistics.median(r["throughput_msg_s"] for r in rs),
+        "median_cpu_ms_per_record": {
+            k: round(statistics.median(r["cpu_ms_per_record"][k] for r in rs), 4) for k in rs[0]["cpu_ms_per_record"]
+        },
+        "latency_p50_ms": [r["latency_ms_at_rate"]["p50"] for r in rs],
+        "latency_p99_ms": [r["latency_ms_at_rate"]["p99"] for r in rs],
+        "latency_max_ms": [r["latency_ms_at_rate"]["max"] for r in rs],
+        "correct": all(
+            not any(r["check"][k] for k in ("lost", "duplicates", "misrouted", "out_of_order", "wrong_key")) for r in rs
+        ),
+    }
 
 
 def _ratios(f: dict, k: dict) -> dict:
-    return {"best_throughput": round(f["best_throughput_msg_s"] / k["best_throughput_msg_s"], 2),
-            "median_throughput": round(f["median_throughput_msg_s"] / k["median_throughput_msg_s"], 2),
-            **{f"cpu_per_record_{part}": round(f["median_cpu_ms_per_record"][part]
-                                               / k["median_cpu_ms_per_record"][part], 2)
-               for part in ("broker", "workers", "broker+workers", "total")},
-            "latency_p50": round(statistics.median(f["latency_p50_ms"]) / statistics.median(k["latency_p50_ms"]), 2),
-            "latency_p99": round(statistics.median(f["latency_p99_ms"]) / statistics.median(k["latency_p99_ms"]), 2)}
+    return {
+        "best_throughput": round(f["best_throughput_msg_s"] / k["best_throughput_msg_s"], 2),
+        "median_throughput": round(f["median_throughput_msg_s"] / k["median_throughput_msg_s"], 2),
+        **{
+            f"cpu_per_record_{part}": round(f["median_cpu_ms_per_record"][part] / k["median_cpu_ms_per_record"][part], 2)
+            for part in ("broker", "workers", "broker+workers", "total")
+        },
+        "latency_p50": round(statistics.median(f["latency_p50_ms"]) / statistics.median(k["latency_p50_ms"]), 2),
+        "latency_p99": round(statistics.median(f["latency_p99_ms"]) / statistics.median(k["latency_p99_ms"]), 2),
+    }
 
 
 def main() -> int:
@@ -384,20 +472,34 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=200.0, help="records/s of the latency phase")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the latency phase")
     ap.add_argument("--rounds", type=int, default=2, help="each round runs every setup once")
-    ap.add_argument("--discard-rounds", type=int, default=1,
-                    help="rounds run first on the fresh JVM and left out of the summary (JIT warm-up)")
+    ap.add_argument(
+        "--discard-rounds",
+        type=int,
+        default=1,
+        help="rounds run first on the fresh JVM and left out of the summary (JIT warm-up)",
+    )
     ap.add_argument("--receiver-queue", type=int, default=1000, help="input consumers' receiver queue")
-    ap.add_argument("--assignment", choices=("uniform", "interleaved"), default="uniform",
-                    help="uniform: KeyGroupAssignment.uniform; interleaved: group g on instance g %% 3 (non-contiguous)")
+    ap.add_argument(
+        "--assignment",
+        choices=("uniform", "interleaved"),
+        default="uniform",
+        help="uniform: KeyGroupAssignment.uniform; interleaved: group g on instance g %% 3 (non-contiguous)",
+    )
     ap.add_argument("--merge-ranges", action="store_true", help="declare adjacent groups' ranges as one range")
     ap.add_argument("--stall-s", type=float, default=15.0, help="give up waiting after this long without a record")
-    ap.add_argument("--lite-messages", type=int, default=5000,
-                    help="drain size of the key_shared run on pulsar-lite (0: none)")
-    ap.add_argument("--producer-batching", choices=("key", "default"), default="key",
-                    help="the input producer's batching: key-based (default) or the client's default (mixed keys "
-                         "in a batch: Key_Shared routes a whole batch by one key)")
-    ap.add_argument("--setups", default=",".join(SETUPS),
-                    help="which, in this order: front, key_shared, front_batched (the front with batched forwards)")
+    ap.add_argument("--lite-messages", type=int, default=5000, help="drain size of the key_shared run on pulsar-lite (0: none)")
+    ap.add_argument(
+        "--producer-batching",
+        choices=("key", "default"),
+        default="key",
+        help="the input producer's batching: key-based (default) or the client's default (mixed keys "
+        "in a batch: Key_Shared routes a whole batch by one key)",
+    )
+    ap.add_argument(
+        "--setups",
+        default=",".join(SETUPS),
+        help="which, in this order: front, key_shared, front_batched (the front with batched forwards)",
+    )
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args()
     from pulsar_autoscale.broker.apache import ApacheStandalone
@@ -406,46 +508,74 @@ def main() -> int:
     runs: dict[str, list[dict]] = {s: [] for s in args.setups.split(",")}
     discarded: list[dict] = []
     if args.rounds:
-        with tempfile.TemporaryDirectory(prefix="keyed-routing-") as d, \
-                ApacheStandalone(data_dir=d, functions_worker=False, log_level="warn") as broker:
+        with (
+            tempfile.TemporaryDirectory(prefix="keyed-routing-") as d,
+            ApacheStandalone(data_dir=d, functions_worker=False, log_level="warn") as broker,
+        ):
             for round_ in range(args.discard_rounds + args.rounds):
                 for setup in runs:
                     r = run_one(setup, broker.service_url, [broker.pid], args, args.messages)
-                    if round_ < args.discard_rounds:   # a fresh JVM: its first runs are JIT warm-up
+                    if round_ < args.discard_rounds:  # a fresh JVM: its first runs are JIT warm-up
                         discarded.append(r)
                     else:
                         runs[setup].append(r)
-                    print(f"[apache] {setup}: {r['throughput_msg_s']} msg/s, "
-                          f"{r['cpu_ms_per_record']['broker+workers']} ms CPU/record, "
-                          f"p50 {r['latency_ms_at_rate']['p50']} ms, check {r['check']}", file=sys.stderr, flush=True)
+                    print(
+                        f"[apache] {setup}: {r['throughput_msg_s']} msg/s, "
+                        f"{r['cpu_ms_per_record']['broker+workers']} ms CPU/record, "
+                        f"p50 {r['latency_ms_at_rate']['p50']} ms, check {r['check']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     summary = {setup: _summary(rs) for setup, rs in runs.items() if rs}
-    ratios = {f: _ratios(summary[f], summary["key_shared"]) for f in ("front", "front_batched")
-              if f in summary and "key_shared" in summary}
+    ratios = {
+        f: _ratios(summary[f], summary["key_shared"])
+        for f in ("front", "front_batched")
+        if f in summary and "key_shared" in summary
+    }
     lite = None
     if args.lite_messages > 0:
         from pulsar_autoscale.broker.embedded import EmbeddedBroker
-        with tempfile.TemporaryDirectory(prefix="keyed-routing-lite-") as d, \
-                EmbeddedBroker(data_dir=d, log_level="warn") as broker:
+
+        with (
+            tempfile.TemporaryDirectory(prefix="keyed-routing-lite-") as d,
+            EmbeddedBroker(data_dir=d, log_level="warn") as broker,
+        ):
             pids = [p.pid for p in (broker._proc, broker._relay) if p is not None]
             try:
                 lite = run_one("key_shared", broker.service_url, pids, args, args.lite_messages, lite=True)
                 print(f"[lite] key_shared: check {lite['check']}", file=sys.stderr, flush=True)
-            except Exception as exc:   # noqa: BLE001 -- reported, not fixed
+            except Exception as exc:  # noqa: BLE001 -- reported, not fixed
                 lite = {"error": repr(exc), "traceback": traceback.format_exc().splitlines()[-6:]}
                 print(f"[lite] key_shared: {exc!r}", file=sys.stderr, flush=True)
-    result = {"bench": "keyed_routing", "broker": "apache 4.0.8 standalone (functions worker off)",
-              "cpu_cores": os.cpu_count(), "load_avg_before": [round(x, 2) for x in load0],
-              "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-              "parallelism": PARALLELISM, "num_key_groups": NUM_KEY_GROUPS, "keys": args.keys,
-              "messages": args.messages, "warmup": args.warmup, "rounds": args.rounds,
-              "discard_rounds": args.discard_rounds, "rate_per_s": args.rate, "seconds": args.seconds,
-              "merge_ranges": args.merge_ranges, "producer_batching": args.producer_batching,
-              "assignment": args.assignment,
-              "sticky_ranges": [_describe(sticky_ranges(assignment_of(args.assignment), i, args.merge_ranges))
-                                for i in range(PARALLELISM)],
-              "summary": summary, "ratios_over_key_shared": ratios, "runs": runs,
-              "discarded_warmup_runs": [{k: r[k] for k in ("setup", "throughput_msg_s", "cpu_ms_per_record", "check")}
-                                        for r in discarded], "lite_key_shared": lite}
+    result = {
+        "bench": "keyed_routing",
+        "broker": "apache 4.0.8 standalone (functions worker off)",
+        "cpu_cores": os.cpu_count(),
+        "load_avg_before": [round(x, 2) for x in load0],
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+        "parallelism": PARALLELISM,
+        "num_key_groups": NUM_KEY_GROUPS,
+        "keys": args.keys,
+        "messages": args.messages,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "discard_rounds": args.discard_rounds,
+        "rate_per_s": args.rate,
+        "seconds": args.seconds,
+        "merge_ranges": args.merge_ranges,
+        "producer_batching": args.producer_batching,
+        "assignment": args.assignment,
+        "sticky_ranges": [
+            _describe(sticky_ranges(assignment_of(args.assignment), i, args.merge_ranges)) for i in range(PARALLELISM)
+        ],
+        "summary": summary,
+        "ratios_over_key_shared": ratios,
+        "runs": runs,
+        "discarded_warmup_runs": [
+            {k: r[k] for k in ("setup", "throughput_msg_s", "cpu_ms_per_record", "check")} for r in discarded
+        ],
+        "lite_key_shared": lite,
+    }
     emit(result, args.out, indent=1)
     return 0
 

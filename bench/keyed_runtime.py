@@ -38,18 +38,31 @@ def _run(admin: FunctionsAdmin, client: pulsar.Client, runtime: str, args) -> di
     name = f"kr-{runtime}-{uuid.uuid4().hex[:6]}"
     src, dst = (f"persistent://public/default/{name}-{t}" for t in ("in", "out"))
     # Shared: pulsar-lite delivers an Exclusive subscription's messages twice (B1, docs/dev/pulsar-lite-defects.md)
-    outputs = client.subscribe(dst, "bench", consumer_type=pulsar.ConsumerType.Shared,
-                               initial_position=pulsar.InitialPosition.Earliest)
-    producer = client.create_producer(src, block_if_queue_full=True)   # else send_async drops beyond 1,000
+    outputs = client.subscribe(
+        dst, "bench", consumer_type=pulsar.ConsumerType.Shared, initial_position=pulsar.InitialPosition.Earliest
+    )
+    producer = client.create_producer(src, block_if_queue_full=True)  # else send_async drops beyond 1,000
     for i in range(args.records):
         producer.send_async(b"x", None, partition_key=f"k{i % args.keys}")
     producer.flush()
-    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                  "inputs": [src], "output": dst, "parallelism": args.parallelism, "keyedState": True,
-                  "instanceRuntime": runtime, "processingGuarantees": args.guarantee,
-                  "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+    admin.create(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "output": dst,
+            "parallelism": args.parallelism,
+            "keyedState": True,
+            "instanceRuntime": runtime,
+            "processingGuarantees": args.guarantee,
+            "subscriptionPosition": "Earliest",
+        },
+        str(EXAMPLES / "keyed_count.py"),
+    )
     first = last = None
-    seen: set[bytes] = set()   # "key:count:instance": one per record counted (a redelivered output is seen once)
+    seen: set[bytes] = set()  # "key:count:instance": one per record counted (a redelivered output is seen once)
     deadline = time.monotonic() + TIMEOUT_S
     while len(seen) < args.records and time.monotonic() < deadline:
         try:
@@ -66,9 +79,12 @@ def _run(admin: FunctionsAdmin, client: pulsar.Client, runtime: str, args) -> di
     outputs.close()
     producer.close()
     span = (last - first) if first and last and last > first else None
-    return {"runtime": runtime, "outputs": received,
-            "records_per_s": round((received - 1) / span, 1) if span else None,
-            "exact": counts == [args.records // args.keys] * args.keys}
+    return {
+        "runtime": runtime,
+        "outputs": received,
+        "records_per_s": round((received - 1) / span, 1) if span else None,
+        "exact": counts == [args.records // args.keys] * args.keys,
+    }
 
 
 def main() -> int:
@@ -81,24 +97,38 @@ def main() -> int:
     args = p.parse_args()
     if args.records % args.keys:
         p.error("--records must be a multiple of --keys (exact counts per key)")
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)   # as `pulsar-autoscale worker` runs: the worker is in this process
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as `pulsar-autoscale worker` runs: the worker is in this process
     runs = []
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(data_dir=f"{tmp}/broker") as broker, \
-            WorkerServer(broker.service_url, data_dir=f"{tmp}/worker", metrics_url=broker.metrics_url) as worker:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedBroker(data_dir=f"{tmp}/broker") as broker,
+        WorkerServer(broker.service_url, data_dir=f"{tmp}/worker", metrics_url=broker.metrics_url) as worker,
+    ):
         admin = FunctionsAdmin(worker.url, timeout_s=60)
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
             for r in range(args.rounds):
-                for runtime in (("thread", "process") if r % 2 == 0 else ("process", "thread")):
+                for runtime in ("thread", "process") if r % 2 == 0 else ("process", "thread"):
                     runs.append({"round": r, **_run(admin, client, runtime, args)})
                     print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
         finally:
             client.close()
-    median = {rt: statistics.median(x["records_per_s"] for x in runs if x["runtime"] == rt and x["records_per_s"])
-              for rt in ("thread", "process")}
-    print(json.dumps({"args": vars(args), "runs": runs, "median_records_per_s": median,
-                      "process_over_thread": round(median["process"] / median["thread"], 3),
-                      "all_exact": all(x["exact"] for x in runs)}, indent=1))
+    median = {
+        rt: statistics.median(x["records_per_s"] for x in runs if x["runtime"] == rt and x["records_per_s"])
+        for rt in ("thread", "process")
+    }
+    print(
+        json.dumps(
+            {
+                "args": vars(args),
+                "runs": runs,
+                "median_records_per_s": median,
+                "process_over_thread": round(median["process"] / median["thread"], 3),
+                "all_exact": all(x["exact"] for x in runs),
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -36,10 +36,14 @@ from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment  # noq
 from tests.support.cluster_harness import WorkerCluster  # noqa: E402
 from tests.support.scenario import EXAMPLES, keyed_settled, wait_until  # noqa: E402
 
-RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
-                      r"([\d.]+) MB in ([\d.]+) s")
-OPENED = re.compile(r"instance (\d+) (opened|pre-copied) (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog "
-                    r"records, ([\d.]+) MB in ([\d.]+) s")
+RESTORED = re.compile(
+    r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records, "
+    r"([\d.]+) MB in ([\d.]+) s"
+)
+OPENED = re.compile(
+    r"instance (\d+) (opened|pre-copied) (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog "
+    r"records, ([\d.]+) MB in ([\d.]+) s"
+)
 RELEASED_UNRESTORED = re.compile(r"instance (\d+) released (\d+) key groups it never restored")
 CLOSED = re.compile(r"instance (\d+) left this worker")
 
@@ -57,21 +61,32 @@ def main() -> None:
     name = "wc"
     src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
     tmp = Path(tempfile.mkdtemp(prefix="bench-keyed-stop-start-"))
-    with EmbeddedBroker(data_dir=str(tmp / "broker"), log_level="warn") as broker, \
-            WorkerCluster(broker.service_url, broker.metrics_url, tmp, n=3) as cluster:
+    with (
+        EmbeddedBroker(data_dir=str(tmp / "broker"), log_level="warn") as broker,
+        WorkerCluster(broker.service_url, broker.metrics_url, tmp, n=3) as cluster,
+    ):
         cluster.wait_ready()
         admin = FunctionsAdmin([w.url for w in cluster.live()])
 
         def running() -> set[int]:
-            return {i["instanceId"] for i in admin.status("public", "default", name)["instances"]
-                    if i["status"]["running"]}
+            return {i["instanceId"] for i in admin.status("public", "default", name)["instances"] if i["status"]["running"]}
 
-        admin.create({"tenant": "public", "namespace": "default", "name": name,
-                      "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
-                      "parallelism": args.parallelism,
-                      "keyedState": True, "receiverQueueSize": 100, "subscriptionPosition": "Earliest",
-                      "userConfig": _userconfig(args, int(args.state_mb * 1e6 / args.keys))},
-                     str(EXAMPLES / "windowed_count.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "windowed_count.WindowedCount",
+                "inputs": [src],
+                "output": dst,
+                "parallelism": args.parallelism,
+                "keyedState": True,
+                "receiverQueueSize": 100,
+                "subscriptionPosition": "Earliest",
+                "userConfig": _userconfig(args, int(args.state_mb * 1e6 / args.keys)),
+            },
+            str(EXAMPLES / "windowed_count.py"),
+        )
         wait_until(lambda: running() == set(range(args.parallelism)), 90, f"{args.parallelism} instances running")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         preload_counting_outputs(client, broker.service_url, src, dst, keys)
@@ -80,8 +95,11 @@ def main() -> None:
         logged = {w.worker_id: w.log_path.stat().st_size for w in cluster.live()}
 
         def since(pattern: re.Pattern) -> list[tuple[str, ...]]:
-            return [m.groups() for w in cluster.live()
-                    for m in pattern.finditer(w.log_path.read_bytes()[logged[w.worker_id]:].decode())]
+            return [
+                m.groups()
+                for w in cluster.live()
+                for m in pattern.finditer(w.log_path.read_bytes()[logged[w.worker_id] :].decode())
+            ]
 
         t0 = time.monotonic()
         admin.action("public", "default", name, "stop")
@@ -97,25 +115,54 @@ def main() -> None:
         owners = KeyGroupAssignment.uniform(128, after).owners
         uniform = {str(i): owners.count(i) for i in sorted(set(owners))}
         keyed = lambda: admin.keyed_state("public", "default", name)  # noqa
-        wait_until(lambda: keyed_settled(keyed(), uniform), 300,
-                   lambda: f"the groups where {after} instances put them: {keyed()}")
+        wait_until(
+            lambda: keyed_settled(keyed(), uniform), 300, lambda: f"the groups where {after} instances put them: {keyed()}"
+        )
         served_s = time.monotonic() - t1
 
-        restores = [{"instance": int(i), "groups": int(g), "from_snapshot": int(s), "records": int(r),
-                     "mb": float(mb), "seconds": float(sec)} for i, g, s, r, mb, sec in since(RESTORED)]
-        moves = {what: [(int(r), float(mb), float(sec)) for _i, w, _g, _s, r, mb, sec in since(OPENED) if w == what]
-                 for what in ("pre-copied", "opened")}
+        restores = [
+            {
+                "instance": int(i),
+                "groups": int(g),
+                "from_snapshot": int(s),
+                "records": int(r),
+                "mb": float(mb),
+                "seconds": float(sec),
+            }
+            for i, g, s, r, mb, sec in since(RESTORED)
+        ]
+        moves = {
+            what: [(int(r), float(mb), float(sec)) for _i, w, _g, _s, r, mb, sec in since(OPENED) if w == what]
+            for what in ("pre-copied", "opened")
+        }
         released = sum(int(n) for _i, n in since(RELEASED_UNRESTORED))
     shutil.rmtree(tmp, ignore_errors=True)
-    print(json.dumps({"state_mb": args.state_mb, "keys": args.keys, "state_mb_on_disk": round(mb_on_disk, 1),
-                      "parallelism": args.parallelism, "to": after,
-                      "stop_s": round(stopped_s, 2), "start_until_restored_s": round(started_s, 2),
-                      "start_until_groups_served_s": round(served_s, 2), "restores": restores,
-                      **{what.replace("-", "_"): {"count": len(done), "records": sum(r for r, _, _ in done),
-                                                  "mb": round(sum(mb for _, mb, _ in done), 1),
-                                                  "seconds": round(sum(sec for _, _, sec in done), 2)}
-                         for what, done in moves.items()},
-                      "released_unrestored_groups": released}, indent=1))
+    print(
+        json.dumps(
+            {
+                "state_mb": args.state_mb,
+                "keys": args.keys,
+                "state_mb_on_disk": round(mb_on_disk, 1),
+                "parallelism": args.parallelism,
+                "to": after,
+                "stop_s": round(stopped_s, 2),
+                "start_until_restored_s": round(started_s, 2),
+                "start_until_groups_served_s": round(served_s, 2),
+                "restores": restores,
+                **{
+                    what.replace("-", "_"): {
+                        "count": len(done),
+                        "records": sum(r for r, _, _ in done),
+                        "mb": round(sum(mb for _, mb, _ in done), 1),
+                        "seconds": round(sum(sec for _, _, sec in done), 2),
+                    }
+                    for what, done in moves.items()
+                },
+                "released_unrestored_groups": released,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

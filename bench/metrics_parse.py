@@ -18,11 +18,24 @@ from pulsar_autoscale.broker.metrics import parse
 def page(topics: int) -> str:
     base = 'cluster="pulsar-lite",namespace="public/default",partition="-1"'
     lines = [f"pulsar_broker_in_messages_total {topics * 10}", f"pulsar_entry_size_count {topics}"]
-    per_topic = ("pulsar_in_messages_total", "pulsar_in_bytes_total", "pulsar_rate_in", "pulsar_storage_size",
-                 "pulsar_producers_count", "pulsar_consumers_count", "pulsar_subscriptions_count")
-    per_sub = ("pulsar_subscription_back_log", "pulsar_out_messages_total", "pulsar_out_bytes_total",
-               "pulsar_subscription_unacked_messages", "pulsar_subscription_msg_rate_out",
-               "pulsar_subscription_consumers_count", "pulsar_subscription_msg_ack_rate")
+    per_topic = (
+        "pulsar_in_messages_total",
+        "pulsar_in_bytes_total",
+        "pulsar_rate_in",
+        "pulsar_storage_size",
+        "pulsar_producers_count",
+        "pulsar_consumers_count",
+        "pulsar_subscriptions_count",
+    )
+    per_sub = (
+        "pulsar_subscription_back_log",
+        "pulsar_out_messages_total",
+        "pulsar_out_bytes_total",
+        "pulsar_subscription_unacked_messages",
+        "pulsar_subscription_msg_rate_out",
+        "pulsar_subscription_consumers_count",
+        "pulsar_subscription_msg_ack_rate",
+    )
     for i in range(topics):
         lines += [f'{m}{{{base},topic="t{i}"}} {i}' for m in per_topic]
         lines += [f'{m}{{{base},subscription="public/default/f{i}",topic="t{i}"}} 1' for m in per_sub]
@@ -49,8 +62,16 @@ def main() -> None:
         inputs = {f"persistent://public/default/t{i}" for i in range(0, n, max(n // 10, 1))}
         full = best_of(args.repeat, lambda: parse(text, 0.0))
         filtered = best_of(args.repeat, lambda: parse(text, 0.0, topics=inputs))
-        results.append({"topics": n, "lines": text.count("\n"), "inputs": len(inputs), "full_s": round(full, 4),
-                        "filtered_s": round(filtered, 4), "speedup": round(full / filtered, 1)})
+        results.append(
+            {
+                "topics": n,
+                "lines": text.count("\n"),
+                "inputs": len(inputs),
+                "full_s": round(full, 4),
+                "filtered_s": round(filtered, 4),
+                "speedup": round(full / filtered, 1),
+            }
+        )
     print(json.dumps({"bench": "metrics_parse", "results": results}, indent=2))
 
 

@@ -33,18 +33,20 @@ def fill(client, topic: str, n: int, size: int) -> None:
 
 def raw_loop(client, n: int, size: int) -> float:
     src, dst = f"raw-{uuid.uuid4().hex[:6]}-in", f"raw-{uuid.uuid4().hex[:6]}-out"
-    consumer = client.subscribe(src, "raw", consumer_type=pulsar.ConsumerType.Shared,
-                                initial_position=pulsar.InitialPosition.Earliest)
+    consumer = client.subscribe(
+        src, "raw", consumer_type=pulsar.ConsumerType.Shared, initial_position=pulsar.InitialPosition.Earliest
+    )
     fill(client, src, n, size)
-    producer = client.create_producer(dst, batching_enabled=True, batching_max_publish_delay_ms=1,
-                                      block_if_queue_full=True)
+    producer = client.create_producer(dst, batching_enabled=True, batching_max_publish_delay_ms=1, block_if_queue_full=True)
     done = threading.Semaphore(0)
 
     def acked(msg):
         def cb(res, _mid):
             consumer.acknowledge(msg)
             done.release()
+
         return cb
+
     start = time.perf_counter()
     for _ in range(n):
         msg = consumer.receive()
@@ -63,10 +65,17 @@ def function_run(client, worker: WorkerServer, n: int, size: int) -> float:
     # Same backlog drain as the raw loop: create the function's subscription, fill it, then start the function.
     client.subscribe(f"{name}-in", fqfn, consumer_type=pulsar.ConsumerType.Shared).close()
     fill(client, f"{name}-in", n, size)
-    worker.worker.create(FunctionConfig.from_dict({"name": name, "className":
-                                                   "pulsar_autoscale.functions.examples.noop.noop",
-                                                   "inputs": [f"{name}-in"], "output": f"{name}-out",
-                                                   "receiverQueueSize": 1000}))
+    worker.worker.create(
+        FunctionConfig.from_dict(
+            {
+                "name": name,
+                "className": "pulsar_autoscale.functions.examples.noop.noop",
+                "inputs": [f"{name}-in"],
+                "output": f"{name}-out",
+                "receiverQueueSize": 1000,
+            }
+        )
+    )
     start = time.perf_counter()
     while worker.worker.counters(fqfn).outputs < n:
         time.sleep(0.01)  # polling the worker costs GIL time the function needs; 10 ms is <1% of a run
@@ -83,8 +92,12 @@ def measure(broker, args) -> dict:
             raw.append(raw_loop(client, args.messages, args.size))
             fn.append(function_run(client, worker, args.messages, args.size))
         client.close()
-    result = {"raw_msgs_per_s": round(statistics.median(raw)), "function_msgs_per_s": round(statistics.median(fn)),
-              "raw_runs": [round(x) for x in raw], "function_runs": [round(x) for x in fn]}
+    result = {
+        "raw_msgs_per_s": round(statistics.median(raw)),
+        "function_msgs_per_s": round(statistics.median(fn)),
+        "raw_runs": [round(x) for x in raw],
+        "function_runs": [round(x) for x in fn],
+    }
     result["ratio"] = round(result["function_msgs_per_s"] / result["raw_msgs_per_s"], 3)
     result["target_met"] = result["ratio"] >= 0.7
     return result
@@ -97,8 +110,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     add_broker_option(ap)
     args = ap.parse_args()
-    result = {"bench": "runtime_overhead", "messages": args.messages, "size": args.size,
-              **per_broker(args.broker, lambda broker: measure(broker, args))}
+    result = {
+        "bench": "runtime_overhead",
+        "messages": args.messages,
+        "size": args.size,
+        **per_broker(args.broker, lambda broker: measure(broker, args)),
+    }
     print(json.dumps(result, indent=2))
 
 

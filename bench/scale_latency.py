@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pulsar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout: tests.support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 from brokers import add_broker_option, per_broker
 
 from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
@@ -66,18 +66,25 @@ wait_for = functools.partial(wait_until, interval_s=0.01)
 def run_mode(broker, pool: int, repeats: int, rate: float, service_ms: float, keyed: bool) -> dict:
     out: dict = {f"{a}->{b}": [] for a, b in STEPS}
     sent_out: dict = {f"{a}->{b}": [] for a, b in STEPS}
-    with WorkerServer(broker.service_url, metrics_url=broker.metrics_url, runtime="process",
-                      warm_pool=pool) as server:
+    with WorkerServer(broker.service_url, metrics_url=broker.metrics_url, runtime="process", warm_pool=pool) as server:
         admin = FunctionsAdmin(server.url)
         name = f"lat-{uuid.uuid4().hex[:6]}"
         fqfn = f"public/default/{name}"
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
-                      "output": f"{name}-out", "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
-                      "receiverQueueSize": 10, "userConfig": {"service_ms": service_ms, "dist": "deterministic"},
-                      "keyedState": keyed})
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "inputs": [f"{name}-in"],
+                "output": f"{name}-out",
+                "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
+                "receiverQueueSize": 10,
+                "userConfig": {"service_ms": service_ms, "dist": "deterministic"},
+                "keyedState": keyed,
+            }
+        )
         stop = threading.Event()
-        producer = threading.Thread(target=load, args=(broker.service_url, f"{name}-in", rate, stop, keyed),
-                                    daemon=True)
+        producer = threading.Thread(target=load, args=(broker.service_url, f"{name}-in", rate, stop, keyed), daemon=True)
         producer.start()
         worker = server.worker
 
@@ -103,8 +110,11 @@ def run_mode(broker, pool: int, repeats: int, rate: float, service_ms: float, ke
                     admin.set_parallelism("public", "default", name, b)
                     returned_ms = time.time() * 1000
                     new = range(a, b)
-                    firsts = wait_for(lambda: (lambda f: f if all(f.get(i) for i in new) else None)(
-                        first_processed()), 60, f"instances {a}..{b - 1} to process")
+                    firsts = wait_for(
+                        lambda: (lambda f: f if all(f.get(i) for i in new) else None)(first_processed()),
+                        60,
+                        f"instances {a}..{b - 1} to process",
+                    )
                     out[f"{a}->{b}"] += [round(firsts[i] - returned_ms, 1) for i in new]
                     sent_out[f"{a}->{b}"] += [round(firsts[i] - sent_ms, 1) for i in new]
                 admin.set_parallelism("public", "default", name, 1)
@@ -113,9 +123,15 @@ def run_mode(broker, pool: int, repeats: int, rate: float, service_ms: float, ke
             stop.set()
             producer.join(5)
             admin.delete("public", "default", name)
-    return {step: {"median_ms": statistics.median(v), "max_ms": max(v), "samples_ms": v,
-                   "from_put_sent": {"median_ms": statistics.median(sent_out[step]), "max_ms": max(sent_out[step])}}
-            for step, v in out.items()}
+    return {
+        step: {
+            "median_ms": statistics.median(v),
+            "max_ms": max(v),
+            "samples_ms": v,
+            "from_put_sent": {"median_ms": statistics.median(sent_out[step]), "max_ms": max(sent_out[step])},
+        }
+        for step, v in out.items()
+    }
 
 
 def main() -> None:
@@ -129,15 +145,19 @@ def main() -> None:
     add_broker_option(ap)
     args = ap.parse_args()
     started = time.perf_counter()
-    result = {"bench": "scale_latency", "runtime": "process", "rate_msgs_per_s": args.rate,
-              "service_ms": args.service_ms, "repeats": args.repeats, "keyed": args.keyed,
-              "load_avg_before": os.getloadavg()}
+    result = {
+        "bench": "scale_latency",
+        "runtime": "process",
+        "rate_msgs_per_s": args.rate,
+        "service_ms": args.service_ms,
+        "repeats": args.repeats,
+        "keyed": args.keyed,
+        "load_avg_before": os.getloadavg(),
+    }
 
     def measure(broker) -> dict:
-        modes = {} if args.no_cold else {"no_pool": run_mode(broker, 0, args.repeats, args.rate, args.service_ms,
-                                                             args.keyed)}
-        pooled = modes[f"pool_{args.pool}"] = run_mode(broker, args.pool, args.repeats, args.rate, args.service_ms,
-                                                       args.keyed)
+        modes = {} if args.no_cold else {"no_pool": run_mode(broker, 0, args.repeats, args.rate, args.service_ms, args.keyed)}
+        pooled = modes[f"pool_{args.pool}"] = run_mode(broker, args.pool, args.repeats, args.rate, args.service_ms, args.keyed)
         return {**modes, "target_met": all(v["max_ms"] <= 100 for v in pooled.values())}
 
     result.update(per_broker(args.broker, measure))

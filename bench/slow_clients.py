@@ -68,8 +68,10 @@ class Attack:
                 continue
             if self.ctx:
                 sock = self.ctx.wrap_socket(sock, server_hostname="127.0.0.1")
-            sock.sendall(b"POST /admin/v3/functions/public/default/x HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n")
+            sock.sendall(
+                b"POST /admin/v3/functions/public/default/x HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n"
+            )
             self.slow.append(sock)
         self._stop = threading.Event()
         self.bytes_sent = 0
@@ -87,6 +89,7 @@ class Attack:
 
     def open_counts(self) -> dict:
         """How many attacker connections the server still holds open (not closed or refused)."""
+
         def alive(sock) -> bool:
             try:
                 sock.setblocking(False)
@@ -97,6 +100,7 @@ class Attack:
                 return False
             finally:
                 sock.settimeout(10)
+
         return {"idle": sum(map(alive, self.idle)), "slow_body": sum(map(alive, self.slow))}
 
     def close(self) -> None:
@@ -108,19 +112,24 @@ class Attack:
 
 def percentiles(samples: list[float]) -> dict:
     ms = sorted(s * 1000 for s in samples)
-    return {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 2),
-            "max_ms": round(ms[-1], 2), "n": len(ms)}
+    return {
+        "p50_ms": round(statistics.median(ms), 2),
+        "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 2),
+        "max_ms": round(ms[-1], 2),
+        "n": len(ms),
+    }
 
 
-def measure(cheap_url: str, status_url: str, headers: dict, ca: str | None, samples: int,
-            cheap_headers: dict | None = None) -> dict:
+def measure(
+    cheap_url: str, status_url: str, headers: dict, ca: str | None, samples: int, cheap_headers: dict | None = None
+) -> dict:
     verify = ca or True
     cheap, status = [], []
     with requests.Session() as session:
         session.get(status_url, headers=headers, verify=verify, timeout=10).raise_for_status()
         for _ in range(samples):
             start = time.perf_counter()
-            r = requests.get(cheap_url, headers=cheap_headers or {}, verify=verify, timeout=10)   # a new connection
+            r = requests.get(cheap_url, headers=cheap_headers or {}, verify=verify, timeout=10)  # a new connection
             cheap.append(time.perf_counter() - start)
             r.raise_for_status()
             start = time.perf_counter()
@@ -130,21 +139,27 @@ def measure(cheap_url: str, status_url: str, headers: dict, ca: str | None, samp
     return {"cheap": percentiles(cheap), "status": percentiles(status)}
 
 
-def run_one(name: str, port: int, cheap_url: str, status_url: str, headers: dict, ca: str | None, args,
-            cheap_headers: dict | None = None) -> dict:
+def run_one(
+    name: str, port: int, cheap_url: str, status_url: str, headers: dict, ca: str | None, args, cheap_headers: dict | None = None
+) -> dict:
     baseline = measure(cheap_url, status_url, headers, ca, args.samples, cheap_headers)
     opened = time.monotonic()
     attack = Attack(port, args.n, ca)
     try:
-        time.sleep(args.settle_s)          # let the slow bodies trickle for a while first
+        time.sleep(args.settle_s)  # let the slow bodies trickle for a while first
         loaded = measure(cheap_url, status_url, headers, ca, args.samples, cheap_headers)
         still_open = attack.open_counts()
         window_s = time.monotonic() - opened
     finally:
         attack.close()
     ok = all(loaded[k]["p99_ms"] < TARGET_P99_MS for k in loaded)
-    result = {"baseline": baseline, "attacked": loaded, "attackers_open_at_end": still_open,
-              "attack_window_s": round(window_s, 1), "p99_under_target": ok}
+    result = {
+        "baseline": baseline,
+        "attacked": loaded,
+        "attackers_open_at_end": still_open,
+        "attack_window_s": round(window_s, 1),
+        "p99_under_target": ok,
+    }
     print(f"{name}: baseline {baseline}, attacked {loaded}, open {still_open}", file=sys.stderr)
     return result
 
@@ -160,8 +175,13 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.CRITICAL)
     logging.getLogger("pulsar_autoscale").setLevel(logging.CRITICAL)
 
-    results: dict = {"n_idle": args.n, "n_slow_body": args.n, "samples": args.samples,
-                     "target_p99_ms": TARGET_P99_MS, "servers": {}}
+    results: dict = {
+        "n_idle": args.n,
+        "n_slow_body": args.n,
+        "samples": args.samples,
+        "target_p99_ms": TARGET_P99_MS,
+        "servers": {},
+    }
     with tempfile.TemporaryDirectory() as d, EmbeddedBroker(data_dir=f"{d}/broker", log_level="warn") as broker:
         ca = trustme.CA()
         ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(f"{d}/server.pem")
@@ -169,8 +189,9 @@ def main(argv=None) -> int:
         secret = tokens.create_secret_key()
         Path(f"{d}/secret.key").write_bytes(secret)
         auth = {"Authorization": f"Bearer {tokens.create_token('admin', secret_key=secret)}"}
-        policy = AccessPolicy(tokens.TokenValidator.from_settings(secret_key=f"file://{d}/secret.key"),
-                              superuser_roles=frozenset({"admin"}))
+        policy = AccessPolicy(
+            tokens.TokenValidator.from_settings(secret_key=f"file://{d}/secret.key"), superuser_roles=frozenset({"admin"})
+        )
         for tls in (False, True):
             scheme = "https" if tls else "http"
             cafile = f"{d}/ca.pem" if tls else None
@@ -179,24 +200,49 @@ def main(argv=None) -> int:
                 session = requests.Session()
                 session.headers.update(auth)
                 session.verify = cafile or True
-                session.trust_env = False      # REQUESTS_CA_BUNDLE would override verify
+                session.trust_env = False  # REQUESTS_CA_BUNDLE would override verify
                 admin = FunctionsAdmin(worker.url, session=session)
-                admin.create({"tenant": "public", "namespace": "default", "name": "bench", "className": "exclaim.Exclaim",
-                              "inputs": [f"persistent://public/default/bench-{scheme}-in"], "parallelism": 1},
-                             str(EXCLAIM))
+                admin.create(
+                    {
+                        "tenant": "public",
+                        "namespace": "default",
+                        "name": "bench",
+                        "className": "exclaim.Exclaim",
+                        "inputs": [f"persistent://public/default/bench-{scheme}-in"],
+                        "parallelism": 1,
+                    },
+                    str(EXCLAIM),
+                )
                 results["servers"][f"worker-{scheme}"] = run_one(
-                    f"worker-{scheme}", worker.port, worker.url + "/healthz",
-                    worker.url + "/admin/v3/functions/public/default/bench/status", auth, cafile, args)
+                    f"worker-{scheme}",
+                    worker.port,
+                    worker.url + "/healthz",
+                    worker.url + "/admin/v3/functions/public/default/bench/status",
+                    auth,
+                    cafile,
+                    args,
+                )
                 admin.delete("public", "default", "bench")
-            config = ControllerConfig(service_url=broker.service_url, admin_url="http://127.0.0.1:9", http_port=0,
-                                      decision_log=None,
-                                      lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}")
+            config = ControllerConfig(
+                service_url=broker.service_url,
+                admin_url="http://127.0.0.1:9",
+                http_port=0,
+                decision_log=None,
+                lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+            )
             controller = Controller(config, security=security).start()
             try:
                 url = f"{scheme}://127.0.0.1:{controller.http_port}"
                 results["servers"][f"controller-{scheme}"] = run_one(
-                    f"controller-{scheme}", controller.http_port, url + "/metrics", url + "/status", auth, cafile,
-                    args, cheap_headers=auth)
+                    f"controller-{scheme}",
+                    controller.http_port,
+                    url + "/metrics",
+                    url + "/status",
+                    auth,
+                    cafile,
+                    args,
+                    cheap_headers=auth,
+                )
             finally:
                 controller.stop()
     results["all_under_target"] = all(r["p99_under_target"] for r in results["servers"].values())

@@ -44,8 +44,12 @@ from pulsar_autoscale.spark_bridge.ranges import RECEIVER_QUEUE
 
 QUERIES = {
     "value": ["count(*) AS n", "sum(length(value)) AS bytes"],
-    "all": ["count(*) AS n", "sum(coalesce(length(key), 0) + length(value) + length(topic) + length(messageId)"
-            " + size(properties)) AS bytes", "max(publishTime) AS p", "max(eventTime) AS e"],
+    "all": [
+        "count(*) AS n",
+        "sum(coalesce(length(key), 0) + length(value) + length(topic) + length(messageId) + size(properties)) AS bytes",
+        "max(publishTime) AS p",
+        "max(eventTime) AS e",
+    ],
 }
 
 
@@ -97,11 +101,18 @@ def timed(read) -> tuple[float, float]:
     return time.perf_counter() - t0, tree_cpu_seconds() - cpu0
 
 
-def spark_seconds(spark, service_url: str, topic: str, n: int, partitions: int, query: str = "value",
-                  native_reader: str = "auto") -> float:
+def spark_seconds(
+    spark, service_url: str, topic: str, n: int, partitions: int, query: str = "value", native_reader: str = "auto"
+) -> float:
     t0 = time.perf_counter()
-    df = (spark.read.format("pulsar").option("service.url", service_url).option("topic", topic)
-          .option("minPartitions", str(partitions)).option("nativeReader", native_reader).load())
+    df = (
+        spark.read.format("pulsar")
+        .option("service.url", service_url)
+        .option("topic", topic)
+        .option("minPartitions", str(partitions))
+        .option("nativeReader", native_reader)
+        .load()
+    )
     rows = df.selectExpr(*QUERIES[query]).collect()[0]
     elapsed = time.perf_counter() - t0
     if rows.n != n:
@@ -122,10 +133,19 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 2], help="minPartitions values to time")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; each times every read once")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of every read before the timed ones")
-    ap.add_argument("--native-reader", nargs="+", choices=["true", "false", "auto"], default=["true", "false"],
-                    help="the source's nativeReader values to time: true, the C read loop; false, the Python one")
-    ap.add_argument("--query", choices=sorted(QUERIES), default="value",
-                    help="value: count and sum(length(value)); all: the JVM reads every column")
+    ap.add_argument(
+        "--native-reader",
+        nargs="+",
+        choices=["true", "false", "auto"],
+        default=["true", "false"],
+        help="the source's nativeReader values to time: true, the C read loop; false, the Python one",
+    )
+    ap.add_argument(
+        "--query",
+        choices=sorted(QUERIES),
+        default="value",
+        help="value: count and sum(length(value)); all: the JVM reads every column",
+    )
     add_broker_option(ap)
     args = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import the installed package
@@ -141,8 +161,12 @@ def measure(args, broker) -> dict:
     topic = f"persistent://public/default/bench-spark-{uuid.uuid4().hex[:8]}"
     produce(client, topic, args.messages, args.size)
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark.dataSource.register(OneRowSource)
@@ -151,13 +175,12 @@ def measure(args, broker) -> dict:
         produce(client, warm, 50, args.size)
     spark_seconds(spark, broker.service_url, warm, 100, 2)
 
-    reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages),
-             "spark_floor": lambda: floor_seconds(spark)}
+    reads = {"raw_reader": lambda: raw_reader_seconds(client, topic, args.messages), "spark_floor": lambda: floor_seconds(spark)}
     for parts in args.partitions:
         for loop in args.native_reader:
-            reads[f"minPartitions={parts},nativeReader={loop}"] = (
-                lambda parts=parts, loop=loop: spark_seconds(spark, broker.service_url, topic, args.messages, parts,
-                                                             args.query, loop))
+            reads[f"minPartitions={parts},nativeReader={loop}"] = lambda parts=parts, loop=loop: spark_seconds(
+                spark, broker.service_url, topic, args.messages, parts, args.query, loop
+            )
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
     loads = []
     jvm = spark.sparkContext._jvm
@@ -175,15 +198,24 @@ def measure(args, broker) -> dict:
 
     def summary(name: str) -> dict:
         wall = [w for w, _ in runs[name]]
-        return {"seconds": round(min(wall), 3), "msg_per_s": round(args.messages / min(wall)),
-                "seconds_per_round": [round(w, 3) for w in wall],
-                "cpu_s": round(statistics.median(c for _, c in runs[name]), 2)}
+        return {
+            "seconds": round(min(wall), 3),
+            "msg_per_s": round(args.messages / min(wall)),
+            "seconds_per_round": [round(w, 3) for w in wall],
+            "cpu_s": round(statistics.median(c for _, c in runs[name]), 2),
+        }
 
     raw = runs["raw_reader"]
     floor = min(w for w, _ in runs["spark_floor"])
     result = {
-        "messages": args.messages, "payload_bytes": args.size, "query": QUERIES[args.query], "warmup_rounds": args.warmup, "cores": os.cpu_count(),
-        "load_average_1m_by_round": loads, "raw_reader": summary("raw_reader"), "spark_floor": summary("spark_floor"),
+        "messages": args.messages,
+        "payload_bytes": args.size,
+        "query": QUERIES[args.query],
+        "warmup_rounds": args.warmup,
+        "cores": os.cpu_count(),
+        "load_average_1m_by_round": loads,
+        "raw_reader": summary("raw_reader"),
+        "spark_floor": summary("spark_floor"),
         "spark": {},
     }
     for name in reads:

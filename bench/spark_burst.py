@@ -42,9 +42,12 @@ class Counter:
     def __init__(self, client: pulsar.Client, topic: str):
         self.seen: dict[bytes, int] = {}
         self.last_new = 0.0
-        self._consumer = client.subscribe(topic, f"bench-{uuid.uuid4().hex[:8]}",
-                                          consumer_type=pulsar.ConsumerType.Shared,
-                                          initial_position=pulsar.InitialPosition.Earliest)
+        self._consumer = client.subscribe(
+            topic,
+            f"bench-{uuid.uuid4().hex[:8]}",
+            consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -75,8 +78,9 @@ class Counter:
 
 def produce(client: pulsar.Client, topic: str, n: int) -> None:
     # At most 100 messages per batch (the instances' receiver queue): see docs/spark-burst.md, pulsar-lite.
-    producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                      batching_max_messages=100, block_if_queue_full=True)
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_publish_delay_ms=5, batching_max_messages=100, block_if_queue_full=True
+    )
     for i in range(n):
         producer.send_async(str(i).encode(), None, event_timestamp=int(time.time() * 1000))
     producer.flush()
@@ -85,9 +89,16 @@ def produce(client: pulsar.Client, topic: str, n: int) -> None:
 
 def one_run(mode: str, args, broker, worker, client, spark) -> dict:
     name = f"bench-burst-{mode}-{uuid.uuid4().hex[:6]}"
-    cfg = {"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy",
-           "inputs": [f"persistent://public/default/{name}-in"], "output": f"persistent://public/default/{name}-out",
-           "parallelism": args.instances, "userConfig": {"service_ms": args.service_ms, "dist": "deterministic"}}
+    cfg = {
+        "tenant": "public",
+        "namespace": "default",
+        "name": name,
+        "className": "sleepy.Sleepy",
+        "inputs": [f"persistent://public/default/{name}-in"],
+        "output": f"persistent://public/default/{name}-out",
+        "parallelism": args.instances,
+        "userConfig": {"service_ms": args.service_ms, "dist": "deterministic"},
+    }
     admin = FunctionsAdmin(worker.url)
     admin.create(cfg, SLEEPY)
     counter = Counter(client, cfg["output"])
@@ -103,25 +114,34 @@ def one_run(mode: str, args, broker, worker, client, spark) -> dict:
     out: dict = {"mode": mode, "messages": args.messages, "instances": args.instances, "produce_s": round(produced_s, 2)}
     if mode == "burst":
         mu = 1000.0 / args.service_ms
-        snap = FunctionSnapshot(name=fqfn, parallelism=args.instances, backlog=float(args.messages), service_rate=mu,
-                                arrival_rate=0.0)
+        snap = FunctionSnapshot(
+            name=fqfn, parallelism=args.instances, backlog=float(args.messages), service_rate=mu, arrival_rate=0.0
+        )
         burst = should_burst(snap, args.instances, args.instances, 0.0, args.deadline_s)
         out["should_burst"] = burst
         if burst > 0:
             drain = BurstDrain(spark, broker.service_url, worker.worker.get(fqfn), SLEEPY, metrics_url=broker.metrics_url)
             r = drain.run(max_messages=burst, partitions=args.partitions, threads_per_partition=args.threads)
-            out["drain"] = {"taken": r.taken, "processed": r.processed, "outputs": r.outputs, "failed": r.failed,
-                            "seconds": round(r.seconds, 2), **{k: round(v, 2) for k, v in r.timings.items()}}
+            out["drain"] = {
+                "taken": r.taken,
+                "processed": r.processed,
+                "outputs": r.outputs,
+                "failed": r.failed,
+                "seconds": round(r.seconds, 2),
+                **{k: round(v, 2) for k, v in r.timings.items()},
+            }
     complete = counter.wait(args.messages, args.timeout_s)
     time.sleep(1.0)  # late duplicates
     counters = worker.worker.counters(fqfn)
-    out.update({
-        "complete": complete,
-        "drain_s": round(counter.last_new - t0, 2),
-        "lost": args.messages - len(counter.seen),
-        "duplicates": sum(c - 1 for c in counter.seen.values()),
-        "instances_received": int(counters.received),
-    })
+    out.update(
+        {
+            "complete": complete,
+            "drain_s": round(counter.last_new - t0, 2),
+            "lost": args.messages - len(counter.seen),
+            "duplicates": sum(c - 1 for c in counter.seen.values()),
+            "instances_received": int(counters.received),
+        }
+    )
     counter.close()
     admin.delete("public", "default", name)
     return out
@@ -143,9 +163,14 @@ def main() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(args.spark_master).appName("bench-spark-burst")
-             .config("spark.ui.enabled", "false").config("spark.driver.memory", "1g")
-             .config("spark.local.dir", tempfile.mkdtemp(prefix="bench-spark-")).getOrCreate())
+    spark = (
+        SparkSession.builder.master(args.spark_master)
+        .appName("bench-spark-burst")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")
+        .config("spark.local.dir", tempfile.mkdtemp(prefix="bench-spark-"))
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).collect()  # first Python job, untimed
     runs = []
@@ -157,8 +182,14 @@ def main() -> None:
         client.close()
     spark.stop()
     by_mode = {r["mode"]: r for r in runs}
-    result = {"bench": "spark_burst", "service_ms": args.service_ms, "spark_master": args.spark_master,
-              "partitions": args.partitions, "threads_per_partition": args.threads, "runs": runs}
+    result = {
+        "bench": "spark_burst",
+        "service_ms": args.service_ms,
+        "spark_master": args.spark_master,
+        "partitions": args.partitions,
+        "threads_per_partition": args.threads,
+        "runs": runs,
+    }
     if "instances" in by_mode and "burst" in by_mode and by_mode["burst"]["drain_s"] > 0:
         result["speedup"] = round(by_mode["instances"]["drain_s"] / by_mode["burst"]["drain_s"], 2)
     print(json.dumps(result, indent=1))

@@ -49,21 +49,35 @@ def main() -> None:
     keys = [f"key-{i}" for i in range(args.keys)]
     out: dict = {"keys": args.keys, "rate_per_s": args.rate, "spark": "local[2], trigger 1 s, rocksdb"}
     with EmbeddedBroker(data_dir=os.path.join(tmp, "broker"), log_level="warn") as broker:
-        spark = (SparkSession.builder.master("local[2]").appName("bench-spark-restart")
-                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.driver.memory", "1g").config("spark.local.dir", os.path.join(tmp, "spark"))
-                 .getOrCreate())
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("bench-spark-restart")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.memory", "1g")
+            .config("spark.local.dir", os.path.join(tmp, "spark"))
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         name = f"sc-{uuid.uuid4().hex[:6]}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-        stage = StatefulStage(StatefulStageConfig(name=name, input=src, output=dst, service_url=broker.service_url,
-                                                  checkpoint_dir=os.path.join(tmp, "ck"), parallelism=2,
-                                                  state_partitions=2, trigger="1 second"), spark)
+        stage = StatefulStage(
+            StatefulStageConfig(
+                name=name,
+                input=src,
+                output=dst,
+                service_url=broker.service_url,
+                checkpoint_dir=os.path.join(tmp, "ck"),
+                parallelism=2,
+                state_partitions=2,
+                trigger="1 second",
+            ),
+            spark,
+        )
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                          block_if_queue_full=True)
-        for k in keys:   # the state: one count per key
+        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5, block_if_queue_full=True)
+        for k in keys:  # the state: one count per key
             producer.send_async(b"x", None, partition_key=k, event_timestamp=int(time.time() * 1000))
         producer.flush()
         producer.close()
@@ -74,8 +88,7 @@ def main() -> None:
         ctx = mp.get_context("spawn")
         stop, started, sent = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
         result_path = os.path.join(tmp, "arrivals.json")
-        loader = ctx.Process(target=_load, args=(broker.service_url, src, dst, keys, args.rate, stop, started,
-                                                 sent, result_path))
+        loader = ctx.Process(target=_load, args=(broker.service_url, src, dst, keys, args.rate, stop, started, sent, result_path))
         loader.start()
         started.wait(60)
         changes = []
@@ -84,8 +97,14 @@ def main() -> None:
             t_put = time.time() * 1000
             stage.set_parallelism(target)
             t_done = time.time() * 1000
-            changes.append({"change": f"{5 - target}->{target}", "t_put": t_put, "t_done": t_done,
-                            "set_parallelism_s": round((t_done - t_put) / 1000, 3)})
+            changes.append(
+                {
+                    "change": f"{5 - target}->{target}",
+                    "t_put": t_put,
+                    "t_done": t_done,
+                    "set_parallelism_s": round((t_done - t_put) / 1000, 3),
+                }
+            )
         time.sleep(args.steady_s)
         stop.set()
         loader.join(120)
@@ -99,10 +118,15 @@ def main() -> None:
         lo, hi = c.pop("t_put"), c.pop("t_done")
         during = [r - e for r, e, _ in arrivals if lo <= e <= hi + CHANGE_TAIL_S * 1000]
         steady = [r - e for r, e, _ in arrivals if lo - args.steady_s * 1000 + 1000 <= e < lo]
-        c.update({"outputs_during": len(during), "peak_ms": max(during, default=None),
-                  "mean_ms": round(statistics.fmean(during), 1) if during else None,
-                  "steady_mean_ms": round(statistics.fmean(steady), 1) if steady else None,
-                  "steady_peak_ms": max(steady, default=None)})
+        c.update(
+            {
+                "outputs_during": len(during),
+                "peak_ms": max(during, default=None),
+                "mean_ms": round(statistics.fmean(during), 1) if during else None,
+                "steady_mean_ms": round(statistics.fmean(steady), 1) if steady else None,
+                "steady_peak_ms": max(steady, default=None),
+            }
+        )
     out["changes"] = changes
     print(json.dumps(out, indent=1))
 

@@ -53,30 +53,46 @@ def main() -> None:
 def measure(args, broker) -> dict:
     state_bytes = int(args.state_mb * 1e6 / args.keys)
     keys = [f"key-{i}" for i in range(args.keys)]
-    out: dict = {"keys": args.keys, "state_bytes_per_key": state_bytes, "workers": 3, "parallelism": 3,
-                 "killed_instance": args.kill}
-    with tempfile.TemporaryDirectory(prefix="bench-failover-") as d, \
-            WorkerCluster(broker.service_url, broker.metrics_url, Path(d)) as cluster:
+    out: dict = {
+        "keys": args.keys,
+        "state_bytes_per_key": state_bytes,
+        "workers": 3,
+        "parallelism": 3,
+        "killed_instance": args.kill,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-failover-") as d,
+        WorkerCluster(broker.service_url, broker.metrics_url, Path(d)) as cluster,
+    ):
         cluster.wait_ready()
         admin = FunctionsAdmin([w.url for w in cluster.live()])
         name = f"fo-{uuid.uuid4().hex[:6]}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-        admin.create({"tenant": "public", "namespace": "default", "name": name,
-                      "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
-                      "parallelism": 3, "keyedState": True, "subscriptionPosition": "Earliest",
-                      "userConfig": {"window_s": 3600, "state_bytes": state_bytes}},
-                     str(EXAMPLES / "windowed_count.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "windowed_count.WindowedCount",
+                "inputs": [src],
+                "output": dst,
+                "parallelism": 3,
+                "keyedState": True,
+                "subscriptionPosition": "Earliest",
+                "userConfig": {"window_s": 3600, "state_bytes": state_bytes},
+            },
+            str(EXAMPLES / "windowed_count.py"),
+        )
         placed = wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 workers")
         client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         outputs = client.subscribe(dst, "bench", consumer_type=pulsar.ConsumerType.Shared)
-        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                          block_if_queue_full=True)
+        producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5, block_if_queue_full=True)
         t0 = time.monotonic()
         for k in keys:
             producer.send_async(b"x", None, partition_key=k)
         producer.flush()
         seen = 0
-        while seen < args.keys:   # every key's state is written (and its changelog record persisted)
+        while seen < args.keys:  # every key's state is written (and its changelog record persisted)
             outputs.acknowledge(outputs.receive(120_000))
             seen += 1
         out["preload_s"] = round(time.monotonic() - t0, 1)
@@ -86,26 +102,31 @@ def measure(args, broker) -> dict:
         def probe():
             i = 0
             while not stop.is_set():
-                producer.send_async(b"x", None, partition_key=keys[i % len(keys)],
-                                    event_timestamp=int(time.time() * 1000))
+                producer.send_async(b"x", None, partition_key=keys[i % len(keys)], event_timestamp=int(time.time() * 1000))
                 i += 1
                 time.sleep(1 / args.rate)
 
         sender = threading.Thread(target=probe, daemon=True)
         sender.start()
         time.sleep(2)
-        owners = read_assignment(client, KeyedTopics("public", "default", name,
-                                                     admin.get("public", "default", name)["stateId"]).assignment)
+        owners = read_assignment(
+            client, KeyedTopics("public", "default", name, admin.get("public", "default", name)["stateId"]).assignment
+        )
         victim = cluster.by_id(placed[args.kill])
         lost = {i for i, w in placed.items() if w == victim.worker_id}
         kill_ms.append(time.time() * 1000)
         killed = time.monotonic()
         cluster.kill(victim)
-        placed = wait_until(lambda: (lambda p: p if all(p.get(i) not in (None, victim.worker_id) for i in lost)
-                                     else None)(cluster.placement(name)), 300, f"instances {lost} on a survivor")
+        placed = wait_until(
+            lambda: (lambda p: p if all(p.get(i) not in (None, victim.worker_id) for i in lost) else None)(
+                cluster.placement(name)
+            ),
+            300,
+            f"instances {lost} on a survivor",
+        )
         survivor = placed[args.kill]
         out["instances_running_after_s"] = round(time.monotonic() - killed, 2)
-        while True:   # the first output, of a record sent after the kill, from a group the victim owned
+        while True:  # the first output, of a record sent after the kill, from a group the victim owned
             msg = outputs.receive(300_000)
             outputs.acknowledge(msg)
             key = msg.data().decode().split(":", 1)[0]
@@ -119,11 +140,15 @@ def measure(args, broker) -> dict:
         sender.join(5)
         out["survivor_is_another_worker"] = survivor != victim.worker_id
         # the survivor's restores (no snapshot on its disk: the whole changelog), from its log
-        out["survivor_restores"] = [line.split("restored ", 1)[1].strip() for line in
-                                    cluster.by_id(survivor).log_path.read_text().splitlines() if " restored " in line]
+        out["survivor_restores"] = [
+            line.split("restored ", 1)[1].strip()
+            for line in cluster.by_id(survivor).log_path.read_text().splitlines()
+            if " restored " in line
+        ]
         if args.log:
-            out["survivor_log"] = [line[:160] for line in cluster.by_id(survivor).log_path.read_text().splitlines()
-                                   if name in line or "lead" in line][-20:]
+            out["survivor_log"] = [
+                line[:160] for line in cluster.by_id(survivor).log_path.read_text().splitlines() if name in line or "lead" in line
+            ][-20:]
             out["kill_time"] = time.strftime("%H:%M:%S", time.gmtime(kill_ms[0] / 1000))
         client.close()
     return out

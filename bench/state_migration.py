@@ -59,14 +59,15 @@ DRAIN_S = 300.0
 MODES = ("live", "stop-the-world", "restart")
 
 
-def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, stop, started, sent, received,
-          out_path: str) -> None:
+def _load(
+    service_url: str, src: str, dst: str, keys: list[str], rate: float, stop, started, sent, received, out_path: str
+) -> None:
     """Child process: send keyed records at `rate`/s until `stop`, collect the outputs' latencies."""
     import pulsar
+
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     consumer = client.subscribe(dst, f"bench-{uuid.uuid4().hex[:6]}", consumer_type=pulsar.ConsumerType.Shared)
-    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2,
-                                      block_if_queue_full=True)
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2, block_if_queue_full=True)
     arrivals: list[tuple[float, float, str]] = []
     # an output carries its record's event time in whole ms: the exact send time by (key, event ms), in send order
     # (a key's outputs come in its order), so that a latency is not off by up to 1 ms of a 15-20 ms p99
@@ -103,7 +104,7 @@ def _load(service_url: str, src: str, dst: str, keys: list[str], rate: float, st
             sent.value = i
     producer.flush()
     sent.value = i
-    deadline = time.monotonic() + DRAIN_S   # the outputs of the backlog a change left, bounded
+    deadline = time.monotonic() + DRAIN_S  # the outputs of the backlog a change left, bounded
     while len(arrivals) < i and time.monotonic() < deadline:
         time.sleep(0.1)
     done.set()
@@ -133,6 +134,7 @@ def _pooled_p99(cycles: list[tuple[list[float], list[float], list[float]]], resa
     After a scale-in the unaffected keys' instances carry more load: after/before is what the new parallelism
     itself costs them, whatever the migration does."""
     import numpy as np
+
     rng = np.random.default_rng(13)
     before, during, after = (np.array([lat for c in cycles for lat in c[i]], dtype=float) for i in range(3))
 
@@ -144,16 +146,21 @@ def _pooled_p99(cycles: list[tuple[list[float], list[float], list[float]]], resa
     boot = {name: p99s(values) for name, values in samples.items()}
     out = {"records_before": int(before.size), "p99_before_ms": round(p99["before"], 1)}
     for name in ("during", "after"):
-        out.update({
-            f"records_{name}": int(samples[name].size), f"p99_{name}_ms": round(p99[name], 1),
-            f"{name}_over_before": round(p99[name] / p99["before"], 3),
-            f"{name}_over_before_90pct_interval": [round(float(q), 3)
-                                                   for q in np.percentile(boot[name] / boot["before"], [5, 95])],
-        })
+        out.update(
+            {
+                f"records_{name}": int(samples[name].size),
+                f"p99_{name}_ms": round(p99[name], 1),
+                f"{name}_over_before": round(p99[name] / p99["before"], 3),
+                f"{name}_over_before_90pct_interval": [
+                    round(float(q), 3) for q in np.percentile(boot[name] / boot["before"], [5, 95])
+                ],
+            }
+        )
     # what the migration itself costs them: the level to compare with is the higher of the two parallelisms'
     out["during_over_higher_of_before_and_after"] = round(p99["during"] / max(p99["before"], p99["after"]), 3)
     out["during_over_higher_of_before_and_after_90pct_interval"] = [
-        round(float(q), 3) for q in np.percentile(boot["during"] / np.maximum(boot["before"], boot["after"]), [5, 95])]
+        round(float(q), 3) for q in np.percentile(boot["during"] / np.maximum(boot["before"], boot["after"]), [5, 95])
+    ]
     return out
 
 
@@ -163,6 +170,7 @@ class RouteTimes:
 
     def __init__(self, client, topics: list[str]):
         import pulsar
+
         self.rows: list[tuple[int, int, str, int]] = []
         self._readers = [client.create_reader(t, pulsar.MessageId.latest) for t in topics]
         self._stop = threading.Event()
@@ -172,6 +180,7 @@ class RouteTimes:
 
     def _read(self, reader, instance_id: int) -> None:
         import pulsar
+
         while not self._stop.is_set():
             try:
                 msg = reader.read_next(200)
@@ -197,8 +206,9 @@ class Load:
         self.sent, self.received = ctx.Value("q", 0), ctx.Value("q", 0)
         os.makedirs(tmp, exist_ok=True)
         self.result_path = os.path.join(tmp, "arrivals.json")
-        self.proc = ctx.Process(target=_load, args=(service_url, src, dst, keys, rate, self.stop, started, self.sent,
-                                                    self.received, self.result_path))
+        self.proc = ctx.Process(
+            target=_load, args=(service_url, src, dst, keys, rate, self.stop, started, self.sent, self.received, self.result_path)
+        )
         self.proc.start()
         if not started.wait(60):
             raise SystemExit("the load process did not start within 60 s")
@@ -224,9 +234,9 @@ class Load:
 def _preload(service_url: str, src: str, keys: list[str], processed, timeout_s: float = 600) -> float:
     """One record per key (the state's full size), as fast as 2 instances go: returns their capacity (records/s)."""
     import pulsar
+
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                      block_if_queue_full=True)
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5, block_if_queue_full=True)
     t0 = time.monotonic()
     for k in keys:
         producer.send_async(b"x", None, partition_key=k, event_timestamp=int(time.time() * 1000))
@@ -241,6 +251,7 @@ def _preload(service_url: str, src: str, keys: list[str], processed, timeout_s: 
 def preload_counting_outputs(client, service_url: str, src: str, dst: str, keys: list[str]) -> float:
     """_preload a function (on a cluster, whose instances' counters are spread) by counting its outputs on `dst`."""
     import pulsar
+
     outputs = client.subscribe(dst, "preload", consumer_type=pulsar.ConsumerType.Shared)
     seen = [0]
 
@@ -274,11 +285,26 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
         worker = Worker(broker.service_url, os.path.join(tmp, "worker"), broker_kind="pulsar-lite")
         name = f"wc-{uuid.uuid4().hex[:6]}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
-        cfg = worker.create(FunctionConfig.from_dict({
-            "tenant": "public", "namespace": "default", "name": name, "className": "windowed_count.WindowedCount",
-            "inputs": [src], "output": dst, "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups,
-            "receiverQueueSize": 100, "userConfig": _userconfig(args, state_bytes), **_shards(args)}),
-            (EXAMPLES / "windowed_count.py").read_bytes(), "windowed_count.py")
+        cfg = worker.create(
+            FunctionConfig.from_dict(
+                {
+                    "tenant": "public",
+                    "namespace": "default",
+                    "name": name,
+                    "className": "windowed_count.WindowedCount",
+                    "inputs": [src],
+                    "output": dst,
+                    "parallelism": 2,
+                    "keyedState": True,
+                    "numKeyGroups": args.groups,
+                    "receiverQueueSize": 100,
+                    "userConfig": _userconfig(args, state_bytes),
+                    **_shards(args),
+                }
+            ),
+            (EXAMPLES / "windowed_count.py").read_bytes(),
+            "windowed_count.py",
+        )
         fn = worker._functions[cfg.fqfn]
         live = KeyedMigration(args.subscale, args.duty, pre_copy_mb_per_s=args.pre_copy_mbps)
         _wait(lambda: fn.keyed.router.attached() == {0, 1}, 60, "2 instances")
@@ -292,7 +318,7 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
             how = replace(live, stop_the_world=mode == "stop-the-world")
             fn.keyed.settings = lambda how=how: how
             for target in (3, 2) * args.cycles:
-                load.caught_up()   # the previous change's backlog is gone, then the steady period compared with
+                load.caught_up()  # the previous change's backlog is gone, then the steady period compared with
                 time.sleep(args.steady_s)
                 before = fn.keyed.router.assignment
                 t_put = time.time() * 1000
@@ -300,19 +326,32 @@ def _one_worker(args, keys: list[str], state_bytes: int, tmp: str, out: dict) ->
                 if not fn.keyed.idle(300):
                     raise SystemExit(f"{mode} change to {target} did not finish: {fn.keyed.failure}")
                 report = fn.keyed.reports[-1]
-                changes.append({"mode": mode, "change": f"{len(set(before.owners))}->{target}", "t_put": t_put,
-                                "t_done": time.time() * 1000, "moved_groups": report.moved_groups,
-                                "subscales": report.subscales, "duration_s": round(report.duration_s, 3),
-                                "put_down_s": round(report.put_down_s, 3), "release_s": round(report.release_s, 3),
-                                "open_s": round(report.open_s, 3),
-                                "moving": sorted({m.group for m in moves(before, fn.keyed.router.assignment)})})
+                changes.append(
+                    {
+                        "mode": mode,
+                        "change": f"{len(set(before.owners))}->{target}",
+                        "t_put": t_put,
+                        "t_done": time.time() * 1000,
+                        "moved_groups": report.moved_groups,
+                        "subscales": report.subscales,
+                        "duration_s": round(report.duration_s, 3),
+                        "put_down_s": round(report.put_down_s, 3),
+                        "release_s": round(report.release_s, 3),
+                        "open_s": round(report.open_s, 3),
+                        "moving": sorted({m.group for m in moves(before, fn.keyed.router.assignment)}),
+                    }
+                )
         time.sleep(args.steady_s)
         data = load.finish()
         moved = [r for r in fn.keyed.stores.restores if r.groups]
         worker.close()
-    restores = {"opens": len(moved), "groups": sum(r.groups for r in moved),
-                "from_snapshot": sum(r.from_snapshot for r in moved),
-                "mb": round(sum(r.bytes for r in moved) / 1e6, 2), "seconds": round(sum(r.seconds for r in moved), 3)}
+    restores = {
+        "opens": len(moved),
+        "groups": sum(r.groups for r in moved),
+        "from_snapshot": sum(r.from_snapshot for r in moved),
+        "mb": round(sum(r.bytes for r in moved) / 1e6, 2),
+        "seconds": round(sum(r.seconds for r in moved), 3),
+    }
     return changes, restores, data
 
 
@@ -332,6 +371,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
     from pulsar_autoscale.functions.keyed.cluster import read_assignment
     from pulsar_autoscale.functions.keyed.protocol import KeyedTopics
     from pulsar_autoscale.functions.model.keygroups import moves
+
     sys.path.insert(0, str(ROOT))
     from tests.support.cluster_harness import WorkerCluster
 
@@ -342,6 +382,7 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
     lines: list[str] = []
     if args.broker == "apache":
         from bench.brokers import open_broker
+
         opened = open_broker("apache")
         out["relay"] = False
     else:
@@ -358,32 +399,48 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                 return admin.keyed_state("public", "default", name)
 
             def running() -> set[int]:
-                return {i["instanceId"] for i in admin.status("public", "default", name)["instances"]
-                        if i["status"]["running"]}
+                return {i["instanceId"] for i in admin.status("public", "default", name)["instances"] if i["status"]["running"]}
 
-            migration = {"subscaleSize": args.subscale, "duty": args.duty,
-                         "mode": "stop-the-world" if mode == "restart" else mode,
-                         "preCopyMBps": args.pre_copy_mbps}
-            admin.create({"tenant": "public", "namespace": "default", "name": name,
-                          "className": "windowed_count.WindowedCount", "inputs": [src], "output": dst,
-                          "parallelism": 2, "keyedState": True, "numKeyGroups": args.groups, "receiverQueueSize": 100,
-                          "subscriptionPosition": "Earliest",
-                          "customRuntimeOptions": json.dumps({"keyedMigration": migration}),
-                          "userConfig": _userconfig(args, state_bytes), **_shards(args)},
-                         str(EXAMPLES / "windowed_count.py"))
+            migration = {
+                "subscaleSize": args.subscale,
+                "duty": args.duty,
+                "mode": "stop-the-world" if mode == "restart" else mode,
+                "preCopyMBps": args.pre_copy_mbps,
+            }
+            admin.create(
+                {
+                    "tenant": "public",
+                    "namespace": "default",
+                    "name": name,
+                    "className": "windowed_count.WindowedCount",
+                    "inputs": [src],
+                    "output": dst,
+                    "parallelism": 2,
+                    "keyedState": True,
+                    "numKeyGroups": args.groups,
+                    "receiverQueueSize": 100,
+                    "subscriptionPosition": "Earliest",
+                    "customRuntimeOptions": json.dumps({"keyedMigration": migration}),
+                    "userConfig": _userconfig(args, state_bytes),
+                    **_shards(args),
+                },
+                str(EXAMPLES / "windowed_count.py"),
+            )
             _wait(lambda: cluster.spread(name, 2), 90, "2 instances on 2 workers")
             capacity = preload_counting_outputs(client, broker.service_url, src, dst, keys)
             out.setdefault("capacity_2_instances_per_s", round(capacity, 1))
             out.setdefault("capacity_by_mode", {})[mode] = round(capacity, 1)
             if mode == "live":
-                out["state_mb_on_disk"] = round(sum(p.stat().st_size for p in Path(tmp).glob("w*/**/*.sqlite*")
-                                                    if p.is_file()) / 1e6, 1)
-            load = Load(broker.service_url, src, dst, keys, args.load * out["capacity_2_instances_per_s"],
-                        os.path.join(tmp, name))
+                out["state_mb_on_disk"] = round(
+                    sum(p.stat().st_size for p in Path(tmp).glob("w*/**/*.sqlite*") if p.is_file()) / 1e6, 1
+                )
+            load = Load(
+                broker.service_url, src, dst, keys, args.load * out["capacity_2_instances_per_s"], os.path.join(tmp, name)
+            )
             topics = KeyedTopics("public", "default", name, admin.get("public", "default", name)["stateId"])
             routed = RouteTimes(client, [topics.route(i) for i in range(3)]) if args.route_times else None
             for target in (3, 2) * args.cycles:
-                load.caught_up()   # the previous change's backlog is gone, then the steady period compared with,
+                load.caught_up()  # the previous change's backlog is gone, then the steady period compared with,
                 # polled like the change: a status call fans out to every worker, which costs the records in flight
                 steady_end = time.monotonic() + args.steady_s
                 while time.monotonic() < steady_end:
@@ -392,24 +449,45 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
                 before = read_assignment(client, topics.assignment)
                 last = keyed_view().get("lastMigration")
                 t_put = time.time() * 1000
-                if mode == "restart":   # stock Pulsar's parallelism change: every instance stops, then all start
+                if mode == "restart":  # stock Pulsar's parallelism change: every instance stops, then all start
                     admin.action("public", "default", name, "stop")
                     _wait(lambda: not running(), 60, "every instance stopped", STATUS_POLL_S / 10)
                 admin.set_parallelism("public", "default", name, target)
                 if mode == "restart":
                     admin.action("public", "default", name, "start")
-                _wait(lambda: (lambda v: not v.get("migrating") and v.get("lastMigration") not in (None, last)
-                               and len(v.get("groupsPerInstance", {})) == target)(keyed_view())
-                      and running() == set(range(target)), 600, f"the {mode} change to {target} instances",
-                      STATUS_POLL_S)
+                _wait(
+                    lambda: (
+                        (
+                            lambda v: (
+                                not v.get("migrating")
+                                and v.get("lastMigration") not in (None, last)
+                                and len(v.get("groupsPerInstance", {})) == target
+                            )
+                        )(keyed_view())
+                        and running() == set(range(target))
+                    ),
+                    600,
+                    f"the {mode} change to {target} instances",
+                    STATUS_POLL_S,
+                )
                 t_done = time.time() * 1000
                 report = keyed_view()["lastMigration"]
                 after = read_assignment(client, topics.assignment)
-                changes.append({"mode": mode, "change": f"{before.parallelism}->{target}", "t_put": t_put,
-                                "t_done": t_done, "moved_groups": report["movedGroups"],
-                                "subscales": report["subscales"], "duration_s": report["seconds"],
-                                "pre_copy_s": report.get("preCopySeconds"), "pre_copy_rounds": report.get("preCopyRounds"),
-                                "placement": cluster.placement(name), "moving": sorted({m.group for m in moves(before, after)})})
+                changes.append(
+                    {
+                        "mode": mode,
+                        "change": f"{before.parallelism}->{target}",
+                        "t_put": t_put,
+                        "t_done": t_done,
+                        "moved_groups": report["movedGroups"],
+                        "subscales": report["subscales"],
+                        "duration_s": report["seconds"],
+                        "pre_copy_s": report.get("preCopySeconds"),
+                        "pre_copy_rounds": report.get("preCopyRounds"),
+                        "placement": cluster.placement(name),
+                        "moving": sorted({m.group for m in moves(before, after)}),
+                    }
+                )
             time.sleep(args.steady_s)
             result = load.finish()
             data["sent"] += result["sent"]
@@ -417,12 +495,18 @@ def _cluster(args, keys: list[str], state_bytes: int, tmp: str, out: dict) -> tu
             if routed is not None:
                 data.setdefault("routed", []).extend(routed.close())
             admin.delete("public", "default", name)
-            lines += [f"{mode}: {line.split(': ', 2)[-1][:200]}" for w in cluster.workers
-                      for line in w.log_path.read_text().splitlines()
-                      if name in line and any(f" {verb} " in line for verb in ("restored", "pre-copied", "opened"))]
+            lines += [
+                f"{mode}: {line.split(': ', 2)[-1][:200]}"
+                for w in cluster.workers
+                for line in w.log_path.read_text().splitlines()
+                if name in line and any(f" {verb} " in line for verb in ("restored", "pre-copied", "opened"))
+            ]
         client.close()
-    restores = {"pre-copies": sum(" pre-copied " in line for line in lines),
-                "opens": sum(" opened " in line for line in lines), "log": lines[-80:]}
+    restores = {
+        "pre-copies": sum(" pre-copied " in line for line in lines),
+        "opens": sum(" opened " in line for line in lines),
+        "log": lines[-80:],
+    }
     return changes, restores, data
 
 
@@ -442,36 +526,64 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.7, help="share of the 2-instance capacity to feed")
     ap.add_argument("--subscale", type=int, default=4)
     ap.add_argument("--duty", type=float, default=0.5, help="share of the time migration work may take")
-    ap.add_argument("--pre-copy-mbps", type=float, default=KeyedMigration.pre_copy_mb_per_s,
-                    help="how fast the pre-copy may read the changelog (MB/s; the function's default when not given)")
-    ap.add_argument("--changelog-shards", type=int,
-                    help="the functions' changelogShards (1: one changelog topic; default: the worker's, 16)")
+    ap.add_argument(
+        "--pre-copy-mbps",
+        type=float,
+        default=KeyedMigration.pre_copy_mb_per_s,
+        help="how fast the pre-copy may read the changelog (MB/s; the function's default when not given)",
+    )
+    ap.add_argument(
+        "--changelog-shards", type=int, help="the functions' changelogShards (1: one changelog topic; default: the worker's, 16)"
+    )
     ap.add_argument("--steady-s", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=1, help="1: one worker, in this process; more: a cluster")
-    ap.add_argument("--cycles", type=int, default=1,
-                    help="2 -> 3 -> 2 cycles per mode: the unaffected keys' p99 is also given over the records of every "
-                         "cycle together (one 3 -> 2 lasts 1-2 s at 50 MB, so its own p99 rests on a few records)")
-    ap.add_argument("--no-relay", action="store_true",
-                    help="clients reach pulsar-lite directly, not through the relay that fences B10 (docs/dev/pulsar-lite-defects.md): "
-                         "to measure what the relay's hop costs; nothing here kills a client")
-    ap.add_argument("--broker", choices=("lite", "apache"), default="lite",
-                    help="with --workers > 1: the embedded pulsar-lite (default) or an Apache Pulsar standalone "
-                         "(docs/apache-pulsar.md; --no-relay and --broker-dir are pulsar-lite's)")
-    ap.add_argument("--broker-dir", metavar="DIR",
-                    help="keep the broker's data in a new directory under DIR (default: beside the workers' stores, "
-                         "in the run's temporary directory): to tell the broker's disk waits from the workers'")
+    ap.add_argument(
+        "--cycles",
+        type=int,
+        default=1,
+        help="2 -> 3 -> 2 cycles per mode: the unaffected keys' p99 is also given over the records of every "
+        "cycle together (one 3 -> 2 lasts 1-2 s at 50 MB, so its own p99 rests on a few records)",
+    )
+    ap.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="clients reach pulsar-lite directly, not through the relay that fences B10 (docs/dev/pulsar-lite-defects.md): "
+        "to measure what the relay's hop costs; nothing here kills a client",
+    )
+    ap.add_argument(
+        "--broker",
+        choices=("lite", "apache"),
+        default="lite",
+        help="with --workers > 1: the embedded pulsar-lite (default) or an Apache Pulsar standalone "
+        "(docs/apache-pulsar.md; --no-relay and --broker-dir are pulsar-lite's)",
+    )
+    ap.add_argument(
+        "--broker-dir",
+        metavar="DIR",
+        help="keep the broker's data in a new directory under DIR (default: beside the workers' stores, "
+        "in the run's temporary directory): to tell the broker's disk waits from the workers'",
+    )
     ap.add_argument("--arrivals", help="also write every output's (received ms, sent ms, key) and the changes here")
-    ap.add_argument("--route-times", action="store_true",
-                    help="with --workers 3 and --arrivals: also read the instances' route topics and write when the "
-                         "front forwarded each record (sent ms, forwarded ms, key, instance), to tell a slow front from a slow "
-                         "instance")
-    ap.add_argument("--modes", help="comma-separated, live and the baselines to compare it with (default: all that "
-                                    "apply; live alone: the unaffected keys over many cycles, no baseline): stop-the-world (every group pauses, the instances keep running); restart "
-                                    "(every instance stops, the parallelism changes, all start: stock Pulsar's "
-                                    "parallelism change; a cluster only)")
-    ap.add_argument("--rescore", metavar="FILE",
-                    help="run nothing: score the changes and outputs an earlier run wrote with --arrivals "
-                         "(give the same --groups, --steady-s and --cycles)")
+    ap.add_argument(
+        "--route-times",
+        action="store_true",
+        help="with --workers 3 and --arrivals: also read the instances' route topics and write when the "
+        "front forwarded each record (sent ms, forwarded ms, key, instance), to tell a slow front from a slow "
+        "instance",
+    )
+    ap.add_argument(
+        "--modes",
+        help="comma-separated, live and the baselines to compare it with (default: all that "
+        "apply; live alone: the unaffected keys over many cycles, no baseline): stop-the-world (every group pauses, the instances keep running); restart "
+        "(every instance stops, the parallelism changes, all start: stock Pulsar's "
+        "parallelism change; a cluster only)",
+    )
+    ap.add_argument(
+        "--rescore",
+        metavar="FILE",
+        help="run nothing: score the changes and outputs an earlier run wrote with --arrivals "
+        "(give the same --groups, --steady-s and --cycles)",
+    )
     args = ap.parse_args()
     if args.broker == "apache" and args.workers == 1:
         ap.error("--broker apache: with --workers > 1 (one worker in this process runs on pulsar-lite)")
@@ -489,9 +601,16 @@ def main() -> None:
     state_bytes = int(args.state_mb * 1e6 / args.keys)
     keys = [f"key-{i}" for i in range(args.keys)]
     tmp = tempfile.mkdtemp(prefix="bench-state-migration-")
-    out: dict = {"keys": args.keys, "key_groups": args.groups, "state_bytes_per_key": state_bytes,
-                 "service_ms": args.service_ms, "subscale": args.subscale, "duty": args.duty,
-                 "pre_copy_mb_per_s": args.pre_copy_mbps, "changelog_shards": args.changelog_shards or "default"}
+    out: dict = {
+        "keys": args.keys,
+        "key_groups": args.groups,
+        "state_bytes_per_key": state_bytes,
+        "service_ms": args.service_ms,
+        "subscale": args.subscale,
+        "duty": args.duty,
+        "pre_copy_mb_per_s": args.pre_copy_mbps,
+        "changelog_shards": args.changelog_shards or "default",
+    }
     run = _one_worker if args.workers == 1 else _cluster
     try:
         changes, restores, data = run(args, keys, state_bytes, tmp, out)
@@ -501,8 +620,7 @@ def main() -> None:
     out["rate_per_s"] = round(args.load * out["capacity_2_instances_per_s"], 1)
     arrivals = data["arrivals"]
     if args.arrivals:
-        Path(args.arrivals).write_text(json.dumps({"changes": changes, "arrivals": arrivals,
-                                                   "routed": data.get("routed", [])}))
+        Path(args.arrivals).write_text(json.dumps({"changes": changes, "arrivals": arrivals, "routed": data.get("routed", [])}))
     out["sent"] = data["sent"]
     out["received"] = len(arrivals)
     out["restores"] = restores
@@ -514,8 +632,7 @@ def _score(out: dict, changes: list[dict], arrivals: list, args) -> dict:
     per kind of change: live over stop-the-world, and with --cycles the pooled p99s."""
     from pulsar_autoscale.functions.model.keygroups import key_group
 
-    next_put = {id(c): min((d["t_put"] for d in changes if d["t_put"] > c["t_done"]), default=float("inf"))
-                for c in changes}
+    next_put = {id(c): min((d["t_put"] for d in changes if d["t_put"] > c["t_done"]), default=float("inf")) for c in changes}
     pooled: dict[tuple[str, str], list[tuple[list, list, list]]] = collections.defaultdict(list)
     for c in changes:
         moving = set(c.pop("moving"))
@@ -527,37 +644,46 @@ def _score(out: dict, changes: list[dict], arrivals: list, args) -> dict:
         unmoved = lambda rows: [lat for lat, k in rows if key_group(k, args.groups) not in moving]  # noqa: E731
         p99_before = _pct(unmoved(steady), 0.99)
         pooled[(c["mode"], c["change"])].append((unmoved(steady), unmoved(during), unmoved(after)))
-        slow = collections.Counter(int((e - lo) / 500) / 2 for r, e, k in arrivals
-                                   if lo <= e <= hi + CHANGE_TAIL_S * 1000 and key_group(k, args.groups) not in moving
-                                   and r - e > 2 * p99_before)
-        c.update({
-            "put_at_epoch_s": round(lo / 1000, 3),   # to line up with the workers' logs
-            "records_during": len(during),
-            "peak_ms": max((lat for lat, _ in during), default=None),
-            "mean_ms": round(statistics.fmean(lat for lat, _ in during), 1) if during else None,
-            "steady_mean_ms": round(statistics.fmean(lat for lat, _ in steady), 1) if steady else None,
-            "unaffected_p99_before_ms": _pct(unmoved(steady), 0.99),
-            "unaffected_p99_during_ms": _pct(unmoved(during), 0.99),
-            "unaffected_p99_after_ms": _pct(unmoved(after), 0.99),
-            # the noise floor: the same p99 in each half of the steady period before
-            "unaffected_p99_before_halves_ms": [_pct(unmoved(half), 0.99) for half in (steady[:len(steady) // 2],
-                                                                                        steady[len(steady) // 2:])],
-            # when the unaffected records slower than twice the p99 before were sent: s after the PUT -> count
-            "unaffected_slow_by_half_second": dict(sorted(slow.items())),
-        })
+        slow = collections.Counter(
+            int((e - lo) / 500) / 2
+            for r, e, k in arrivals
+            if lo <= e <= hi + CHANGE_TAIL_S * 1000 and key_group(k, args.groups) not in moving and r - e > 2 * p99_before
+        )
+        c.update(
+            {
+                "put_at_epoch_s": round(lo / 1000, 3),  # to line up with the workers' logs
+                "records_during": len(during),
+                "peak_ms": max((lat for lat, _ in during), default=None),
+                "mean_ms": round(statistics.fmean(lat for lat, _ in during), 1) if during else None,
+                "steady_mean_ms": round(statistics.fmean(lat for lat, _ in steady), 1) if steady else None,
+                "unaffected_p99_before_ms": _pct(unmoved(steady), 0.99),
+                "unaffected_p99_during_ms": _pct(unmoved(during), 0.99),
+                "unaffected_p99_after_ms": _pct(unmoved(after), 0.99),
+                # the noise floor: the same p99 in each half of the steady period before
+                "unaffected_p99_before_halves_ms": [
+                    _pct(unmoved(half), 0.99) for half in (steady[: len(steady) // 2], steady[len(steady) // 2 :])
+                ],
+                # when the unaffected records slower than twice the p99 before were sent: s after the PUT -> count
+                "unaffected_slow_by_half_second": dict(sorted(slow.items())),
+            }
+        )
     out["changes"] = changes
     for change in ("2->3", "3->2"):
         of = lambda mode: [c for c in changes if c["mode"] == mode and c["change"] == change]  # noqa: E731
         live = of("live")
         per_cycle = {
             f"{what}_live_over_{abbrev}": [round(a[f"{what}_ms"] / b[f"{what}_ms"], 3) for a, b in zip(live, of(mode))]
-            for mode, abbrev in (("stop-the-world", "stw"), ("restart", "restart")) if of(mode)
+            for mode, abbrev in (("stop-the-world", "stw"), ("restart", "restart"))
+            if of(mode)
             for what in ("peak", "mean")
         } | {
-            "unaffected_p99_during_over_before": [round(a["unaffected_p99_during_ms"] / a["unaffected_p99_before_ms"], 3)
-                                                  for a in live],
-            "unaffected_p99_during_over_steady": [round(a["unaffected_p99_during_ms"] / max(
-                a["unaffected_p99_before_ms"], a["unaffected_p99_after_ms"] or 0), 3) for a in live],
+            "unaffected_p99_during_over_before": [
+                round(a["unaffected_p99_during_ms"] / a["unaffected_p99_before_ms"], 3) for a in live
+            ],
+            "unaffected_p99_during_over_steady": [
+                round(a["unaffected_p99_during_ms"] / max(a["unaffected_p99_before_ms"], a["unaffected_p99_after_ms"] or 0), 3)
+                for a in live
+            ],
         }
         out[f"ratio_{change}"] = {k: v[0] if args.cycles == 1 else v for k, v in per_cycle.items()}
         if args.cycles > 1:

@@ -20,7 +20,7 @@ from pulsar_autoscale.policies import Policy, Proposal
 
 @dataclass(frozen=True)
 class BacklogConfig:
-    per_instance: float = 100.0   # messages of backlog one instance is expected to absorb
+    per_instance: float = 100.0  # messages of backlog one instance is expected to absorb
 
 
 class BacklogPerInstance(Policy):

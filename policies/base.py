@@ -29,9 +29,9 @@ from pulsar_autoscale.snapshot import Snapshot
 
 @dataclass(frozen=True)
 class Proposal:
-    targets: dict[str, int]                                   # function -> proposed parallelism
-    reasons: dict[str, str] = field(default_factory=dict)     # function -> why, with the numbers
-    state: Any = None                                         # handed back to decide() next period
+    targets: dict[str, int]  # function -> proposed parallelism
+    reasons: dict[str, str] = field(default_factory=dict)  # function -> why, with the numbers
+    state: Any = None  # handed back to decide() next period
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class NoConfig:
 class Policy(ABC):
     name: ClassVar[str]
     Config: ClassVar[type] = NoConfig
-    fast: ClassVar[bool] = True     # asked at fast checks too (see the module text)
+    fast: ClassVar[bool] = True  # asked at fast checks too (see the module text)
 
     def __init__(self, config=None):
         self.config = config if config is not None else self.Config()
@@ -53,6 +53,7 @@ class Policy(ABC):
         it and lists the valid keys."""
         # imported here: controller_config pulls in the Pulsar client, which a policy never needs
         from pulsar_autoscale.configparse import from_mapping
+
         return cls(from_mapping(cls.Config, dict(params or {}), f"policy {cls.name} parameters"))
 
     @abstractmethod

@@ -24,7 +24,7 @@ from .base import Policy, Proposal
 
 @dataclass(frozen=True)
 class DS2Config:
-    target_utilization: float = 1.0   # DS2 sizes for exactly the true rate; < 1 adds headroom
+    target_utilization: float = 1.0  # DS2 sizes for exactly the true rate; < 1 adds headroom
 
 
 def selectivity(fs: FunctionSnapshot) -> float:
@@ -56,8 +56,7 @@ def target_rates(graph: AppGraph, snapshot: Snapshot) -> dict[str, float | None]
             if observed is None or any(e is None for e in emitted):
                 rates[fn] = None
             else:
-                rates[fn] = (sum(r for r in sent if r is not None)
-                             + max(observed - sum(e for e in emitted if e is not None), 0.0))
+                rates[fn] = sum(r for r in sent if r is not None) + max(observed - sum(e for e in emitted if e is not None), 0.0)
         else:
             rates[fn] = sum(r for r in sent if r is not None)
     return rates
@@ -83,13 +82,17 @@ class DS2Policy(Policy):
             true_rate = fs.true_processing_rate if fs is not None else None
             if rate is None or not true_rate:
                 targets[fn] = k
-                reasons[fn] = (f"keep: target rate {_fmt(rate)}, true processing rate {_fmt(true_rate)} "
-                               f"per instance (unknown figures upstream or here)")
+                reasons[fn] = (
+                    f"keep: target rate {_fmt(rate)}, true processing rate {_fmt(true_rate)} "
+                    f"per instance (unknown figures upstream or here)"
+                )
                 continue
             capacity = true_rate * self.config.target_utilization
             targets[fn] = max(1, math.ceil(rate / capacity - 1e-9))
-            reasons[fn] = (f"target rate {rate:.2f}/s / true rate {true_rate:.2f}/s per instance"
-                           f" / utilization {self.config.target_utilization:g} = {rate / capacity:.2f}")
+            reasons[fn] = (
+                f"target rate {rate:.2f}/s / true rate {true_rate:.2f}/s per instance"
+                f" / utilization {self.config.target_utilization:g} = {rate / capacity:.2f}"
+            )
         return Proposal(targets, reasons, state)
 
 

@@ -52,8 +52,9 @@ class FlinkDS2Policy(Policy):
             desired = k
             if not low <= utilization <= high:
                 desired = max(1, math.ceil(target_rate / (fs.true_processing_rate * c.target_utilization) - 1e-9))
-            targets[fn], histories[fn] = stabilize(histories.get(fn, ()), snapshot.time, c.scale_down_interval_s,
-                                                   k, desired)
-            reasons[fn] = (f"target rate {target_rate:.2f}/s, utilization {utilization:.2f} vs "
-                           f"[{low:.2f}, {high:.2f}]: desired {desired}, after scale-down interval {targets[fn]}")
+            targets[fn], histories[fn] = stabilize(histories.get(fn, ()), snapshot.time, c.scale_down_interval_s, k, desired)
+            reasons[fn] = (
+                f"target rate {target_rate:.2f}/s, utilization {utilization:.2f} vs "
+                f"[{low:.2f}, {high:.2f}]: desired {desired}, after scale-down interval {targets[fn]}"
+            )
         return Proposal(targets, reasons, histories)

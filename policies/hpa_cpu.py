@@ -20,7 +20,7 @@ from pulsar_autoscale.snapshot import Snapshot
 
 from .base import Policy, Proposal
 
-History = tuple[tuple[float, int], ...]   # (snapshot time, recommendation)
+History = tuple[tuple[float, int], ...]  # (snapshot time, recommendation)
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class HpaCpuPolicy(Policy):
                 continue
             desired = hpa_desired(k, fs.utilization / c.target_utilization, c.tolerance)
             targets[fn], histories[fn] = stabilize(histories.get(fn, ()), snapshot.time, c.stabilization_s, k, desired)
-            reasons[fn] = (f"busy {fs.utilization:.0%} vs target {c.target_utilization:.0%}: desired {desired}, "
-                           f"stabilized {targets[fn]}")
+            reasons[fn] = (
+                f"busy {fs.utilization:.0%} vs target {c.target_utilization:.0%}: desired {desired}, stabilized {targets[fn]}"
+            )
         return Proposal(targets, reasons, histories)

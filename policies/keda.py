@@ -53,9 +53,10 @@ class KedaPolicy(Policy):
             if fn not in desired:
                 targets[fn], reasons[fn] = k, "backlog unknown: keep"
                 continue
-            targets[fn], histories[fn] = stabilize(histories.get(fn, ()), snapshot.time, c.stabilization_s, k,
-                                                   desired[fn])
+            targets[fn], histories[fn] = stabilize(histories.get(fn, ()), snapshot.time, c.stabilization_s, k, desired[fn])
             backlog = "?" if fs is None or fs.backlog is None else f"{fs.backlog:.0f}"
-            reasons[fn] = (f"backlog {backlog} / threshold {c.msg_backlog_threshold:g}: desired {desired[fn]}, "
-                           f"stabilized {targets[fn]}{'' if polled else ' (between polls)'}")
+            reasons[fn] = (
+                f"backlog {backlog} / threshold {c.msg_backlog_threshold:g}: desired {desired[fn]}, "
+                f"stabilized {targets[fn]}{'' if polled else ' (between polls)'}"
+            )
         return Proposal(targets, reasons, KedaState(snapshot.time if polled else state.last_poll, desired, histories))

@@ -40,17 +40,17 @@ from .queueing import Station, p_wait
 
 @dataclass(frozen=True)
 class PredictiveConfig:
-    r_max_s: float = 1.0            # mean response time per path
+    r_max_s: float = 1.0  # mean response time per path
     # p99 per path the sizing aims at: half the 2 s SLO, because no forecast sees a step up coming
     # and the tail after one is what misses (simulated on `paper`: aiming at 2.0 gave p99 3.24 s,
     # at 1.0 gave 1.25 s for 9% more instance-seconds)
     p99_s: float = 1.0
     quantile: float = 0.99
-    drain_s: float = 10.0           # backlog deadline (Sponge's recovery deadline: its 10 s window)
-    alpha: float = 0.5              # Holt level smoothing
-    beta: float = 0.3               # Holt trend smoothing
-    horizon_periods: float = 1.0    # forecast this many periods ahead
-    scale_in_periods: int = 2       # consecutive lower asks before scaling in
+    drain_s: float = 10.0  # backlog deadline (Sponge's recovery deadline: its 10 s window)
+    alpha: float = 0.5  # Holt level smoothing
+    beta: float = 0.3  # Holt trend smoothing
+    horizon_periods: float = 1.0  # forecast this many periods ahead
+    scale_in_periods: int = 2  # consecutive lower asks before scaling in
     max_parallelism: int = 15
     default_scv: float = 1.0
 
@@ -59,8 +59,8 @@ class PredictiveConfig:
 class FunctionState:
     level: float
     trend: float
-    held: int = 0                   # sustained (model) parallelism
-    asks: tuple[int, ...] = ()      # recent lower model asks, while they keep coming
+    held: int = 0  # sustained (model) parallelism
+    asks: tuple[int, ...] = ()  # recent lower model asks, while they keep coming
 
 
 def holt(prev: FunctionState | None, observed: float, alpha: float, beta: float) -> FunctionState:
@@ -107,7 +107,7 @@ class PredictivePolicy(Policy):
         rates = target_rates(graph, snapshot)
         service_s = {fn: 1 / fs.service_rate for fn, fs in snapshot.functions.items() if fs.service_rate}
         shares = p99_shares(graph, service_s)
-        drained: dict[str, float] = {}   # msg/s each function will emit while draining its and upstream backlogs
+        drained: dict[str, float] = {}  # msg/s each function will emit while draining its and upstream backlogs
         targets, reasons = {}, {}
         for fn in graph.topological_order():
             if fn not in current:
@@ -126,9 +126,14 @@ class PredictivePolicy(Policy):
             station = Station(inflow, fs.service_rate, _scv(fs.ca2, c), _scv(fs.cs2, c))
             p99_budget = c.p99_s * shares.get(fn, 1.0)
             mean_budget = c.r_max_s * shares.get(fn, 1.0)
-            k_model = next((k for k in range(1, c.max_parallelism + 1)
-                            if station.t(k) <= mean_budget
-                            and quantile_response_time(station, k, c.quantile) <= p99_budget), c.max_parallelism)
+            k_model = next(
+                (
+                    k
+                    for k in range(1, c.max_parallelism + 1)
+                    if station.t(k) <= mean_budget and quantile_response_time(station, k, c.quantile) <= p99_budget
+                ),
+                c.max_parallelism,
+            )
             in_system = inflow * station.t(k_model) if k_model < c.max_parallelism else 0.0
             excess = max((fs.backlog or 0.0) - in_system, 0.0)
             drain_rate = excess / c.drain_s
@@ -137,9 +142,11 @@ class PredictivePolicy(Policy):
             held, asks, why = self._hysteresis(h.held or k_now, k_model, h.asks, c.scale_in_periods)
             new_state[fn] = replace(h, held=held, asks=asks)
             targets[fn] = min(max(held, k_drain, 1), c.max_parallelism)
-            reasons[fn] = (f"rate {rate:.2f}/s forecast {forecast:.2f}/s inflow {inflow:.2f}/s mu {fs.service_rate:.2f}/s; "
-                           f"queueing k {k_model} (p99 budget {p99_budget:.2f}s), backlog {fs.backlog or 0:.0f} "
-                           f"drain k {k_drain}; {why}")
+            reasons[fn] = (
+                f"rate {rate:.2f}/s forecast {forecast:.2f}/s inflow {inflow:.2f}/s mu {fs.service_rate:.2f}/s; "
+                f"queueing k {k_model} (p99 budget {p99_budget:.2f}s), backlog {fs.backlog or 0:.0f} "
+                f"drain k {k_drain}; {why}"
+            )
         return Proposal(targets, reasons, new_state)
 
     @staticmethod

@@ -54,12 +54,12 @@ LEVELS = ("function", "path")
 
 @dataclass(frozen=True)
 class QueueingConfig:
-    level: str = "function"      # "function" or "path"
-    r_max_s: float = 1.0         # paper: 1 s per path
-    alpha: float = 0.5           # path level: scale in below alpha * R_max
+    level: str = "function"  # "function" or "path"
+    r_max_s: float = 1.0  # paper: 1 s per path
+    alpha: float = 0.5  # path level: scale in below alpha * R_max
     min_parallelism: int = 1
-    max_parallelism: int = 15    # paper: 15
-    default_scv: float = 1.0     # c_a^2 / c_s^2 when unmeasured
+    max_parallelism: int = 15  # paper: 15
+    default_scv: float = 1.0  # c_a^2 / c_s^2 when unmeasured
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -69,14 +69,15 @@ class QueueingConfig:
         if not 0 < self.alpha < 1:
             raise ConfigError(f"queueing alpha must be in (0, 1), got {self.alpha}")
         if not 1 <= self.min_parallelism <= self.max_parallelism:
-            raise ConfigError(f"queueing needs 1 <= min_parallelism <= max_parallelism, got "
-                              f"{self.min_parallelism} and {self.max_parallelism}")
+            raise ConfigError(
+                f"queueing needs 1 <= min_parallelism <= max_parallelism, got {self.min_parallelism} and {self.max_parallelism}"
+            )
 
 
 def p_wait(rho: float, k: int) -> float:
     """P_k, the probability that an arrival waits (paper eq. 2)."""
     if rho >= 0.7:
-        return (rho ** k + rho) / 2.0
+        return (rho**k + rho) / 2.0
     return rho ** math.sqrt(k + 1)
 
 
@@ -109,8 +110,9 @@ def station(fs: FunctionSnapshot | None, default_scv: float) -> Station | None:
     """The station for a function, or None if lambda or mu is unknown."""
     if fs is None or fs.arrival_rate is None or not fs.service_rate:
         return None
-    return Station(fs.arrival_rate, fs.service_rate, default_scv if fs.ca2 is None else fs.ca2,
-                   default_scv if fs.cs2 is None else fs.cs2)
+    return Station(
+        fs.arrival_rate, fs.service_rate, default_scv if fs.ca2 is None else fs.ca2, default_scv if fs.cs2 is None else fs.cs2
+    )
 
 
 def min_parallelism_for(s: Station, r_max: float, k_min: int, k_max: int) -> int:
@@ -181,8 +183,7 @@ class QueueingPolicy(Policy):
             return self._function_level(stations, current, state)
         return self._path_level(graph, stations, current, state)
 
-    def _function_level(self, stations: dict[str, Station | None], current: Mapping[str, int],
-                        state: Any) -> Proposal:
+    def _function_level(self, stations: dict[str, Station | None], current: Mapping[str, int], state: Any) -> Proposal:
         c = self.config
         targets, reasons = {}, {}
         for fn, k in current.items():
@@ -194,8 +195,9 @@ class QueueingPolicy(Policy):
             reasons[fn] = f"{s.describe()}: T({targets[fn]}) {_fmt(s.t(targets[fn]))} vs R_max {c.r_max_s:g}s"
         return Proposal(targets, reasons, state)
 
-    def _path_level(self, graph: AppGraph, stations: dict[str, Station | None], current: Mapping[str, int],
-                    state: Any) -> Proposal:
+    def _path_level(
+        self, graph: AppGraph, stations: dict[str, Station | None], current: Mapping[str, int], state: Any
+    ) -> Proposal:
         c = self.config
         k = dict(current)
         known = {fn for fn, s in stations.items() if s is not None and fn in graph}
@@ -206,14 +208,15 @@ class QueueingPolicy(Policy):
             k[fn] += delta
             times[fn] = known_stations[fn].t(k[fn])
 
-        for fn in known:   # unstable: the paper's rule would pick it period after period until stable
+        for fn in known:  # unstable: the paper's rule would pick it period after period until stable
             stable = min(math.floor(known_stations[fn].lam / known_stations[fn].mu) + 1, c.max_parallelism)
             if k[fn] < stable:
                 resize(fn, stable - k[fn])
-        while True:   # scale out: on every path above R_max, its slowest function, unless at the maximum
+        while True:  # scale out: on every path above R_max, its slowest function, unless at the maximum
             through = slowest_paths(graph, times, {f: times[f] for f in known})
-            picks = {p.pick for p in through.values()
-                     if p.time > c.r_max_s and p.pick is not None and k[p.pick] < c.max_parallelism}
+            picks = {
+                p.pick for p in through.values() if p.time > c.r_max_s and p.pick is not None and k[p.pick] < c.max_parallelism
+            }
             if not picks:
                 break
             for fn in picks:
@@ -222,8 +225,11 @@ class QueueingPolicy(Policy):
         # scale in: on every path below alpha * R_max, its fastest shrinkable function, all at once;
         # then undo those with a path through them above R_max (undoing only makes paths faster)
         shrinkable = {f: -times[f] for f in known if k[f] > c.min_parallelism}
-        shrunk = {p.pick for p in slowest_paths(graph, times, shrinkable).values()
-                  if p.time < c.alpha * c.r_max_s and p.pick is not None}
+        shrunk = {
+            p.pick
+            for p in slowest_paths(graph, times, shrinkable).values()
+            if p.time < c.alpha * c.r_max_s and p.pick is not None
+        }
         for fn in shrunk:
             resize(fn, -1)
         through = slowest_paths(graph, times, {})
@@ -233,13 +239,19 @@ class QueueingPolicy(Policy):
                 resize(fn, +1)
             through = slowest_paths(graph, times, {})
 
-        reasons = {fn: "arrival or service rate unknown (or not in the app graph): keep"
-                   for fn in current if fn not in known}
+        reasons = {fn: "arrival or service rate unknown (or not in the app graph): keep" for fn in current if fn not in known}
         for fn in known:
-            action = ("scale out: a path through it exceeded R_max; " if k[fn] > current[fn] else
-                      "scale in: a path through it was below alpha * R_max; " if k[fn] < current[fn] else "")
-            reasons[fn] = (f"{action}{known_stations[fn].describe()}: T({k[fn]}) {_fmt(times[fn])}, slowest path "
-                           f"through it {_fmt(through[fn].time)} (R_max {c.r_max_s:g}s, alpha {c.alpha:g})")
+            action = (
+                "scale out: a path through it exceeded R_max; "
+                if k[fn] > current[fn]
+                else "scale in: a path through it was below alpha * R_max; "
+                if k[fn] < current[fn]
+                else ""
+            )
+            reasons[fn] = (
+                f"{action}{known_stations[fn].describe()}: T({k[fn]}) {_fmt(times[fn])}, slowest path "
+                f"through it {_fmt(through[fn].time)} (R_max {c.r_max_s:g}s, alpha {c.alpha:g})"
+            )
         return Proposal(k, reasons, state)
 
 

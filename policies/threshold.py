@@ -20,9 +20,9 @@ from .base import Policy, Proposal
 
 @dataclass(frozen=True)
 class ThresholdConfig:
-    t_in: float = 50.0     # messages: at or below -> scale in
-    t_out: float = 150.0   # messages: above -> scale out
-    step: int = 1          # instances per decision (paper: 1)
+    t_in: float = 50.0  # messages: at or below -> scale in
+    t_out: float = 150.0  # messages: above -> scale out
+    step: int = 1  # instances per decision (paper: 1)
 
 
 class ThresholdPolicy(Policy):

@@ -38,7 +38,7 @@ def spread(p: argparse.ArgumentParser) -> None:
     if subs and options:
         group.description = "given before or after the action"
     for sub in subs:
-        for child in {id(c): c for c in sub.choices.values()}.values():   # an alias names the same parser
+        for child in {id(c): c for c in sub.choices.values()}.values():  # an alias names the same parser
             group = global_options(child)
             for option in options:
                 if any(s in child._option_string_actions for s in option.option_strings):

@@ -38,15 +38,19 @@ def from_mapping(cls, data: Mapping[str, Any], source: str):
     unknown = sorted(set(normalised) - set(known))
     if unknown:
         raise ConfigError(f"{source}: unknown option(s) {', '.join(unknown)}; valid options: {', '.join(known)}")
-    missing = [n for n, f in known.items() if n not in normalised and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in known.items()
+        if n not in normalised and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ConfigError(f"{source}: missing required option(s) {', '.join(missing)}")
     for name, value in normalised.items():
         if not _accepts(hints[name], value):
             shown = "(a secret, not shown)" if name in getattr(cls, "SECRET_FIELDS", ()) else repr(value)
-            raise ConfigError(f"{source}: option {name} = {shown} has the wrong type "
-                              f"(expected {getattr(hints[name], '__name__', hints[name])})")
+            raise ConfigError(
+                f"{source}: option {name} = {shown} has the wrong type (expected {getattr(hints[name], '__name__', hints[name])})"
+            )
         if typing.get_origin(hints[name]) is tuple:
             normalised[name] = tuple(value)
     return cls(**normalised)

@@ -21,7 +21,7 @@ class GraphError(PulsarAutoscaleError):
 
 @dataclass(frozen=True)
 class FunctionNode:
-    name: str                     # tenant/namespace/name
+    name: str  # tenant/namespace/name
     inputs: tuple[str, ...]
     output: str | None = None
 
@@ -31,9 +31,9 @@ class AppGraph:
     nodes: dict[str, FunctionNode]
     downstream_of: dict[str, tuple[str, ...]]
     upstream_of: dict[str, tuple[str, ...]]
-    order: tuple[str, ...]                      # topological
-    source_topics: frozenset[str]               # consumed, produced by no function
-    sinks: tuple[str, ...]                      # no function consumes their output (or they have none)
+    order: tuple[str, ...]  # topological
+    source_topics: frozenset[str]  # consumed, produced by no function
+    sinks: tuple[str, ...]  # no function consumes their output (or they have none)
 
     @classmethod
     def build(cls, nodes: Iterable[FunctionNode]) -> AppGraph:
@@ -47,8 +47,9 @@ class AppGraph:
             for t in n.inputs:
                 consumers.setdefault(t, []).append(n.name)
         produced = {n.output for n in by_name.values() if n.output is not None}
-        down = {name: tuple(sorted(set(consumers.get(n.output, ())))) if n.output is not None else ()
-                for name, n in by_name.items()}
+        down = {
+            name: tuple(sorted(set(consumers.get(n.output, ())))) if n.output is not None else () for name, n in by_name.items()
+        }
         up: dict[str, list[str]] = {name: [] for name in by_name}
         for f, gs in down.items():
             for g in gs:
@@ -134,6 +135,6 @@ def _find_cycle(remaining: set[str], down: dict[str, tuple[str, ...]]) -> list[s
     while True:
         node = min(up[node])
         if node in seen:
-            cycle = seen[seen.index(node):] + [node]
+            cycle = seen[seen.index(node) :] + [node]
             return cycle[::-1]
         seen.append(node)

@@ -16,16 +16,22 @@ SLEEPY = "pulsar_autoscale.functions.examples.sleepy.Sleepy"
 @dataclass(frozen=True)
 class Stage:
     name: str
-    inputs: tuple[str, ...]   # topic names under NS
+    inputs: tuple[str, ...]  # topic names under NS
     output: str
     service_ms: float
     cv: float
 
     def config(self, topic=lambda t: f"persistent://{NS}/{t}") -> dict:
         """Its FunctionConfig fields (no parallelism), each topic named by `topic`."""
-        return {"tenant": NS.split("/")[0], "namespace": NS.split("/")[1], "name": self.name, "className": SLEEPY,
-                "inputs": [topic(t) for t in self.inputs], "output": topic(self.output),
-                "userConfig": {"service_ms": self.service_ms, "dist": "lognormal", "cv": self.cv}}
+        return {
+            "tenant": NS.split("/")[0],
+            "namespace": NS.split("/")[1],
+            "name": self.name,
+            "className": SLEEPY,
+            "inputs": [topic(t) for t in self.inputs],
+            "output": topic(self.output),
+            "userConfig": {"service_ms": self.service_ms, "dist": "lognormal", "cv": self.cv},
+        }
 
 
 SOURCE, STORED, LABELS = "images", "stored", "labels"

@@ -33,14 +33,18 @@ DEFAULT_LOCK_TOPIC = "persistent://public/default/__pulsar_autoscale_leader"
 class Term:
     epoch: int
     holder: str
-    url: str | None = None   # the holder's REST API, as it advertised it: other replicas point there
+    url: str | None = None  # the holder's REST API, as it advertised it: other replicas point there
 
 
 class LeaderElector:
-    def __init__(self, service_url: ClientSettings | str, lock_topic: str = DEFAULT_LOCK_TOPIC,
-                 identity: str | None = None,
-                 operation_timeout_s: int = 1):
-        self.client_settings = ClientSettings.of(service_url)   # the broker, with its auth and TLS
+    def __init__(
+        self,
+        service_url: ClientSettings | str,
+        lock_topic: str = DEFAULT_LOCK_TOPIC,
+        identity: str | None = None,
+        operation_timeout_s: int = 1,
+    ):
+        self.client_settings = ClientSettings.of(service_url)  # the broker, with its auth and TLS
         self.lock_topic = lock_topic
         self.epoch_topic = lock_topic + "-epochs"
         self.identity = identity or f"controller-{uuid.uuid4().hex[:8]}"
@@ -49,7 +53,7 @@ class LeaderElector:
         self._lock_consumer = None
         self._term: Term | None = None
         self._mutex = threading.Lock()
-        self.url: str | None = None   # this replica's REST API, advertised with each term it wins
+        self.url: str | None = None  # this replica's REST API, advertised with each term it wins
 
     @property
     def term(self) -> Term | None:
@@ -65,8 +69,9 @@ class LeaderElector:
                 return self._term
             client = self._fresh_client()
             try:
-                consumer = client.subscribe(self.lock_topic, "leader-lock", consumer_type=pulsar.ConsumerType.Exclusive,
-                                            consumer_name=self.identity)
+                consumer = client.subscribe(
+                    self.lock_topic, "leader-lock", consumer_type=pulsar.ConsumerType.Exclusive, consumer_name=self.identity
+                )
             except pulsar.PulsarException as exc:
                 log.debug("%s: leader lock held elsewhere (%s)", self.identity, type(exc).__name__)
                 self._drop_client()
@@ -80,8 +85,12 @@ class LeaderElector:
                 producer.close()
             except pulsar.PulsarException as exc:
                 # the lock without a recorded term leads nothing and keeps every other replica out: let it go
-                log.warning("%s took the leader lock but could not record a term (%s: %s); released it to try again",
-                            self.identity, type(exc).__name__, exc)
+                log.warning(
+                    "%s took the leader lock but could not record a term (%s: %s); released it to try again",
+                    self.identity,
+                    type(exc).__name__,
+                    exc,
+                )
                 self._drop_client()
                 return None
             self._term = term

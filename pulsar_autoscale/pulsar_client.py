@@ -32,8 +32,8 @@ TLS_PLUGINS = ("tls", "org.apache.pulsar.client.impl.auth.AuthenticationTls")
 @dataclass(frozen=True)
 class ClientSettings:
     service_url: str
-    auth_plugin: str | None = None          # token or tls (Pulsar's class names work too)
-    auth_params: str | None = None          # token: "token:XXX", "file:/path" or the bare token; tls: "tlsCertFile:..,tlsKeyFile:.."
+    auth_plugin: str | None = None  # token or tls (Pulsar's class names work too)
+    auth_params: str | None = None  # token: "token:XXX", "file:/path" or the bare token; tls: "tlsCertFile:..,tlsKeyFile:.."
     tls_trust_certs_file_path: str | None = None
     tls_allow_insecure_connection: bool = False
     tls_validate_hostname: bool = False
@@ -45,8 +45,10 @@ class ClientSettings:
         return settings if isinstance(settings, ClientSettings) else cls(settings)
 
     def __repr__(self) -> str:  # auth_params is a credential: never in logs or errors
-        return (f"ClientSettings(service_url={self.service_url!r}, auth_plugin={self.auth_plugin!r}, "
-                f"auth_params={'***' if self.auth_params else None})")
+        return (
+            f"ClientSettings(service_url={self.service_url!r}, auth_plugin={self.auth_plugin!r}, "
+            f"auth_params={'***' if self.auth_params else None})"
+        )
 
     def authentication(self) -> pulsar.Authentication | None:
         if not self.auth_plugin:
@@ -57,8 +59,9 @@ class ClientSettings:
 
     def _tls_files(self) -> tuple[str, str]:
         if self.auth_plugin not in TLS_PLUGINS:
-            raise ConfigError(f"auth plugin {self.auth_plugin!r} is not supported: use token or tls "
-                              f"({TOKEN_PLUGINS[1]} or {TLS_PLUGINS[1]})")
+            raise ConfigError(
+                f"auth plugin {self.auth_plugin!r} is not supported: use token or tls ({TOKEN_PLUGINS[1]} or {TLS_PLUGINS[1]})"
+            )
         parts = dict(p.split(":", 1) for p in (self.auth_params or "").split(",") if ":" in p)
         if "tlsCertFile" not in parts or "tlsKeyFile" not in parts:
             raise ConfigError("auth plugin tls needs auth params tlsCertFile:PATH,tlsKeyFile:PATH")
@@ -94,8 +97,10 @@ class ClientSettings:
         return _token(self.auth_params) if self.auth_plugin in TOKEN_PLUGINS else None
 
     def client_kwargs(self) -> dict:
-        kwargs: dict = {"tls_allow_insecure_connection": self.tls_allow_insecure_connection,
-                        "tls_validate_hostname": self.tls_validate_hostname}
+        kwargs: dict = {
+            "tls_allow_insecure_connection": self.tls_allow_insecure_connection,
+            "tls_validate_hostname": self.tls_validate_hostname,
+        }
         auth = self.authentication()
         if auth is not None:
             kwargs["authentication"] = auth
@@ -120,7 +125,7 @@ class _ContextAdapter(requests.adapters.HTTPAdapter):
         certifi's file), which adds trust the session was not given and which the instance user may not be able
         to read."""
         if verify is not False and url.lower().startswith("https"):
-            super().cert_verify(conn, url, False, cert)   # the client certificate, if any
+            super().cert_verify(conn, url, False, cert)  # the client certificate, if any
             conn.cert_reqs = "CERT_REQUIRED"
         else:
             super().cert_verify(conn, url, verify, cert)
@@ -140,9 +145,9 @@ def _token(params: str | None) -> str:
     if not params:
         raise ConfigError("auth plugin token needs auth params: token:XXX, file:/path/to/token or the token itself")
     if params.startswith("token:"):
-        return params[len("token:"):]
+        return params[len("token:") :]
     if params.startswith("file:"):
-        path = params[len("file:"):].removeprefix("//")
+        path = params[len("file:") :].removeprefix("//")
         try:
             with open(path) as f:
                 return f.read().strip()
@@ -152,7 +157,7 @@ def _token(params: str | None) -> str:
 
 
 CLIENT_LOGGER = "pulsar_autoscale.pulsar"
-REPEAT_S = 60.0   # the same client line again within this long is counted, not logged
+REPEAT_S = 60.0  # the same client line again within this long is counted, not logged
 _LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) \[[^]]*\] (?P<where>[^ |]*) \| (?P<message>.*)$")
 _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR}
 
@@ -166,7 +171,7 @@ class _ClientLog:
     def __init__(self) -> None:
         self._path: str | None = None
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[float, int]] = {}   # line without its digits -> (last logged, repeats since)
+        self._seen: dict[str, tuple[float, int]] = {}  # line without its digits -> (last logged, repeats since)
 
     def path(self) -> str:
         with self._lock:
@@ -197,13 +202,16 @@ class _ClientLog:
 _client_log = _ClientLog()
 
 
-def open_client(settings: ClientSettings | str, log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Warn,
-                client_class: type[pulsar.Client] = pulsar.Client, **kwargs) -> pulsar.Client:
+def open_client(
+    settings: ClientSettings | str,
+    log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Warn,
+    client_class: type[pulsar.Client] = pulsar.Client,
+    **kwargs,
+) -> pulsar.Client:
     """A pulsar.Client (or client_class) with the settings' auth and TLS, its log lines at `log_level` and
     above through our logging; kwargs are pulsar.Client's (operation_timeout_seconds, ...)."""
     settings = ClientSettings.of(settings)
-    return client_class(settings.service_url, logger=client_logger(log_level),
-                        **{**settings.client_kwargs(), **kwargs})
+    return client_class(settings.service_url, logger=client_logger(log_level), **{**settings.client_kwargs(), **kwargs})
 
 
 def client_logger(log_level: pulsar.LoggerLevel = pulsar.LoggerLevel.Warn) -> pulsar.FileLogger:
@@ -215,7 +223,8 @@ def broker_error(service_url: str, exc: Exception) -> PulsarAutoscaleError:
     """A client call that failed, as one line: which broker, what happened, what to check."""
     return PulsarAutoscaleError(
         f"the broker at {service_url} did not answer ({type(exc).__name__}: {exc}): is it running, and is "
-        f"--service-url (env {SERVICE_URL_ENV}) right? with credentials, check --auth-plugin/--auth-params")
+        f"--service-url (env {SERVICE_URL_ENV}) right? with credentials, check --auth-plugin/--auth-params"
+    )
 
 
 def add_client_arguments(p: argparse.ArgumentParser, service_url_required: bool = True) -> None:
@@ -227,27 +236,42 @@ def add_client_arguments(p: argparse.ArgumentParser, service_url_required: bool 
 def add_service_url(p: argparse.ArgumentParser, required: bool = False) -> None:
     """--service-url; where it may be left out, $PULSAR_AUTOSCALE_SERVICE_URL or the caller's default applies."""
     global_options(p).add_argument(
-        "--service-url", required=required, default=None if required else env_default(SERVICE_URL_ENV),
-        help="broker URL, e.g. pulsar://127.0.0.1:6650" + ("" if required else f"; env {SERVICE_URL_ENV}"))
+        "--service-url",
+        required=required,
+        default=None if required else env_default(SERVICE_URL_ENV),
+        help="broker URL, e.g. pulsar://127.0.0.1:6650" + ("" if required else f"; env {SERVICE_URL_ENV}"),
+    )
 
 
 def add_auth_arguments(p: argparse.ArgumentParser) -> None:
     """Credentials and trust, for a Pulsar client or an admin REST client."""
     g = global_options(p)
-    g.add_argument("--auth-plugin", default=env_default("PULSAR_AUTH_PLUGIN"),
-                   help="token or tls (or Pulsar's class name); env PULSAR_AUTH_PLUGIN")
-    g.add_argument("--auth-params", default=env_default("PULSAR_AUTH_PARAMS"),
-                   help="token:XXX, file:/path/to/token, or tlsCertFile:..,tlsKeyFile:..; env PULSAR_AUTH_PARAMS "
-                        "(prefer the env or a file: a flag shows in ps)")
-    g.add_argument("--tls-trust-cert-path", default=env_default("PULSAR_TLS_TRUST_CERT_PATH"),
-                   help="CA bundle that signed the server's certificate (broker, or worker for the REST API); "
-                        "env PULSAR_TLS_TRUST_CERT_PATH")
-    g.add_argument("--tls-allow-insecure-connection", action="store_true",
-                   help="accept any server certificate (tests only)")
+    g.add_argument(
+        "--auth-plugin",
+        default=env_default("PULSAR_AUTH_PLUGIN"),
+        help="token or tls (or Pulsar's class name); env PULSAR_AUTH_PLUGIN",
+    )
+    g.add_argument(
+        "--auth-params",
+        default=env_default("PULSAR_AUTH_PARAMS"),
+        help="token:XXX, file:/path/to/token, or tlsCertFile:..,tlsKeyFile:..; env PULSAR_AUTH_PARAMS "
+        "(prefer the env or a file: a flag shows in ps)",
+    )
+    g.add_argument(
+        "--tls-trust-cert-path",
+        default=env_default("PULSAR_TLS_TRUST_CERT_PATH"),
+        help="CA bundle that signed the server's certificate (broker, or worker for the REST API); "
+        "env PULSAR_TLS_TRUST_CERT_PATH",
+    )
+    g.add_argument("--tls-allow-insecure-connection", action="store_true", help="accept any server certificate (tests only)")
 
 
 def settings_from_args(args: argparse.Namespace, url: str | None = None) -> ClientSettings:
     """The settings the flags give; `url` in place of --service-url for an admin REST client."""
-    return ClientSettings(url or args.service_url, getattr(args, "auth_plugin", None), getattr(args, "auth_params", None),
-                          getattr(args, "tls_trust_cert_path", None),
-                          getattr(args, "tls_allow_insecure_connection", False))
+    return ClientSettings(
+        url or args.service_url,
+        getattr(args, "auth_plugin", None),
+        getattr(args, "auth_params", None),
+        getattr(args, "tls_trust_cert_path", None),
+        getattr(args, "tls_allow_insecure_connection", False),
+    )

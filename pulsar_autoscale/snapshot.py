@@ -15,19 +15,19 @@ class FunctionSnapshot:
     """Figures for one function (fully qualified name tenant/namespace/name) over the window."""
 
     name: str
-    parallelism: int                      # instances configured now
-    arrival_rate: float | None = None     # lambda: messages/s arriving on all inputs
-    backlog: float | None = None          # Q: messages waiting on the function's subscription (all inputs)
-    service_rate: float | None = None     # mu: messages/s one instance completes while busy (1 / mean service time)
-    ca2: float | None = None              # squared coefficient of variation of inter-arrival times
-    cs2: float | None = None              # squared coefficient of variation of service times
+    parallelism: int  # instances configured now
+    arrival_rate: float | None = None  # lambda: messages/s arriving on all inputs
+    backlog: float | None = None  # Q: messages waiting on the function's subscription (all inputs)
+    service_rate: float | None = None  # mu: messages/s one instance completes while busy (1 / mean service time)
+    ca2: float | None = None  # squared coefficient of variation of inter-arrival times
+    cs2: float | None = None  # squared coefficient of variation of service times
     processing_rate: float | None = None  # observed messages/s processed by all instances
-    output_rate: float | None = None      # observed messages/s emitted by all instances
+    output_rate: float | None = None  # observed messages/s emitted by all instances
     true_processing_rate: float | None = None  # DS2: per instance, messages processed per busy second
-    true_output_rate: float | None = None      # DS2: per instance, messages emitted per busy second
-    utilization: float | None = None      # busy share of instance time, 0..1 (averaged over instances)
-    running: int | None = None            # instances actually running (may lag parallelism)
-    age_s: float | None = None            # how old the freshest figure is, seconds
+    true_output_rate: float | None = None  # DS2: per instance, messages emitted per busy second
+    utilization: float | None = None  # busy share of instance time, 0..1 (averaged over instances)
+    running: int | None = None  # instances actually running (may lag parallelism)
+    age_s: float | None = None  # how old the freshest figure is, seconds
 
 
 CHECKS = ("period", "fast")
@@ -60,17 +60,17 @@ class FunctionCounters:
     so a policy sees the same figures in both.
     """
 
-    time: float                  # when read, seconds (same clock as Snapshot.time)
-    arrived: float | None        # messages published to the inputs (broker in-counter); None if unknown
+    time: float  # when read, seconds (same clock as Snapshot.time)
+    arrived: float | None  # messages published to the inputs (broker in-counter); None if unknown
     received: float = 0.0
     processed: float = 0.0
     outputs: float = 0.0
-    busy_s: float = 0.0          # sum of processing times
-    busy_sq_s2: float = 0.0      # sum of squared processing times
+    busy_s: float = 0.0  # sum of processing times
+    busy_sq_s2: float = 0.0  # sum of squared processing times
     interarrival_n: float = 0.0  # number of inter-arrival gaps observed
     interarrival_s: float = 0.0  # sum of gaps
     interarrival_sq_s2: float = 0.0
-    wait_s: float = 0.0                    # sum over received messages of receive time - publish time
+    wait_s: float = 0.0  # sum over received messages of receive time - publish time
     newest_publish_s: float | None = None  # newest publish time among received messages (None: none yet)
 
 
@@ -80,9 +80,9 @@ class InputReading:
     over the inputs (stock mode reads no consumer counters of its own)."""
 
     time: float
-    rate_in: float            # msgRateIn: the broker's rate over its last stats interval (60 s by default)
-    in_counter: float         # msgInCounter: messages published since the topics were loaded
-    backlog: float | None     # msgBacklog of the function's subscription (None: not subscribed on some input)
+    rate_in: float  # msgRateIn: the broker's rate over its last stats interval (60 s by default)
+    in_counter: float  # msgInCounter: messages published since the topics were loaded
+    backlog: float | None  # msgBacklog of the function's subscription (None: not subscribed on some input)
 
 
 def _scv(n: float, total: float, total_sq: float) -> float | None:
@@ -121,8 +121,11 @@ def window_snapshot(
         arrival_rate=arrival_rate,
         backlog=backlog,
         service_rate=(1.0 / mean_service) if mean_service else None,
-        ca2=_scv(cur.interarrival_n - prev.interarrival_n, cur.interarrival_s - prev.interarrival_s,
-                 cur.interarrival_sq_s2 - prev.interarrival_sq_s2),
+        ca2=_scv(
+            cur.interarrival_n - prev.interarrival_n,
+            cur.interarrival_s - prev.interarrival_s,
+            cur.interarrival_sq_s2 - prev.interarrival_sq_s2,
+        ),
         cs2=_scv(processed, busy, cur.busy_sq_s2 - prev.busy_sq_s2),
         processing_rate=processed / dt,
         output_rate=outputs / dt,

@@ -23,7 +23,7 @@ from .options import ConnectionOptions
 from .ranges import RECEIVER_QUEUE, STALL_REOPEN_MS, lost
 
 log = logging.getLogger(__name__)
-MORE, DONE, TIMED_OUT = 0, 1, 2   # _native_reader.Reader.read's status
+MORE, DONE, TIMED_OUT = 0, 1, 2  # _native_reader.Reader.read's status
 
 
 @functools.cache
@@ -54,8 +54,9 @@ def unavailable(connection: ConnectionOptions) -> str | None:
     return why
 
 
-def read_batches(connection: ConnectionOptions, rng: TopicRange, poll_timeout_ms: int, fail_on_data_loss: bool,
-                 chunk: int, arrow_schema) -> Iterator:
+def read_batches(
+    connection: ConnectionOptions, rng: TopicRange, poll_timeout_ms: int, fail_on_data_loss: bool, chunk: int, arrow_schema
+) -> Iterator:
     """The messages of (start, end] as Arrow record batches of up to `chunk` rows (ranges.read_range's rules)."""
     module = _module()[0]
     if rng.empty:
@@ -64,9 +65,19 @@ def read_batches(connection: ConnectionOptions, rng: TopicRange, poll_timeout_ms
 
     def open_after(last: Position):
         start = None if last == EARLIEST else last.message_id().serialize()
-        return module.Reader(client.service_url, rng.topic, start, last.key(), rng.end.key(), RECEIVER_QUEUE,
-                             connection.operation_timeout_s, client.bearer_token(), client.tls_trust_certs_file_path,
-                             client.tls_allow_insecure_connection, client.tls_validate_hostname)
+        return module.Reader(
+            client.service_url,
+            rng.topic,
+            start,
+            last.key(),
+            rng.end.key(),
+            RECEIVER_QUEUE,
+            connection.operation_timeout_s,
+            client.bearer_token(),
+            client.tls_trust_certs_file_path,
+            client.tls_allow_insecure_connection,
+            client.tls_validate_hostname,
+        )
 
     reader = open_after(rng.start)
     waited_ms, wait_ms = 0, min(STALL_REOPEN_MS, poll_timeout_ms)
@@ -96,19 +107,39 @@ def _record_batch(n: int, buffers: list[bytes], topic: str, arrow_schema):
     """The C loop's column buffers (see Reader_read) as a record batch of the source's schema, no copy."""
     import pyarrow as pa
 
-    (key_valid, key_offsets, keys, value_offsets, values, id_offsets, ids, publish, event_valid, event,
-     prop_offsets, prop_key_offsets, prop_keys, prop_value_offsets, prop_values) = map(pa.py_buffer, buffers)
+    (
+        key_valid,
+        key_offsets,
+        keys,
+        value_offsets,
+        values,
+        id_offsets,
+        ids,
+        publish,
+        event_valid,
+        event,
+        prop_offsets,
+        prop_key_offsets,
+        prop_keys,
+        prop_value_offsets,
+        prop_values,
+    ) = map(pa.py_buffer, buffers)
     as_ms, time_type = pa.timestamp("ms", tz="UTC"), arrow_schema.field("publishTime").type
     n_props = prop_key_offsets.size // 4 - 1
-    return pa.RecordBatch.from_arrays([
-        pa.Array.from_buffers(pa.string(), n, [key_valid, key_offsets, keys]),
-        pa.Array.from_buffers(pa.binary(), n, [None, value_offsets, values]),
-        pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.Array.from_buffers(pa.binary(), n, [None, id_offsets, ids]),
-        pa.Array.from_buffers(as_ms, n, [None, publish]).cast(time_type),
-        pa.Array.from_buffers(as_ms, n, [event_valid, event]).cast(time_type),
-        pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), n + 1, [None, prop_offsets]),
-                                pa.Array.from_buffers(pa.string(), n_props, [None, prop_key_offsets, prop_keys]),
-                                pa.Array.from_buffers(pa.string(), n_props, [None, prop_value_offsets, prop_values]),
-                                type=arrow_schema.field("properties").type),
-    ], schema=arrow_schema)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.Array.from_buffers(pa.string(), n, [key_valid, key_offsets, keys]),
+            pa.Array.from_buffers(pa.binary(), n, [None, value_offsets, values]),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.Array.from_buffers(pa.binary(), n, [None, id_offsets, ids]),
+            pa.Array.from_buffers(as_ms, n, [None, publish]).cast(time_type),
+            pa.Array.from_buffers(as_ms, n, [event_valid, event]).cast(time_type),
+            pa.MapArray.from_arrays(
+                pa.Array.from_buffers(pa.int32(), n + 1, [None, prop_offsets]),
+                pa.Array.from_buffers(pa.string(), n_props, [None, prop_key_offsets, prop_keys]),
+                pa.Array.from_buffers(pa.string(), n_props, [None, prop_value_offsets, prop_values]),
+                type=arrow_schema.field("properties").type,
+            ),
+        ],
+        schema=arrow_schema,
+    )

@@ -135,7 +135,11 @@ class TopicRange:
         first = self.start.entry + 1 if self.start.ledger == self.end.ledger else 0
         count = self.end.entry - first + 1  # entries first..end.entry; a cut c starts a piece at entry c
         cuts = sorted({first + count * i // pieces for i in range(1, pieces)})
-        bounds = [self.start, *(Position(self.end.ledger, c - 1, BATCH_END) for c in cuts if first < c <= self.end.entry), self.end]
+        bounds = [
+            self.start,
+            *(Position(self.end.ledger, c - 1, BATCH_END) for c in cuts if first < c <= self.end.entry),
+            self.end,
+        ]
         return [TopicRange(self.topic, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
     def entries(self) -> int:

@@ -24,13 +24,26 @@ _SPARK_OWNED = {"path", "checkpointlocation", "queryname"}
 # client's setting); its older releases took them without the prefix, and so do we.
 CLIENT_PREFIX = "pulsar.client."
 AUTH_PLUGIN, AUTH_PARAMS, TLS_TRUST_CERTS, TLS_ALLOW_INSECURE, TLS_HOSTNAME = (
-    "authPluginClassName", "authParams", "tlsTrustCertsFilePath", "tlsAllowInsecureConnection",
-    "tlsHostnameVerificationEnable")
+    "authPluginClassName",
+    "authParams",
+    "tlsTrustCertsFilePath",
+    "tlsAllowInsecureConnection",
+    "tlsHostnameVerificationEnable",
+)
 _CLIENT = (AUTH_PLUGIN, AUTH_PARAMS, TLS_TRUST_CERTS, TLS_ALLOW_INSECURE, TLS_HOSTNAME)
 _COMMON = ("service.url", "admin.url", "operationTimeoutMs", *_CLIENT, *(CLIENT_PREFIX + n for n in _CLIENT))
 SOURCE_OPTIONS = _COMMON + (
-    "topic", "topics", "topicsPattern", "startingOffsets", "endingOffsets", "maxRecordsPerTrigger",
-    "failOnDataLoss", "minPartitions", "pollTimeoutMs", "allowEmptyTopics", "nativeReader",
+    "topic",
+    "topics",
+    "topicsPattern",
+    "startingOffsets",
+    "endingOffsets",
+    "maxRecordsPerTrigger",
+    "failOnDataLoss",
+    "minPartitions",
+    "pollTimeoutMs",
+    "allowEmptyTopics",
+    "nativeReader",
 )
 NATIVE_READER = ("auto", "true", "false")
 SINK_OPTIONS = _COMMON + ("topic", "producer.batchingEnabled", "producer.maxPendingMessages")
@@ -67,7 +80,8 @@ class SourceOptions:
     min_partitions: int
     poll_timeout_ms: int
     allow_empty_topics: bool
-    native_reader: str = "auto"   # auto: the C read loop where it can run (native.py); true: it or an error
+    native_reader: str = "auto"  # auto: the C read loop where it can run (native.py); true: it or an error
+
 
 @dataclass(frozen=True)
 class SinkOptions:
@@ -82,8 +96,7 @@ def normalize_topic(name: str, option: str = "topic") -> str:
     name = name.strip()
     if not name or not _TOPIC_RE.match(name):
         raise PulsarOptionError(
-            f"option '{option}': {name!r} is not a topic name "
-            "(expected 'name' or 'persistent://tenant/namespace/name')"
+            f"option '{option}': {name!r} is not a topic name (expected 'name' or 'persistent://tenant/namespace/name')"
         )
     return name if "://" in name else f"persistent://public/default/{name}"
 
@@ -145,9 +158,13 @@ def _connection(opts: dict[str, str]) -> ConnectionOptions:
     timeout_ms = _int(opts, "operationTimeoutMs", 30_000, 1000)
     auth = _client_opts(opts)
     client = ClientSettings(
-        url, auth.get(AUTH_PLUGIN.lower()) or None, auth.get(AUTH_PARAMS.lower()) or None,
-        auth.get(TLS_TRUST_CERTS.lower()) or None, _bool(auth, TLS_ALLOW_INSECURE, False),
-        _bool(auth, TLS_HOSTNAME, False))
+        url,
+        auth.get(AUTH_PLUGIN.lower()) or None,
+        auth.get(AUTH_PARAMS.lower()) or None,
+        auth.get(TLS_TRUST_CERTS.lower()) or None,
+        _bool(auth, TLS_ALLOW_INSECURE, False),
+        _bool(auth, TLS_HOSTNAME, False),
+    )
     if client.auth_params and not client.auth_plugin:
         raise PulsarOptionError(f"option '{CLIENT_PREFIX}{AUTH_PARAMS}' is set without '{CLIENT_PREFIX}{AUTH_PLUGIN}'")
     try:
@@ -161,8 +178,11 @@ def client_options(client: ClientSettings) -> dict[str, str]:
     """The source/sink options that carry `client` (its URL, auth and TLS): what the worker's
     stateful stages pass to the `pulsar` source and sink."""
     out = {"service.url": client.service_url}
-    for name, value in ((AUTH_PLUGIN, client.auth_plugin), (AUTH_PARAMS, client.auth_params),
-                        (TLS_TRUST_CERTS, client.tls_trust_certs_file_path)):
+    for name, value in (
+        (AUTH_PLUGIN, client.auth_plugin),
+        (AUTH_PARAMS, client.auth_params),
+        (TLS_TRUST_CERTS, client.tls_trust_certs_file_path),
+    ):
         if value:
             out[CLIENT_PREFIX + name] = value
     if client.tls_allow_insecure_connection:
@@ -181,7 +201,7 @@ def _topic_value(option: str, topic: str, value) -> "Position | str":
         except ValueError:
             pass
     raise PulsarOptionError(
-        f"option '{option}': topic {topic!r} maps to {value!r}; expected \"earliest\", \"latest\" "
+        f'option \'{option}\': topic {topic!r} maps to {value!r}; expected "earliest", "latest" '
         "or a serialized message id as a list of bytes, e.g. [8, 0, 16, 42]"
     )
 
@@ -194,9 +214,7 @@ def parse_offsets_option(option: str, raw: str) -> StartSpec:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PulsarOptionError(
-            f"option '{option}': {raw!r} is neither 'earliest', 'latest' nor JSON ({exc.msg})"
-        ) from None
+        raise PulsarOptionError(f"option '{option}': {raw!r} is neither 'earliest', 'latest' nor JSON ({exc.msg})") from None
     if not isinstance(data, dict) or not data:
         raise PulsarOptionError(f"option '{option}': JSON must be a non-empty object of topic -> message id")
     return StartSpec(per_topic={normalize_topic(t, option): _topic_value(option, t, v) for t, v in data.items()})
@@ -208,8 +226,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     given = [k for k in ("topic", "topics", "topicspattern") if opts.get(k)]
     if len(given) != 1:
         raise PulsarOptionError(
-            "exactly one of the options 'topic', 'topics', 'topicsPattern' must be set"
-            + (f" (got {given})" if given else "")
+            "exactly one of the options 'topic', 'topics', 'topicsPattern' must be set" + (f" (got {given})" if given else "")
         )
     topics: tuple[str, ...] = ()
     pattern = None
@@ -270,4 +287,3 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         batching_enabled=_bool(opts, "producer.batchingEnabled", True),
         max_pending_messages=_int(opts, "producer.maxPendingMessages", 1000, 1),
     )
-

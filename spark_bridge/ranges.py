@@ -80,9 +80,7 @@ def list_topics(options: ConnectionOptions, pattern: str) -> list[str]:
 
     m = re.match(r"^(persistent|non-persistent)://([^/]+)/([^/]+)/", pattern)
     if not m:
-        raise ConfigError(
-            f"option 'topicsPattern': {pattern!r} must start with 'persistent://tenant/namespace/'"
-        )
+        raise ConfigError(f"option 'topicsPattern': {pattern!r} must start with 'persistent://tenant/namespace/'")
     url = f"{admin_url.rstrip('/')}/admin/v2/{m.group(1)}/{m.group(2)}/{m.group(3)}"
     try:
         resp = requests.get(url, timeout=10, headers=headers, verify=verify)
@@ -108,8 +106,10 @@ def last_position(conn: Connection, topic: str) -> Position | None:
 
     try:
         consumer = conn.client.subscribe(
-            topic, f"spark-probe-{uuid.uuid4().hex[:12]}",
-            consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1,
+            topic,
+            f"spark-probe-{uuid.uuid4().hex[:12]}",
+            consumer_type=pulsar.ConsumerType.Shared,
+            receiver_queue_size=1,
             initial_position=pulsar.InitialPosition.Latest,
         )
     except pulsar.TopicNotFound:
@@ -133,9 +133,9 @@ class Chunk:
 
     keys: list = field(default_factory=list)
     values: list = field(default_factory=list)
-    ids: list = field(default_factory=list)          # MessageId.serialize()
+    ids: list = field(default_factory=list)  # MessageId.serialize()
     publish_ms: list = field(default_factory=list)
-    event_ms: list = field(default_factory=list)     # None: no event time
+    event_ms: list = field(default_factory=list)  # None: no event time
     properties: list = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -161,8 +161,9 @@ def _native_id(pos: Position):
     return _pulsar.MessageId(-1, *pos.key())
 
 
-def read_range(conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_data_loss: bool,
-               chunk: int = 8192) -> Iterator[Chunk]:
+def read_range(
+    conn: Connection, rng: TopicRange, poll_timeout_ms: int, fail_on_data_loss: bool, chunk: int = 8192
+) -> Iterator[Chunk]:
     """Yield the messages of (start, end] exactly once each, in id order, in Chunks of up to `chunk`.
 
     A Reader that delivers nothing for STALL_REOPEN_MS is replaced by a new one started after
@@ -265,9 +266,7 @@ class Scout:
 
         if self._pos != start or self._reader is None:
             self.close()
-            self._reader = self.conn.client.create_reader(
-                self.topic, start.message_id(), receiver_queue_size=RECEIVER_QUEUE
-            )
+            self._reader = self.conn.client.create_reader(self.topic, start.message_id(), receiver_queue_size=RECEIVER_QUEUE)
             self._pos = start
         count = 0
         while count < max_rows and self._pos < upto:

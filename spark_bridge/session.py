@@ -36,7 +36,7 @@ _MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://\S+|k8s://\S+|ya
 REQUIRED_MODULES = ("pulsar_autoscale.spark_bridge.source", "pulsar", "pyarrow", "pandas")
 # pyproject's package-dir: in an editable install these live outside pulsar_autoscale/.
 _MAPPED_SUBPACKAGES = ("functions", "policies", "spark_bridge")
-_CHECKED: set[str] = set()   # applicationIds whose Python workers passed the check
+_CHECKED: set[str] = set()  # applicationIds whose Python workers passed the check
 
 
 class SparkSetupError(ConfigError):
@@ -53,8 +53,9 @@ class SparkSettings:
 
     def __post_init__(self) -> None:
         if not _MASTER_RE.match(self.master or ""):
-            raise ConfigError(f"spark master {self.master!r}: use local[*], local[N], spark://HOST:PORT, "
-                              "k8s://https://HOST:PORT or yarn")
+            raise ConfigError(
+                f"spark master {self.master!r}: use local[*], local[N], spark://HOST:PORT, k8s://https://HOST:PORT or yarn"
+            )
 
     @property
     def local(self) -> bool:
@@ -107,10 +108,12 @@ def _probe(_: Iterable[int]) -> Iterator[tuple[str, list[str]]]:
 
 
 def _advice(python: str) -> str:
-    return (f"Spark runs its Python workers with {python!r}: set PYSPARK_PYTHON (before the SparkSession "
-            "starts) to an interpreter that has pulsar-autoscale[spark] installed, on every Spark host, e.g. "
-            "`export PYSPARK_PYTHON=$(which python)` (docs/spark.md); on a cluster ship an environment with "
-            "spark.archives, or install pulsar-client, pyarrow and pandas on the executors")
+    return (
+        f"Spark runs its Python workers with {python!r}: set PYSPARK_PYTHON (before the SparkSession "
+        "starts) to an interpreter that has pulsar-autoscale[spark] installed, on every Spark host, e.g. "
+        "`export PYSPARK_PYTHON=$(which python)` (docs/spark.md); on a cluster ship an environment with "
+        "spark.archives, or install pulsar-client, pyarrow and pandas on the executors"
+    )
 
 
 def check_python_workers(spark: "SparkSession") -> None:
@@ -130,16 +133,14 @@ def check_python_workers(spark: "SparkSession") -> None:
         found = re.search(r"ModuleNotFoundError: No module named '([^']+)'", str(exc))
         if found is None:
             raise
-        raise SparkSetupError(f"Spark's Python workers cannot import {found.group(1)!r}. "
-                              f"{_advice(python)}") from None
+        raise SparkSetupError(f"Spark's Python workers cannot import {found.group(1)!r}. {_advice(python)}") from None
     finally:
         # pyspark annotates `value: str`, but None (a Java null) is what clears the description.
         sc.setJobDescription(None)  # type: ignore[arg-type]
     missing = sorted({m for _, names in answers for m in names})
     if missing:
         pythons = sorted({p for p, _ in answers})
-        raise SparkSetupError(f"Spark's Python workers ({', '.join(pythons)}) cannot import {missing}. "
-                              f"{_advice(python)}")
+        raise SparkSetupError(f"Spark's Python workers ({', '.join(pythons)}) cannot import {missing}. {_advice(python)}")
     _CHECKED.add(sc.applicationId)
 
 

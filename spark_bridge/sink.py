@@ -93,15 +93,24 @@ def write_partition(options: SinkOptions, rows: Iterator, query_id: str, batch_i
             producer = producers.get(topic)
             if producer is None:
                 producer = producers[topic] = conn.client.create_producer(
-                    topic, batching_enabled=options.batching_enabled, block_if_queue_full=True,
+                    topic,
+                    batching_enabled=options.batching_enabled,
+                    block_if_queue_full=True,
                     max_pending_messages=options.max_pending_messages,
                 )
-            props = {**(d.get("properties") or {}), PROP_QUERY: query_id, PROP_BATCH: batch_id,
-                     PROP_PARTITION: partition_id, PROP_SEQ: str(seq)}
+            props = {
+                **(d.get("properties") or {}),
+                PROP_QUERY: query_id,
+                PROP_BATCH: batch_id,
+                PROP_PARTITION: partition_id,
+                PROP_SEQ: str(seq),
+            }
             event: datetime | None = d.get("eventTime")
             key = d.get("key")
             producer.send_async(
-                _as_bytes(d["value"] or b""), on_sent, properties=props,
+                _as_bytes(d["value"] or b""),
+                on_sent,
+                properties=props,
                 partition_key=key.decode() if isinstance(key, (bytes, bytearray)) else key,
                 event_timestamp=int(event.timestamp() * 1000) if event else None,
             )

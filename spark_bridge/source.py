@@ -33,15 +33,17 @@ from .options import PulsarOptionError, SourceOptions, parse_sink_options, parse
 from .ranges import Chunk, Connection, Scout, TopicNotFoundError, last_position, list_topics, partitions_of, read_range
 
 log = logging.getLogger(__name__)
-SCHEMA = StructType([
-    StructField("key", StringType()),
-    StructField("value", BinaryType()),
-    StructField("topic", StringType()),
-    StructField("messageId", BinaryType()),
-    StructField("publishTime", TimestampType()),
-    StructField("eventTime", TimestampType()),
-    StructField("properties", MapType(StringType(), StringType())),
-])
+SCHEMA = StructType(
+    [
+        StructField("key", StringType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("messageId", BinaryType()),
+        StructField("publishTime", TimestampType()),
+        StructField("eventTime", TimestampType()),
+        StructField("properties", MapType(StringType(), StringType())),
+    ]
+)
 ARROW_ROWS = 8192
 
 
@@ -56,11 +58,7 @@ def plan_partitions(ranges: list[TopicRange], min_partitions: int) -> list[Range
     """One partition per topic range (keeps per-key order), cut further to reach minPartitions."""
     ranges = [r for r in ranges if not r.empty]
     total = sum(r.entries() for r in ranges) or 1
-    return [
-        RangePartition(piece)
-        for r in ranges
-        for piece in r.split(max(1, math.ceil(min_partitions * r.entries() / total)))
-    ]
+    return [RangePartition(piece) for r in ranges for piece in r.split(max(1, math.ceil(min_partitions * r.entries() / total)))]
 
 
 def _arrow_schema(schema: StructType):
@@ -77,15 +75,18 @@ def _to_arrow(chunks: Iterator[Chunk], topic: str, arrow_schema) -> Iterator:
     as_ms = pa.timestamp("ms", tz="UTC")
     time_type = arrow_schema.field("publishTime").type
     for c in chunks:
-        yield pa.RecordBatch.from_arrays([
-            pa.array(c.keys, pa.string()),
-            pa.array(c.values, pa.binary()),
-            pa.array([topic] * len(c), pa.string()),
-            pa.array(c.ids, pa.binary()),
-            pa.array(c.publish_ms, as_ms).cast(time_type),
-            pa.array(c.event_ms, as_ms).cast(time_type),
-            pa.array(c.properties, arrow_schema.field("properties").type),
-        ], schema=arrow_schema)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(c.keys, pa.string()),
+                pa.array(c.values, pa.binary()),
+                pa.array([topic] * len(c), pa.string()),
+                pa.array(c.ids, pa.binary()),
+                pa.array(c.publish_ms, as_ms).cast(time_type),
+                pa.array(c.event_ms, as_ms).cast(time_type),
+                pa.array(c.properties, arrow_schema.field("properties").type),
+            ],
+            schema=arrow_schema,
+        )
 
 
 def _prefetched(batches: Generator, depth: int = 2) -> Iterator:
@@ -178,16 +179,20 @@ class _RangeReader:
         why = native_unavailable(opts)
         if why is None:
             log.info("topic %s: reading %s with the C read loop", rng.topic, rng)
-            yield from native.read_batches(opts.connection, rng, opts.poll_timeout_ms, opts.fail_on_data_loss,
-                                           ARROW_ROWS, _arrow_schema(self.schema))
+            yield from native.read_batches(
+                opts.connection, rng, opts.poll_timeout_ms, opts.fail_on_data_loss, ARROW_ROWS, _arrow_schema(self.schema)
+            )
             return
         if opts.native_reader == "true":
             raise PulsarOptionError(f"option 'nativeReader' is true, but on this executor {why}")
         log.info("topic %s: reading %s with the Python read loop: %s", rng.topic, rng, why)
         conn = Connection(opts.connection)
         try:
-            yield from _to_arrow(read_range(conn, rng, opts.poll_timeout_ms, opts.fail_on_data_loss, ARROW_ROWS),
-                                 rng.topic, _arrow_schema(self.schema))
+            yield from _to_arrow(
+                read_range(conn, rng, opts.poll_timeout_ms, opts.fail_on_data_loss, ARROW_ROWS),
+                rng.topic,
+                _arrow_schema(self.schema),
+            )
         finally:
             conn.close()
 
@@ -347,8 +352,6 @@ class PulsarDataSource(DataSource):
         return PulsarStreamWriter(parse_sink_options(self.options), schema)
 
 
-
 def _refuse_overwrite(overwrite: bool) -> None:
     if overwrite:
-        raise PulsarOptionError("the pulsar sink only appends (a topic cannot be overwritten): "
-                                "use .mode(\"append\")")
+        raise PulsarOptionError('the pulsar sink only appends (a topic cannot be overwritten): use .mode("append")')

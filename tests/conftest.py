@@ -66,9 +66,13 @@ ON_APACHE = (
 
 
 def pytest_addoption(parser):
-    parser.addoption("--broker", choices=BROKERS, default=os.environ.get("PULSAR_AUTOSCALE_TEST_BROKER", "lite"),
-                     help="the broker the broker-sensitive tests run on: the embedded pulsar-lite (default) or "
-                          "Apache Pulsar standalone (only the tests listed in tests/conftest.py ON_APACHE run)")
+    parser.addoption(
+        "--broker",
+        choices=BROKERS,
+        default=os.environ.get("PULSAR_AUTOSCALE_TEST_BROKER", "lite"),
+        help="the broker the broker-sensitive tests run on: the embedded pulsar-lite (default) or "
+        "Apache Pulsar standalone (only the tests listed in tests/conftest.py ON_APACHE run)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -79,15 +83,18 @@ def pytest_collection_modifyitems(config, items):
         tier = rel.split("/")[0]
         if tier in TIERS:
             item.add_marker(tier)
-        test_id = rel + item.nodeid[len(item.nodeid.split("::", 1)[0]):]   # path::name[params]
+        test_id = rel + item.nodeid[len(item.nodeid.split("::", 1)[0]) :]  # path::name[params]
         if kind == "apache" and not test_id.startswith(ON_APACHE):
             dropped.append(item)
             continue
         kept.append(item)
         for mark in item.iter_markers("lite_defect"):
             if kind == "lite":
-                item.add_marker(pytest.mark.xfail(strict=mark.kwargs.get("strict", True), reason=mark.kwargs["reason"],
-                                                  raises=mark.kwargs.get("raises")))
+                item.add_marker(
+                    pytest.mark.xfail(
+                        strict=mark.kwargs.get("strict", True), reason=mark.kwargs["reason"], raises=mark.kwargs.get("raises")
+                    )
+                )
         for mark in item.iter_markers("lite_only"):
             if kind != "lite":
                 item.add_marker(pytest.mark.skip(reason=f"pulsar-lite only: {mark.args[0]}"))
@@ -114,6 +121,7 @@ def pytest_runtest_makereport(item, call):
 def broker(tmp_path_factory, broker_kind):
     if broker_kind == "apache":
         from pulsar_autoscale.broker.apache import ApacheStandalone
+
         with ApacheStandalone(data_dir=str(tmp_path_factory.mktemp("apache"))) as b:
             yield b
         return
@@ -132,8 +140,8 @@ def worker(broker, tmp_path_factory):
     """A worker of the test module's own (its functions and state are the module's), on the session broker.
     Modules that need other worker options define their own `worker`."""
     from pulsar_autoscale.functions.api.server import WorkerServer
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
-                      metrics_url=broker.metrics_url) as w:
+
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")), metrics_url=broker.metrics_url) as w:
         yield w
 
 
@@ -145,6 +153,7 @@ def admin(worker):
 @pytest.fixture(scope="module")
 def client(broker):
     import pulsar
+
     c = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     yield c
     c.close()

@@ -15,10 +15,10 @@ from pulsar_autoscale.policies import Policy, Proposal, load_policy
 
 @dataclass(frozen=True)
 class ReactMaxConfig:
-    base_rate: float = 4.0       # the burst workload's stable rate, msg/s
-    backlog: float = 20.0        # a backlog above this is a burst too
+    base_rate: float = 4.0  # the burst workload's stable rate, msg/s
+    backlog: float = 20.0  # a backlog above this is a burst too
     max_parallelism: int = 15
-    spare: int = 0               # extra instances always kept on the slowest function
+    spare: int = 0  # extra instances always kept on the slowest function
 
 
 class ReactMax(Policy):

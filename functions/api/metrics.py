@@ -25,13 +25,14 @@ class WorkerCollector(Collector):
         }
         fams = {k: CounterMetricFamily(n, h, labels=LABELS) for k, (n, h) in counters.items()}
         latency = GaugeMetricFamily("pulsar_function_process_latency_ms", "mean process latency (ms)", labels=LABELS)
-        last = GaugeMetricFamily("pulsar_function_last_invocation", "last invocation time (ms since epoch)",
-                                 labels=LABELS)
+        last = GaugeMetricFamily("pulsar_function_last_invocation", "last invocation time (ms since epoch)", labels=LABELS)
         restarts = GaugeMetricFamily("pulsar_function_restarts", "restarts of the instance", labels=LABELS)
-        instances = GaugeMetricFamily("pulsar_function_instances", "configured parallelism",
-                                      labels=["tenant", "namespace", "name", "cluster", "fqfn"])
-        running = GaugeMetricFamily("pulsar_function_instances_running", "running instances",
-                                    labels=["tenant", "namespace", "name", "cluster", "fqfn"])
+        instances = GaugeMetricFamily(
+            "pulsar_function_instances", "configured parallelism", labels=["tenant", "namespace", "name", "cluster", "fqfn"]
+        )
+        running = GaugeMetricFamily(
+            "pulsar_function_instances_running", "running instances", labels=["tenant", "namespace", "name", "cluster", "fqfn"]
+        )
         for cfg in self._worker.functions():
             try:
                 cfg, figs, restart_counts = self._worker.instance_figures(cfg.fqfn)

@@ -37,8 +37,9 @@ FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
 
 
 def _json_type(value) -> str:
-    return "null" if value is None else {list: "an array", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__)
+    return (
+        "null" if value is None else {list: "an array", str: "a string", bool: "a boolean"}.get(type(value), type(value).__name__)
+    )
 
 
 def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
@@ -51,16 +52,24 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
     @app.errorhandler(PulsarAutoscaleError)
     def _known(exc):
         code = getattr(exc, "http_status", None) or (
-            404 if isinstance(exc, (NotFound, StageNotFound)) else 409 if isinstance(exc, StaleEpoch)
-            else 503 if isinstance(exc, BrokerUnavailable) else 400)
+            404
+            if isinstance(exc, (NotFound, StageNotFound))
+            else 409
+            if isinstance(exc, StaleEpoch)
+            else 503
+            if isinstance(exc, BrokerUnavailable)
+            else 400
+        )
         return jsonify(reason=str(exc)), code
 
     @app.errorhandler(HTTPException)
     def _http(exc):
         if request.url_rule is None and exc.code in (404, 405):
             # Not "function not found": this worker does not serve that endpoint (or method) at all.
-            return jsonify(reason=f"endpoint not supported by this worker: {request.method} {request.path} "
-                                  "(the served Functions API is listed in docs/runtime.md)"), exc.code
+            return jsonify(
+                reason=f"endpoint not supported by this worker: {request.method} {request.path} "
+                "(the served Functions API is listed in docs/runtime.md)"
+            ), exc.code
         return jsonify(reason=exc.description), exc.code
 
     @app.errorhandler(Exception)
@@ -81,8 +90,10 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
 
     def form_code() -> tuple[bytes | None, str | None]:
         if request.form.get("url"):
-            raise ConfigError("the multipart part `url` (a package URL) is not supported by this worker: send the "
-                              ".py file as the `data` part (file://, http(s):// and function:// are not fetched)")
+            raise ConfigError(
+                "the multipart part `url` (a package URL) is not supported by this worker: send the "
+                ".py file as the `data` part (file://, http(s):// and function:// are not fetched)"
+            )
         f = request.files.get("data")
         if f is None:
             return None, None
@@ -98,18 +109,22 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         """A tenant admin's code runs in its own process, as the instance user, not in the worker's memory
         (docs/security.md, "Threat model"), unless the operator allowed it (--allow-tenant-thread-runtime)."""
         if (runtime or worker.default_runtime) == "thread" and not worker.tenant_thread_runtime and tenant_admin_caller():
-            raise ConfigError("the thread runtime runs a function's code inside the worker's own memory: it is for "
-                              "trusted (superuser) code. Use the process runtime (instanceRuntime: process), or ask "
-                              "the operator for --allow-tenant-thread-runtime")
+            raise ConfigError(
+                "the thread runtime runs a function's code inside the worker's own memory: it is for "
+                "trusted (superuser) code. Use the process runtime (instanceRuntime: process), or ask "
+                "the operator for --allow-tenant-thread-runtime"
+            )
 
     def refuse_topics_outside_the_tenant(tenant: str, data: dict) -> None:
         """A tenant admin's function reads and writes its own tenant's topics only: on Apache Pulsar the broker
         holds the function's role to that, pulsar-lite has no authorization, so the worker does."""
         outside = topics_outside(tenant, data) if tenant_admin_caller() else []
         if outside:
-            raise Forbidden(f"topic(s) {', '.join(outside)} are outside tenant {tenant!r}: a tenant admin's "
-                                 f"function reads and writes {tenant}/<namespace>/<topic> only (a short name means "
-                                 f"public/default, as in Pulsar)")
+            raise Forbidden(
+                f"topic(s) {', '.join(outside)} are outside tenant {tenant!r}: a tenant admin's "
+                f"function reads and writes {tenant}/<namespace>/<topic> only (a short name means "
+                f"public/default, as in Pulsar)"
+            )
 
     @app.post(FN)
     def create(tenant, namespace, name):
@@ -131,7 +146,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         else:
             current = admin.get(fqfn)
             refuse_topics_outside_the_tenant(tenant, data)
-            if code is not None or data.get("className") not in (None, current.className):   # new code to run
+            if code is not None or data.get("className") not in (None, current.className):  # new code to run
                 refuse_tenant_code_in_the_worker(current.instanceRuntime)
             admin.update(fqfn, keep_masked_secrets(data, current.to_dict()), code, filename)
         return Response(status=204)
@@ -139,14 +154,16 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
     def update_stage(fqfn: str, data: dict) -> None:
         other = sorted(set(data) - {"tenant", "namespace", "name", "parallelism"})
         if other or "parallelism" not in data:
-            raise ConfigError(f"{fqfn} is a stateful stage: only parallelism can be updated here "
-                              f"(got {other or 'no parallelism'}); recreate it under /admin/v3/stages to change more")
+            raise ConfigError(
+                f"{fqfn} is a stateful stage: only parallelism can be updated here "
+                f"(got {other or 'no parallelism'}); recreate it under /admin/v3/stages to change more"
+            )
         if not isinstance(data["parallelism"], int) or isinstance(data["parallelism"], bool):
             raise ConfigError(f"parallelism must be an integer, got {data['parallelism']!r}")
         worker.stages.set_parallelism(fqfn, data["parallelism"])
 
     def fence():
-        epoch = trusted_epoch()   # None unless a controller role sent one (security/guard.py)
+        epoch = trusted_epoch()  # None unless a controller role sent one (security/guard.py)
         if epoch is not None:
             worker.fence(epoch)
 
@@ -158,15 +175,17 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         body = request.get_json(silent=True)
         if not isinstance(body, dict) or "messages" not in body:
             raise ConfigError('burst: the body must be JSON {"messages": N, "partitions": P, "threadsPerPartition": T}')
-        args = {key: body.get(key, default) for key, default in
-                (("messages", None), ("partitions", 4), ("threadsPerPartition", 1))}
+        args = {
+            key: body.get(key, default) for key, default in (("messages", None), ("partitions", 4), ("threadsPerPartition", 1))
+        }
         for key, value in args.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"burst: {key} must be a positive integer, got {value!r}")
         fence()
         fqfn = f"{tenant}/{namespace}/{name}"
-        record, started = worker.burst(fqfn, *args.values(),
-                                       function=cluster.function_source(fqfn) if cluster is not None else None)
+        record, started = worker.burst(
+            fqfn, *args.values(), function=cluster.function_source(fqfn) if cluster is not None else None
+        )
         return jsonify(started=started, **asdict(record)), 202 if started else 200
 
     # Not in Pulsar's API: the warm pool of a process-runtime function (functions/runtimes/warm_pool.py), sized by
@@ -216,15 +235,15 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
             return jsonify(worker.stages.status(fqfn))
         if cluster is not None:
             local = request.args.get("scope") == "local"  # a peer reads the instances this worker runs
-            return jsonify({str(i): s for i, s in cluster.local_status(fqfn).items()} if local
-                           else cluster.status(fqfn))
+            return jsonify({str(i): s for i, s in cluster.local_status(fqfn).items()} if local else cluster.status(fqfn))
         return jsonify(status_of(fqfn))
 
     def status_of(fqfn: str) -> dict:
         cfg, figs, restarts = worker.instance_figures(fqfn)
         failure, abandoned = worker.health(fqfn)
-        out = function_status(cfg, figs, restarts, worker.worker_id, worker.stall_after_s, failure, abandoned,
-                              worker.broker_problem())
+        out = function_status(
+            cfg, figs, restarts, worker.worker_id, worker.stall_after_s, failure, abandoned, worker.broker_problem()
+        )
         keyed = worker.keyed_view(fqfn)
         if keyed is not None:
             out["autoscale"]["keyedState"] = keyed
@@ -247,11 +266,9 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
         if worker.stages.has(fqfn):
             return jsonify(worker.stages.stats(fqfn))
         if cluster is not None:
-            return jsonify(cluster.local_stats(fqfn) if request.args.get("scope") == "local"
-                           else cluster.stats(fqfn))
+            return jsonify(cluster.local_stats(fqfn) if request.args.get("scope") == "local" else cluster.stats(fqfn))
         _, figs, _ = worker.instance_figures(fqfn)
-        return jsonify(function_stats(figs, worker.counters(fqfn), worker.counters_1min_ago(fqfn),
-                                      worker.exception_totals(fqfn)))
+        return jsonify(function_stats(figs, worker.counters(fqfn), worker.counters_1min_ago(fqfn), worker.exception_totals(fqfn)))
 
     @app.get(FN + "/<int:instance_id>/stats")
     def instance_stats(tenant, namespace, name, instance_id):
@@ -272,6 +289,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
             raise NotFound(f"Function {cfg.name} has no instance {instance_id} (parallelism {cfg.parallelism})")
 
     for action in ("start", "stop", "restart"):
+
         def handler(tenant, namespace, name, instance_id=None, _action=action):
             fqfn = f"{tenant}/{namespace}/{name}"
             if cluster is not None:
@@ -281,6 +299,7 @@ def create_app(worker: Worker, cluster: ClusterMember | None = None) -> Flask:
             else:
                 worker.set_running(fqfn, _action == "start", instance_id)
             return Response(status=204)
+
         app.add_url_rule(FN + f"/{action}", f"fn_{action}", handler, methods=["POST"])
         app.add_url_rule(FN + f"/<int:instance_id>/{action}", f"instance_{action}", handler, methods=["POST"])
 

@@ -30,7 +30,7 @@ from pulsar_autoscale.security.serving import form_text
 
 FN = "/admin/v3/functions/<tenant>/<namespace>/<name>"
 STATE_VALUE_FIELDS = ("stringValue", "numberValue", "byteValue")
-INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
@@ -44,7 +44,7 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
         or write of a key that no local group has asks the other workers first (a function may write a state key in
         another message key's group); a key that no worker has is written in its own group."""
         fqfn = f"{tenant}/{namespace}/{name}"
-        local = cluster is not None and request.args.get("scope") == "local"   # asked by another worker
+        local = cluster is not None and request.args.get("scope") == "local"  # asked by another worker
         try:
             store = worker.state_store(fqfn, key)
         except NotFound as exc:
@@ -57,17 +57,22 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
             # set: without a cluster NotFound is raised above, and a local call answered its Response there
             assert store is not None
             return store
-        admin.get(fqfn)   # 404 for a function that does not exist
+        admin.get(fqfn)  # 404 for a function that does not exist
         resp = cluster.state_elsewhere(fqfn, key, state, write_here=store is not None)
         if store is not None and (resp is None or resp.status_code == 404):
-            return store   # the key's own group is here: it says the key does not exist
+            return store  # the key's own group is here: it says the key does not exist
         if resp is None:
             stopped = cluster.stopped(fqfn)
-            raise NotFound(f"no live worker holds the key group of {key!r} of {fqfn} right now: "
-                           + (f"instances {sorted(stopped)} are stopped (their groups' state is served again once "
-                              "they start), or " if stopped else "")
-                           + "it is moving between instances or restoring after its worker died: retry in a few "
-                             "seconds")
+            raise NotFound(
+                f"no live worker holds the key group of {key!r} of {fqfn} right now: "
+                + (
+                    f"instances {sorted(stopped)} are stopped (their groups' state is served again once they start), or "
+                    if stopped
+                    else ""
+                )
+                + "it is moving between instances or restoring after its worker died: retry in a few "
+                "seconds"
+            )
         return Response(resp.content, resp.status_code, content_type=resp.headers.get("Content-Type"))
 
     def state_key_verdict() -> bool | None:
@@ -77,9 +82,13 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
         if key is None:
             return None
         args = request.view_args or {}
-        return (cluster is not None and request.endpoint == "state_calls" and request.method == "POST"
-                and request.args.get("scope") != "local"
-                and cluster.state_router.opens(f"{args['tenant']}/{args['namespace']}/{args['name']}", key))
+        return (
+            cluster is not None
+            and request.endpoint == "state_calls"
+            and request.method == "POST"
+            and request.args.get("scope") != "local"
+            and cluster.state_router.opens(f"{args['tenant']}/{args['namespace']}/{args['name']}", key)
+        )
 
     app.extensions[CAPABILITY] = state_key_verdict
 
@@ -89,8 +98,9 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
         from another worker (scope=local, to this worker as the state's owner; functions/cluster/state_owner.py)."""
         if cluster is None:
             raise NotFound("state calls are served only on a worker cluster")
-        status, body = cluster.state_router.http_answer(f"{tenant}/{namespace}/{name}", request.get_json(force=True),
-                                                         request.args.get("scope") == "local")
+        status, body = cluster.state_router.http_answer(
+            f"{tenant}/{namespace}/{name}", request.get_json(force=True), request.args.get("scope") == "local"
+        )
         return jsonify(body), status
 
     @app.post(FN + "/trigger")
@@ -102,8 +112,7 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
         elif value is not None:
             data = value.encode()
         else:
-            raise ConfigError("Trigger Data is empty: send the multipart part `data` (a value) or `dataStream` "
-                              "(a file)")
+            raise ConfigError("Trigger Data is empty: send the multipart part `data` (a value) or `dataStream` (a file)")
         out = trigger(worker.pulsar_client, cfg, data, request.form.get("topic"))
         if out is None:
             return Response(status=204)
@@ -128,8 +137,9 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
     def put_state(tenant, namespace, name, key):
         raw = form_text("state")
         if raw is None:
-            raise ConfigError('the multipart part `state` is missing: a FunctionState JSON such as '
-                              '{"key": "k", "stringValue": "v"}')
+            raise ConfigError(
+                'the multipart part `state` is missing: a FunctionState JSON such as {"key": "k", "stringValue": "v"}'
+            )
         store = holder(tenant, namespace, name, key, raw)
         if isinstance(store, Response):
             return store
@@ -138,13 +148,12 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
             raise ConfigError(f"key {state['key']!r} in the state does not match the key in the path ({key!r})")
         given = [f for f in STATE_VALUE_FIELDS if state.get(f) is not None]
         if len(given) != 1:
-            raise ConfigError(f"the state must have exactly one of {', '.join(STATE_VALUE_FIELDS)}, got "
-                              f"{given or 'none'}")
+            raise ConfigError(f"the state must have exactly one of {', '.join(STATE_VALUE_FIELDS)}, got {given or 'none'}")
         value = state[given[0]]
         if given[0] == "numberValue":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"numberValue must be an integer, got {json.dumps(value)}")
-            if not INT64_MIN <= value <= INT64_MAX:   # Pulsar's counters are 64-bit
+            if not INT64_MIN <= value <= INT64_MAX:  # Pulsar's counters are 64-bit
                 raise ConfigError(f"numberValue {value} does not fit a 64-bit counter")
             store.set_counter(key, value)
         elif given[0] == "stringValue":
@@ -168,16 +177,22 @@ def register(app: Flask, worker: Worker, cluster: ClusterMember | None) -> None:
     @app.get("/admin/v3/functions/download")
     def download():
         path = request.args.get("path", "")
-        return Response(packages.get(path), mimetype="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="{Path(path).name}"'})
+        return Response(
+            packages.get(path),
+            mimetype="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{Path(path).name}"'},
+        )
 
     @app.get(FN + "/download")
     def download_function(tenant, namespace, name):
         code = worker.code_file(f"{tenant}/{namespace}/{name}")
         if code is None:
             raise NotFound(f"Function {tenant}/{namespace}/{name} runs an installed module: it has no uploaded code")
-        return Response(Path(code).read_bytes(), mimetype="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="{Path(code).name}"'})
+        return Response(
+            Path(code).read_bytes(),
+            mimetype="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{Path(code).name}"'},
+        )
 
 
 def _bytes_value(value) -> bytes:
@@ -187,7 +202,6 @@ def _bytes_value(value) -> bytes:
             return base64.b64decode(value, validate=True)
         except ValueError:
             raise ConfigError("byteValue must be base64 text or an array of integers 0-255") from None
-    if isinstance(value, list) and all(isinstance(b, int) and not isinstance(b, bool) and -128 <= b <= 255
-                                       for b in value):
+    if isinstance(value, list) and all(isinstance(b, int) and not isinstance(b, bool) and -128 <= b <= 255 for b in value):
         return bytes(b & 0xFF for b in value)
     raise ConfigError("byteValue must be base64 text or an array of integers 0-255")

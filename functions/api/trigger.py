@@ -35,20 +35,23 @@ def trigger_topic(cfg: FunctionConfig, topic: str | None) -> str:
             raise ConfigError(f"Function {cfg.name} does not consume from topic {t} (inputs: {', '.join(cfg.inputs)})")
         return t
     if len(cfg.inputs) != 1:
-        raise ConfigError(f"Function {cfg.name} has {len(cfg.inputs)} input topics: name one with the topic part "
-                          "(--topic)")
+        raise ConfigError(f"Function {cfg.name} has {len(cfg.inputs)} input topics: name one with the topic part (--topic)")
     return cfg.inputs[0]
 
 
-def trigger(client: pulsar.Client, cfg: FunctionConfig, value: bytes, topic: str | None = None,
-            timeout_s: float = TRIGGER_TIMEOUT_S) -> bytes | None:
+def trigger(
+    client: pulsar.Client, cfg: FunctionConfig, value: bytes, topic: str | None = None, timeout_s: float = TRIGGER_TIMEOUT_S
+) -> bytes | None:
     """The function's output for `value` (None when it has no output topic: the value is only sent)."""
     input_topic = trigger_topic(cfg, topic)
     listener = None
     if cfg.output:
-        listener = client.subscribe(cfg.output, f"__trigger-{uuid.uuid4().hex[:12]}",
-                                    consumer_type=pulsar.ConsumerType.Shared,
-                                    initial_position=pulsar.InitialPosition.Latest)
+        listener = client.subscribe(
+            cfg.output,
+            f"__trigger-{uuid.uuid4().hex[:12]}",
+            consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Latest,
+        )
     try:
         producer = client.create_producer(input_topic)
         try:
@@ -67,8 +70,10 @@ def trigger(client: pulsar.Client, cfg: FunctionConfig, value: bytes, topic: str
             props = out.properties()
             if props.get(INPUT_TOPIC_PROPERTY) == input_topic and props.get(INPUT_MSG_ID_PROPERTY) == msg_id:
                 return out.data()
-        raise TriggerTimeout(f"Request Timed Out: no output of {cfg.fqfn} on {cfg.output} for the triggered "
-                             f"message {msg_id} within {timeout_s:.0f} s (did the function raise or return None?)")
+        raise TriggerTimeout(
+            f"Request Timed Out: no output of {cfg.fqfn} on {cfg.output} for the triggered "
+            f"message {msg_id} within {timeout_s:.0f} s (did the function raise or return None?)"
+        )
     finally:
         if listener is not None:
             try:

@@ -22,25 +22,61 @@ from pulsar_autoscale.pulsar_client import add_auth_arguments, add_service_url, 
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:6750"
 ADMIN_URL_ENV = "PULSAR_AUTOSCALE_ADMIN_URL"
-HELP = {"list": "list functions of a namespace",
-        "burst": "our worker: drain part of the backlog with Spark (--messages), or show the drains (without)",
-        "localrun": "run a function in the foreground against a broker, without a worker",
-        "trigger": "send a value to a function's input and print the output it causes",
-        "querystate": "print a key of a function's state (counters too)",
-        "putstate": "set a key of a function's state",
-        "upload": "keep a file on the worker under a path",
-        "download": "fetch a file uploaded under a path, or a function's code"}
-ACTIONS = ("create", "update", "localrun", "get", "list", "status", "stats", "delete", "start", "stop", "restart",
-           "trigger", "querystate", "putstate", "upload", "download", "burst")
-NAMED = {"create", "update", "localrun", "get", "status", "stats", "delete", "start", "stop", "restart", "trigger",
-         "querystate", "putstate", "burst", "download"}
+HELP = {
+    "list": "list functions of a namespace",
+    "burst": "our worker: drain part of the backlog with Spark (--messages), or show the drains (without)",
+    "localrun": "run a function in the foreground against a broker, without a worker",
+    "trigger": "send a value to a function's input and print the output it causes",
+    "querystate": "print a key of a function's state (counters too)",
+    "putstate": "set a key of a function's state",
+    "upload": "keep a file on the worker under a path",
+    "download": "fetch a file uploaded under a path, or a function's code",
+}
+ACTIONS = (
+    "create",
+    "update",
+    "localrun",
+    "get",
+    "list",
+    "status",
+    "stats",
+    "delete",
+    "start",
+    "stop",
+    "restart",
+    "trigger",
+    "querystate",
+    "putstate",
+    "upload",
+    "download",
+    "burst",
+)
+NAMED = {
+    "create",
+    "update",
+    "localrun",
+    "get",
+    "status",
+    "stats",
+    "delete",
+    "start",
+    "stop",
+    "restart",
+    "trigger",
+    "querystate",
+    "putstate",
+    "burst",
+    "download",
+}
 
 
 def add_admin_url(p: argparse.ArgumentParser) -> None:
     """--admin-url: where a worker's REST API answers (any worker of a cluster, or several)."""
     global_options(p).add_argument(
-        "--admin-url", default=env_default(ADMIN_URL_ENV, DEFAULT_ADMIN_URL),
-        help=f"a worker's admin REST URL, or several comma-separated (env {ADMIN_URL_ENV}, default {DEFAULT_ADMIN_URL})")
+        "--admin-url",
+        default=env_default(ADMIN_URL_ENV, DEFAULT_ADMIN_URL),
+        help=f"a worker's admin REST URL, or several comma-separated (env {ADMIN_URL_ENV}, default {DEFAULT_ADMIN_URL})",
+    )
 
 
 def _bool(text: str) -> bool:
@@ -65,34 +101,54 @@ def add_config_flags(a: argparse.ArgumentParser) -> None:
     a.add_argument("--retain-ordering", action="store_true", default=None)
     a.add_argument("--retain-key-ordering", action="store_true", default=None)
     a.add_argument("--subs-name", default=None, help="subscription name (default tenant/namespace/name)")
-    a.add_argument("--subs-position", default=None, choices=SUBSCRIPTION_POSITIONS,
-                   help="where a new subscription starts (default Latest)")
-    a.add_argument("--skip-to-latest", action="store_true", default=None,
-                   help="skip the backlog when the function starts")
-    a.add_argument("--cleanup-subscription", type=_bool, default=None, metavar="BOOL",
-                   help="remove the subscription when the function is deleted (default true)")
+    a.add_argument(
+        "--subs-position", default=None, choices=SUBSCRIPTION_POSITIONS, help="where a new subscription starts (default Latest)"
+    )
+    a.add_argument("--skip-to-latest", action="store_true", default=None, help="skip the backlog when the function starts")
+    a.add_argument(
+        "--cleanup-subscription",
+        type=_bool,
+        default=None,
+        metavar="BOOL",
+        help="remove the subscription when the function is deleted (default true)",
+    )
     a.add_argument("--user-config", default=None, help="userConfig as a JSON object")
     a.add_argument("--secrets", default=None, help="secrets as a JSON object")
     a.add_argument("--log-topic", default=None)
-    a.add_argument("--auto-ack", type=_bool, default=None, metavar="BOOL",
-                   help="false: the function acks with context.ack (default true)")
-    a.add_argument("--max-message-retries", type=int, default=None,
-                   help="redeliveries of a failing message before it goes to the dead-letter topic")
-    a.add_argument("--dead-letter-topic", default=None,
-                   help="default {input}-{subscription}-DLQ when --max-message-retries is set")
+    a.add_argument(
+        "--auto-ack", type=_bool, default=None, metavar="BOOL", help="false: the function acks with context.ack (default true)"
+    )
+    a.add_argument(
+        "--max-message-retries",
+        type=int,
+        default=None,
+        help="redeliveries of a failing message before it goes to the dead-letter topic",
+    )
+    a.add_argument(
+        "--dead-letter-topic", default=None, help="default {input}-{subscription}-DLQ when --max-message-retries is set"
+    )
     a.add_argument("--timeout-ms", type=int, default=None, help="ack timeout: redeliver what is not acked in time")
     a.add_argument("--custom-serde-inputs", default=None, help='JSON map {"topic": "module.SerDe"}')
     a.add_argument("--output-serde-classname", default=None, help="module.SerDe for the output")
-    a.add_argument("--forward-source-message-property", type=_bool, default=None, metavar="BOOL",
-                   help="copy input properties to the output (default true)")
+    a.add_argument(
+        "--forward-source-message-property",
+        type=_bool,
+        default=None,
+        metavar="BOOL",
+        help="copy input properties to the output (default true)",
+    )
     a.add_argument("--producer-config", default=None, help="producerConfig as a JSON object")
     a.add_argument("--batch-builder", default=None, choices=["DEFAULT", "KEY_BASED"])
     a.add_argument("--custom-runtime-options", default=None, help="free-form string (JSON) for the runtime")
     a.add_argument("--cpu", type=float, default=None, help="cores per instance (resources.cpu)")
     a.add_argument("--ram", type=int, default=None, help="bytes of RAM per instance (resources.ram)")
     a.add_argument("--disk", type=int, default=None, help="bytes of disk per instance (resources.disk)")
-    for flag, typ in (("--window-length-count", int), ("--window-length-duration-ms", int),
-                      ("--sliding-interval-count", int), ("--sliding-interval-duration-ms", int)):
+    for flag, typ in (
+        ("--window-length-count", int),
+        ("--window-length-duration-ms", int),
+        ("--sliding-interval-count", int),
+        ("--sliding-interval-duration-ms", int),
+    ):
         a.add_argument(flag, type=typ, default=None, help="windowConfig (refused by this worker: see docs)")
 
 
@@ -100,18 +156,21 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_admin_arguments(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action in ACTIONS:
-        a = sub.add_parser(action, help=HELP.get(action, f"{action} a function"),
-                           description=HELP.get(action, f"{action} a function"))
+        a = sub.add_parser(
+            action, help=HELP.get(action, f"{action} a function"), description=HELP.get(action, f"{action} a function")
+        )
         if action != "upload":
             add_identity_args(a, "function" if action in NAMED else None)
         if action in ("create", "update", "localrun"):
             add_config_flags(a)
         if action == "localrun":
             add_service_url(a)
-            a.add_argument("--broker-service-url", default=None,
-                           help="pulsar-admin's name for --service-url (default pulsar://127.0.0.1:6650)")
-            a.add_argument("--state-dir", default=None,
-                           help="the function's state (default under the user data directory)")
+            a.add_argument(
+                "--broker-service-url",
+                default=None,
+                help="pulsar-admin's name for --service-url (default pulsar://127.0.0.1:6650)",
+            )
+            a.add_argument("--state-dir", default=None, help="the function's state (default under the user data directory)")
         if action in ("start", "stop", "restart", "status", "stats"):
             a.add_argument("--instance-id", type=int, default=None, help="one instance only")
         if action == "trigger":
@@ -121,8 +180,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         if action in ("querystate", "putstate"):
             a.add_argument("-k", "--key", required=action == "querystate", default=None, help="state key")
         if action == "putstate":
-            a.add_argument("-s", "--state", required=True,
-                           help='FunctionState JSON: {"key": "k", "stringValue": "v"} (or numberValue, byteValue)')
+            a.add_argument(
+                "-s",
+                "--state",
+                required=True,
+                help='FunctionState JSON: {"key": "k", "stringValue": "v"} (or numberValue, byteValue)',
+            )
         if action in ("upload", "download"):
             a.add_argument("--path", default=None, help="where the file is kept on the worker")
         if action == "upload":
@@ -132,8 +195,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         if action == "burst":
             a.add_argument("--messages", type=int, default=None, help="messages to take from the backlog")
             a.add_argument("--partitions", type=int, default=4, help="Spark tasks (default 4)")
-            a.add_argument("--threads-per-partition", type=int, default=1,
-                           help="threads per task, for a function that mostly waits (default 1)")
+            a.add_argument(
+                "--threads-per-partition",
+                type=int,
+                default=1,
+                help="threads per task, for a function that mostly waits (default 1)",
+            )
 
 
 def add_admin_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,35 +239,53 @@ def _json_flag(text: str | None, flag: str) -> dict | None:
 def config_from_flags(args) -> dict:
     """The FunctionConfig the flags describe, over --function-config-file (flags win, as in pulsar-admin)."""
     data: dict = read_config_file(args.function_config_file) if args.function_config_file else {}
-    flags = {"className": args.classname, "output": args.output, "parallelism": args.parallelism,
-             "processingGuarantees": args.processing_guarantees, "retainOrdering": args.retain_ordering,
-             "retainKeyOrdering": args.retain_key_ordering, "subName": args.subs_name, "logTopic": args.log_topic,
-             "py": args.py, "topicsPattern": args.topics_pattern, "subscriptionPosition": args.subs_position,
-             "skipToLatest": args.skip_to_latest, "cleanupSubscription": args.cleanup_subscription,
-             "autoAck": args.auto_ack, "maxMessageRetries": args.max_message_retries,
-             "deadLetterTopic": args.dead_letter_topic, "timeoutMs": args.timeout_ms,
-             "outputSerdeClassName": args.output_serde_classname,
-             "forwardSourceMessageProperty": args.forward_source_message_property,
-             "batchBuilder": args.batch_builder, "customRuntimeOptions": args.custom_runtime_options,
-             "userConfig": _json_flag(args.user_config, "--user-config"),
-             "secrets": _json_flag(args.secrets, "--secrets"),
-             "customSerdeInputs": _json_flag(args.custom_serde_inputs, "--custom-serde-inputs"),
-             "producerConfig": _json_flag(args.producer_config, "--producer-config")}
+    flags = {
+        "className": args.classname,
+        "output": args.output,
+        "parallelism": args.parallelism,
+        "processingGuarantees": args.processing_guarantees,
+        "retainOrdering": args.retain_ordering,
+        "retainKeyOrdering": args.retain_key_ordering,
+        "subName": args.subs_name,
+        "logTopic": args.log_topic,
+        "py": args.py,
+        "topicsPattern": args.topics_pattern,
+        "subscriptionPosition": args.subs_position,
+        "skipToLatest": args.skip_to_latest,
+        "cleanupSubscription": args.cleanup_subscription,
+        "autoAck": args.auto_ack,
+        "maxMessageRetries": args.max_message_retries,
+        "deadLetterTopic": args.dead_letter_topic,
+        "timeoutMs": args.timeout_ms,
+        "outputSerdeClassName": args.output_serde_classname,
+        "forwardSourceMessageProperty": args.forward_source_message_property,
+        "batchBuilder": args.batch_builder,
+        "customRuntimeOptions": args.custom_runtime_options,
+        "userConfig": _json_flag(args.user_config, "--user-config"),
+        "secrets": _json_flag(args.secrets, "--secrets"),
+        "customSerdeInputs": _json_flag(args.custom_serde_inputs, "--custom-serde-inputs"),
+        "producerConfig": _json_flag(args.producer_config, "--producer-config"),
+    }
     data.update({k: v for k, v in flags.items() if v is not None})
     if args.inputs:
         data["inputs"] = [t.strip() for t in args.inputs.split(",") if t.strip()]
     resources = {k: v for k, v in (("cpu", args.cpu), ("ram", args.ram), ("disk", args.disk)) if v is not None}
     if resources:
         data["resources"] = {**(data.get("resources") or {}), **resources}
-    window = {k: v for k, v in (("windowLengthCount", args.window_length_count),
-                                ("windowLengthDurationMs", args.window_length_duration_ms),
-                                ("slidingIntervalCount", args.sliding_interval_count),
-                                ("slidingIntervalDurationMs", args.sliding_interval_duration_ms)) if v is not None}
+    window = {
+        k: v
+        for k, v in (
+            ("windowLengthCount", args.window_length_count),
+            ("windowLengthDurationMs", args.window_length_duration_ms),
+            ("slidingIntervalCount", args.sliding_interval_count),
+            ("slidingIntervalDurationMs", args.sliding_interval_duration_ms),
+        )
+        if v is not None
+    }
     if window:
         data["windowConfig"] = window  # the worker answers why it refuses it
     tenant, namespace, name = identity(args)
-    data.update(tenant=data.get("tenant") or tenant, namespace=data.get("namespace") or namespace,
-                name=name or data.get("name"))
+    data.update(tenant=data.get("tenant") or tenant, namespace=data.get("namespace") or namespace, name=name or data.get("name"))
     if not data.get("name"):
         raise ConfigError("--name (or --fqfn, or name in --function-config-file) is required")
     return data
@@ -209,12 +294,13 @@ def config_from_flags(args) -> dict:
 def run(args: argparse.Namespace) -> int:
     if args.action == "localrun":
         from pulsar_autoscale.functions.cli.localrun import localrun
+
         return localrun(args, config_from_flags(args))
     admin = admin_from_args(args)
     if args.action in ("create", "update"):
         data = config_from_flags(args)
         getattr(admin, args.action)(data, data.get("py"))
-        print(f'{"Created" if args.action == "create" else "Updated"} successfully')
+        print(f"{'Created' if args.action == 'create' else 'Updated'} successfully")
         return 0
     if args.action == "upload":
         admin.upload(args.source_file, args.path or Path(args.source_file).name)
@@ -227,12 +313,12 @@ def run(args: argparse.Namespace) -> int:
         if args.path:
             code = admin.download(args.path)
         else:
-            assert name is not None   # checked above: no --path, so --name was given
+            assert name is not None  # checked above: no --path, so --name was given
             code = admin.download(function=(tenant, namespace, name))
         Path(args.destination_file).write_bytes(code)
         print(f"Downloaded successfully to {args.destination_file} ({len(code)} bytes)")
         return 0
-    result: Any   # whatever the action answers, printed as JSON
+    result: Any  # whatever the action answers, printed as JSON
     if args.action == "list":
         result = admin.list(tenant, namespace)
     elif not name:
@@ -264,8 +350,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"Put state {state['key']!r} successfully")
         return 0
     elif args.action == "burst":
-        result = (admin.burst(tenant, namespace, name, args.messages, args.partitions, args.threads_per_partition)
-                  if args.messages is not None else admin.burst_report(tenant, namespace, name))
+        result = (
+            admin.burst(tenant, namespace, name, args.messages, args.partitions, args.threads_per_partition)
+            if args.messages is not None
+            else admin.burst_report(tenant, namespace, name)
+        )
     else:
         result = getattr(admin, args.action)(tenant, namespace, name)
         if getattr(args, "instance_id", None) is not None:

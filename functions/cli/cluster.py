@@ -28,7 +28,10 @@ def run(args: argparse.Namespace) -> int:
         admin.rebalance()
         print("Rebalance requested")
         return 0
-    result = {"get-cluster": admin.cluster, "get-cluster-leader": admin.cluster_leader,
-              "get-function-assignments": admin.assignments}[args.action]()
+    result = {
+        "get-cluster": admin.cluster,
+        "get-cluster-leader": admin.cluster_leader,
+        "get-function-assignments": admin.assignments,
+    }[args.action]()
     print(json.dumps(result, indent=2, sort_keys=True))
     return 0

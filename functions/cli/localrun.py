@@ -29,21 +29,26 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
     code = str(args.py) if args.py else None
     load_callable(cfg.className, code)  # refuse at once what could never run
     service_url = args.broker_service_url or args.service_url or DEFAULT_SERVICE_URL
-    settings = ClientSettings(service_url, args.auth_plugin, args.auth_params, args.tls_trust_cert_path,
-                              args.tls_allow_insecure_connection)
+    settings = ClientSettings(
+        service_url, args.auth_plugin, args.auth_params, args.tls_trust_cert_path, args.tls_allow_insecure_connection
+    )
     state_dir = args.state_dir or user_data_dir("localrun", cfg.tenant, cfg.namespace, cfg.name)
     client = open_client(settings, operation_timeout_seconds=30)
     state = StateStore(f"{state_dir}/state.sqlite", cfg.numKeyGroups, keyed=cfg.keyedState)
-    instances = [Instance(cfg, i, client, code, state, lambda: cfg.parallelism, open_input=_input(client, cfg, i))
-                 for i in range(cfg.parallelism)]
-    threads = [threading.Thread(target=inst.run, name=f"{cfg.fqfn}:{inst.instance_id}", daemon=True)
-               for inst in instances]
+    instances = [
+        Instance(cfg, i, client, code, state, lambda: cfg.parallelism, open_input=_input(client, cfg, i))
+        for i in range(cfg.parallelism)
+    ]
+    threads = [threading.Thread(target=inst.run, name=f"{cfg.fqfn}:{inst.instance_id}", daemon=True) for inst in instances]
     signals = StopSignals()
     for t in threads:
         t.start()
-    print(f"localrun {cfg.fqfn}: {cfg.parallelism} instance(s) on {service_url}, inputs "
-          f"{', '.join(cfg.inputs) or cfg.topicsPattern} -> {cfg.output or '(no output)'}; state in {state_dir}; "
-          "Ctrl-C to stop", flush=True)
+    print(
+        f"localrun {cfg.fqfn}: {cfg.parallelism} instance(s) on {service_url}, inputs "
+        f"{', '.join(cfg.inputs) or cfg.topicsPattern} -> {cfg.output or '(no output)'}; state in {state_dir}; "
+        "Ctrl-C to stop",
+        flush=True,
+    )
     while not signals.wait(timeout_s=0.5):
         if not any(t.is_alive() for t in threads):
             break
@@ -54,8 +59,11 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
     client.close()
     totals = [inst.stats.figures() for inst in instances]
     failed = [f.error for f in totals if f.error]
-    print(f"localrun {cfg.fqfn} stopped: {sum(f.processed for f in totals)} processed, "
-          f"{sum(f.user_exceptions for f in totals)} user exceptions", flush=True)
+    print(
+        f"localrun {cfg.fqfn} stopped: {sum(f.processed for f in totals)} processed, "
+        f"{sum(f.user_exceptions for f in totals)} user exceptions",
+        flush=True,
+    )
     if failed:
         print(f"error: {failed[0]}", flush=True)
         return 1

@@ -13,8 +13,12 @@ from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.cli.admin import add_admin_arguments, add_identity_args, admin_from_args, identity
 from pulsar_autoscale.functions.model.config_parse import parse_text
 
-ACTIONS = {"create": "create a stage from a StatefulStageConfig file", "get": "print a stage's config",
-           "list": "list the stages of a namespace", "delete": "stop and delete a stage (its checkpoint too)"}
+ACTIONS = {
+    "create": "create a stage from a StatefulStageConfig file",
+    "get": "print a stage's config",
+    "list": "list the stages of a namespace",
+    "delete": "stop and delete a stage (its checkpoint too)",
+}
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -24,8 +28,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         a = sub.add_parser(action, help=help_text, description=help_text)
         add_identity_args(a, "stage" if action != "list" else None)
         if action == "create":
-            a.add_argument("--stage-config-file", required=True,
-                           help="StatefulStageConfig as JSON or YAML (input, output, key, window, parallelism, ...)")
+            a.add_argument(
+                "--stage-config-file",
+                required=True,
+                help="StatefulStageConfig as JSON or YAML (input, output, key, window, parallelism, ...)",
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,15 +47,16 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ConfigError(f"cannot read {args.stage_config_file}: {exc.strerror}") from None
         data = parse_text(text, args.stage_config_file)
-        data.update(tenant=data.get("tenant") or tenant, namespace=data.get("namespace") or namespace,
-                    name=name or data.get("name"))
+        data.update(
+            tenant=data.get("tenant") or tenant, namespace=data.get("namespace") or namespace, name=name or data.get("name")
+        )
     if not (name or (args.action == "create" and data.get("name"))):
         raise ConfigError("--name (or --fqfn, or name in --stage-config-file) is required")
     if args.action == "create":
         admin.create_stage(data)
         print("Created successfully")
     else:
-        assert name is not None   # checked above: only create may take the name from the file
+        assert name is not None  # checked above: only create may take the name from the file
         if args.action == "delete":
             admin.delete_stage(tenant, namespace, name)
             print("Deleted successfully")

@@ -28,20 +28,30 @@ class Snapshot:
     epoch: int = 0
     leader: str = ""
     assignment: Assignment = field(default_factory=dict)
-    rebalanced: tuple[str, ...] = ()          # rebalance request ids already carried out
-    unplaced: int = 0                          # instances the cluster had no capacity for
+    rebalanced: tuple[str, ...] = ()  # rebalance request ids already carried out
+    unplaced: int = 0  # instances the cluster had no capacity for
 
     def to_json(self) -> bytes:
-        return json.dumps({"epoch": self.epoch, "leader": self.leader, "rebalanced": list(self.rebalanced),
-                           "unplaced": self.unplaced,
-                           "assignment": {f: {str(i): w for i, w in p.items()} for f, p in self.assignment.items()}
-                           }).encode()
+        return json.dumps(
+            {
+                "epoch": self.epoch,
+                "leader": self.leader,
+                "rebalanced": list(self.rebalanced),
+                "unplaced": self.unplaced,
+                "assignment": {f: {str(i): w for i, w in p.items()} for f, p in self.assignment.items()},
+            }
+        ).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "Snapshot":
         d = json.loads(data)
-        return cls(d["epoch"], d["leader"], {f: {int(i): w for i, w in p.items()} for f, p in d["assignment"].items()},
-                   tuple(d.get("rebalanced", ())), d.get("unplaced", 0))
+        return cls(
+            d["epoch"],
+            d["leader"],
+            {f: {int(i): w for i, w in p.items()} for f, p in d["assignment"].items()},
+            tuple(d.get("rebalanced", ())),
+            d.get("unplaced", 0),
+        )
 
     def owner(self, fqfn: str, instance_id: int) -> str | None:
         return self.assignment.get(fqfn, {}).get(instance_id)
@@ -55,10 +65,9 @@ class AssignmentTailer:
         self._snapshot = Snapshot()
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
-        self.ignored = 0                           # snapshots from deposed leaders
+        self.ignored = 0  # snapshots from deposed leaders
         self._producer = client.create_producer(topics.assignments, batching_enabled=False)
-        self._tailer = TopicTailer(client, topics.assignments, self._apply, f"assignments-{worker_id}",
-                                   self._producer)
+        self._tailer = TopicTailer(client, topics.assignments, self._apply, f"assignments-{worker_id}", self._producer)
 
     @property
     def caught_up(self) -> threading.Event:
@@ -73,8 +82,9 @@ class AssignmentTailer:
         with self.changed:
             if snap.epoch < self._snapshot.epoch:
                 self.ignored += 1
-                log.warning("ignored an assignment from deposed leader %s (epoch %d < %d)", snap.leader, snap.epoch,
-                            self._snapshot.epoch)
+                log.warning(
+                    "ignored an assignment from deposed leader %s (epoch %d < %d)", snap.leader, snap.epoch, self._snapshot.epoch
+                )
                 return
             self._snapshot = snap
             self.changed.notify_all()

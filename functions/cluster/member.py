@@ -39,18 +39,18 @@ from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 log = logging.getLogger(__name__)
 LOOP_S = 0.1
 JOIN_TRIES = 3
-OPERATION_TIMEOUT_S = 10   # the client's: how long a join's try waits for the broker
+OPERATION_TIMEOUT_S = 10  # the client's: how long a join's try waits for the broker
 LEADER_RETRY_S = 0.5
 
 
 @dataclass(frozen=True)
 class ClusterSettings:
     name: str
-    capacity: int = 32                     # instances this worker accepts
+    capacity: int = 32  # instances this worker accepts
     heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 2.5       # a worker is dead after this long without a heartbeat
+    heartbeat_timeout_s: float = 2.5  # a worker is dead after this long without a heartbeat
     scheduler: str = "round-robin"
-    handoff_timeout_s: float = 10.0        # make-before-break: longest wait for the new owner to run
+    handoff_timeout_s: float = 10.0  # make-before-break: longest wait for the new owner to run
 
     def __post_init__(self):
         ClusterTopics(self.name)  # validates the name
@@ -71,31 +71,51 @@ class ClusterMember:
         self.topics = ClusterTopics(settings.name)
         self._client = open_client(client, operation_timeout_seconds=OPERATION_TIMEOUT_S)
         try:
-            worker.keyed_spread = True   # keyedState instances spread over workers (functions/keyed/cluster.py)
-            self.metadata = FunctionMetaDataManager(self._client, self.topics, Path(worker.data_dir), self.me,
-                                                    worker.max_parallelism, worker.instance_users)
+            worker.keyed_spread = True  # keyedState instances spread over workers (functions/keyed/cluster.py)
+            self.metadata = FunctionMetaDataManager(
+                self._client, self.topics, Path(worker.data_dir), self.me, worker.max_parallelism, worker.instance_users
+            )
             self.assignments = AssignmentTailer(self._client, self.topics, self.me)
             self._report = LocalReport()
-            self.membership = MembershipManager(self._client, self.topics, self.me, url, settings.capacity,
-                                                lambda: self._report, settings.heartbeat_interval_s,
-                                                settings.heartbeat_timeout_s)
+            self.membership = MembershipManager(
+                self._client,
+                self.topics,
+                self.me,
+                url,
+                settings.capacity,
+                lambda: self._report,
+                settings.heartbeat_interval_s,
+                settings.heartbeat_timeout_s,
+            )
             self.elector = LeaderElector(client, lock_topic=self.topics.leader_lock, identity=self.me)
             self._leaving = threading.Event()
             self._closing = threading.Event()
             self._handoff_since: dict[tuple[str, int], float] = {}
-            self._applied: dict[str, tuple[int, frozenset[int], bool]] = {}   # (version, ids, front)
-            self._restarts_seen: dict[tuple[str, int], int] = {}   # restart requests already acted on here
+            self._applied: dict[str, tuple[int, frozenset[int], bool]] = {}  # (version, ids, front)
+            self._restarts_seen: dict[tuple[str, int], int] = {}  # restart requests already acted on here
             # peers' REST APIs, with this worker's own credentials and trust (--auth-params: a superuser's token)
             self.peers = Peers(self.membership, self.me, ClientSettings.of(client).http_session())
-            self.state_elsewhere = self.peers.state_elsewhere   # the admin API's state routes ask the member
+            self.state_elsewhere = self.peers.state_elsewhere  # the admin API's state routes ask the member
             # one copy of a non-keyed function's state: the worker assigned its instance 0 owns it
-            self.state_router = StateOwnerRouter(self.me, url, self.assignments, self.membership,
-                                                 ClientSettings.of(client).http_session(), worker.hosted_function,
-                                                 lambda: worker.pulsar_client)
+            self.state_router = StateOwnerRouter(
+                self.me,
+                url,
+                self.assignments,
+                self.membership,
+                ClientSettings.of(client).http_session(),
+                worker.hosted_function,
+                lambda: worker.pulsar_client,
+            )
             worker.state_router = self.state_router
-            self._threads = [threading.Thread(target=f, name=n, daemon=True) for f, n in (
-                (self._follow, "cluster-follow"), (self._lead, "cluster-lead"), (self._refresh_report, "cluster-report"))]
-        except BaseException:   # a topic that did not open in time: this attempt's readers end with its client
+            self._threads = [
+                threading.Thread(target=f, name=n, daemon=True)
+                for f, n in (
+                    (self._follow, "cluster-follow"),
+                    (self._lead, "cluster-lead"),
+                    (self._refresh_report, "cluster-report"),
+                )
+            ]
+        except BaseException:  # a topic that did not open in time: this attempt's readers end with its client
             self._client.close()
             raise
 
@@ -107,7 +127,7 @@ class ClusterMember:
             if not (self.metadata.wait_caught_up(15) and self.assignments.caught_up.wait(15)):
                 log.warning("%s: cluster topics not read to the end within 15 s; continuing", self.me)
             self._discard_deleted()
-        except BaseException:   # as in __init__: this attempt's readers and producers end with its client
+        except BaseException:  # as in __init__: this attempt's readers and producers end with its client
             self._client.close()
             raise
         for t in self._threads:
@@ -140,8 +160,9 @@ class ClusterMember:
                 running += [f"{cfg.fqfn}:{i}" for i, f in figs.items() if f.running]
                 hosted += [f"{cfg.fqfn}:{i}" for i in ids.get(cfg.fqfn, ())]
             term = self.elector.term
-            self._report = LocalReport(tuple(sorted(running)), busy, self._leaving.is_set(),
-                                       term.epoch if term else None, tuple(sorted(hosted)))
+            self._report = LocalReport(
+                tuple(sorted(running)), busy, self._leaving.is_set(), term.epoch if term else None, tuple(sorted(hosted))
+            )
 
     def _follow(self) -> None:
         while not self._closing.is_set():
@@ -173,13 +194,14 @@ class ClusterMember:
                 # one whose worker died meanwhile (no worker is assigned a surplus instance) runs on the front's.
                 here = hosted.get(fqfn, set())
                 want = {i for i in want if i in here or not self._running_elsewhere(fqfn, i)}
-                keep = {i for i in here - want
-                        if i >= rec.config.parallelism and self.worker.keyed_holds_groups(fqfn, i)}
-                keep |= {i for i in self.worker.keyed_surplus(fqfn)
-                         if i in here or not self._hosted_elsewhere(fqfn, i)}
+                keep = {i for i in here - want if i >= rec.config.parallelism and self.worker.keyed_holds_groups(fqfn, i)}
+                keep |= {i for i in self.worker.keyed_surplus(fqfn) if i in here or not self._hosted_elsewhere(fqfn, i)}
             else:
-                keep = {i for i in hosted.get(fqfn, set()) - want
-                        if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)}
+                keep = {
+                    i
+                    for i in hosted.get(fqfn, set()) - want
+                    if i < rec.config.parallelism and not self._handed_over(snap, fqfn, i, now)
+                }
             target = frozenset((want | keep) - rec.stopped)
             # a keyedState function's front runs where instance 0 is assigned, also while instance 0 is stopped
             # (its keys wait in its route topic; the others go on), unless every instance is stopped
@@ -225,14 +247,14 @@ class ClusterMember:
         owner = snap.owner(fqfn, i)
         since = self._handoff_since.setdefault((fqfn, i), now)
         member = self.membership.get(owner) if owner else None
-        done = (member is None or f"{fqfn}:{i}" in member.running
-                or now - since > self.settings.handoff_timeout_s)
+        done = member is None or f"{fqfn}:{i}" in member.running or now - since > self.settings.handoff_timeout_s
         if done:
             self._handoff_since.pop((fqfn, i), None)
         return done
 
     def _beat_when_running(self, fqfn: str, ids: set[int]) -> None:
         """Tell the cluster as soon as new instances receive, so a hand-off does not wait a heartbeat."""
+
         def wait_and_beat():
             deadline = time.monotonic() + self.settings.handoff_timeout_s
             while time.monotonic() < deadline and not self._closing.is_set():
@@ -244,10 +266,14 @@ class ClusterMember:
                     break
                 time.sleep(0.05)
             names = {f"{fqfn}:{i}" for i in ids}
-            self._report = replace(self._report, running=tuple(sorted(set(self._report.running) | names)),
-                                   hosted=tuple(sorted(set(self._report.hosted) | names)),
-                                   leaving=self._leaving.is_set())
+            self._report = replace(
+                self._report,
+                running=tuple(sorted(set(self._report.running) | names)),
+                hosted=tuple(sorted(set(self._report.hosted) | names)),
+                leaving=self._leaving.is_set(),
+            )
             self.membership.beat_now()
+
         threading.Thread(target=wait_and_beat, daemon=True).start()
 
     # ---- leading --------------------------------------------------------------------------------------
@@ -258,7 +284,7 @@ class ClusterMember:
                 if not self._closing.wait(LEADER_RETRY_S):
                     try:
                         self._try_lead()
-                    except Exception:   # this thread is the cluster's only way to a leader: it must not end
+                    except Exception:  # this thread is the cluster's only way to a leader: it must not end
                         log.exception("%s: an attempt to lead failed; retrying", self.me)
                 continue
             try:
@@ -278,7 +304,7 @@ class ClusterMember:
 
     def _schedule(self, term: Term) -> None:
         snap = self.assignments.current()
-        if snap.epoch > term.epoch:   # someone newer leads: we were deposed
+        if snap.epoch > term.epoch:  # someone newer leads: we were deposed
             self.elector.release()
             return
         eligible = [WorkerLoad(m.worker_id, m.capacity, m.busy_rate) for m in self.membership.alive() if not m.leaving]
@@ -286,7 +312,7 @@ class ClusterMember:
         parallelism = {f: r.config.parallelism for f, r in records.items()}
         nxt, unplaced = schedule(snap.assignment, parallelism, eligible, self.settings.scheduler)
         pending = tuple(r for r in self.metadata.rebalances() if r not in snap.rebalanced)
-        if pending:   # keyedState instances stay where they are (a move would be a hand-over of their groups)
+        if pending:  # keyedState instances stay where they are (a move would be a hand-over of their groups)
             nxt = rebalance(nxt, eligible, frozenset(f for f, r in records.items() if r.config.keyedState))
         new = Snapshot(term.epoch, self.me, nxt, snap.rebalanced + pending, unplaced)
         if new == snap:
@@ -300,8 +326,7 @@ class ClusterMember:
         self._check(cfg)
         return self.metadata.create(cfg, code, filename)
 
-    def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None
-               ) -> FunctionConfig:
+    def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
         return self.metadata.update(fqfn, changes, code, filename, check=self._check)
 
     def _check(self, cfg: FunctionConfig) -> None:
@@ -316,8 +341,11 @@ class ClusterMember:
         return self.metadata.get(fqfn).config
 
     def list(self, tenant: str, namespace: str) -> builtins.list[str]:
-        return sorted(r.config.name for r in self.metadata.functions().values()
-                      if r.config.tenant == tenant and r.config.namespace == namespace)
+        return sorted(
+            r.config.name
+            for r in self.metadata.functions().values()
+            if r.config.tenant == tenant and r.config.namespace == namespace
+        )
 
     def functions(self) -> builtins.list[FunctionConfig]:
         return [r.config for r in self.metadata.functions().values()]
@@ -353,7 +381,7 @@ class ClusterMember:
     def local_status(self, fqfn: str) -> dict[int, dict]:
         try:
             _, figs, restarts = self.worker.instance_figures(fqfn)
-            front = self.worker.keyed_view(fqfn)   # a keyedState function's front (instance 0's worker): migrations
+            front = self.worker.keyed_view(fqfn)  # a keyedState function's front (instance 0's worker): migrations
         except NotFound:
             return {}
         out = {i: instance_status(i, f, restarts.get(i, 0), self.me) for i, f in figs.items()}
@@ -364,8 +392,9 @@ class ClusterMember:
     def local_stats(self, fqfn: str) -> dict | None:
         try:
             _, figs, _ = self.worker.instance_figures(fqfn)
-            return function_stats(figs, self.worker.counters(fqfn), self.worker.counters_1min_ago(fqfn),
-                                  self.worker.exception_totals(fqfn))
+            return function_stats(
+                figs, self.worker.counters(fqfn), self.worker.counters_1min_ago(fqfn), self.worker.exception_totals(fqfn)
+            )
         except NotFound:
             return None
 
@@ -379,23 +408,34 @@ class ClusterMember:
         snap = self.assignments.current()
         owners = {i: snap.owner(fqfn, i) for i in range(cfg.parallelism)}
         # each worker's status body of its instances (ours, or a peer's JSON), None from one that did not answer
-        views = cast("dict[str, dict | None]", self.peers.gather(
-            fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()},
-            {w for w in owners.values() if w}))
+        views = cast(
+            "dict[str, dict | None]",
+            self.peers.gather(
+                fqfn, "status", lambda f: {str(i): s for i, s in self.local_status(f).items()}, {w for w in owners.values() if w}
+            ),
+        )
         instances = []
         for i, wid in owners.items():
             st = (views.get(wid) or {}).get(str(i)) if wid else None
             if st is None:
-                error = ("stopped" if i in rec.stopped
-                         else "unassigned: the cluster has no capacity left" if wid is None
-                         else f"not running on {wid} yet" if wid in views and views[wid] is not None
-                         else f"worker {wid} is unreachable")
-                st = {"instanceId": i, "status": {"running": False, "error": error, "numRestarts": 0,
-                                                  "workerId": wid or ""}}
+                error = (
+                    "stopped"
+                    if i in rec.stopped
+                    else "unassigned: the cluster has no capacity left"
+                    if wid is None
+                    else f"not running on {wid} yet"
+                    if wid in views and views[wid] is not None
+                    else f"worker {wid} is unreachable"
+                )
+                st = {"instanceId": i, "status": {"running": False, "error": error, "numRestarts": 0, "workerId": wid or ""}}
             instances.append(st)
         keyed = next((st.pop("keyedState") for st in instances if "keyedState" in st), None)
-        return {"numInstances": cfg.parallelism, "numRunning": sum(1 for s in instances if s["status"]["running"]),
-                "instances": instances, **({"autoscale": {"keyedState": keyed}} if keyed is not None else {})}
+        return {
+            "numInstances": cfg.parallelism,
+            "numRunning": sum(1 for s in instances if s["status"]["running"]),
+            "instances": instances,
+            **({"autoscale": {"keyedState": keyed}} if keyed is not None else {}),
+        }
 
     def stats(self, fqfn: str) -> dict:
         """Sums over every live worker: cumulative counters include instances drained there. A worker
@@ -403,8 +443,10 @@ class ClusterMember:
         self.get(fqfn)
         snap = self.assignments.current()
         # each worker's stats body (local_stats's, or a peer's JSON), None from one that did not answer
-        gathered = cast("dict[str, dict | None]", self.peers.gather(fqfn, "stats", self.local_stats,
-                                                                   {m.worker_id for m in self.membership.alive()}))
+        gathered = cast(
+            "dict[str, dict | None]",
+            self.peers.gather(fqfn, "stats", self.local_stats, {m.worker_id for m in self.membership.alive()}),
+        )
         views = [v for v in gathered.values() if v]
         owned = {i for i, w in snap.assignment.get(fqfn, {}).items()}
         return merge_stats(views, owned)
@@ -435,8 +477,9 @@ class ClusterMember:
         self._client.close()
 
 
-def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSettings | str,
-         tries: int = JOIN_TRIES) -> ClusterMember:
+def join(
+    worker: Worker, url: str, settings: ClusterSettings, client: ClientSettings | str, tries: int = JOIN_TRIES
+) -> ClusterMember:
     """The worker's membership, started. A broker that does not answer in time (OPERATION_TIMEOUT_S each, seen
     under CPU load; a hung broker refuses connections with ConnectError) is tried again; after `tries`, or on any other
     error from the client, a one-line error instead of a traceback from the client."""
@@ -445,11 +488,18 @@ def join(worker: Worker, url: str, settings: ClusterSettings, client: ClientSett
             return ClusterMember(worker, url, settings, client).start()
         except (pulsar.Timeout, pulsar.ConnectError) as exc:
             if attempt == tries:
-                raise BrokerUnavailable(f"cannot join cluster {settings.name}: the broker did not open its "
-                                        f"coordination topics in time ({tries} tries of {OPERATION_TIMEOUT_S} s; "
-                                        f"the last: {type(exc).__name__})") from None
-            log.warning("%s: the broker did not open the cluster's topics in time (%s); joining again (%d of %d)",
-                        worker.worker_id, type(exc).__name__, attempt + 1, tries)
+                raise BrokerUnavailable(
+                    f"cannot join cluster {settings.name}: the broker did not open its "
+                    f"coordination topics in time ({tries} tries of {OPERATION_TIMEOUT_S} s; "
+                    f"the last: {type(exc).__name__})"
+                ) from None
+            log.warning(
+                "%s: the broker did not open the cluster's topics in time (%s); joining again (%d of %d)",
+                worker.worker_id,
+                type(exc).__name__,
+                attempt + 1,
+                tries,
+            )
         except pulsar.PulsarException as exc:
             raise BrokerUnavailable(f"cannot join cluster {settings.name}: {type(exc).__name__}: {exc}") from None
     raise AssertionError("unreachable")

@@ -38,11 +38,11 @@ BUSY_SMOOTHING = 0.5
 class LocalReport:
     """What a heartbeat says about the worker that sends it, beyond its identity."""
 
-    running: tuple[str, ...] = ()          # "tenant/ns/name:i" of instances that are receiving
-    busy_s: float = 0.0                     # cumulative busy seconds of its instances
-    leaving: bool = False                   # SIGTERM: move my instances away, then I go
+    running: tuple[str, ...] = ()  # "tenant/ns/name:i" of instances that are receiving
+    busy_s: float = 0.0  # cumulative busy seconds of its instances
+    leaving: bool = False  # SIGTERM: move my instances away, then I go
     leader_epoch: int | None = None
-    hosted: tuple[str, ...] = ()           # every instance it runs, also one still starting (restoring state)
+    hosted: tuple[str, ...] = ()  # every instance it runs, also one still starting (restoring state)
 
 
 @dataclass(frozen=True)
@@ -51,19 +51,26 @@ class Member:
     url: str
     capacity: int
     incarnation: str
-    seen: float                              # time.monotonic() of the last heartbeat
+    seen: float  # time.monotonic() of the last heartbeat
     leaving: bool = False
     leader_epoch: int | None = None
     running: frozenset = frozenset()
     busy_s: float = 0.0
-    busy_rate: float = 0.0                   # busy seconds per second, smoothed
-    hosted: frozenset = frozenset()          # running or starting ("running" of a worker that does not say)
+    busy_rate: float = 0.0  # busy seconds per second, smoothed
+    hosted: frozenset = frozenset()  # running or starting ("running" of a worker that does not say)
 
     def view(self) -> dict:
         """Pulsar's WorkerInfo fields, plus ours."""
         host, _, port = self.url.removeprefix("http://").removeprefix("https://").rpartition(":")
-        return {"workerId": self.worker_id, "workerHostname": host, "port": int(port or 0), "url": self.url,
-                "capacity": self.capacity, "leaving": self.leaving, "busy": round(self.busy_rate, 3)}
+        return {
+            "workerId": self.worker_id,
+            "workerHostname": host,
+            "port": int(port or 0),
+            "url": self.url,
+            "capacity": self.capacity,
+            "leaving": self.leaving,
+            "busy": round(self.busy_rate, 3),
+        }
 
 
 class JoinTimeout(PulsarAutoscaleError):
@@ -71,9 +78,17 @@ class JoinTimeout(PulsarAutoscaleError):
 
 
 class MembershipManager:
-    def __init__(self, client: pulsar.Client, topics: ClusterTopics, worker_id: str, url: str, capacity: int,
-                 report: Callable[[], LocalReport], heartbeat_interval_s: float = 0.5,
-                 heartbeat_timeout_s: float = 2.0):
+    def __init__(
+        self,
+        client: pulsar.Client,
+        topics: ClusterTopics,
+        worker_id: str,
+        url: str,
+        capacity: int,
+        report: Callable[[], LocalReport],
+        heartbeat_interval_s: float = 0.5,
+        heartbeat_timeout_s: float = 2.0,
+    ):
         self.worker_id, self.url, self.capacity = worker_id, url, capacity
         self.incarnation = uuid.uuid4().hex[:12]
         self.interval_s, self.timeout_s = heartbeat_interval_s, heartbeat_timeout_s
@@ -83,9 +98,8 @@ class MembershipManager:
         self.changed = threading.Condition(self._lock)
         self._producer = client.create_producer(topics.membership, block_if_queue_full=True, batching_enabled=False)
         self._closing = threading.Event()
-        self._lease_from: float | None = None   # when the last heartbeat that went through began to be sent
-        self._tailer = TopicTailer(client, topics.membership, self._apply, f"membership-{worker_id}",
-                                   self._producer)
+        self._lease_from: float | None = None  # when the last heartbeat that went through began to be sent
+        self._tailer = TopicTailer(client, topics.membership, self._apply, f"membership-{worker_id}", self._producer)
         self._thread = threading.Thread(target=self._beat, name="membership-heartbeat", daemon=True)
 
     # ---- joining ----------------------------------------------------------------------------------
@@ -106,9 +120,18 @@ class MembershipManager:
 
     # ---- heartbeats -----------------------------------------------------------------------------
     def _send(self, report: LocalReport, gone: bool = False) -> None:
-        body = {"workerId": self.worker_id, "url": self.url, "capacity": self.capacity,
-                "incarnation": self.incarnation, "leaving": report.leaving, "leaderEpoch": report.leader_epoch,
-                "running": list(report.running), "hosted": list(report.hosted), "busy": report.busy_s, "gone": gone}
+        body = {
+            "workerId": self.worker_id,
+            "url": self.url,
+            "capacity": self.capacity,
+            "incarnation": self.incarnation,
+            "leaving": report.leaving,
+            "leaderEpoch": report.leader_epoch,
+            "running": list(report.running),
+            "hosted": list(report.hosted),
+            "busy": report.busy_s,
+            "gone": gone,
+        }
         started = time.monotonic()
         self._producer.send(json.dumps(body).encode())
         self._lease_from = None if gone else started
@@ -151,10 +174,19 @@ class MembershipManager:
             if prev is not None and prev.incarnation == inc and seen > prev.seen:
                 sample = max(body["busy"] - prev.busy_s, 0.0) / (seen - prev.seen)
                 rate = BUSY_SMOOTHING * sample + (1 - BUSY_SMOOTHING) * prev.busy_rate
-            self._members[wid] = Member(wid, body["url"], body["capacity"], inc, seen,
-                                        body.get("leaving", False), body.get("leaderEpoch"),
-                                        frozenset(body.get("running", ())), body["busy"], rate,
-                                        frozenset(body.get("hosted", body.get("running", ()))))
+            self._members[wid] = Member(
+                wid,
+                body["url"],
+                body["capacity"],
+                inc,
+                seen,
+                body.get("leaving", False),
+                body.get("leaderEpoch"),
+                frozenset(body.get("running", ())),
+                body["busy"],
+                rate,
+                frozenset(body.get("hosted", body.get("running", ()))),
+            )
             self.changed.notify_all()
 
     # ---- the view ---------------------------------------------------------------------------------
@@ -173,7 +205,7 @@ class MembershipManager:
     def leader(self) -> Member | None:
         """The live member with the highest leader epoch in its heartbeat."""
         leaders = [m for m in self.alive() if m.leader_epoch is not None]
-        return max(leaders, key=lambda m: cast(int, m.leader_epoch), default=None)   # not None: filtered above
+        return max(leaders, key=lambda m: cast(int, m.leader_epoch), default=None)  # not None: filtered above
 
     def close(self, report: LocalReport) -> None:
         """Say goodbye, so the others need not wait for the heartbeat timeout."""
@@ -187,6 +219,3 @@ class MembershipManager:
             log.warning("goodbye heartbeat failed: %s", exc)
         self._tailer.close()
         self._producer.close()
-
-
-

@@ -54,9 +54,9 @@ CONTROL_ACTIONS = ("start", "stop", "restart")
 class FunctionRecord:
     config: FunctionConfig
     version: int
-    package: str | None = None               # SHA-256 of the code on the package topic
+    package: str | None = None  # SHA-256 of the code on the package topic
     filename: str | None = None
-    stopped: frozenset[int] = frozenset()    # instances stopped by the start/stop API, wherever they run
+    stopped: frozenset[int] = frozenset()  # instances stopped by the start/stop API, wherever they run
     restarts: tuple[tuple[int, int], ...] = ()  # (instance, restart requests so far): its owner restarts it on each
 
     def restart_count(self, instance_id: int) -> int:
@@ -73,29 +73,34 @@ class _Kept(TypedDict, total=False):
 @dataclass(frozen=True)
 class _Outcome:
     ok: bool
-    kind: str = ""                            # "exists", "missing", "version"
+    kind: str = ""  # "exists", "missing", "version"
     reason: str = ""
 
 
 class FunctionMetaDataManager:
-    def __init__(self, client: pulsar.Client, topics: ClusterTopics, data_dir: Path, worker_id: str,
-                 max_parallelism: int, users: InstanceUsers | None = None):
+    def __init__(
+        self,
+        client: pulsar.Client,
+        topics: ClusterTopics,
+        data_dir: Path,
+        worker_id: str,
+        max_parallelism: int,
+        users: InstanceUsers | None = None,
+    ):
         """`users`: whom the validation child of a create or update runs as (the worker's instance users)."""
         self.worker_id = worker_id
         self._users = users
         self.max_parallelism = max_parallelism
         self._packages_dir = data_dir / "packages"
         self._functions: dict[str, FunctionRecord] = {}
-        self._rebalances: list[str] = []          # rebalance request ids, in topic order
+        self._rebalances: list[str] = []  # rebalance request ids, in topic order
         self._outcomes: dict[str, _Outcome] = {}
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
         self._meta_producer = client.create_producer(topics.metadata, batching_enabled=False)
         self._pkg_producer = client.create_producer(topics.packages, batching_enabled=False)
-        self._pkg_tailer = TopicTailer(client, topics.packages, self._store_package, f"packages-{worker_id}",
-                                       self._pkg_producer)
-        self._meta_tailer = TopicTailer(client, topics.metadata, self._apply, f"metadata-{worker_id}",
-                                        self._meta_producer)
+        self._pkg_tailer = TopicTailer(client, topics.packages, self._store_package, f"packages-{worker_id}", self._pkg_producer)
+        self._meta_tailer = TopicTailer(client, topics.metadata, self._apply, f"metadata-{worker_id}", self._meta_producer)
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         return self._meta_tailer.caught_up.wait(timeout_s) and self._pkg_tailer.caught_up.wait(timeout_s)
@@ -123,8 +128,7 @@ class FunctionMetaDataManager:
     def sync(self) -> None:
         """Brings this worker's view up to every record written before the call (one marker's round trip)."""
         if not self._meta_tailer.sync(WRITE_TIMEOUT_S):
-            raise MetadataTimeout(f"the metadata topic did not answer within {WRITE_TIMEOUT_S:.0f}s "
-                                  "(broker trouble?)")
+            raise MetadataTimeout(f"the metadata topic did not answer within {WRITE_TIMEOUT_S:.0f}s (broker trouble?)")
 
     def rebalances(self) -> list[str]:
         with self._lock:
@@ -134,12 +138,11 @@ class FunctionMetaDataManager:
         """Where this worker has the function's code; waits for the package topic to deliver it."""
         if rec.package is None:
             return None
-        path = self._packages_dir / rec.package / cast(str, rec.filename)   # _publish_code names both or neither
+        path = self._packages_dir / rec.package / cast(str, rec.filename)  # _publish_code names both or neither
         deadline = time.monotonic() + timeout_s
         while not path.is_file():
             if time.monotonic() > deadline:
-                raise MetadataTimeout(f"package {rec.package[:12]} of {rec.config.fqfn} not received "
-                                      f"within {timeout_s:.0f}s")
+                raise MetadataTimeout(f"package {rec.package[:12]} of {rec.config.fqfn} not received within {timeout_s:.0f}s")
             time.sleep(0.05)
         return str(path)
 
@@ -151,12 +154,17 @@ class FunctionMetaDataManager:
             if self._lookup(cfg.fqfn) is not None:
                 raise Conflict(f"Function {cfg.name} already exists")
         package, name = self._publish_code(cfg, code, filename)
-        self._write({"op": "create", "fqfn": cfg.fqfn, "config": cfg.to_dict(), "package": package,
-                     "filename": name})
+        self._write({"op": "create", "fqfn": cfg.fqfn, "config": cfg.to_dict(), "package": package, "filename": name})
         return cfg
 
-    def update(self, fqfn: str, changes: dict, code: bytes | None, filename: str | None,
-               check: Callable[[FunctionConfig], None] = lambda _cfg: None) -> FunctionConfig:
+    def update(
+        self,
+        fqfn: str,
+        changes: dict,
+        code: bytes | None,
+        filename: str | None,
+        check: Callable[[FunctionConfig], None] = lambda _cfg: None,
+    ) -> FunctionConfig:
         """`check`: refuses a merged config the broker cannot serve (raises ConfigError)."""
         synced = False
         for _ in range(UPDATE_ATTEMPTS):
@@ -166,7 +174,7 @@ class FunctionMetaDataManager:
             except ConfigError as exc:
                 if str(exc) != "Update contains no change":
                     raise
-                if code is None and not synced:   # no change to the version read here: maybe to the latest
+                if code is None and not synced:  # no change to the version read here: maybe to the latest
                     self.sync()
                     synced = True
                     continue
@@ -174,10 +182,18 @@ class FunctionMetaDataManager:
                     raise
                 new = rec.config
             check(new)
-            package, name = (self._publish_code(new, code, filename) if code is not None
-                             else (rec.package, rec.filename))
-            outcome = self._write({"op": "update", "fqfn": fqfn, "config": new.to_dict(), "package": package,
-                                   "filename": name, "expect": rec.version}, raise_on=("missing",))
+            package, name = self._publish_code(new, code, filename) if code is not None else (rec.package, rec.filename)
+            outcome = self._write(
+                {
+                    "op": "update",
+                    "fqfn": fqfn,
+                    "config": new.to_dict(),
+                    "package": package,
+                    "filename": name,
+                    "expect": rec.version,
+                },
+                raise_on=("missing",),
+            )
             if outcome.ok:
                 return new
             log.info("update of %s raced with another writer; merging again", fqfn)
@@ -200,19 +216,21 @@ class FunctionMetaDataManager:
             raise ConfigError(f"unknown instance action {action!r}: use one of {', '.join(CONTROL_ACTIONS)}")
         parallelism = self.get(fqfn).config.parallelism
         if instance_id is not None and not 0 <= instance_id < parallelism:
-            raise NotFound(f"Function {fqfn.rsplit('/', 1)[-1]} has no instance {instance_id} "
-                           f"(parallelism {parallelism})")
-        self._write({"op": "control", "fqfn": fqfn, "action": action,
-                     "instances": None if instance_id is None else [instance_id]}, raise_on=("missing",))
+            raise NotFound(f"Function {fqfn.rsplit('/', 1)[-1]} has no instance {instance_id} (parallelism {parallelism})")
+        self._write(
+            {"op": "control", "fqfn": fqfn, "action": action, "instances": None if instance_id is None else [instance_id]},
+            raise_on=("missing",),
+        )
 
     def request_rebalance(self) -> str:
         return self._write({"op": "rebalance"}).reason
 
-    def _publish_code(self, cfg: FunctionConfig, code: bytes | None, filename: str | None
-                      ) -> tuple[str | None, str | None]:
+    def _publish_code(self, cfg: FunctionConfig, code: bytes | None, filename: str | None) -> tuple[str | None, str | None]:
         if code is None and cfg.py:
-            raise ConfigError(f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded code "
-                              "(send the file as the multipart `data` part)")
+            raise ConfigError(
+                f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded code "
+                "(send the file as the multipart `data` part)"
+            )
         if code is None:
             validate(cfg.className, None, user=self._user(cfg))  # in a child process (instance/validation.py)
             return None, None
@@ -220,8 +238,10 @@ class FunctionMetaDataManager:
         if not name.endswith(".py"):
             raise ConfigError(f"function package {name!r} is not a .py file (only Python files run here)")
         if len(code) > MAX_PACKAGE_BYTES:
-            raise ConfigError(f"function package {name!r} is {len(code)} bytes; a cluster ships code through "
-                              f"the broker and accepts at most {MAX_PACKAGE_BYTES} bytes")
+            raise ConfigError(
+                f"function package {name!r} is {len(code)} bytes; a cluster ships code through "
+                f"the broker and accepts at most {MAX_PACKAGE_BYTES} bytes"
+            )
         sha = hashlib.sha256(code).hexdigest()
         path = self._write_package(sha, name, code)
         validate(cfg.className, str(path), user=self._user(cfg))  # refuse what could never run, in a child process
@@ -248,8 +268,10 @@ class FunctionMetaDataManager:
         self._meta_producer.send(json.dumps({**record, "request": request, "writer": self.worker_id}).encode())
         with self.changed:
             if not self.changed.wait_for(lambda: request in self._outcomes, timeout=WRITE_TIMEOUT_S):
-                raise MetadataTimeout(f"metadata record for {record.get('fqfn', 'rebalance')} not read back "
-                                      f"within {WRITE_TIMEOUT_S:.0f}s (broker trouble?)")
+                raise MetadataTimeout(
+                    f"metadata record for {record.get('fqfn', 'rebalance')} not read back "
+                    f"within {WRITE_TIMEOUT_S:.0f}s (broker trouble?)"
+                )
             outcome = self._outcomes.pop(request)
         if not outcome.ok and outcome.kind in raise_on:
             raise (NotFound if outcome.kind == "missing" else Conflict)(outcome.reason)
@@ -263,15 +285,16 @@ class FunctionMetaDataManager:
             if outcome.ok:
                 self._commit(r)
             if r.get("writer") == self.worker_id:
-                self._outcomes[r["request"]] = outcome if not outcome.ok or r["op"] != "rebalance" \
-                    else _Outcome(True, reason=r["request"])
+                self._outcomes[r["request"]] = (
+                    outcome if not outcome.ok or r["op"] != "rebalance" else _Outcome(True, reason=r["request"])
+                )
             self.changed.notify_all()
 
     def _decide(self, r: dict) -> _Outcome:
         op, fqfn = r["op"], r.get("fqfn")
         with self._lock:
             cur = self._functions.get(fqfn) if fqfn else None
-        if op == "create" and cur is not None:   # found: the record names fqfn
+        if op == "create" and cur is not None:  # found: the record names fqfn
             return _Outcome(False, "exists", f"Function {cast(str, fqfn).rsplit('/', 1)[-1]} already exists")
         if op in ("update", "delete", "control"):
             if cur is None:
@@ -291,10 +314,14 @@ class FunctionMetaDataManager:
         else:
             cur = self._functions.get(r["fqfn"])
             cfg = FunctionConfig.accepted(r["config"], max(self.max_parallelism, r["config"].get("parallelism", 1)))
-            kept: _Kept = {} if cur is None else {"stopped": frozenset(i for i in cur.stopped if i < cfg.parallelism),
-                                           "restarts": cur.restarts}
-            self._functions[r["fqfn"]] = FunctionRecord(cfg, (cur.version if cur else 0) + 1, r.get("package"),
-                                                        r.get("filename"), **kept)
+            kept: _Kept = (
+                {}
+                if cur is None
+                else {"stopped": frozenset(i for i in cur.stopped if i < cfg.parallelism), "restarts": cur.restarts}
+            )
+            self._functions[r["fqfn"]] = FunctionRecord(
+                cfg, (cur.version if cur else 0) + 1, r.get("package"), r.get("filename"), **kept
+            )
 
     def close(self) -> None:
         self._meta_tailer.close()
@@ -306,12 +333,10 @@ class FunctionMetaDataManager:
 def controlled(rec: FunctionRecord, action: str, instances: list[int] | None) -> FunctionRecord:
     """The record after a start/stop/restart of `instances` (None: all). Restart also starts a stopped
     instance, as on a single worker. The version stays: a control record never conflicts with an update."""
-    ids = set(range(rec.config.parallelism)) if instances is None else {i for i in instances
-                                                                           if i < rec.config.parallelism}
+    ids = set(range(rec.config.parallelism)) if instances is None else {i for i in instances if i < rec.config.parallelism}
     if action == "stop":
         return replace(rec, stopped=rec.stopped | ids)
     restarts = dict(rec.restarts)
     if action == "restart":
         restarts.update({i: restarts.get(i, 0) + 1 for i in ids})
     return replace(rec, stopped=rec.stopped - ids, restarts=tuple(sorted(restarts.items())))
-

@@ -16,16 +16,15 @@ from pulsar_autoscale.functions.cluster.membership import MembershipManager
 from pulsar_autoscale.snapshot import FunctionCounters
 
 PROXY_TIMEOUT_S = 2.0
-MISDIRECTED = 421   # a scope=local state call to a worker that holds no instance of the key's group
+MISDIRECTED = 421  # a scope=local state call to a worker that holds no instance of the key's group
 
 
 class Peers:
     def __init__(self, membership: MembershipManager, me: str, http: requests.Session):
         self.membership, self.me = membership, me
-        self._http = http   # with this worker's own credentials and trust
+        self._http = http  # with this worker's own credentials and trust
 
-    def state_elsewhere(self, fqfn: str, key: str, state: str | None, write_here: bool = False
-                        ) -> requests.Response | None:
+    def state_elsewhere(self, fqfn: str, key: str, state: str | None, write_here: bool = False) -> requests.Response | None:
         """querystate (state None) or putstate of a key that no group here has: the answer of the live worker that
         has it (a function may write a state key in another message key's group), each asked with scope=local so
         that it answers for itself (421: it holds no instance of the key's group). A write of a key that no
@@ -54,8 +53,9 @@ class Peers:
         """A scope=local call to another worker (a GET, or the POST of a putstate); None when it cannot be reached."""
         files = None if state is None else {"state": (None, state, "application/json")}
         try:
-            return self._http.request("GET" if state is None else "POST", url, params={"scope": "local"}, files=files,
-                                      timeout=PROXY_TIMEOUT_S)
+            return self._http.request(
+                "GET" if state is None else "POST", url, params={"scope": "local"}, files=files, timeout=PROXY_TIMEOUT_S
+            )
         except requests.RequestException:
             return None
 
@@ -63,8 +63,7 @@ class Peers:
         resp = self._call(url + path, None)
         return resp.json() if resp is not None and resp.status_code == 200 else None
 
-    def gather(self, fqfn: str, suffix: str, local: Callable[[str], object], worker_ids: set[str]
-               ) -> dict[str, object]:
+    def gather(self, fqfn: str, suffix: str, local: Callable[[str], object], worker_ids: set[str]) -> dict[str, object]:
         """What each worker says about its own instances of fqfn (ourselves directly, others over HTTP)."""
         members = {m.worker_id: m for m in self.membership.alive()}
         path = f"/admin/v3/functions/{fqfn}/{suffix}"
@@ -90,13 +89,20 @@ def merge_stats(views: list[dict], owned: set[int]) -> dict:
 
     counter_names = [f.name for f in fields(FunctionCounters) if f.name not in ("time", "arrived")]
     totals = {n: sum(v["autoscale"]["counters"][n] or 0 for v in views) for n in counter_names}
-    counters = FunctionCounters(time=max((v["autoscale"]["counters"]["time"] for v in views), default=time.time()),
-                                arrived=None, **totals)
-    instances = sorted((inst for v in views for inst in v.get("instances", []) if inst["instanceId"] in owned),
-                       key=lambda inst: inst["instanceId"])
-    first: dict[int, dict] = {}   # an instance two workers report (a hand-off under way) counts once
+    counters = FunctionCounters(
+        time=max((v["autoscale"]["counters"]["time"] for v in views), default=time.time()), arrived=None, **totals
+    )
+    instances = sorted(
+        (inst for v in views for inst in v.get("instances", []) if inst["instanceId"] in owned),
+        key=lambda inst: inst["instanceId"],
+    )
+    first: dict[int, dict] = {}  # an instance two workers report (a hand-off under way) counts once
     for inst in instances:
         first.setdefault(inst["instanceId"], inst)
-    return {**block(views), "1min": block([v["1min"] for v in views]),
-            "lastInvocation": max((v.get("lastInvocation") or 0 for v in views), default=0),
-            "instances": list(first.values()), "autoscale": {"counters": asdict(counters)}}
+    return {
+        **block(views),
+        "1min": block([v["1min"] for v in views]),
+        "lastInvocation": max((v.get("lastInvocation") or 0 for v in views), default=0),
+        "instances": list(first.values()),
+        "autoscale": {"counters": asdict(counters)},
+    }

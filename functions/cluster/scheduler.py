@@ -18,8 +18,8 @@ POLICIES = ("round-robin", "least-loaded")
 @dataclass(frozen=True)
 class WorkerLoad:
     worker_id: str
-    capacity: int                 # instances this worker accepts
-    busy_rate: float = 0.0        # measured busy seconds per second of its instances
+    capacity: int  # instances this worker accepts
+    busy_rate: float = 0.0  # measured busy seconds per second of its instances
 
 
 def counts(assignment: Assignment) -> dict[str, int]:
@@ -30,8 +30,9 @@ def counts(assignment: Assignment) -> dict[str, int]:
     return out
 
 
-def schedule(current: Assignment, parallelism: dict[str, int], workers: list[WorkerLoad],
-             policy: str = "round-robin") -> tuple[Assignment, int]:
+def schedule(
+    current: Assignment, parallelism: dict[str, int], workers: list[WorkerLoad], policy: str = "round-robin"
+) -> tuple[Assignment, int]:
     """The next assignment and how many instances found no worker (the cluster is full).
 
     round-robin is Apache Pulsar's default: each instance goes to the worker with the fewest
@@ -62,16 +63,17 @@ def schedule(current: Assignment, parallelism: dict[str, int], workers: list[Wor
             if policy == "round-robin":
                 best = min(free, key=lambda w: (load.get(w.worker_id, 0), w.worker_id))
             else:
-                best = min(free, key=lambda w: (w.busy_rate + added.get(w.worker_id, 0) * per_instance,
-                                                load.get(w.worker_id, 0), w.worker_id))
+                best = min(
+                    free,
+                    key=lambda w: (w.busy_rate + added.get(w.worker_id, 0) * per_instance, load.get(w.worker_id, 0), w.worker_id),
+                )
             nxt[fqfn][i] = best.worker_id
             load[best.worker_id] = load.get(best.worker_id, 0) + 1
             added[best.worker_id] = added.get(best.worker_id, 0) + 1
     return nxt, unplaced
 
 
-def rebalance(current: Assignment, workers: list[WorkerLoad], pinned: frozenset[str] = frozenset()
-              ) -> Assignment:
+def rebalance(current: Assignment, workers: list[WorkerLoad], pinned: frozenset[str] = frozenset()) -> Assignment:
     """Even out instance counts (within capacity) by moving as few instances as possible; `pinned`
     functions' instances (keyedState: a move hands their key groups over) stay where they are."""
     if not workers:
@@ -84,8 +86,7 @@ def rebalance(current: Assignment, workers: list[WorkerLoad], pinned: frozenset[
         dst = min((wid for wid in cap if load[wid] < cap[wid]), key=lambda wid: (load[wid], wid), default=None)
         if dst is None or load[src] - load[dst] <= 1:
             return nxt
-        movable = [(f, i) for f, placed in nxt.items() if f not in pinned for i, wid in placed.items()
-                   if wid == src]
+        movable = [(f, i) for f, placed in nxt.items() if f not in pinned for i, wid in placed.items() if wid == src]
         if not movable:
             return nxt
         fqfn, i = max(movable)

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from pulsar_autoscale.functions.cluster.membership import MembershipManager
 
 log = logging.getLogger(__name__)
-HANDOVER_S = 1.0        # a new owner's wait before it restores: the old owner's last commits reach the changelog
-CALL_TIMEOUT_S = 30.0   # one batch of calls on the owner (an EFFECTIVELY_ONCE begin waits for the group's lock)
+HANDOVER_S = 1.0  # a new owner's wait before it restores: the old owner's last commits reach the changelog
+CALL_TIMEOUT_S = 30.0  # one batch of calls on the owner (an EFFECTIVELY_ONCE begin waits for the group's lock)
 NOT_OWNER = 421
 SESSION_GONE = 409
 
@@ -65,8 +65,16 @@ class StateOwnerRouter:
     """Every function's state calls on this worker: served here for the functions whose state this worker owns,
     forwarded to the owner for the others."""
 
-    def __init__(self, me: str, url: str, assignments: AssignmentTailer, membership: MembershipManager, http: requests.Session,
-                 hosted: Callable[[str], Any], client: Callable[[], object]):
+    def __init__(
+        self,
+        me: str,
+        url: str,
+        assignments: AssignmentTailer,
+        membership: MembershipManager,
+        http: requests.Session,
+        hosted: Callable[[str], Any],
+        client: Callable[[], object],
+    ):
         """`hosted(fqfn)`: the worker's HostedFunction (config, state store) or None; `client`: the worker's
         Pulsar client (the changelog)."""
         self.me, self.url = me, url.rstrip("/")
@@ -77,11 +85,14 @@ class StateOwnerRouter:
         self._client = client
         self._owned: dict[str, _Owned] = {}
         self._lock = threading.Lock()
-        self._keys = secrets.token_bytes(32)   # the process instances' state keys: per function, this run only
-        log.warning("%s: the state of functions without keyedState has one copy per function on this cluster, "
-                    "owned by the worker assigned instance 0 and restored from the changelog; a worker's local copy "
-                    "from before (one per worker) is no longer read (docs/state.md, \"One copy per function on a "
-                    "cluster\")", me)
+        self._keys = secrets.token_bytes(32)  # the process instances' state keys: per function, this run only
+        log.warning(
+            "%s: the state of functions without keyedState has one copy per function on this cluster, "
+            "owned by the worker assigned instance 0 and restored from the changelog; a worker's local copy "
+            'from before (one per worker) is no longer read (docs/state.md, "One copy per function on a '
+            'cluster")',
+            me,
+        )
 
     def endpoint(self, fqfn: str) -> StateEndpoint:
         """This worker's state-calls URL for fqfn and the key that opens it: its process instances' transport."""
@@ -110,9 +121,12 @@ class StateOwnerRouter:
         if member is None:
             raise OwnerUnavailable(f"{fqfn}: the state's owner {owner} is not a live member")
         try:
-            resp = self._http.post(f"{member.url}/admin/v3/functions/{fqfn}/state-calls", params={"scope": "local"},
-                                   json={"session": session, "fresh": fresh, "calls": calls},
-                                   timeout=CALL_TIMEOUT_S + 5)
+            resp = self._http.post(
+                f"{member.url}/admin/v3/functions/{fqfn}/state-calls",
+                params={"scope": "local"},
+                json={"session": session, "fresh": fresh, "calls": calls},
+                timeout=CALL_TIMEOUT_S + 5,
+            )
         except requests.RequestException as exc:
             raise OwnerUnavailable(f"{fqfn}: the state's owner {owner}: {type(exc).__name__}") from None
         if resp.status_code == SESSION_GONE:
@@ -125,7 +139,7 @@ class StateOwnerRouter:
         """Run calls here, as the owner (OwnerUnavailable: this worker is not the owner, or not ready)."""
         owned = self._ensure_open(fqfn)
         answers = owned.sessions.run(session, fresh, calls, CALL_TIMEOUT_S)
-        if self.owner(fqfn) != self.me:   # the ownership moved while they ran: they stand (persisted before it moved)
+        if self.owner(fqfn) != self.me:  # the ownership moved while they ran: they stand (persisted before it moved)
             self.follow(fqfn)
         return answers
 
@@ -155,8 +169,7 @@ class StateOwnerRouter:
             raise OwnerUnavailable(f"{fqfn}: {self.me}: {LEASE_LAPSED}")
         if self.owner(fqfn) != self.me:
             self.follow(fqfn)
-            raise OwnerUnavailable(f"{fqfn}: {self.me} does not own the function's state (instance 0 is on "
-                                   f"{self.owner(fqfn)})")
+            raise OwnerUnavailable(f"{fqfn}: {self.me} does not own the function's state (instance 0 is on {self.owner(fqfn)})")
         fn = self._hosted(fqfn)
         if fn is None:
             raise OwnerUnavailable(f"{fqfn}: not hosted on {self.me} yet")
@@ -174,10 +187,15 @@ class StateOwnerRouter:
                 cfg = fn.config
                 changelog = changelog_of(cfg)
                 owned.store.attach_changelog(self._client(), changelog)
-                stats = owned.store.open({one_group(cfg.numKeyGroups)}, restore=True, client=self._client(),
-                                         changelog=changelog)
-                log.info("%s: %s owns the function's state now: restored %d records in %.2f s (%d group from its "
-                         "snapshot)", fqfn, self.me, stats.records, stats.seconds, stats.from_snapshot)
+                stats = owned.store.open({one_group(cfg.numKeyGroups)}, restore=True, client=self._client(), changelog=changelog)
+                log.info(
+                    "%s: %s owns the function's state now: restored %d records in %.2f s (%d group from its snapshot)",
+                    fqfn,
+                    self.me,
+                    stats.records,
+                    stats.seconds,
+                    stats.from_snapshot,
+                )
                 owned.open = True
         if self.owner(fqfn) != self.me:
             self.follow(fqfn)
@@ -202,8 +220,9 @@ class StateOwnerRouter:
     def _give_up(self, fqfn: str, owned: _Owned) -> None:
         ended = owned.sessions.end_all()
         if not wait_ended(ended, CALL_TIMEOUT_S):
-            log.warning("%s: state sessions still running %.0f s after this worker stopped owning the state",
-                        fqfn, CALL_TIMEOUT_S)
+            log.warning(
+                "%s: state sessions still running %.0f s after this worker stopped owning the state", fqfn, CALL_TIMEOUT_S
+            )
         with owned.lock:
             if not owned.open:
                 return
@@ -212,7 +231,7 @@ class StateOwnerRouter:
             try:
                 owned.store.release(cfg_groups)
                 log.info("%s: %s gave the function's state up (released, snapshot in its group file)", fqfn, self.me)
-            except Exception as exc:   # the broker is away: the file stays unclean, and a later open replays it all
+            except Exception as exc:  # the broker is away: the file stays unclean, and a later open replays it all
                 owned.store.release(cfg_groups, snapshot=False)
                 log.warning("%s: giving the function's state up without a snapshot: %s", fqfn, exc)
 

@@ -21,8 +21,9 @@ class TopicTailer:
     written before the call. A Reader, not seek: seek fails on pulsar-lite (B5), Readers work on both
     brokers."""
 
-    def __init__(self, client: pulsar.Client, topic: str, handle: Callable[[pulsar.Message], None], name: str,
-                 producer: pulsar.Producer):
+    def __init__(
+        self, client: pulsar.Client, topic: str, handle: Callable[[pulsar.Message], None], name: str, producer: pulsar.Producer
+    ):
         # pulsar-lite: a Reader opened on a topic without messages can stop receiving (docs/dev/pulsar-lite-defects.md),
         # so every reader's worker first writes a marker, which readers skip.
         producer.send(b"", properties={MARKER: "1"})
@@ -42,7 +43,7 @@ class TopicTailer:
             except pulsar.Timeout:
                 self.caught_up.set()
                 continue
-            except pulsar.AlreadyClosed:   # its client closed (a join that failed): nothing more to read
+            except pulsar.AlreadyClosed:  # its client closed (a join that failed): nothing more to read
                 return
             except pulsar.PulsarException as exc:
                 if self._closing.is_set():
@@ -66,9 +67,13 @@ class TopicTailer:
         token = uuid.uuid4().hex
         done = self._syncs[token] = threading.Event()
         try:
-            self._producer.send_async(b"", lambda res, _id: None if res == pulsar.Result.Ok else
-                                      log.warning("sync marker on %s not written: %s", self._thread.name, res),
-                                      properties={MARKER: token})
+            self._producer.send_async(
+                b"",
+                lambda res, _id: (
+                    None if res == pulsar.Result.Ok else log.warning("sync marker on %s not written: %s", self._thread.name, res)
+                ),
+                properties={MARKER: token},
+            )
             return done.wait(timeout_s)
         finally:
             self._syncs.pop(token, None)

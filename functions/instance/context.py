@@ -45,10 +45,18 @@ def identity_deserialize(data: bytes):
 
 
 class InstanceContext(PulsarContext):
-    def __init__(self, config: FunctionConfig, instance_id: int, num_instances: Callable[[], int],
-                 client: pulsar.Client, stats: InstanceStats, state: StateBackend, logger: logging.Logger,
-                 track_pending: Callable[[int], None] | None = None,
-                 ack: Callable[[object, str | None], None] | None = None):
+    def __init__(
+        self,
+        config: FunctionConfig,
+        instance_id: int,
+        num_instances: Callable[[], int],
+        client: pulsar.Client,
+        stats: InstanceStats,
+        state: StateBackend,
+        logger: logging.Logger,
+        track_pending: Callable[[int], None] | None = None,
+        ack: Callable[[object, str | None], None] | None = None,
+    ):
         self._cfg = config
         self._instance_id = instance_id
         self._num_instances = num_instances
@@ -67,8 +75,11 @@ class InstanceContext(PulsarContext):
 
     def set_message(self, message: pulsar.Message | None) -> None:
         self._message = message
-        self._group_state = self._state if message is None else \
-            self._state.group(state_group(message, self._cfg.numKeyGroups, self._cfg.keyedState))
+        self._group_state = (
+            self._state
+            if message is None
+            else self._state.group(state_group(message, self._cfg.numKeyGroups, self._cfg.keyedState))
+        )
 
     def begin_message(self, message) -> bool:
         """Take a message; False under EFFECTIVELY_ONCE when its id is applied in its group already (its
@@ -78,7 +89,7 @@ class InstanceContext(PulsarContext):
         redeliveries = getattr(message, "redelivery_count", None)
         if redeliveries is not None and redeliveries() > 0:
             self._stats.redelivered += 1
-        group = cast(_KeyGroup, self._group_state).group   # set_message(message) set the message's group
+        group = cast(_KeyGroup, self._group_state).group  # set_message(message) set the message's group
         if self._state.begin(group, str(message.message_id()) if self._once else None):
             return True
         self.set_message(None)
@@ -167,13 +178,22 @@ class InstanceContext(PulsarContext):
     def record_metric(self, metric_name, metric_value):
         self._stats.record_metric(metric_name, metric_value)
 
-    def publish(self, topic_name, message, serde_class_name="serde.IdentitySerDe", properties=None,
-                compression_type=None, callback=None, message_conf=None):
+    def publish(
+        self,
+        topic_name,
+        message,
+        serde_class_name="serde.IdentitySerDe",
+        properties=None,
+        compression_type=None,
+        callback=None,
+        message_conf=None,
+    ):
         topic = normalize_topic(topic_name, self._cfg.tenant, self._cfg.namespace)
         producer = self._producers.get(topic)
         if producer is None:
-            producer = self._client.create_producer(topic, block_if_queue_full=True, batching_enabled=True,
-                                                    batching_max_publish_delay_ms=1)
+            producer = self._client.create_producer(
+                topic, block_if_queue_full=True, batching_enabled=True, batching_max_publish_delay_ms=1
+            )
             self._producers[topic] = producer
         conf = dict(message_conf or {})
         if properties:
@@ -188,6 +208,7 @@ class InstanceContext(PulsarContext):
                     callback(result, msg_id)
             finally:
                 track(-1)
+
         track(1)
         producer.send_async(load_serde(serde_class_name).serialize(message), _cb, **conf)
 

@@ -36,26 +36,37 @@ DRAIN_TIMEOUT_S = 30.0
 # A failed message comes back after this long; with maxMessageRetries it goes to the dead-letter topic
 # after that many redeliveries (the Pulsar client's DeadLetterPolicy counts them).
 NACK_REDELIVERY_DELAY_MS = 1000
-COMPRESSION = {"NONE": pulsar.CompressionType.NONE, "LZ4": pulsar.CompressionType.LZ4,
-               "ZLIB": pulsar.CompressionType.ZLib, "ZSTD": pulsar.CompressionType.ZSTD,
-               "SNAPPY": pulsar.CompressionType.SNAPPY}
+COMPRESSION = {
+    "NONE": pulsar.CompressionType.NONE,
+    "LZ4": pulsar.CompressionType.LZ4,
+    "ZLIB": pulsar.CompressionType.ZLib,
+    "ZSTD": pulsar.CompressionType.ZSTD,
+    "SNAPPY": pulsar.CompressionType.SNAPPY,
+}
 
 log = logging.getLogger(__name__)
 
 
-def subscribe(client: pulsar.Client, cfg: FunctionConfig, consumer_name: str,
-              subscription_type: str | None = None, receiver_queue_size: int | None = None) -> pulsar.Consumer:
+def subscribe(
+    client: pulsar.Client,
+    cfg: FunctionConfig,
+    consumer_name: str,
+    subscription_type: str | None = None,
+    receiver_queue_size: int | None = None,
+) -> pulsar.Consumer:
     """The function's consumer with Pulsar's semantics for its config: subscription type and receiver queue
     (unless given) and position, dead-letter policy (maxMessageRetries, deadLetterTopic), ack timeout
     (timeoutMs), topicsPattern."""
     kwargs: dict = {}
     if cfg.maxMessageRetries is not None:
         kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(
-            max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=cfg.deadLetterTopic)
+            max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=cfg.deadLetterTopic
+        )
     if cfg.timeoutMs is not None:
         kwargs["unacked_messages_timeout_ms"] = cfg.timeoutMs
     return client.subscribe(
-        re.compile(cfg.topicsPattern) if cfg.topicsPattern else list(cfg.inputs), cfg.subscription_name,
+        re.compile(cfg.topicsPattern) if cfg.topicsPattern else list(cfg.inputs),
+        cfg.subscription_name,
         consumer_type=SUBSCRIPTION_TYPES[subscription_type or cfg.subscription_type],
         receiver_queue_size=receiver_queue_size or cfg.receiverQueueSize,
         consumer_name=consumer_name,
@@ -108,8 +119,9 @@ def create_output_producer(client: pulsar.Client, cfg: FunctionConfig) -> pulsar
             kwargs["compression_type"] = COMPRESSION[pc.compressionType]
     if cfg.batchBuilder == "KEY_BASED":
         kwargs["batching_type"] = pulsar.BatchingType.KeyBased
-    return client.create_producer(cfg.output, block_if_queue_full=True, batching_enabled=True,
-                                  batching_max_publish_delay_ms=1, **kwargs)
+    return client.create_producer(
+        cfg.output, block_if_queue_full=True, batching_enabled=True, batching_max_publish_delay_ms=1, **kwargs
+    )
 
 
 INPUT_TOPIC_PROPERTY = "__pfn_input_topic__"
@@ -148,19 +160,28 @@ class TopicLogHandler(logging.Handler):
 class Prepared:
     """What a warm standby makes before it knows its instance id (runtime._standby_main), so an activated
     instance starts its loop without importing the code again or waiting on the broker for a producer."""
+
     process: Callable[[Any, Any], Any]
     producer: pulsar.Producer | None
 
 
 def prepare(client: pulsar.Client, cfg: FunctionConfig, code_path: str | None) -> Prepared:
-    return Prepared(load_callable(cfg.className, code_path),
-                    create_output_producer(client, cfg) if cfg.output else None)
+    return Prepared(load_callable(cfg.className, code_path), create_output_producer(client, cfg) if cfg.output else None)
 
 
 class Instance:
-    def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
-                 state: StateBackend, num_instances: Callable[[], int], stats: InstanceStats | None = None,
-                 open_input: Callable[[], InstanceInput] | None = None, prepared: Prepared | None = None):
+    def __init__(
+        self,
+        config: FunctionConfig,
+        instance_id: int,
+        client: pulsar.Client,
+        code_path: str | None,
+        state: StateBackend,
+        num_instances: Callable[[], int],
+        stats: InstanceStats | None = None,
+        open_input: Callable[[], InstanceInput] | None = None,
+        prepared: Prepared | None = None,
+    ):
         self.config = config
         self.instance_id = instance_id
         self.stats = stats or InstanceStats(instance_id)
@@ -230,12 +251,21 @@ class Instance:
             consumer = self._input = self._open_input()
             self.stats.pending_outputs = lambda: self._sent - self._completed
             self._state.attach_changelog(self._client, changelog_of(cfg))
-            ctx = InstanceContext(cfg, self.instance_id, self._num_instances, self._client, self.stats, self._state,
-                                  self.logger, track_pending=self._track_pending, ack=self._user_ack)
+            ctx = InstanceContext(
+                cfg,
+                self.instance_id,
+                self._num_instances,
+                self._client,
+                self.stats,
+                self._state,
+                self.logger,
+                track_pending=self._track_pending,
+                ack=self._user_ack,
+            )
             self.stats.set_running(True)
             self._loop(consumer, producer, ctx, process)
             self._wait_pending(DRAIN_TIMEOUT_S)
-            self._state.flush(everything=True)   # the acks waiting for state changes go out before the close
+            self._state.flush(everything=True)  # the acks waiting for state changes go out before the close
             self.stats.set_running(False)
         except Exception as exc:  # a system failure: record it where status shows it
             self.logger.exception("instance failed")
@@ -256,7 +286,7 @@ class Instance:
         msg = self._unacked.pop(str(msgid), None)
         if msg is None:
             raise ValueError(f"message {msgid} was not delivered to this instance or is acked already")
-        assert self._input is not None   # only the loop puts messages in _unacked, after run() opened the input
+        assert self._input is not None  # only the loop puts messages in _unacked, after run() opened the input
         self._input.acknowledge(msg)
 
     def _loop(self, consumer, producer, ctx: InstanceContext, process) -> None:
@@ -279,7 +309,7 @@ class Instance:
                 consumer.acknowledge(msg)
             elif not auto_ack:
                 self._unacked[str(msg.message_id())] = msg
-            if not ctx.begin_message(msg):   # EFFECTIVELY_ONCE: applied before, only its ack was lost
+            if not ctx.begin_message(msg):  # EFFECTIVELY_ONCE: applied before, only its ack was lost
                 self._unacked.pop(str(msg.message_id()), None)
                 consumer.acknowledge(msg)
                 continue
@@ -306,7 +336,7 @@ class Instance:
                 stats.busy_since_ms = 0
             stats.on_processed(time.perf_counter() - start, ok=True)
             if payload is None:
-                if auto_ack:   # once the message's state changes are in the changelog
+                if auto_ack:  # once the message's state changes are in the changelog
                     ctx.when_state_persisted(lambda m=msg: consumer.acknowledge(m))
                 continue
             self._produce(consumer, producer, msg, payload, auto_ack, not at_most_once)
@@ -319,7 +349,7 @@ class Instance:
             try:
                 if result == pulsar.Result.Ok:
                     self.stats.on_output()
-                    if ack:   # and once the message's state changes are in the changelog
+                    if ack:  # and once the message's state changes are in the changelog
                         self._state.when_persisted(lambda: consumer.acknowledge(msg))
                 else:
                     self.stats.on_output_failed(result)
@@ -331,8 +361,9 @@ class Instance:
         # The source's event time travels with every output, so response time is measured end to end;
         # forwardSourceMessageProperty (Pulsar's default) copies the input's properties; as Pulsar's
         # instance does, every output names its input (what `trigger` waits for).
-        props = {**msg.properties(), **input_properties(msg)} if self.config.forwardSourceMessageProperty \
-            else input_properties(msg)
+        props = (
+            {**msg.properties(), **input_properties(msg)} if self.config.forwardSourceMessageProperty else input_properties(msg)
+        )
         kwargs: dict = {"event_timestamp": source_event_time(msg), "properties": props}
         key = msg.partition_key()
         if key:

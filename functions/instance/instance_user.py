@@ -33,8 +33,22 @@ PR_SET_DUMPABLE = 4
 # per-function uids when tenant admins are configured under a root worker: far above the ids of real users and
 # of the system's dynamic users (61184-65519)
 DEFAULT_UIDS = range(2_000_000_000, 2_000_100_000)
-KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUNBUFFERED",
-        "PYTHONDONTWRITEBYTECODE", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "JAVA_HOME")
+KEPT = (
+    "PATH",
+    "PYTHONPATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "PYTHONHASHSEED",
+    "PYTHONIOENCODING",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "TMPDIR",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "JAVA_HOME",
+)
 
 
 @dataclass(frozen=True)
@@ -55,8 +69,10 @@ class InstanceUser:
         except KeyError:
             raise ConfigError(f"--instance-user {name!r}: no such user") from None
         if euid != 0 and entry.pw_uid != euid:
-            raise ConfigError(f"--instance-user {name!r} needs a worker running as root (this one runs as "
-                              f"{pwd.getpwuid(euid).pw_name!r}, which cannot switch user)")
+            raise ConfigError(
+                f"--instance-user {name!r} needs a worker running as root (this one runs as "
+                f"{pwd.getpwuid(euid).pw_name!r}, which cannot switch user)"
+            )
         return cls(name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
     @property
@@ -68,8 +84,10 @@ class InstanceUser:
         """The start-up line."""
         if self.isolated:
             return f"user code runs as {self.name} (uid {self.uid}, gid {self.gid})"
-        return (f"user code runs as the worker's own user {self.name}: it is not isolated from the worker's "
-                "files (run the worker as root to give it --instance-user)")
+        return (
+            f"user code runs as the worker's own user {self.name}: it is not isolated from the worker's "
+            "files (run the worker as root to give it --instance-user)"
+        )
 
     def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
         """What a child's environment keeps of `env` (default: this process's)."""
@@ -94,10 +112,14 @@ class InstanceUsers:
     def from_options(cls, name: str | None, uids: str | None, tenants: bool) -> "InstanceUsers":
         """The worker's flags: `--instance-user`, `--instance-uids`, and whether `--tenant-admin` is given."""
         if name is not None and uids is not None:
-            raise ConfigError("--instance-user and --instance-uids: give one (one user for every function, or a "
-                              "uid of its own per function)")
-        rng = parse_uid_range(uids) if uids is not None else (
-            DEFAULT_UIDS if tenants and name is None and os.geteuid() == 0 else None)
+            raise ConfigError(
+                "--instance-user and --instance-uids: give one (one user for every function, or a uid of its own per function)"
+            )
+        rng = (
+            parse_uid_range(uids)
+            if uids is not None
+            else (DEFAULT_UIDS if tenants and name is None and os.geteuid() == 0 else None)
+        )
         return cls(InstanceUser.resolve(name), rng)
 
     def of(self, fqfn: str) -> InstanceUser:
@@ -107,8 +129,7 @@ class InstanceUsers:
             uid = self._given.get(fqfn)
             if uid is None:
                 if len(self._given) >= len(self.uids):
-                    raise ConfigError(f"--instance-uids: all {len(self.uids)} uids are given to functions; give a "
-                                      "larger range")
+                    raise ConfigError(f"--instance-uids: all {len(self.uids)} uids are given to functions; give a larger range")
                 uid = self._given[fqfn] = self.uids[len(self._given)]
         return InstanceUser(f"uid {uid}", uid, uid, "/")
 
@@ -116,8 +137,10 @@ class InstanceUsers:
         """The start-up line."""
         if self.uids is None:
             return self.shared.describe()
-        return (f"user code runs as a uid and gid of its own per function ({self.uids.start}-{self.uids.stop - 1}), "
-                "apart from the worker and from other functions")
+        return (
+            f"user code runs as a uid and gid of its own per function ({self.uids.start}-{self.uids.stop - 1}), "
+            "apart from the worker and from other functions"
+        )
 
 
 def parse_uid_range(text: str) -> range:
@@ -126,9 +149,10 @@ def parse_uid_range(text: str) -> range:
         rng = range(int(first), int(last) + 1)
     except ValueError:
         rng = range(0)
-    if not sep or not rng or rng.start < 1 or rng.stop > 2 ** 32 - 1:
-        raise ConfigError(f"--instance-uids {text!r} must be FIRST-LAST, uids from 1 to {2 ** 32 - 2}, "
-                          "FIRST <= LAST (e.g. 2000000000-2000099999)")
+    if not sep or not rng or rng.start < 1 or rng.stop > 2**32 - 1:
+        raise ConfigError(
+            f"--instance-uids {text!r} must be FIRST-LAST, uids from 1 to {2**32 - 2}, FIRST <= LAST (e.g. 2000000000-2000099999)"
+        )
     return rng
 
 
@@ -136,16 +160,24 @@ def _check_uids(uids: range) -> None:
     """At start, not at the first instance: the worker must be root, and the system must let it take the range's
     uids (a user namespace may map only some)."""
     if os.geteuid() != 0:
-        raise ConfigError(f"--instance-uids needs a worker running as root (this one runs as uid {os.geteuid()}, "
-                          "which cannot switch user)")
+        raise ConfigError(
+            f"--instance-uids needs a worker running as root (this one runs as uid {os.geteuid()}, which cannot switch user)"
+        )
     for uid in (uids.start, uids.stop - 1):
-        probe = subprocess.run([sys.executable, "-c", f"import os; os.setgroups([]); os.setgid({uid}); "
-                                f"os.setuid({uid})"], capture_output=True, text=True, timeout=60, env={})
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid})"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={},
+        )
         if probe.returncode != 0:
             reason = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
-            raise ConfigError(f"--instance-uids: this worker cannot switch to uid {uid} ({reason}); a user namespace "
-                              "may map fewer uids: give a range it maps, or --instance-user NAME to run every "
-                              "function's code as one user")
+            raise ConfigError(
+                f"--instance-uids: this worker cannot switch to uid {uid} ({reason}); a user namespace "
+                "may map fewer uids: give a range it maps, or --instance-user NAME to run every "
+                "function's code as one user"
+            )
 
 
 def clean_environment(env, user: InstanceUser) -> dict[str, str]:
@@ -164,10 +196,10 @@ def scrub_environment() -> None:
     (the strings the process was started with, which a fork inherits)."""
     kept = {k: v for k, v in os.environ.items() if not is_credential(k)}
     os.environ.clear()
-    os.environ.update(kept)   # new copies on the heap: nothing points into the start-up block any more
+    os.environ.update(kept)  # new copies on the heap: nothing points into the start-up block any more
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        start, end = int(fields[47]), int(fields[48])   # env_start, env_end (proc(5) fields 50, 51)
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5) fields 50, 51)
         if 0 < start < end:
             ctypes.memset(start, 0, end - start)
     except (OSError, ValueError, IndexError):
@@ -216,7 +248,7 @@ def _others_may_pass(root: str, path: str) -> bool:
     then may `path` be reached through `root`'s open directory; else it needs one of its own (a checkout whose
     root is 0700 holds this project's packages, which the instance user may read)."""
     walk = [root]
-    for part in path[len(root) + 1:].split(os.sep)[:-1]:
+    for part in path[len(root) + 1 :].split(os.sep)[:-1]:
         walk.append(os.path.join(walk[-1], part))
     try:
         return all(os.stat(d).st_mode & 0o001 for d in walk)
@@ -233,7 +265,7 @@ def _reach_imports() -> None:
             return path
         for root, alias in fds.items():
             if path == root or (path.startswith(root + os.sep) and _others_may_pass(root, path)):
-                return alias + path[len(root):]
+                return alias + path[len(root) :]
         if not os.path.isdir(path):
             return path
         fds[path] = f"/proc/self/fd/{os.open(path, os.O_RDONLY | os.O_DIRECTORY)}"

@@ -27,7 +27,7 @@ class InstanceFigures:
     running: bool = False
     error: str = ""
     received: int = 0
-    processed: int = 0            # successfully
+    processed: int = 0  # successfully
     user_exceptions: int = 0
     system_exceptions: int = 0
     outputs: int = 0
@@ -36,18 +36,18 @@ class InstanceFigures:
     interarrival_n: int = 0
     interarrival_s: float = 0.0
     interarrival_sq_s2: float = 0.0
-    wait_s: float = 0.0           # sum of publish-to-receive waits (the fast path's backlog, by Little's law)
-    newest_publish_ms: int = 0    # newest publish time received (the fast path's arrival rate)
-    in_flight: int = 0            # messages taken and not yet processed (0 or 1: one loop)
+    wait_s: float = 0.0  # sum of publish-to-receive waits (the fast path's backlog, by Little's law)
+    newest_publish_ms: int = 0  # newest publish time received (the fast path's arrival rate)
+    in_flight: int = 0  # messages taken and not yet processed (0 or 1: one loop)
     first_processed_ms: int = 0
     last_invocation_ms: int = 0
     latest_user_exceptions: tuple[ExceptionRecord, ...] = ()
     latest_system_exceptions: tuple[ExceptionRecord, ...] = ()
     user_metrics: dict[str, tuple[float, int]] = field(default_factory=dict)  # name -> (sum, count)
-    connected: bool = True        # the input consumer's connection to the broker
-    stalled_since_ms: int = 0     # in-flight work (process() or unacked outputs) without progress since; 0: none
-    output_error: str = ""        # the last output failed (send timeout: a hung broker) and none has succeeded since
-    redelivered: int = 0          # messages received again (redelivery count > 0): ATLEAST_ONCE state may count them twice
+    connected: bool = True  # the input consumer's connection to the broker
+    stalled_since_ms: int = 0  # in-flight work (process() or unacked outputs) without progress since; 0: none
+    output_error: str = ""  # the last output failed (send timeout: a hung broker) and none has succeeded since
+    redelivered: int = 0  # messages received again (redelivery count > 0): ATLEAST_ONCE state may count them twice
 
     @property
     def avg_latency_ms(self) -> float:
@@ -79,7 +79,7 @@ class InstanceStats:
         self._metrics: dict[str, tuple[float, int]] = {}
         # For an honest status: the loop sets these; a status check turns long silence into "stalled".
         self.connected = True
-        self.busy_since_ms = 0                      # process() running since (0: not in process())
+        self.busy_since_ms = 0  # process() running since (0: not in process())
         self.last_progress_ms = self.start_time_ms  # last message processed or output persisted
         self.pending_outputs: Callable[[], int] = lambda: 0
         self.output_error = ""
@@ -88,18 +88,33 @@ class InstanceStats:
     def figures(self) -> InstanceFigures:
         with self._lock:
             return InstanceFigures(
-                instance_id=self.instance_id, start_time_ms=self.start_time_ms, running=self.running,
-                error=self.error, received=self.received, processed=self.processed,
-                user_exceptions=self.user_exceptions, system_exceptions=self.system_exceptions,
-                outputs=self.outputs, busy_s=self.busy_s, busy_sq_s2=self.busy_sq_s2,
-                interarrival_n=self.interarrival_n, interarrival_s=self.interarrival_s,
-                interarrival_sq_s2=self.interarrival_sq_s2, wait_s=self.wait_s,
-                newest_publish_ms=self._last_publish_ms or 0, in_flight=self.in_flight,
+                instance_id=self.instance_id,
+                start_time_ms=self.start_time_ms,
+                running=self.running,
+                error=self.error,
+                received=self.received,
+                processed=self.processed,
+                user_exceptions=self.user_exceptions,
+                system_exceptions=self.system_exceptions,
+                outputs=self.outputs,
+                busy_s=self.busy_s,
+                busy_sq_s2=self.busy_sq_s2,
+                interarrival_n=self.interarrival_n,
+                interarrival_s=self.interarrival_s,
+                interarrival_sq_s2=self.interarrival_sq_s2,
+                wait_s=self.wait_s,
+                newest_publish_ms=self._last_publish_ms or 0,
+                in_flight=self.in_flight,
                 first_processed_ms=self.first_processed_ms,
-                last_invocation_ms=self.last_invocation_ms, latest_user_exceptions=tuple(self._user_exc),
-                latest_system_exceptions=tuple(self._system_exc), user_metrics=dict(self._metrics),
-                connected=self.connected, stalled_since_ms=self._stalled_since_ms(), output_error=self.output_error,
-                redelivered=self.redelivered)
+                last_invocation_ms=self.last_invocation_ms,
+                latest_user_exceptions=tuple(self._user_exc),
+                latest_system_exceptions=tuple(self._system_exc),
+                user_metrics=dict(self._metrics),
+                connected=self.connected,
+                stalled_since_ms=self._stalled_since_ms(),
+                output_error=self.output_error,
+                redelivered=self.redelivered,
+            )
 
     def _stalled_since_ms(self) -> int:
         since = self.busy_since_ms

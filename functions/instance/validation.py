@@ -39,35 +39,59 @@ def serde_names(cfg) -> list[str]:
     return [n for n in [*cfg.customSerdeInputs.values(), cfg.outputSerdeClassName] if n]
 
 
-def validate(class_name: str, py_file: str | None, installed_modules: Sequence[str] = INSTALLED_MODULES,
-             timeout_s: float = VALIDATE_TIMEOUT_S, serdes: Sequence[str] = (), user: InstanceUser | None = None) -> None:
+def validate(
+    class_name: str,
+    py_file: str | None,
+    installed_modules: Sequence[str] = INSTALLED_MODULES,
+    timeout_s: float = VALIDATE_TIMEOUT_S,
+    serdes: Sequence[str] = (),
+    user: InstanceUser | None = None,
+) -> None:
     """Import the code and resolve className (and the serde classes) in a child process, as `user` (default:
     InstanceUser.resolve(), nobody for a root worker); FunctionLoadError saying why it cannot run."""
     user = user or InstanceUser.resolve()
     py = str(Path(py_file).resolve()) if py_file else None
-    cmd = [sys.executable, "-m", __name__, json.dumps({"className": class_name, "py": py,
-                                                       "modules": list(installed_modules), "serdes": list(serdes),
-                                                       "user": [user.name, user.uid, user.gid, user.home]})]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env=user.environment(), cwd="/",
-                            start_new_session=True)  # its own group: a timeout kills what it started too
+    cmd = [
+        sys.executable,
+        "-m",
+        __name__,
+        json.dumps(
+            {
+                "className": class_name,
+                "py": py,
+                "modules": list(installed_modules),
+                "serdes": list(serdes),
+                "user": [user.name, user.uid, user.gid, user.home],
+            }
+        ),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=user.environment(),
+        cwd="/",
+        start_new_session=True,
+    )  # its own group: a timeout kills what it started too
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        raise FunctionLoadError(f"className {class_name!r}: importing the code did not finish within "
-                                f"{timeout_s:.0f} s") from None
+        raise FunctionLoadError(f"className {class_name!r}: importing the code did not finish within {timeout_s:.0f} s") from None
     finally:
         _kill_group(proc)  # anything the code left running in its group
     for line in reversed(out.decode("utf-8", "replace").splitlines()):
         if line.startswith(_RESULT):
-            reason = json.loads(line[len(_RESULT):]).get("error")
+            reason = json.loads(line[len(_RESULT) :]).get("error")
             if reason:
                 raise FunctionLoadError(reason)
             return
     tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-    raise FunctionLoadError(f"className {class_name!r}: the code ended the process with exit code "
-                            f"{proc.returncode} while being imported{(': ' + tail[0][:300]) if tail[0] else ''}")
+    raise FunctionLoadError(
+        f"className {class_name!r}: the code ended the process with exit code "
+        f"{proc.returncode} while being imported{(': ' + tail[0][:300]) if tail[0] else ''}"
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -80,7 +104,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _main(arg: str) -> None:
     req = json.loads(arg)
-    py = enter(InstanceUser(*req["user"]), req["py"])   # before the code is imported
+    py = enter(InstanceUser(*req["user"]), req["py"])  # before the code is imported
     try:
         load_callable(req["className"], py, req["modules"])
         for serde in req.get("serdes", ()):

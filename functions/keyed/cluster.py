@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pulsar_autoscale.functions.model.config import FunctionConfig
 
 log = logging.getLogger(__name__)
-RETRY_S = 2.0               # a failed migration (an instance died meanwhile) is retried after this
+RETRY_S = 2.0  # a failed migration (an instance died meanwhile) is retried after this
 READ_TIMEOUT_MS = 5_000
 
 
@@ -63,8 +63,9 @@ class SavedAssignment:
 
 
 def save_assignment(producer: pulsar.Producer, a: KeyGroupAssignment, epoch: int) -> None:
-    producer.send(json.dumps({"epoch": epoch, "seq": time.time_ns(), "num_key_groups": a.num_key_groups,
-                              "owners": list(a.owners)}).encode())
+    producer.send(
+        json.dumps({"epoch": epoch, "seq": time.time_ns(), "num_key_groups": a.num_key_groups, "owners": list(a.owners)}).encode()
+    )
 
 
 def read_saved(client: pulsar.Client, topic: str) -> SavedAssignment | None:
@@ -84,8 +85,10 @@ def read_saved(client: pulsar.Client, topic: str) -> SavedAssignment | None:
             try:
                 msg = reader.read_next(READ_TIMEOUT_MS)
             except pulsar.Timeout:
-                raise TimeoutError(f"{topic}: no message for {READ_TIMEOUT_MS} ms before the end marker while "
-                                   "reading the saved key-group assignment; the broker may be down") from None
+                raise TimeoutError(
+                    f"{topic}: no message for {READ_TIMEOUT_MS} ms before the end marker while "
+                    "reading the saved key-group assignment; the broker may be down"
+                ) from None
             if msg.data() == nonce:
                 return None if best is None else best[1]
             try:
@@ -93,7 +96,7 @@ def read_saved(client: pulsar.Client, topic: str) -> SavedAssignment | None:
                 order = (int(saved.get("epoch", 0)), int(saved["seq"]))
                 a = KeyGroupAssignment(saved["num_key_groups"], tuple(saved["owners"]))
             except (ValueError, KeyError, TypeError, AttributeError):
-                continue   # another reader's end marker
+                continue  # another reader's end marker
             if best is None or order > best[0]:
                 best = (order, SavedAssignment(a, order[0]))
     finally:
@@ -109,9 +112,16 @@ class ClusterKeyed:
     """A keyedState function's part on one cluster worker: its local instances' stores and route inputs, and
     the front (router + scaler) while instance 0 runs here."""
 
-    def __init__(self, cfg, directory: Path, client: Callable[[], pulsar.Client],
-                 open_input_consumer: Callable[[], pulsar.Consumer], broker: BrokerProfile,
-                 config: Callable[[], FunctionConfig], stall_fence: Callable[[], StallFence | None] = lambda: None):
+    def __init__(
+        self,
+        cfg,
+        directory: Path,
+        client: Callable[[], pulsar.Client],
+        open_input_consumer: Callable[[], pulsar.Consumer],
+        broker: BrokerProfile,
+        config: Callable[[], FunctionConfig],
+        stall_fence: Callable[[], StallFence | None] = lambda: None,
+    ):
         """`config`: the function's current config (an update restarts the instances with it); `stall_fence`:
         the worker's (B12), which watches the route consumers as it watches every input."""
         self.topics = KeyedTopics.of(cfg)
@@ -120,19 +130,18 @@ class ClusterKeyed:
         self._client = client
         self._broker = broker
         # a cluster worker restores every group it opens: the function may have run elsewhere since
-        local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, changelog_of(cfg),
-                                    restore_always=True)
+        local = InstanceStateStores(directory, cfg.numKeyGroups, self.owners, client, changelog_of(cfg), restore_always=True)
         self.stores = RoutedStores(client, self.topics, local, broker.route_subscription)
-        self.stores.wanted = lambda i: i < self._config().parallelism   # read at each wait: a scale-in meanwhile
+        self.stores.wanted = lambda i: i < self._config().parallelism  # read at each wait: a scale-in meanwhile
         self._open_input_consumer = open_input_consumer
         self.router = self._new_router(KeyGroupAssignment.uniform(cfg.numKeyGroups, max(cfg.parallelism, 1)))
         self.scaler: KeyedScaler[FrontMarkers] | None = None
         self._saver: pulsar.Producer | None = None
-        self._epoch: int | None = None   # the front's, while it runs here
-        self._inputs: weakref.WeakSet[RouteInput] = weakref.WeakSet()   # this worker's instances' route inputs
+        self._epoch: int | None = None  # the front's, while it runs here
+        self._inputs: weakref.WeakSet[RouteInput] = weakref.WeakSet()  # this worker's instances' route inputs
         self._reply_producer: pulsar.Producer | None = None
         self._lock = threading.Lock()
-        self._front_lock = threading.Lock()   # a front starting here, and the last one closing in the background
+        self._front_lock = threading.Lock()  # a front starting here, and the last one closing in the background
 
     # ---- instances here -------------------------------------------------------------------------------
     def open_input(self, instance_id: int) -> RouteInput:
@@ -145,9 +154,19 @@ class ClusterKeyed:
         epoch = self._epoch
         if epoch is None:
             epoch = self._saved_epoch()
-        opened = RouteInput(self._client(), self.topics, instance_id, self.stores.local, self._send_reply,
-                            self._broker, self._config(), self._stall_fence(), epoch, self._saved_epoch)
-        with self._lock:   # a front starting here meanwhile: its epoch
+        opened = RouteInput(
+            self._client(),
+            self.topics,
+            instance_id,
+            self.stores.local,
+            self._send_reply,
+            self._broker,
+            self._config(),
+            self._stall_fence(),
+            epoch,
+            self._saved_epoch,
+        )
+        with self._lock:  # a front starting here meanwhile: its epoch
             self._inputs.add(opened)
             if self._epoch is not None:
                 opened.raise_epoch(self._epoch)
@@ -174,14 +193,16 @@ class ClusterKeyed:
         def sent(result, _msg_id) -> None:
             if result != pulsar.Result.Ok:
                 log.warning("%s: an answer to the front was not sent: %s", self.topics.name, result)
+
         producer.send_async(json.dumps(reply).encode(), sent)
 
     # ---- the front ------------------------------------------------------------------------------------
     def _new_router(self, assignment: KeyGroupAssignment) -> KeyedRouter:
         """A front's router, one per front: a front still closing in the background (stop_front) closes its own
         input and acks its own forwards there, never those of a front started here after it."""
-        router = KeyedRouter(assignment, self._open_input_consumer,
-                             forward=lambda instance_id, msg: self._forward(router, instance_id, msg))
+        router = KeyedRouter(
+            assignment, self._open_input_consumer, forward=lambda instance_id, msg: self._forward(router, instance_id, msg)
+        )
         return router
 
     def start_front(self, parallelism: int) -> None:
@@ -195,7 +216,7 @@ class ClusterKeyed:
                 epoch = (0 if saved is None else saved.epoch) + 1
                 with self._lock:
                     self._epoch = epoch
-                    for opened in self._inputs:   # an announcement may go to a frozen instance's consumer instead
+                    for opened in self._inputs:  # an announcement may go to a frozen instance's consumer instead
                         opened.raise_epoch(epoch)
                 target = self.router.assignment.rescale(max(parallelism, 1))
                 self.router.stop_serving({m.group for m in moves(self.router.assignment, target)})
@@ -205,12 +226,21 @@ class ClusterKeyed:
                 save_assignment(saver, self.router.assignment, epoch)
                 self.stores.announce(epoch, set(self.router.assignment.owners) | set(range(max(parallelism, 1))))
                 self.stores.listen()
-                self.scaler = KeyedScaler(self.router, FrontMarkers(self.stores, epoch), start=lambda _i: None,
-                                          drain=lambda _ids: None, settings=lambda: keyed_migration(self._config()),
-                                          save=lambda a: save_assignment(saver, a, epoch), retry_s=RETRY_S)
+                self.scaler = KeyedScaler(
+                    self.router,
+                    FrontMarkers(self.stores, epoch),
+                    start=lambda _i: None,
+                    drain=lambda _ids: None,
+                    settings=lambda: keyed_migration(self._config()),
+                    save=lambda a: save_assignment(saver, a, epoch),
+                    retry_s=RETRY_S,
+                )
                 self.router.start()
-                log.info("%s: front started here with %s groups per instance", self.topics.name,
-                         self.scaler.view()["groupsPerInstance"])
+                log.info(
+                    "%s: front started here with %s groups per instance",
+                    self.topics.name,
+                    self.scaler.view()["groupsPerInstance"],
+                )
             scaler = self.scaler
         scaler.scale(max(parallelism, 1))
 
@@ -234,15 +264,16 @@ class ClusterKeyed:
             scaler.idle(MARKER_TIMEOUT_S)
             try:
                 router.close(before_close=self.stores.flush_front)
-                with self._front_lock:   # not closed under it: a front starting here must not wait for the broker
+                with self._front_lock:  # not closed under it: a front starting here must not wait for the broker
                     close_front = self.stores.take_front() if self.scaler is None else None
                 if close_front is not None:
                     close_front()
                 if saver is not None:
                     saver.close()
-            except pulsar.PulsarException as exc:   # the broker is gone: it redelivers what was not acked
+            except pulsar.PulsarException as exc:  # the broker is gone: it redelivers what was not acked
                 log.warning("%s: closing the front: %s", self.topics.name, exc)
             log.info("%s: the front that ran here closed", self.topics.name)
+
         thread = threading.Thread(target=stop, name=f"front-stop-{self.topics.name}", daemon=True)
         thread.start()
         return thread
@@ -260,8 +291,12 @@ class ClusterKeyed:
 
     def _forward(self, router: KeyedRouter, instance_id: int, msg) -> None:
         """Under the router's lock (so records keep their order per route topic): forward, ack once persisted."""
-        props = {**msg.properties(), ORIGINAL_ID: str(msg.message_id()), ORIGINAL_TOPIC: msg.topic_name(),
-                 ORIGINAL_PUBLISH: str(msg.publish_timestamp())}
+        props = {
+            **msg.properties(),
+            ORIGINAL_ID: str(msg.message_id()),
+            ORIGINAL_TOPIC: msg.topic_name(),
+            ORIGINAL_PUBLISH: str(msg.publish_timestamp()),
+        }
         kwargs: dict = {"properties": props}
         if msg.partition_key():
             kwargs["partition_key"] = msg.partition_key()
@@ -271,8 +306,8 @@ class ClusterKeyed:
         if msg.event_timestamp():
             kwargs["event_timestamp"] = msg.event_timestamp()
 
-        consumer = router.input   # the one the record came from, open until the forwards are flushed
-        if consumer is None:           # the input closed: the broker redelivers the record to the next front
+        consumer = router.input  # the one the record came from, open until the forwards are flushed
+        if consumer is None:  # the input closed: the broker redelivers the record to the next front
             return
 
         def done(result, _msg_id):
@@ -281,7 +316,7 @@ class ClusterKeyed:
                     consumer.acknowledge(msg)
                 else:
                     consumer.negative_acknowledge(msg)
-            except pulsar.PulsarException as exc:   # closed meanwhile: the broker redelivers the record
+            except pulsar.PulsarException as exc:  # closed meanwhile: the broker redelivers the record
                 log.debug("%s: no ack for a forwarded record: %s", self.topics.name, exc)
 
         self.stores.producer(instance_id).send_async(msg.data(), done, **kwargs)
@@ -303,11 +338,10 @@ class ClusterKeyed:
         one that holds the key's own group, else None (another worker answers: functions/cluster/member.py)."""
         group = key_group(key, self.router.num_key_groups)
         instances = self.stores.local.instances()
-        for i in instances:   # a surplus instance that has not restored yet (open_input): its files are not its state
+        for i in instances:  # a surplus instance that has not restored yet (open_input): its files are not its state
             self.stores.restore(i)
         here = [self.stores.store(i) for i in instances]
-        return (next((s for s in here if s.holds(key)), None)
-                or next((s for s in here if group in s.owned()), None))
+        return next((s for s in here if s.holds(key)), None) or next((s for s in here if group in s.owned()), None)
 
     def surplus_owners(self, parallelism: int) -> set[int]:
         """The front's instances beyond `parallelism` that still own key groups (a scale-in under way): they

@@ -89,18 +89,23 @@ class MigrationReport:
     subscales: int
     duration_s: float
     stop_the_world: bool
-    subscale_s: list[float] = field(default_factory=list)   # trigger -> served, per subscale
-    put_down_s: float = 0.0                                   # summed over subscales: waiting for records in hand
-    release_s: float = 0.0                                    # old owners' flush + snapshot + forget
-    open_s: float = 0.0                                       # new owners' restore
-    prepare_s: float = 0.0                                    # pre-copy before the first subscale (live only)
+    subscale_s: list[float] = field(default_factory=list)  # trigger -> served, per subscale
+    put_down_s: float = 0.0  # summed over subscales: waiting for records in hand
+    release_s: float = 0.0  # old owners' flush + snapshot + forget
+    open_s: float = 0.0  # new owners' restore
+    prepare_s: float = 0.0  # pre-copy before the first subscale (live only)
     pre_copy_rounds: int = 0
 
 
-def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignment,
-            how: KeyedMigration = KeyedMigration(), put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S,
-            save: Callable[[KeyGroupAssignment], None] = lambda _a: None,
-            stop: threading.Event | None = None) -> MigrationReport:
+def migrate(
+    router: KeyedRouter,
+    stores: InstanceStores,
+    target: KeyGroupAssignment,
+    how: KeyedMigration = KeyedMigration(),
+    put_down_timeout_s: float = PUT_DOWN_TIMEOUT_S,
+    save: Callable[[KeyGroupAssignment], None] = lambda _a: None,
+    stop: threading.Event | None = None,
+) -> MigrationReport:
     """Move the router's groups to `target`'s owners (the instances of both must be attached).
     `save` gets the assignment to keep after each subscale's releases, before its opens: its groups already
     belong to their new owners there, so an old owner that restarts meanwhile (its groups are read from the
@@ -120,7 +125,7 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
     report = MigrationReport(len(todo), 0, 0.0, stop_the_world)
     if todo and not stop_the_world:
         try:
-            for _ in range(PRE_COPY_ROUNDS):   # a later round reads only what changed during the one before
+            for _ in range(PRE_COPY_ROUNDS):  # a later round reads only what changed during the one before
                 if stop.is_set():
                     break
                 began = time.monotonic()
@@ -136,12 +141,12 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         router.stop_serving(everything)
         _put_down(router, everything, put_down_timeout_s)
         batches = [todo]
-    else:   # (stop-the-world with nothing to move pauses nothing)
+    else:  # (stop-the-world with nothing to move pauses nothing)
         batches = subscales(todo, subscale_size)
     pace = Pacer(duty, stop=stop)
     for n, batch in enumerate(batches):
         if n:
-            pace()   # the last subscale's time times (1 - duty) / duty
+            pace()  # the last subscale's time times (1 - duty) / duty
         if stop.is_set():
             report.moved_groups = sum(len(b) for b in batches[:n])
             log.info("migration stopped after %d of %d subscales", n, len(batches))
@@ -154,8 +159,7 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
         t1 = time.monotonic()
         stores.release_all(_by(batch, "src"))
         moved = {m.group: m.dst for m in batch}
-        save(KeyGroupAssignment(router.num_key_groups,
-                                tuple(moved.get(g, o) for g, o in enumerate(router.assignment.owners))))
+        save(KeyGroupAssignment(router.num_key_groups, tuple(moved.get(g, o) for g, o in enumerate(router.assignment.owners))))
         t2 = time.monotonic()
         stores.open_all(_by(batch, "dst"))
         t3 = time.monotonic()
@@ -166,13 +170,19 @@ def migrate(router: KeyedRouter, stores: InstanceStores, target: KeyGroupAssignm
             router.serve({m.group: m.dst for m in batch})
         report.subscale_s.append(time.monotonic() - t0)
         report.subscales += 1
-    if stop_the_world and todo:   # stopped before its one batch: every group back to its owner
+    if stop_the_world and todo:  # stopped before its one batch: every group back to its owner
         owners = target.owners if report.subscales else router.assignment.owners
         router.serve({g: owners[g] for g in range(router.num_key_groups)})
     report.duration_s = time.monotonic() - start
-    log.info("migrated %d key groups to %d instances in %d subscale(s) in %.3f s (pre-copy %.2f s)%s",
-             report.moved_groups, target.parallelism, report.subscales, report.duration_s, report.prepare_s,
-             " (stop-the-world)" if stop_the_world else "")
+    log.info(
+        "migrated %d key groups to %d instances in %d subscale(s) in %.3f s (pre-copy %.2f s)%s",
+        report.moved_groups,
+        target.parallelism,
+        report.subscales,
+        report.duration_s,
+        report.prepare_s,
+        " (stop-the-world)" if stop_the_world else "",
+    )
     return report
 
 
@@ -186,8 +196,7 @@ def _by(batch, end: str) -> dict[int, set[int]]:
 
 def _put_down(router: KeyedRouter, groups: set[int], timeout_s: float) -> None:
     if not router.wait_put_down(groups, timeout_s):
-        raise MigrationError(f"an instance kept a record of key groups {sorted(groups)} in hand for more than "
-                             f"{timeout_s:.0f} s")
+        raise MigrationError(f"an instance kept a record of key groups {sorted(groups)} in hand for more than {timeout_s:.0f} s")
 
 
 class InstanceStateStores:
@@ -203,9 +212,16 @@ class InstanceStateStores:
     acked (local only) are dropped and come back with the redelivered input.
     """
 
-    def __init__(self, directory: Path, num_key_groups: int, owners: Callable[[], KeyGroupAssignment],
-                 client: Callable[[], pulsar.Client], changelog: Changelog, new: bool = False,
-                 restore_always: bool = False):
+    def __init__(
+        self,
+        directory: Path,
+        num_key_groups: int,
+        owners: Callable[[], KeyGroupAssignment],
+        client: Callable[[], pulsar.Client],
+        changelog: Changelog,
+        new: bool = False,
+        restore_always: bool = False,
+    ):
         """`new`: a function just created here, whose state starts empty (a changelog left by a deleted
         function of the same name is not its state). `restore_always` (a cluster, where the function may
         have run elsewhere since this worker's files were written): restore every group when it opens."""
@@ -217,7 +233,7 @@ class InstanceStateStores:
         self._stores: dict[int, StateStore] = {}
         self._unrestored: set[int] = set()
         self._restoring: dict[int, threading.Lock] = {}
-        self._copied: dict[int, set[int]] = {}   # instance -> groups pre-copied for it, not opened yet
+        self._copied: dict[int, set[int]] = {}  # instance -> groups pre-copied for it, not opened yet
         self._lock = threading.Lock()
         self.restores: list[RestoreStats] = []
         marker = directory / CLEAN_MARKER
@@ -228,8 +244,11 @@ class InstanceStateStores:
         with self._lock:
             store = self._stores.get(instance_id)
             if store is None:
-                store = StateStore(self._dir / f"instance-{instance_id}.sqlite", self._num_key_groups,
-                                   owned=set(self._owners().groups_of(instance_id)))
+                store = StateStore(
+                    self._dir / f"instance-{instance_id}.sqlite",
+                    self._num_key_groups,
+                    owned=set(self._owners().groups_of(instance_id)),
+                )
                 store.snapshot_dir = self._dir / "snapshots"
                 if store.owned() and not self._trust_local:
                     self._unrestored.add(instance_id)
@@ -240,15 +259,22 @@ class InstanceStateStores:
         """Restore the instance's groups if its store needs it (see the class); the instance's own thread
         calls it before it takes records, so the worker's lock is not held and instances restore in parallel."""
         store = self.store(instance_id)
-        with self._gate(instance_id):   # a migration's release/open waits for the instance's restore, and back
+        with self._gate(instance_id):  # a migration's release/open waits for the instance's restore, and back
             if instance_id not in self._unrestored:
                 return
             stats = store.open(store.owned(), restore=True, client=self._client(), changelog=self._changelog)
             self._unrestored.discard(instance_id)
         self.restores.append(stats)
-        log.info("%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, "
-                 "%.1f MB in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot,
-                 stats.records, stats.bytes / 1e6, stats.seconds)
+        log.info(
+            "%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, %.1f MB in %.2f s",
+            self._changelog,
+            instance_id,
+            stats.groups,
+            stats.from_snapshot,
+            stats.records,
+            stats.bytes / 1e6,
+            stats.seconds,
+        )
 
     def _gate(self, instance_id: int) -> threading.Lock:
         with self._lock:
@@ -269,12 +295,17 @@ class InstanceStateStores:
         changelog after now, not all of it (a stop and start of a 50 MB function replayed 50 MB). Best effort: a
         group left unsnapshotted replays its whole changelog when it opens next (correct, slower)."""
         with self._lock:
-            for i in sorted(instance_ids & set(self._stores) - self._unrestored):   # unrestored: files not its state
+            for i in sorted(instance_ids & set(self._stores) - self._unrestored):  # unrestored: files not its state
                 try:
                     self._stores[i].snapshot(self._stores[i].owned())
                 except pulsar.PulsarException as exc:
-                    log.warning("%s: instance %d's key groups were not snapshotted (%s): they restore from the "
-                                "whole changelog when they open next", self._changelog, i, exc)
+                    log.warning(
+                        "%s: instance %d's key groups were not snapshotted (%s): they restore from the "
+                        "whole changelog when they open next",
+                        self._changelog,
+                        i,
+                        exc,
+                    )
 
     def instances(self) -> list[int]:
         with self._lock:
@@ -290,7 +321,7 @@ class InstanceStateStores:
         """A clean stop (the instances drained): snapshot every group, so the next start trusts the files."""
         with self._lock:
             for i, store in self._stores.items():
-                if i not in self._unrestored:   # never restored here: its files are not its state
+                if i not in self._unrestored:  # never restored here: its files are not its state
                     store.snapshot(store.owned())
                 store.close()
             if not self._unrestored:
@@ -314,8 +345,12 @@ class InstanceStateStores:
             unrestored = instance_id in self._unrestored
             store.release(groups, snapshot=not unrestored)
         if unrestored:
-            log.info("%s: instance %d released %d key groups it never restored: they open from the changelog",
-                     self._changelog, instance_id, len(groups))
+            log.info(
+                "%s: instance %d released %d key groups it never restored: they open from the changelog",
+                self._changelog,
+                instance_id,
+                len(groups),
+            )
 
     def _in_use(self) -> set[int]:
         """The groups some store here owns (the caller holds the lock): their files are being served."""
@@ -326,15 +361,23 @@ class InstanceStateStores:
         self.restore(instance_id)
         with self._lock:
             copied = self._copied.get(instance_id, set()) - set(groups) - self._in_use()
-        stats = self.store(instance_id).open(groups, restore=True, client=self._client(), changelog=self._changelog,
-                                             refresh=copied)
+        stats = self.store(instance_id).open(
+            groups, restore=True, client=self._client(), changelog=self._changelog, refresh=copied
+        )
         with self._lock:
             self._copied[instance_id] = copied
         self.restores.append(stats)
         # per instance and per subscale: DEBUG; a change's one INFO line is migrate()'s "migrated ..."
-        log.debug("%s: instance %d opened %d key groups (%d from a snapshot): %d changelog records, %.1f MB in "
-                 "%.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
-                 stats.bytes / 1e6, stats.seconds)
+        log.debug(
+            "%s: instance %d opened %d key groups (%d from a snapshot): %d changelog records, %.1f MB in %.2f s",
+            self._changelog,
+            instance_id,
+            stats.groups,
+            stats.from_snapshot,
+            stats.records,
+            stats.bytes / 1e6,
+            stats.seconds,
+        )
 
     def prepare(self, instance_id: int, groups: set[int], duty: float = 1.0, mb_per_s: float | None = None) -> None:
         """Pre-copy the groups whose files no store here uses (on one worker a moving group's file is in use
@@ -346,9 +389,16 @@ class InstanceStateStores:
         stats = self.store(instance_id).prepare(todo, self._client(), self._changelog, duty, mb_per_s)
         with self._lock:
             self._copied[instance_id] = todo
-        log.debug("%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB "
-                 "in %.2f s", self._changelog, instance_id, stats.groups, stats.from_snapshot, stats.records,
-                 stats.bytes / 1e6, stats.seconds)
+        log.debug(
+            "%s: instance %d pre-copied %d key groups (%d from a snapshot): %d changelog records, %.1f MB in %.2f s",
+            self._changelog,
+            instance_id,
+            stats.groups,
+            stats.from_snapshot,
+            stats.records,
+            stats.bytes / 1e6,
+            stats.seconds,
+        )
 
     def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
         for i, gs in groups.items():
@@ -373,15 +423,22 @@ class KeyedScaler(Generic[Stores]):
     so a migration never goes on towards a parallelism the function no longer has (a resumed one included).
     """
 
-    def __init__(self, router: KeyedRouter, stores: Stores, start: Callable[[int], None],
-                 drain: Callable[[list[int]], None], save: Callable[[KeyGroupAssignment], None],
-                 settings: Callable[[], KeyedMigration] = KeyedMigration, retry_s: float | None = None):
+    def __init__(
+        self,
+        router: KeyedRouter,
+        stores: Stores,
+        start: Callable[[int], None],
+        drain: Callable[[list[int]], None],
+        save: Callable[[KeyGroupAssignment], None],
+        settings: Callable[[], KeyedMigration] = KeyedMigration,
+        retry_s: float | None = None,
+    ):
         """`retry_s`: retry a failed migration after this long (on a cluster an instance that died meanwhile
         comes back on another worker); None: the next scale() retries."""
         self.router = router
         self.stores = stores
         self._start, self._drain, self._save = start, drain, save
-        self.settings = settings                 # the function's current customRuntimeOptions.keyedMigration
+        self.settings = settings  # the function's current customRuntimeOptions.keyedMigration
         self.retry_s = retry_s
         self.reports: list[MigrationReport] = []
         self.failure = ""
@@ -391,8 +448,8 @@ class KeyedScaler(Generic[Stores]):
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._called_off = threading.Event()
-        self._interrupt = threading.Event()   # set: the migration under way stops (called off, or a new target)
-        self._target: int | None = None       # what the migration under way moves to
+        self._interrupt = threading.Event()  # set: the migration under way stops (called off, or a new target)
+        self._target: int | None = None  # what the migration under way moves to
 
     def stop(self) -> None:
         """No more retries: this scaler's router is closing (a cluster's front moved); a migration under way
@@ -423,7 +480,7 @@ class KeyedScaler(Generic[Stores]):
             self._wanted = target
             self._busy = True
             if self._target is not None and target != self._target:
-                self._interrupt.set()   # stop moving towards a parallelism the function no longer has
+                self._interrupt.set()  # stop moving towards a parallelism the function no longer has
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="keyed-scaler", daemon=True)
                 self._thread.start()
@@ -432,14 +489,23 @@ class KeyedScaler(Generic[Stores]):
         """What status shows: whether groups are moving, who owns how many, the last migration, a failure."""
         owners = self.router.assignment.owners
         last = self.reports[-1] if self.reports else None
-        waiting = self.router.waiting_for_absent()   # records of stopped instances, held here (routing.py)
-        return {"migrating": self._busy, "groupsPerInstance": {str(i): owners.count(i) for i in sorted(set(owners))},
-                "lastMigration": None if last is None else {
-                    "movedGroups": last.moved_groups, "subscales": last.subscales,
-                    "seconds": round(last.duration_s, 3), "stopTheWorld": last.stop_the_world,
-                    "preCopySeconds": round(last.prepare_s, 3), "preCopyRounds": last.pre_copy_rounds},
-                **({"waitingForStoppedInstances": {str(i): n for i, n in sorted(waiting.items())}} if waiting else {}),
-                **({"failure": self.failure} if self.failure else {})}
+        waiting = self.router.waiting_for_absent()  # records of stopped instances, held here (routing.py)
+        return {
+            "migrating": self._busy,
+            "groupsPerInstance": {str(i): owners.count(i) for i in sorted(set(owners))},
+            "lastMigration": None
+            if last is None
+            else {
+                "movedGroups": last.moved_groups,
+                "subscales": last.subscales,
+                "seconds": round(last.duration_s, 3),
+                "stopTheWorld": last.stop_the_world,
+                "preCopySeconds": round(last.prepare_s, 3),
+                "preCopyRounds": last.pre_copy_rounds,
+            },
+            **({"waitingForStoppedInstances": {str(i): n for i, n in sorted(waiting.items())}} if waiting else {}),
+            **({"failure": self.failure} if self.failure else {}),
+        }
 
     def idle(self, timeout_s: float) -> bool:
         with self._cond:
@@ -459,26 +525,26 @@ class KeyedScaler(Generic[Stores]):
             try:
                 self._apply(target)
                 self.failure = ""
-            except Exception as exc:   # status shows it; the next scale() retries from where it stopped
+            except Exception as exc:  # status shows it; the next scale() retries from where it stopped
                 log.exception("live migration to %d instances failed", target)
                 self.failure = f"live migration to {target} instances failed: {type(exc).__name__}: {exc}"
                 if self.retry_s is not None and not self._stopped:
-                    self._called_off.wait(self.retry_s)   # pacing the retry, not synchronisation
+                    self._called_off.wait(self.retry_s)  # pacing the retry, not synchronisation
                     with self._cond:
                         self._wanted = target if self._wanted is None else self._wanted
 
     def _apply(self, target: int) -> None:
         for i in range(target):
-            self._start(i)               # a no-op for a running instance
+            self._start(i)  # a no-op for a running instance
         new = self.router.assignment.rescale(target)
         # groups a failed migration left in transit that this one does not move: back to their owner
         stale = self.router.moving() - {m.group for m in moves(self.router.assignment, new)}
         if stale:
             self.router.serve({g: self.router.assignment.owners[g] for g in stale})
         report = migrate(self.router, self.stores, new, self.settings(), save=self._save, stop=self._interrupt)
-        if report.moved_groups or not self.reports:   # status' lastMigration: the last one that moved groups
+        if report.moved_groups or not self.reports:  # status' lastMigration: the last one that moved groups
             self.reports.append(report)
-        if self._interrupt.is_set():   # called off, or retargeted: _run goes on from the assignment left
+        if self._interrupt.is_set():  # called off, or retargeted: _run goes on from the assignment left
             return
         surplus = sorted((i for i in self.router.attached() if i >= target), reverse=True)
         if surplus:

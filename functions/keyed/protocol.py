@@ -32,15 +32,16 @@ from pulsar_autoscale.functions.state.changelog import state_topic
 from pulsar_autoscale.functions.state.store import StateStore
 
 ROUTE_SUBSCRIPTION = "keyed-route"
-MARKER_TIMEOUT_S = 60.0     # an instance may have to start on another worker and restore first
-PREPARE_TIMEOUT_S = 300.0   # a pre-copy replays the whole changelog (500 MB: about 10 s here); best effort
-RECHECK_S = 0.5             # how often a wait for answers asks again which instances the function still has
+MARKER_TIMEOUT_S = 60.0  # an instance may have to start on another worker and restore first
+PREPARE_TIMEOUT_S = 300.0  # a pre-copy replays the whole changelog (500 MB: about 10 s here); best effort
+RECHECK_S = 0.5  # how often a wait for answers asks again which instances the function still has
 # properties of a forwarded record and of a marker
 ORIGINAL_ID, ORIGINAL_TOPIC, ORIGINAL_PUBLISH = "kg-mid", "kg-topic", "kg-pub"
 OP, GROUPS, NONCE, INSTANCE, DUTY, RATE = "kg-op", "kg-groups", "kg-nonce", "kg-instance", "kg-duty", "kg-mbps"
 EPOCH = "kg-epoch"
 RELEASE, OPEN, PREPARE, ANNOUNCE = "release", "open", "prepare", "epoch"
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class KeyedTopics:
@@ -75,8 +76,9 @@ class RoutedStores:
     (a front's epoch stamps its markers: FrontMarkers). The local stores (this worker's instances) answer
     everything else."""
 
-    def __init__(self, client: Callable[[], pulsar.Client], topics: KeyedTopics, local: InstanceStateStores,
-                 route_subscription_type: str):
+    def __init__(
+        self, client: Callable[[], pulsar.Client], topics: KeyedTopics, local: InstanceStateStores, route_subscription_type: str
+    ):
         self._client, self._topics, self.local = client, topics, local
         self._subscription_type = route_subscription_type
         self._producers: dict[int, pulsar.Producer] = {}
@@ -96,11 +98,15 @@ class RoutedStores:
             p = self._producers.get(instance_id)
             if p is None:
                 topic = self._topics.route(instance_id)
-                self._client().subscribe(topic, ROUTE_SUBSCRIPTION,
-                                         consumer_type=getattr(pulsar.ConsumerType, self._subscription_type),
-                                         initial_position=pulsar.InitialPosition.Earliest).close()
+                self._client().subscribe(
+                    topic,
+                    ROUTE_SUBSCRIPTION,
+                    consumer_type=getattr(pulsar.ConsumerType, self._subscription_type),
+                    initial_position=pulsar.InitialPosition.Earliest,
+                ).close()
                 p = self._producers[instance_id] = self._client().create_producer(
-                    topic, batching_enabled=False, block_if_queue_full=True, send_timeout_millis=0)
+                    topic, batching_enabled=False, block_if_queue_full=True, send_timeout_millis=0
+                )
             return p
 
     def listen(self) -> None:
@@ -108,8 +114,12 @@ class RoutedStores:
         with self._lock:
             if self._listener is None:
                 self._listener = self._client().subscribe(
-                    self._topics.control, f"front-{uuid.uuid4().hex[:12]}", consumer_type=pulsar.ConsumerType.Exclusive,
-                    initial_position=pulsar.InitialPosition.Latest, message_listener=self._on_reply)
+                    self._topics.control,
+                    f"front-{uuid.uuid4().hex[:12]}",
+                    consumer_type=pulsar.ConsumerType.Exclusive,
+                    initial_position=pulsar.InitialPosition.Latest,
+                    message_listener=self._on_reply,
+                )
 
     def _on_reply(self, consumer, msg) -> None:
         consumer.acknowledge(msg)
@@ -125,18 +135,26 @@ class RoutedStores:
         """A new front's epoch, first in each instance's route topic: from then on the instance refuses an older
         front's markers. Not answered: an instance that never reads it learns the epoch from the next marker."""
         for instance_id in sorted(instance_ids):
-            self.producer(instance_id).send(b"", properties={OP: ANNOUNCE, EPOCH: str(epoch),
-                                                              INSTANCE: str(instance_id)})
+            self.producer(instance_id).send(b"", properties={OP: ANNOUNCE, EPOCH: str(epoch), INSTANCE: str(instance_id)})
 
-    def ask_all(self, op: str, groups: dict[int, set[int]], epoch: int, timeout_s: float = MARKER_TIMEOUT_S,
-                 **extra: str) -> None:
+    def ask_all(
+        self, op: str, groups: dict[int, set[int]], epoch: int, timeout_s: float = MARKER_TIMEOUT_S, **extra: str
+    ) -> None:
         """A marker to each instance, then wait for every answer: the instances work in parallel."""
         asked: dict[str, tuple[int, set[int]]] = {}
         for instance_id, gs in groups.items():
             nonce = uuid.uuid4().hex
-            self.producer(instance_id).send(b"", properties={OP: op, GROUPS: ",".join(map(str, sorted(gs))),
-                                                              NONCE: nonce, INSTANCE: str(instance_id),
-                                                              EPOCH: str(epoch), **extra})
+            self.producer(instance_id).send(
+                b"",
+                properties={
+                    OP: op,
+                    GROUPS: ",".join(map(str, sorted(gs))),
+                    NONCE: nonce,
+                    INSTANCE: str(instance_id),
+                    EPOCH: str(epoch),
+                    **extra,
+                },
+            )
             asked[nonce] = (instance_id, gs)
         # An OPEN or PREPARE for an instance the function no longer has (scaled in, maybe drained already) is
         # not waited for: its marker stays first in its route topic, so whoever runs the instance opens the groups
@@ -145,8 +163,8 @@ class RoutedStores:
         skippable = op in (OPEN, PREPARE)
 
         def settled() -> bool:
-            return self._called_off or all(n in self._replies or (skippable and not self.wanted(asked[n][0]))
-                                           for n in asked)
+            return self._called_off or all(n in self._replies or (skippable and not self.wanted(asked[n][0])) for n in asked)
+
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while not settled() and time.monotonic() < deadline:
@@ -156,12 +174,18 @@ class RoutedStores:
             replies = {n: self._replies.pop(n, None) for n in asked}
         gone = {n for n, r in replies.items() if r is None and skippable and not self.wanted(asked[n][0])}
         if gone:
-            log.info("%s: not waiting for the %s of instances %s: the function no longer has them", self._topics.name,
-                     op, sorted(asked[n][0] for n in gone))
+            log.info(
+                "%s: not waiting for the %s of instances %s: the function no longer has them",
+                self._topics.name,
+                op,
+                sorted(asked[n][0] for n in gone),
+            )
         missing = [asked[n] for n, r in replies.items() if r is None and n not in gone]
         if missing:
-            raise MigrationError(f"{self._topics.name}: no confirmation of the {op} within {timeout_s:.0f} s from "
-                                 + ", ".join(f"instance {i} (key groups {sorted(gs)})" for i, gs in missing))
+            raise MigrationError(
+                f"{self._topics.name}: no confirmation of the {op} within {timeout_s:.0f} s from "
+                + ", ".join(f"instance {i} (key groups {sorted(gs)})" for i, gs in missing)
+            )
         failed = [f"instance {asked[n][0]}: {r['error']}" for n, r in replies.items() if r and r.get("error")]
         if failed:
             raise MigrationError(f"{self._topics.name}: the {op} failed on " + "; ".join(failed))
@@ -199,6 +223,7 @@ class RoutedStores:
                     listener.unsubscribe()
                 except pulsar.PulsarException:
                     listener.close()
+
         return close
 
     # ---- this worker's instances (worker.py uses these, as with migration.InstanceStateStores) --------
@@ -227,8 +252,7 @@ class FrontMarkers:
     epoch: int
 
     def prepare_all(self, groups: dict[int, set[int]], duty: float, mb_per_s: float | None) -> None:
-        self.stores.ask_all(PREPARE, groups, self.epoch, PREPARE_TIMEOUT_S,
-                            **{DUTY: str(duty), RATE: str(mb_per_s or "")})
+        self.stores.ask_all(PREPARE, groups, self.epoch, PREPARE_TIMEOUT_S, **{DUTY: str(duty), RATE: str(mb_per_s or "")})
 
     def release_all(self, groups: dict[int, set[int]]) -> None:
         self.stores.ask_all(RELEASE, groups, self.epoch)

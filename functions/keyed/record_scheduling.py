@@ -26,10 +26,10 @@ _OPENING = float("inf")
 class RecordScheduler(Generic[T]):
     def __init__(self, catch_up_s: float = CATCH_UP_S, max_wait_s: float = MAX_WAIT_S):
         self.catch_up_s, self.max_wait_s = catch_up_s, max_wait_s
-        self._catching_up: dict[int, float] = {}             # group -> until when its records wait
-        self._later: deque[tuple[float, T, int | None]] = deque()   # (arrived, record or marker, its group)
-        self._waiting: Counter[int] = Counter()                # group -> its records in _later
-        self._barrier = False                                  # a marker waits: nothing passes it
+        self._catching_up: dict[int, float] = {}  # group -> until when its records wait
+        self._later: deque[tuple[float, T, int | None]] = deque()  # (arrived, record or marker, its group)
+        self._waiting: Counter[int] = Counter()  # group -> its records in _later
+        self._barrier = False  # a marker waits: nothing passes it
 
     def opening(self, groups: set[int]) -> None:
         """An open of these groups started: their records (none come before it ends) will wait."""

@@ -70,7 +70,7 @@ class RoutedMessage:
     def properties(self) -> dict:
         return dict(self._props)
 
-    def __getattr__(self, name):   # data, partition_key, ordering_key, event_timestamp, redelivery_count ...
+    def __getattr__(self, name):  # data, partition_key, ordering_key, event_timestamp, redelivery_count ...
         return getattr(self.route_msg, name)
 
 
@@ -91,13 +91,22 @@ class RouteInput:
     checked against the saved assignment's epoch (`saved_epoch`) first, an announcement too: the one it reads first
     may be a stale front's, left unacknowledged by the frozen consumer."""
 
-    def __init__(self, client: pulsar.Client, topics: KeyedTopics, instance_id: int, stores: InstanceStateStores,
-                 reply: Callable[[dict], None], broker: BrokerProfile, cfg,
-                 stall_fence: StallFence | None = None, epoch: int = 0,
-                 saved_epoch: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        client: pulsar.Client,
+        topics: KeyedTopics,
+        instance_id: int,
+        stores: InstanceStateStores,
+        reply: Callable[[dict], None],
+        broker: BrokerProfile,
+        cfg,
+        stall_fence: StallFence | None = None,
+        epoch: int = 0,
+        saved_epoch: Callable[[], int] = lambda: 0,
+    ):
         self._topics, self._id = topics, instance_id
         self.epoch = epoch
-        self._saved_epoch: Callable[[], int] | None = saved_epoch   # None once checked or an announcement heard
+        self._saved_epoch: Callable[[], int] | None = saved_epoch  # None once checked or an announcement heard
         self._epoch_lock = threading.Lock()
         self._stores, self._reply = stores, reply
         # The function's retries and dead-letter topic (its first input's), not the route topic's. Where the
@@ -106,19 +115,28 @@ class RouteInput:
         dead_letter_topic = (cfg.dead_letter_topics() or [None])[0]
         if cfg.maxMessageRetries is not None:
             kwargs["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(
-                max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=dead_letter_topic)
+                max_redeliver_count=cfg.maxMessageRetries, dead_letter_topic=dead_letter_topic
+            )
         route, subscription_type = topics.route(instance_id), broker.route_subscription
 
         def open_consumer():
             consumer = client.subscribe(
-                route, ROUTE_SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type),
-                consumer_name=f"{topics.name}:{instance_id}", initial_position=pulsar.InitialPosition.Earliest,
-                receiver_queue_size=100, negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS, **kwargs)
-            return fence_nacks(consumer, cfg, client, broker, NACK_REDELIVERY_DELAY_MS / 1000, subscription_type,
-                               dead_letter_topic)
+                route,
+                ROUTE_SUBSCRIPTION,
+                consumer_type=getattr(pulsar.ConsumerType, subscription_type),
+                consumer_name=f"{topics.name}:{instance_id}",
+                initial_position=pulsar.InitialPosition.Earliest,
+                receiver_queue_size=100,
+                negative_ack_redelivery_delay_ms=NACK_REDELIVERY_DELAY_MS,
+                **kwargs,
+            )
+            return fence_nacks(
+                consumer, cfg, client, broker, NACK_REDELIVERY_DELAY_MS / 1000, subscription_type, dead_letter_topic
+            )
+
         self._consumer = fence_stalls(open_consumer, (route,), ROUTE_SUBSCRIPTION, stall_fence)
-        self._opening: dict[int, threading.Event] = {}   # groups an OPEN is restoring in the background
-        self._restored = False   # its groups, at the first record (ClusterKeyed.open_input): then no more locks per record
+        self._opening: dict[int, threading.Event] = {}  # groups an OPEN is restoring in the background
+        self._restored = False  # its groups, at the first record (ClusterKeyed.open_input): then no more locks per record
         self._scheduler: RecordScheduler[pulsar.Message] = RecordScheduler()
 
     @property
@@ -134,7 +152,7 @@ class RouteInput:
             if op is None:
                 group = message_group(msg, self.store.num_key_groups)
                 opening = self._opening.get(group)
-                if opening is not None:   # the front holds a group's records until its open is answered: not here
+                if opening is not None:  # the front holds a group's records until its open is answered: not here
                     opening.wait()
                 self._own(group)
                 return RoutedMessage(msg)
@@ -154,24 +172,43 @@ class RouteInput:
         epoch = int(props.get(EPOCH) or 0)
         with self._epoch_lock:
             check, self._saved_epoch = self._saved_epoch, None
-        if check is not None:   # an announcement too: a stale front's, redelivered from the frozen consumer's backlog
+        if check is not None:  # an announcement too: a stale front's, redelivered from the frozen consumer's backlog
             try:
                 saved = check()
-            except (pulsar.PulsarException, TimeoutError) as exc:   # the front retries the step
+            except (pulsar.PulsarException, TimeoutError) as exc:  # the front retries the step
                 with self._epoch_lock:
                     self._saved_epoch = check
                 if op != ANNOUNCE:
-                    self._reply({"nonce": nonce, "op": op, "instance": self._id,
-                                 "error": f"reading the saved assignment's epoch failed: {exc}"})
+                    self._reply(
+                        {
+                            "nonce": nonce,
+                            "op": op,
+                            "instance": self._id,
+                            "error": f"reading the saved assignment's epoch failed: {exc}",
+                        }
+                    )
                 return
             with self._epoch_lock:
                 self.epoch = max(self.epoch, saved)
         if epoch < self.epoch:
-            log.warning("%s instance %d: refused a %s of key groups %s from a stale front (epoch %d; the current "
-                        "front's is %d)", self._topics.name, self._id, op, sorted(groups), epoch, self.epoch)
+            log.warning(
+                "%s instance %d: refused a %s of key groups %s from a stale front (epoch %d; the current front's is %d)",
+                self._topics.name,
+                self._id,
+                op,
+                sorted(groups),
+                epoch,
+                self.epoch,
+            )
             if op != ANNOUNCE:
-                self._reply({"nonce": nonce, "op": op, "instance": self._id,
-                             "error": f"refused: a stale front (epoch {epoch}, the current one is {self.epoch})"})
+                self._reply(
+                    {
+                        "nonce": nonce,
+                        "op": op,
+                        "instance": self._id,
+                        "error": f"refused: a stale front (epoch {epoch}, the current one is {self.epoch})",
+                    }
+                )
             return
         with self._epoch_lock:
             self.epoch = max(self.epoch, epoch)
@@ -179,8 +216,7 @@ class RouteInput:
         # groups go on meanwhile (no record of the groups comes before the answer). A release is a flush.
         if op == PREPARE:
             duty, rate = float(props.get(DUTY, 1)), float(props.get(RATE) or 0) or None
-            self._in_background(op, groups, nonce,
-                                lambda: self._stores.prepare(self._id, groups, duty, rate))
+            self._in_background(op, groups, nonce, lambda: self._stores.prepare(self._id, groups, duty, rate))
         elif op == OPEN:
             done = threading.Event()
             self._opening.update(dict.fromkeys(groups, done))
@@ -188,7 +224,7 @@ class RouteInput:
             self._in_background(op, groups, nonce, lambda: self._stores.open(self._id, groups), done)
         elif op != ANNOUNCE:
             held = groups & self.store.owned()
-            if op == RELEASE and held:   # only what it holds: releasing a group again would snapshot it empty
+            if op == RELEASE and held:  # only what it holds: releasing a group again would snapshot it empty
                 self._stores.release(self._id, held)
             self._reply({"nonce": nonce, "op": op, "instance": self._id})
 
@@ -202,7 +238,7 @@ class RouteInput:
             try:
                 msg = self._consumer.receive(timeout_millis=wait_ms)
             except pulsar.Timeout:
-                msg = self._scheduler.take()   # nothing else is here: the moved groups' turn
+                msg = self._scheduler.take()  # nothing else is here: the moved groups' turn
                 if msg is None:
                     raise
                 return msg
@@ -211,20 +247,23 @@ class RouteInput:
             if msg is not None:
                 return msg
 
-    def _in_background(self, op: str, groups: set[int], nonce: str | None, work: Callable[[], None],
-                       done: threading.Event | None = None) -> None:
+    def _in_background(
+        self, op: str, groups: set[int], nonce: str | None, work: Callable[[], None], done: threading.Event | None = None
+    ) -> None:
         """Do `work` in a thread, then answer the front (with the error if it failed: the front retries)."""
+
         def run() -> None:
             reply = {"nonce": nonce, "op": op, "instance": self._id}
             try:
                 work()
             except Exception as exc:
-                log.warning("%s instance %d: the %s of key groups %s failed: %s", self._topics.name, self._id, op,
-                            sorted(groups), exc)
+                log.warning(
+                    "%s instance %d: the %s of key groups %s failed: %s", self._topics.name, self._id, op, sorted(groups), exc
+                )
                 reply["error"] = f"{type(exc).__name__}: {exc}"
             finally:
                 if done is not None:
-                    self._scheduler.opened(groups, time.monotonic())   # the front now sends the records it held
+                    self._scheduler.opened(groups, time.monotonic())  # the front now sends the records it held
                     for g in groups:
                         if self._opening.get(g) is done:
                             del self._opening[g]
@@ -233,6 +272,7 @@ class RouteInput:
                 self._reply(reply)
             except pulsar.PulsarException as exc:
                 log.warning("%s instance %d: no answer to the %s: %s", self._topics.name, self._id, op, exc)
+
         threading.Thread(target=run, daemon=True, name=f"{op}-{self._topics.name}-{self._id}").start()
 
     def _own(self, group: int) -> None:
@@ -243,8 +283,9 @@ class RouteInput:
             self._stores.restore(self._id)
             self._restored = True
         if group not in self.store.owned():
-            log.warning("%s instance %d: a record of key group %d, not open here: restoring it", self._topics.name,
-                        self._id, group)
+            log.warning(
+                "%s instance %d: a record of key group %d, not open here: restoring it", self._topics.name, self._id, group
+            )
             self._stores.open(self._id, {group})
 
     def acknowledge(self, msg) -> None:

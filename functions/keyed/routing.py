@@ -46,16 +46,16 @@ def keyed_subscription_type(cfg) -> str:
 
 @dataclass
 class RoutingCounters:
-    received: int = 0          # records the dispatcher took from the input
-    rerouted: int = 0          # records an instance handed back because their group had moved
-    held: int = 0              # records that waited for a group in transit
-    max_hold_s: float = 0.0    # longest wait of a held record
+    received: int = 0  # records the dispatcher took from the input
+    rerouted: int = 0  # records an instance handed back because their group had moved
+    held: int = 0  # records that waited for a group in transit
+    max_hold_s: float = 0.0  # longest wait of a held record
 
 
 @dataclass
 class _Mailbox:
     items: deque = field(default_factory=deque)
-    in_hand: int | None = None     # the group of the record the instance is processing
+    in_hand: int | None = None  # the group of the record the instance is processing
     # The inputs attached for this instance id, oldest first; only the first takes. A restart starts the new
     # instance before the old one has finished its last record: the new one waits until the old one closed,
     # so a key's records are never processed by two threads at once, and the old one's close leaves the box.
@@ -65,24 +65,28 @@ class _Mailbox:
 class KeyedRouter:
     """Ownership of key groups by the worker's instances, and the dispatch of records to them."""
 
-    def __init__(self, assignment: KeyGroupAssignment, open_consumer: Callable[[], pulsar.Consumer],
-                 forward: Callable[[int, object], None] | None = None,
-                 queue_size: Callable[[], int] = lambda: DEFAULT_RECEIVER_QUEUE_SIZE):
+    def __init__(
+        self,
+        assignment: KeyGroupAssignment,
+        open_consumer: Callable[[], pulsar.Consumer],
+        forward: Callable[[int, object], None] | None = None,
+        queue_size: Callable[[], int] = lambda: DEFAULT_RECEIVER_QUEUE_SIZE,
+    ):
         """`forward(instance_id, record)`: where records of instances without a mailbox here go (a cluster's
         front, functions/keyed/cluster.py); called under the router's lock, in receive order. `queue_size`: the
         function's receiverQueueSize. The mailboxes hold at most that many records per local instance, all
         together: the router receives no more until the instances have taken some, so a backlog stays on the
         broker, as it does for a consumer of its own, instead of in the worker's memory. Records waiting for a
         group in transit or an owner not here do not count (a migration never stops the other groups)."""
-        self.assignment = assignment              # effective owners: changes group by group in a migration
+        self.assignment = assignment  # effective owners: changes group by group in a migration
         self.counters = RoutingCounters()
         self._open_consumer = open_consumer
         self._forward = forward
         self._queue_size = queue_size
         self._consumer: pulsar.Consumer | None = None
         self._boxes: dict[int, _Mailbox] = {}
-        self._moving: set[int] = set()            # groups in transit: served by nobody
-        self._held: dict[int, deque] = {}         # group in transit -> (record, since) waiting for it
+        self._moving: set[int] = set()  # groups in transit: served by nobody
+        self._held: dict[int, deque] = {}  # group in transit -> (record, since) waiting for it
         self._cond = threading.Condition()
         self._closing = threading.Event()
         self._dispatcher: threading.Thread | None = None
@@ -110,8 +114,7 @@ class KeyedRouter:
         if self._consumer is None:
             self._consumer = self._open_consumer()
             self._closing.clear()
-            self._dispatcher = threading.Thread(target=self._dispatch, args=(self._consumer,), name="keyed-dispatch",
-                                                daemon=True)
+            self._dispatcher = threading.Thread(target=self._dispatch, args=(self._consumer,), name="keyed-dispatch", daemon=True)
             self._dispatcher.start()
 
     def detach(self, attached: "KeyedInput") -> None:
@@ -179,25 +182,29 @@ class KeyedRouter:
     def _dispatch(self, consumer: pulsar.Consumer) -> None:
         paused = False
         while not self._closing.is_set():
-            with self._cond:   # an instance's take, a detach or an attach wakes it
-                ready = self._cond.wait_for(lambda: not self._full() or self._closing.is_set(),
-                                            timeout=RECEIVE_TIMEOUT_MS / 1000)
-                waiting = {} if ready or paused else self._waiting_for_absent()   # off the per-record path
+            with self._cond:  # an instance's take, a detach or an attach wakes it
+                ready = self._cond.wait_for(lambda: not self._full() or self._closing.is_set(), timeout=RECEIVE_TIMEOUT_MS / 1000)
+                waiting = {} if ready or paused else self._waiting_for_absent()  # off the per-record path
             if ready and paused:
                 paused = False
                 log.info("keyed input resumed")
             if not ready:
                 if sum(waiting.values()) >= self._stopped_bound():
                     paused = True
-                    log.warning("keyed input paused: %d records wait for stopped instances %s (at most %d are held "
-                                "in the worker); the rest stays on the broker until they start or the parallelism "
-                                "is lowered", sum(waiting.values()), sorted(waiting), self._stopped_bound())
+                    log.warning(
+                        "keyed input paused: %d records wait for stopped instances %s (at most %d are held "
+                        "in the worker); the rest stays on the broker until they start or the parallelism "
+                        "is lowered",
+                        sum(waiting.values()),
+                        sorted(waiting),
+                        self._stopped_bound(),
+                    )
                 continue
             try:
                 msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
             except pulsar.Timeout:
                 continue
-            except pulsar.PulsarException as exc:   # the client reconnects by itself: keep receiving
+            except pulsar.PulsarException as exc:  # the client reconnects by itself: keep receiving
                 if self._closing.is_set():
                     return
                 log.warning("keyed input: receive failed (%s); retrying", exc)
@@ -221,7 +228,7 @@ class KeyedRouter:
         if box is None and self._forward is not None:
             self._forward(owner, msg)
             return
-        if box is None:   # owned by an instance that is not here (yet): wait for it like a group in transit
+        if box is None:  # owned by an instance that is not here (yet): wait for it like a group in transit
             self.counters.held += 1
             self._held.setdefault(g, deque()).append((msg, time.monotonic()))
             return
@@ -257,13 +264,14 @@ class KeyedRouter:
             box = self._boxes.get(instance_id)
             if box is None or attached not in box.inputs:
                 return None
-            if box.inputs[0] is not attached:   # the instance it restarts has not closed yet
-                self._cond.wait_for(lambda: attached not in box.inputs or box.inputs[0] is attached,
-                                    max(deadline - time.monotonic(), 0))
+            if box.inputs[0] is not attached:  # the instance it restarts has not closed yet
+                self._cond.wait_for(
+                    lambda: attached not in box.inputs or box.inputs[0] is attached, max(deadline - time.monotonic(), 0)
+                )
                 if not box.inputs or box.inputs[0] is not attached:
                     return None
             box.in_hand = None
-            self._cond.notify_all()       # a migration may wait for this instance to put its group down
+            self._cond.notify_all()  # a migration may wait for this instance to put its group down
             while True:
                 while box.items:
                     msg = box.items.popleft()
@@ -298,14 +306,14 @@ class KeyedRouter:
     def wait_put_down(self, groups: set[int], timeout_s: float) -> bool:
         """Wait until no instance is processing a record of these groups (their state is quiescent)."""
         with self._cond:
-            return self._cond.wait_for(lambda: not any(b.in_hand in groups for b in self._boxes.values()),
-                                       timeout=timeout_s)
+            return self._cond.wait_for(lambda: not any(b.in_hand in groups for b in self._boxes.values()), timeout=timeout_s)
 
     def serve(self, owners: dict[int, int]) -> None:
         """Confirm: the groups have their new owners (their state is open there); waiting records follow."""
         with self._cond:
             self.assignment = KeyGroupAssignment(
-                self.num_key_groups, tuple(owners.get(g, o) for g, o in enumerate(self.assignment.owners)))
+                self.num_key_groups, tuple(owners.get(g, o) for g, o in enumerate(self.assignment.owners))
+            )
             self._moving -= set(owners)
             now = time.monotonic()
             for g in owners:

@@ -9,8 +9,15 @@ from pulsar_autoscale.errors import ConfigError
 
 
 def type_name(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def wrong(name: str, want: str, value: Any) -> ConfigError:
@@ -82,4 +89,3 @@ def is_empty(value: Any) -> bool:
 
 def or_default(value, default):
     return default if value is None else value
-

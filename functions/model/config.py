@@ -24,9 +24,22 @@ from pulsar_autoscale.functions.model.keygroups import DEFAULT_NUM_KEY_GROUPS
 # 128 groups / 16 = 8 a shard: a subscale's open reads about 1/16 of the tail (BENCHMARKS.md, changelog shards)
 DEFAULT_KEYED_CHANGELOG_SHARDS = 16
 # Fields Pulsar refuses to change on update ("... cannot be altered").
-IMMUTABLE_FIELDS = ("inputs", "topicsPattern", "processingGuarantees", "retainOrdering", "retainKeyOrdering", "runtime",
-                    "subName", "tenant", "namespace", "name", "numKeyGroups", "keyedState", "stateId",
-                    "changelogShards")
+IMMUTABLE_FIELDS = (
+    "inputs",
+    "topicsPattern",
+    "processingGuarantees",
+    "retainOrdering",
+    "retainKeyOrdering",
+    "runtime",
+    "subName",
+    "tenant",
+    "namespace",
+    "name",
+    "numKeyGroups",
+    "keyedState",
+    "stateId",
+    "changelogShards",
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,7 @@ class FunctionConfig:
     deadLetterTopic: str | None = None
     timeoutMs: int | None = None
     receiverQueueSize: int = DEFAULT_RECEIVER_QUEUE_SIZE
-    customSerdeInputs: dict[str, str] = field(default_factory=dict)   # topic -> serde class
+    customSerdeInputs: dict[str, str] = field(default_factory=dict)  # topic -> serde class
     outputSerdeClassName: str | None = None
     forwardSourceMessageProperty: bool = True
     batchBuilder: str | None = None
@@ -136,9 +149,13 @@ class FunctionConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["inputs"] = list(self.inputs)
-        d["inputSpecs"] = {t: {"receiverQueueSize": self.receiverQueueSize,
-                               **({"serdeClassName": self.customSerdeInputs[t]} if t in self.customSerdeInputs else {})}
-                           for t in self.inputs}
+        d["inputSpecs"] = {
+            t: {
+                "receiverQueueSize": self.receiverQueueSize,
+                **({"serdeClassName": self.customSerdeInputs[t]} if t in self.customSerdeInputs else {}),
+            }
+            for t in self.inputs
+        }
         d.pop("receiverQueueSize")
         if not self.keyedState:
             d.pop("keyedState")
@@ -157,23 +174,32 @@ class FunctionConfig:
         base = self.to_dict()
         if update.get("receiverQueueSize") is not None and "inputSpecs" not in update:
             # The shorthand in an update replaces the per-input value the current config shows.
-            base["inputSpecs"] = {t: {k: v for k, v in spec.items() if k != "receiverQueueSize"}
-                                  for t, spec in base["inputSpecs"].items()}
+            base["inputSpecs"] = {
+                t: {k: v for k, v in spec.items() if k != "receiverQueueSize"} for t, spec in base["inputSpecs"].items()
+            }
         new = _from_mapping({**base, **_drop_empty(update)})
         for name in IMMUTABLE_FIELDS:
             if name in update and update[name] not in (None, "", [], {}) and getattr(new, name) != getattr(self, name):
                 raise ConfigError(f"{_pulsar_label(name)} cannot be altered")
-        new = validate(new, max_parallelism, min_parallelism=0)   # 0: scaled to zero, the subscription stays
+        new = validate(new, max_parallelism, min_parallelism=0)  # 0: scaled to zero, the subscription stays
         if new == self:
             raise ConfigError("Update contains no change")
         return new
 
 
 def _pulsar_label(name: str) -> str:
-    labels = {"inputs": "Input Topics", "processingGuarantees": "Processing Guarantees",
-              "retainOrdering": "Retain Ordering", "retainKeyOrdering": "Retain Key Ordering",
-              "runtime": "Runtime", "subName": "Subscription Name", "tenant": "Tenant",
-              "namespace": "Namespace", "name": "Function Names", "topicsPattern": "Topics Pattern"}
+    labels = {
+        "inputs": "Input Topics",
+        "processingGuarantees": "Processing Guarantees",
+        "retainOrdering": "Retain Ordering",
+        "retainKeyOrdering": "Retain Key Ordering",
+        "runtime": "Runtime",
+        "subName": "Subscription Name",
+        "tenant": "Tenant",
+        "namespace": "Namespace",
+        "name": "Function Names",
+        "topicsPattern": "Topics Pattern",
+    }
     return labels.get(name, name)
 
 
@@ -191,4 +217,3 @@ def with_new_state(cfg: FunctionConfig) -> FunctionConfig:
         raise ConfigError("stateId is assigned by the worker when a function is created; leave it out")
     shards = cfg.changelogShards or (min(DEFAULT_KEYED_CHANGELOG_SHARDS, cfg.numKeyGroups) if cfg.keyedState else 1)
     return replace(cfg, stateId=uuid.uuid4().hex[:12], changelogShards=shards)
-

@@ -41,10 +41,24 @@ from pulsar_autoscale.topics import normalize_topic
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-_CONSUMER_FIELDS = {"receiverQueueSize", "serdeClassName", "regexPattern", "schemaType", "schemaProperties",
-                    "consumerProperties", "cryptoConfig", "poolMessages"}
-_PRODUCER_FIELDS = {"maxPendingMessages", "maxPendingMessagesAcrossPartitions", "compressionType", "batchBuilder",
-                    "useThreadLocalProducers", "cryptoConfig"}
+_CONSUMER_FIELDS = {
+    "receiverQueueSize",
+    "serdeClassName",
+    "regexPattern",
+    "schemaType",
+    "schemaProperties",
+    "consumerProperties",
+    "cryptoConfig",
+    "poolMessages",
+}
+_PRODUCER_FIELDS = {
+    "maxPendingMessages",
+    "maxPendingMessagesAcrossPartitions",
+    "compressionType",
+    "batchBuilder",
+    "useThreadLocalProducers",
+    "cryptoConfig",
+}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -94,8 +108,10 @@ def _input_specs(data: Mapping[str, Any]) -> tuple[list[str], dict[str, str], in
             raise ConfigError(f"{where}.{sorted(unknown)[0]} is not a ConsumerConfig field")
         for key in ("schemaType", "schemaProperties", "consumerProperties", "cryptoConfig"):
             if not is_empty(spec.get(key)):
-                raise ConfigError(f"{where}.{key} is not supported by this worker: functions here exchange bytes "
-                                  "through serde classes (serdeClassName), without schemas or encryption")
+                raise ConfigError(
+                    f"{where}.{key} is not supported by this worker: functions here exchange bytes "
+                    "through serde classes (serdeClassName), without schemas or encryption"
+                )
         if as_bool(f"{where}.poolMessages", spec.get("poolMessages")):
             raise ConfigError(f"{where}.poolMessages is not supported by this worker: it is a Java client option")
         q = as_int(f"{where}.receiverQueueSize", spec.get("receiverQueueSize"), 1, INT32_MAX)
@@ -109,8 +125,10 @@ def _input_specs(data: Mapping[str, Any]) -> tuple[list[str], dict[str, str], in
         if serde:
             serdes[topic] = serde
     if len(queues) > 1:
-        raise ConfigError(f"inputSpecs: receiverQueueSize differs between topics ({sorted(queues)}); "
-                          "this worker opens one consumer for all inputs of a function: give one value")
+        raise ConfigError(
+            f"inputSpecs: receiverQueueSize differs between topics ({sorted(queues)}); "
+            "this worker opens one consumer for all inputs of a function: give one value"
+        )
     return topics, serdes, (queues.pop() if queues else None), patterns
 
 
@@ -173,7 +191,8 @@ def config_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         resources = Resources(
             cpu=DEFAULT_RESOURCES["cpu"] if cpu is None else cpu,
             ram=as_int("resources.ram", raw.get("ram"), 1, INT64_MAX) or int(DEFAULT_RESOURCES["ram"]),
-            disk=as_int("resources.disk", raw.get("disk"), 1, INT64_MAX) or int(DEFAULT_RESOURCES["disk"]))
+            disk=as_int("resources.disk", raw.get("disk"), 1, INT64_MAX) or int(DEFAULT_RESOURCES["disk"]),
+        )
         if resources.cpu <= 0:
             raise ConfigError(f"resources.cpu must be a positive number, got {resources.cpu}")
     producer, batch_builder = _producer_config(data)
@@ -183,16 +202,18 @@ def config_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(options, Mapping):  # written as YAML/JSON object: Pulsar's field is a JSON string
         options = json.dumps(options)
     return dict(
-        tenant=tenant, namespace=namespace, name=name,
+        tenant=tenant,
+        namespace=namespace,
+        name=name,
         className=as_str("className", data.get("className")) or "",
         py=as_str("py", data.get("py")),
         inputs=tuple(seen),
         topicsPattern=pattern or None,
         output=topic("output"),
-        parallelism=as_int("parallelism", data.get("parallelism"), -INT32_MAX, INT32_MAX) if "parallelism" in data
-        and data["parallelism"] is not None else 1,
-        processingGuarantees=as_enum("processingGuarantees", data.get("processingGuarantees"), GUARANTEES)
-        or "ATLEAST_ONCE",
+        parallelism=as_int("parallelism", data.get("parallelism"), -INT32_MAX, INT32_MAX)
+        if "parallelism" in data and data["parallelism"] is not None
+        else 1,
+        processingGuarantees=as_enum("processingGuarantees", data.get("processingGuarantees"), GUARANTEES) or "ATLEAST_ONCE",
         retainOrdering=bool(as_bool("retainOrdering", data.get("retainOrdering"))),
         retainKeyOrdering=bool(as_bool("retainKeyOrdering", data.get("retainKeyOrdering"))),
         subName=as_str("subName", data.get("subName")) or None,
@@ -212,14 +233,14 @@ def config_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         customSerdeInputs=serdes,
         outputSerdeClassName=as_str("outputSerdeClassName", data.get("outputSerdeClassName")) or None,
         forwardSourceMessageProperty=or_default(
-            as_bool("forwardSourceMessageProperty", data.get("forwardSourceMessageProperty")), True),
+            as_bool("forwardSourceMessageProperty", data.get("forwardSourceMessageProperty")), True
+        ),
         batchBuilder=batch_builder,
         producerConfig=producer,
         resources=resources,
         customRuntimeOptions=as_str("customRuntimeOptions", options) or None,
         instanceRuntime=as_str("instanceRuntime", data.get("instanceRuntime")),
-        numKeyGroups=or_default(as_int("numKeyGroups", data.get("numKeyGroups"), 1, MAX_NUM_KEY_GROUPS),
-                              DEFAULT_NUM_KEY_GROUPS),
+        numKeyGroups=or_default(as_int("numKeyGroups", data.get("numKeyGroups"), 1, MAX_NUM_KEY_GROUPS), DEFAULT_NUM_KEY_GROUPS),
         keyedState=bool(as_bool("keyedState", data.get("keyedState"))),
         stateId=as_str("stateId", data.get("stateId")) or "",
         changelogShards=as_int("changelogShards", data.get("changelogShards"), 1, MAX_NUM_KEY_GROUPS) or 0,
@@ -237,13 +258,13 @@ def _producer_config(data: Mapping[str, Any]) -> tuple[ProducerConfig | None, st
     if not is_empty(raw.get("cryptoConfig")):
         raise ConfigError("producerConfig.cryptoConfig is not supported by this worker: no end-to-end encryption")
     if as_bool("producerConfig.useThreadLocalProducers", raw.get("useThreadLocalProducers")):
-        raise ConfigError("producerConfig.useThreadLocalProducers is not supported by this worker: "
-                          "it is a Java runtime option")
+        raise ConfigError("producerConfig.useThreadLocalProducers is not supported by this worker: it is a Java runtime option")
     cfg = ProducerConfig(
         maxPendingMessages=as_int("producerConfig.maxPendingMessages", raw.get("maxPendingMessages"), 1, INT32_MAX),
-        maxPendingMessagesAcrossPartitions=as_int("producerConfig.maxPendingMessagesAcrossPartitions",
-                                                raw.get("maxPendingMessagesAcrossPartitions"), 1, INT32_MAX),
+        maxPendingMessagesAcrossPartitions=as_int(
+            "producerConfig.maxPendingMessagesAcrossPartitions", raw.get("maxPendingMessagesAcrossPartitions"), 1, INT32_MAX
+        ),
         compressionType=as_enum("producerConfig.compressionType", raw.get("compressionType"), COMPRESSION_TYPES),
-        batchBuilder=as_enum("producerConfig.batchBuilder", raw.get("batchBuilder"), BATCH_BUILDERS))
+        batchBuilder=as_enum("producerConfig.batchBuilder", raw.get("batchBuilder"), BATCH_BUILDERS),
+    )
     return cfg, batch_builder or cfg.batchBuilder
-

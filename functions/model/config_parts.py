@@ -33,4 +33,3 @@ class ProducerConfig:
     maxPendingMessagesAcrossPartitions: int | None = None
     compressionType: str | None = None
     batchBuilder: str | None = None
-

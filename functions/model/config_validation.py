@@ -19,8 +19,7 @@ _STATE_ID_RE = re.compile(r"^[0-9a-f]{1,32}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=:]*$")
 
 
-def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-             min_parallelism: int = 1) -> FunctionConfig:
+def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM, min_parallelism: int = 1) -> FunctionConfig:
     """Pulsar-style checks, each with a message that names the field."""
     for label, value in (("tenant", cfg.tenant), ("namespace", cfg.namespace), ("name", cfg.name)):
         if not value or not isinstance(value, str):
@@ -36,13 +35,20 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
     if not cfg.inputs and not cfg.topicsPattern:
         raise ConfigError("No input topic(s) specified for the function (set inputs or topicsPattern)")
     if cfg.inputs and cfg.topicsPattern:
-        raise ConfigError("topicsPattern and inputs cannot both be set on this worker (one consumer per function "
-                          "instance): put the topics in the pattern, or list them in inputs")
-    for label, topic in [("input", i) for i in cfg.inputs] + [("output", cfg.output), ("logTopic", cfg.logTopic),
-                                                              ("deadLetterTopic", cfg.deadLetterTopic)]:
+        raise ConfigError(
+            "topicsPattern and inputs cannot both be set on this worker (one consumer per function "
+            "instance): put the topics in the pattern, or list them in inputs"
+        )
+    for label, topic in [("input", i) for i in cfg.inputs] + [
+        ("output", cfg.output),
+        ("logTopic", cfg.logTopic),
+        ("deadLetterTopic", cfg.deadLetterTopic),
+    ]:
         if topic and is_internal(topic):
-            raise ConfigError(f"{label} {topic} is one of pulsar-autoscale's own coordination topics "
-                              f"({INTERNAL_PREFIX}*): a function may not read or write it")
+            raise ConfigError(
+                f"{label} {topic} is one of pulsar-autoscale's own coordination topics "
+                f"({INTERNAL_PREFIX}*): a function may not read or write it"
+            )
     if cfg.output and cfg.output in cfg.inputs:
         raise ConfigError(f"Output topic {cfg.output} is also an input topic of the function")
     if cfg.parallelism < min_parallelism:
@@ -52,34 +58,41 @@ def validate(cfg: FunctionConfig, max_parallelism: int = DEFAULT_MAX_PARALLELISM
     if cfg.processingGuarantees == "ATMOST_ONCE" and not cfg.autoAck:
         raise ConfigError("autoAck must be true when processingGuarantees is ATMOST_ONCE (as Pulsar requires)")
     if cfg.processingGuarantees == "ATMOST_ONCE" and cfg.maxMessageRetries is not None:
-        raise ConfigError("maxMessageRetries needs ATLEAST_ONCE or MANUAL processingGuarantees: "
-                          "ATMOST_ONCE acks on receipt, so nothing is redelivered")
+        raise ConfigError(
+            "maxMessageRetries needs ATLEAST_ONCE or MANUAL processingGuarantees: "
+            "ATMOST_ONCE acks on receipt, so nothing is redelivered"
+        )
     if cfg.processingGuarantees == "EFFECTIVELY_ONCE" and not cfg.autoAck:
-        raise ConfigError("autoAck must be true when processingGuarantees is EFFECTIVELY_ONCE: the instance applies "
-                          "a message's state changes and its ack once (docs/state.md)")
+        raise ConfigError(
+            "autoAck must be true when processingGuarantees is EFFECTIVELY_ONCE: the instance applies "
+            "a message's state changes and its ack once (docs/state.md)"
+        )
     if cfg.retainOrdering and cfg.retainKeyOrdering:
         raise ConfigError("retainOrdering and retainKeyOrdering cannot both be set")
     if cfg.maxMessageRetries == 0:
-        raise ConfigError("maxMessageRetries must be at least 1 (the Pulsar client's dead-letter policy needs "
-                          "maxRedeliverCount > 0); leave it unset or -1 to retry forever")
+        raise ConfigError(
+            "maxMessageRetries must be at least 1 (the Pulsar client's dead-letter policy needs "
+            "maxRedeliverCount > 0); leave it unset or -1 to retry forever"
+        )
     if cfg.deadLetterTopic and cfg.maxMessageRetries is None:
-        raise ConfigError("Dead Letter Topic specified, however max retries is set to infinity "
-                          "(set maxMessageRetries)")
+        raise ConfigError("Dead Letter Topic specified, however max retries is set to infinity (set maxMessageRetries)")
     if cfg.deadLetterTopic and cfg.deadLetterTopic in cfg.inputs:
         raise ConfigError(f"deadLetterTopic {cfg.deadLetterTopic} is also an input topic of the function")
     if cfg.timeoutMs is not None and cfg.timeoutMs < MIN_TIMEOUT_MS:
-        raise ConfigError(f"timeoutMs must be at least {MIN_TIMEOUT_MS} (the Pulsar Python client's minimum ack "
-                          f"timeout), got {cfg.timeoutMs}")
+        raise ConfigError(
+            f"timeoutMs must be at least {MIN_TIMEOUT_MS} (the Pulsar Python client's minimum ack timeout), got {cfg.timeoutMs}"
+        )
     if cfg.instanceRuntime not in (None, "thread", "process"):
         raise ConfigError(f"instanceRuntime {cfg.instanceRuntime!r} is unknown: use 'thread' or 'process'")
     if cfg.stateId and not _STATE_ID_RE.match(cfg.stateId):
         raise ConfigError(f"stateId {cfg.stateId!r} is not one the worker assigns (hex digits)")
     if cfg.changelogShards > cfg.numKeyGroups:
-        raise ConfigError(f"changelogShards ({cfg.changelogShards}) must be at most numKeyGroups "
-                          f"({cfg.numKeyGroups}): a shard holds whole key groups")
+        raise ConfigError(
+            f"changelogShards ({cfg.changelogShards}) must be at most numKeyGroups "
+            f"({cfg.numKeyGroups}): a shard holds whole key groups"
+        )
     keyed_migration(cfg)
     return cfg
-
 
 
 def topics_outside(tenant: str, data: dict) -> list[str]:

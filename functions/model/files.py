@@ -15,6 +15,6 @@ def write_atomically(path: Path, data: bytes) -> Path:
         tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError:
-        tmp.unlink(missing_ok=True)   # a failed write leaves nothing behind
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind
         raise
     return path

@@ -113,7 +113,7 @@ class KeyGroupAssignment:
         owners = list(self.owners)
         freed = [g for g, o in enumerate(self.owners) if o >= new_parallelism]
         for i in range(new_parallelism):
-            freed.extend(held[i][target[i]:])
+            freed.extend(held[i][target[i] :])
         freed.sort()
         it = iter(freed)
         for i in range(new_parallelism):
@@ -133,4 +133,4 @@ def subscales(planned: list[Move], size: int) -> list[list[Move]]:
     """DRRS subscale division: batches of at most `size` groups that migrate independently, in order."""
     if size < 1:
         raise ValueError(f"subscale size must be at least 1, got {size}")
-    return [planned[i:i + size] for i in range(0, len(planned), size)]
+    return [planned[i : i + size] for i in range(0, len(planned), size)]

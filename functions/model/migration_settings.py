@@ -24,7 +24,7 @@ class KeyedMigration:
     subscale_size: int = 4
     duty: float = 0.5
     stop_the_world: bool = False
-    pre_copy_mb_per_s: float | None = 8.0   # bench/state_migration.py --workers 3: unaffected keys' p99 unmoved
+    pre_copy_mb_per_s: float | None = 8.0  # bench/state_migration.py --workers 3: unaffected keys' p99 unmoved
 
 
 KEYED_MIGRATION_FIELDS = {"subscaleSize", "duty", "mode", "preCopyMBps"}
@@ -36,7 +36,7 @@ def keyed_migration(cfg: FunctionConfig) -> KeyedMigration:
     try:
         options = json.loads(cfg.customRuntimeOptions) if cfg.customRuntimeOptions else {}
     except json.JSONDecodeError:
-        return KeyedMigration()   # not ours to judge: controls.py names a non-JSON string for its `autoscale` key
+        return KeyedMigration()  # not ours to judge: controls.py names a non-JSON string for its `autoscale` key
     raw = options.get("keyedMigration") if isinstance(options, dict) else None
     if raw is None:
         return KeyedMigration()
@@ -52,8 +52,9 @@ def keyed_migration(cfg: FunctionConfig) -> KeyedMigration:
         raise ConfigError(f"{where}.mode must be 'live' or 'stop-the-world', got {mode!r}")
     duty = as_number(f"{where}.duty", raw.get("duty", default.duty))
     if duty is None or not 0 < duty <= 1:
-        raise ConfigError(f"{where}.duty must be in (0, 1] (the share of time migration work may take), got "
-                          f"{'null' if duty is None else duty}")
+        raise ConfigError(
+            f"{where}.duty must be in (0, 1] (the share of time migration work may take), got {'null' if duty is None else duty}"
+        )
     size = as_int(f"{where}.subscaleSize", raw.get("subscaleSize", default.subscale_size), 1, MAX_NUM_KEY_GROUPS)
     if size is None:
         raise ConfigError(f"{where}.subscaleSize must be an integer from 1 to {MAX_NUM_KEY_GROUPS}, got null")
@@ -61,6 +62,7 @@ def keyed_migration(cfg: FunctionConfig) -> KeyedMigration:
     if rate is not None:
         rate = cast(float, as_number(f"{where}.preCopyMBps", rate))  # as_number gives None only for None
         if rate <= 0:
-            raise ConfigError(f"{where}.preCopyMBps must be above 0 (MB/s the pre-copy may read), or null for no "
-                              f"limit; got {rate}")
+            raise ConfigError(
+                f"{where}.preCopyMBps must be above 0 (MB/s the pre-copy may read), or null for no limit; got {rate}"
+            )
     return KeyedMigration(size, duty, mode == "stop-the-world", rate)

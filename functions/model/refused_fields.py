@@ -13,13 +13,51 @@ from pulsar_autoscale.functions.model.coerce import is_empty
 PULSAR_MAX_PENDING_ASYNC_REQUESTS = 1000
 
 SCHEMA_FIELDS = {
-    "autoAck", "batchBuilder", "className", "cleanupSubscription", "customRuntimeOptions", "customSchemaInputs",
-    "customSchemaOutputs", "customSerdeInputs", "deadLetterTopic", "exposePulsarAdminClientEnabled",
-    "forwardSourceMessageProperty", "fqfn", "functionType", "go", "inputSpecs", "inputTypeClassName", "inputs", "jar",
-    "logTopic", "maxMessageRetries", "maxPendingAsyncRequests", "name", "namespace", "output", "outputSchemaType",
-    "outputSerdeClassName", "outputTypeClassName", "parallelism", "processingGuarantees", "producerConfig", "py",
-    "resources", "retainKeyOrdering", "retainOrdering", "runtime", "runtimeFlags", "secrets", "skipToLatest", "subName",
-    "subscriptionPosition", "tenant", "timeoutMs", "topicsPattern", "userConfig", "windowConfig",
+    "autoAck",
+    "batchBuilder",
+    "className",
+    "cleanupSubscription",
+    "customRuntimeOptions",
+    "customSchemaInputs",
+    "customSchemaOutputs",
+    "customSerdeInputs",
+    "deadLetterTopic",
+    "exposePulsarAdminClientEnabled",
+    "forwardSourceMessageProperty",
+    "fqfn",
+    "functionType",
+    "go",
+    "inputSpecs",
+    "inputTypeClassName",
+    "inputs",
+    "jar",
+    "logTopic",
+    "maxMessageRetries",
+    "maxPendingAsyncRequests",
+    "name",
+    "namespace",
+    "output",
+    "outputSchemaType",
+    "outputSerdeClassName",
+    "outputTypeClassName",
+    "parallelism",
+    "processingGuarantees",
+    "producerConfig",
+    "py",
+    "resources",
+    "retainKeyOrdering",
+    "retainOrdering",
+    "runtime",
+    "runtimeFlags",
+    "secrets",
+    "skipToLatest",
+    "subName",
+    "subscriptionPosition",
+    "tenant",
+    "timeoutMs",
+    "topicsPattern",
+    "userConfig",
+    "windowConfig",
 }
 # Ours: the runtime of the instances, the state's key groups, key-group routing, a shorthand for every
 # inputSpecs.<topic>.receiverQueueSize, and the id in the state topics' names.
@@ -30,21 +68,20 @@ REFUSED = {
     "go": "only Python functions run here (set py)",
     "inputTypeClassName": "it is a Java type; Python functions use serde classes (customSerdeInputs)",
     "outputTypeClassName": "it is a Java type; Python functions use serde classes (outputSerdeClassName)",
-    "outputSchemaType": "functions here exchange bytes through serde classes, not Pulsar schemas "
-                        "(use outputSerdeClassName)",
-    "customSchemaInputs": "functions here exchange bytes through serde classes, not Pulsar schemas "
-                          "(use customSerdeInputs)",
-    "customSchemaOutputs": "functions here exchange bytes through serde classes, not Pulsar schemas "
-                           "(use outputSerdeClassName)",
-    "windowConfig": "Pulsar itself refuses windowed Python functions (\"There is currently no support windowing in "
-                    "python\"); keep a window in state (context.put_state) or use a Spark stateful stage",
+    "outputSchemaType": "functions here exchange bytes through serde classes, not Pulsar schemas (use outputSerdeClassName)",
+    "customSchemaInputs": "functions here exchange bytes through serde classes, not Pulsar schemas (use customSerdeInputs)",
+    "customSchemaOutputs": "functions here exchange bytes through serde classes, not Pulsar schemas (use outputSerdeClassName)",
+    "windowConfig": 'Pulsar itself refuses windowed Python functions ("There is currently no support windowing in '
+    'python"); keep a window in state (context.put_state) or use a Spark stateful stage',
     "runtimeFlags": "instances are threads or processes of this worker, started without interpreter flags",
     "functionType": "it is set by Pulsar's own function types (sources, sinks), not by a function config",
 }
 # Refused unless given Pulsar's default (which is what a Python function gets here anyway).
 REFUSED_UNLESS = {
-    "maxPendingAsyncRequests": (PULSAR_MAX_PENDING_ASYNC_REQUESTS,
-                                "Python functions are synchronous; only Java async functions have pending requests"),
+    "maxPendingAsyncRequests": (
+        PULSAR_MAX_PENDING_ASYNC_REQUESTS,
+        "Python functions are synchronous; only Java async functions have pending requests",
+    ),
     "exposePulsarAdminClientEnabled": (False, "the Python Context has no Pulsar admin client"),
 }
 
@@ -62,4 +99,3 @@ def refuse_unsupported(data: Mapping[str, Any]) -> None:
     runtime = data.get("runtime")
     if isinstance(runtime, str) and runtime.upper() in ("JAVA", "GO"):
         raise ConfigError(f"runtime {runtime.upper()} is not supported by this worker: only PYTHON functions run here")
-

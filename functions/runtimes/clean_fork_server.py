@@ -11,7 +11,7 @@ from pulsar_autoscale.functions.instance.instance_user import scrub_environment
 scrub_environment()
 
 
-_WORKER = os.getppid()   # the worker that started this server
+_WORKER = os.getppid()  # the worker that started this server
 
 
 def _parent_of(pid: int) -> int | None:

@@ -72,8 +72,16 @@ class InstanceHandle(ABC):
 
 
 class ThreadInstance(InstanceHandle):
-    def __init__(self, config: FunctionConfig, instance_id: int, client: pulsar.Client, code_path: str | None,
-                 state: StateBackend, num_instances, open_input=None):
+    def __init__(
+        self,
+        config: FunctionConfig,
+        instance_id: int,
+        client: pulsar.Client,
+        code_path: str | None,
+        state: StateBackend,
+        num_instances,
+        open_input=None,
+    ):
         """`open_input`: where the instance's records come from instead of its own consumer (a keyed
         function's mailbox, functions/keyed/routing.py)."""
         self.instance_id = instance_id
@@ -99,32 +107,50 @@ class ThreadInstance(InstanceHandle):
         self._instance.abandon()
 
 
-def _process_main(config: FunctionConfig, instance_id: int, client_settings: ClientSettings, broker: BrokerProfile,
-                  code_path: str | None, state_path: str | StateEndpoint | None, num_instances, stop_event, stats_queue, input_conn,
-                  start_time_ms: int, user: InstanceUser) -> None:
+def _process_main(
+    config: FunctionConfig,
+    instance_id: int,
+    client_settings: ClientSettings,
+    broker: BrokerProfile,
+    code_path: str | None,
+    state_path: str | StateEndpoint | None,
+    num_instances,
+    stop_event,
+    stats_queue,
+    input_conn,
+    start_time_ms: int,
+    user: InstanceUser,
+) -> None:
     """Entry point of a process instance: run the loop in a thread, report figures until drained."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client, state, code_path = _as_instance_user(config, client_settings, code_path, state_path, input_conn, user)
-    _run_instance(client, config, instance_id, code_path, state, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms, broker)
+    _run_instance(
+        client, config, instance_id, code_path, state, num_instances, stop_event, stats_queue, input_conn, start_time_ms, broker
+    )
 
 
-def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, code_path: str | None,
-                      state_path: str | StateEndpoint | None, input_conn, user: InstanceUser):
+def _as_instance_user(
+    config: FunctionConfig,
+    client_settings: ClientSettings,
+    code_path: str | None,
+    state_path: str | StateEndpoint | None,
+    input_conn,
+    user: InstanceUser,
+):
     """What the child needs from the worker's files, opened as the worker's user (the client reads its token
     file and connects; the state file is in the worker's data dir), then the drop to the instance user with a clean
     environment (instance_user.enter), before any user code is imported. Returns (client, state, the code's
     path from the child's working directory)."""
     client = open_client(client_settings, pulsar.LoggerLevel.Warn)
-    if config.inputs:   # the connection (TLS trust and client files) opened as the worker's user
+    if config.inputs:  # the connection (TLS trust and client files) opened as the worker's user
         try:
             client.get_topic_partitions(config.inputs[0])
         except pulsar.PulsarException:
-            pass   # the broker does not answer: the instance says so when it subscribes (a standby: it fails)
+            pass  # the broker does not answer: the instance says so when it subscribes (a standby: it fails)
     state: RemoteStateStore | OwnedState | StateStore
     if config.keyedState:
         state = RemoteStateStore(input_conn)
-    elif is_state_endpoint(state_path):   # a cluster: one copy of the state, on its owner (state/owner_calls.py)
+    elif is_state_endpoint(state_path):  # a cluster: one copy of the state, on its owner (state/owner_calls.py)
         state = OwnedState(http_transport(state_path, client_settings.trust_loaded_now()))
     else:
         # a path: only a keyedState instance has none (its state is served over the pipe)
@@ -135,23 +161,32 @@ def _as_instance_user(config: FunctionConfig, client_settings: ClientSettings, c
     return client, state, enter(user, code_path)
 
 
-def _standby_main(config: FunctionConfig, client_settings: ClientSettings, broker: BrokerProfile, code_path: str | None,
-                  state_path: str, num_instances,
-                  stop_event, stats_queue, input_conn, control, user: InstanceUser) -> None:
+def _standby_main(
+    config: FunctionConfig,
+    client_settings: ClientSettings,
+    broker: BrokerProfile,
+    code_path: str | None,
+    state_path: str,
+    num_instances,
+    stop_event,
+    stats_queue,
+    input_conn,
+    control,
+    user: InstanceUser,
+) -> None:
     """Entry point of a warm standby (warm_pool): interpreter up, the function's code imported (as the instance
     user), the client connected to the broker, the output producer open; then it waits for an instance id and
     runs that instance like _process_main."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = None
     try:
-        client, state, code_path = _as_instance_user(config, client_settings, code_path, state_path, input_conn,
-                                                     user)
+        client, state, code_path = _as_instance_user(config, client_settings, code_path, state_path, input_conn, user)
         prepared = prepare(client, config, code_path)
-        client.get_topic_partitions(config.inputs[0])   # the connection the instance will use is up
+        client.get_topic_partitions(config.inputs[0])  # the connection the instance will use is up
         control.send("ready")
         activation = control.recv()
     except (EOFError, OSError):
-        activation = None   # the worker closed the pool
+        activation = None  # the worker closed the pool
     except Exception as exc:  # cannot warm: say so; the pool then starts cold instances instead
         control.send(f"failed: {type(exc).__name__}: {exc}")
         activation = None
@@ -160,13 +195,36 @@ def _standby_main(config: FunctionConfig, client_settings: ClientSettings, broke
             client.close()
         return
     instance_id, start_time_ms = activation
-    _run_instance(client, config, instance_id, code_path, state, num_instances, stop_event, stats_queue,
-                  input_conn, start_time_ms, broker, prepared)
+    _run_instance(
+        client,
+        config,
+        instance_id,
+        code_path,
+        state,
+        num_instances,
+        stop_event,
+        stats_queue,
+        input_conn,
+        start_time_ms,
+        broker,
+        prepared,
+    )
 
 
-def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: str | None, state,
-                  num_instances, stop_event, stats_queue, input_conn, start_time_ms: int, broker: BrokerProfile,
-                  prepared=None) -> None:
+def _run_instance(
+    client,
+    config: FunctionConfig,
+    instance_id: int,
+    code_path: str | None,
+    state,
+    num_instances,
+    stop_event,
+    stats_queue,
+    input_conn,
+    start_time_ms: int,
+    broker: BrokerProfile,
+    prepared=None,
+) -> None:
     """`input_conn`, a pipe to the worker: a keyedState instance's input and state calls (functions/runtimes/remote_state.py),
     else its input on pulsar-lite (lite.shared_input.SharedInput); None: it subscribes itself, fenced as the worker
     fences its inputs (`broker`: a FAILOVER input counts its nacks itself, broker/lite/nack_redelivery.py)."""
@@ -174,10 +232,22 @@ def _run_instance(client, config: FunctionConfig, instance_id: int, code_path: s
     if config.keyedState:
         open_input = state.input
     else:
-        open_input = (lambda: PipeConsumer(input_conn)) if input_conn is not None else \
-            (lambda: subscribe_fenced(client, config, f"{config.fqfn}:{instance_id}", broker))
-    instance = Instance(config, instance_id, client, code_path, state, lambda: num_instances.value, stats,
-                        open_input=open_input, prepared=prepared)
+        open_input = (
+            (lambda: PipeConsumer(input_conn))
+            if input_conn is not None
+            else (lambda: subscribe_fenced(client, config, f"{config.fqfn}:{instance_id}", broker))
+        )
+    instance = Instance(
+        config,
+        instance_id,
+        client,
+        code_path,
+        state,
+        lambda: num_instances.value,
+        stats,
+        open_input=open_input,
+        prepared=prepared,
+    )
     runner = threading.Thread(target=instance.run, daemon=True)
     runner.start()
     while runner.is_alive():
@@ -209,9 +279,20 @@ def start_process_server() -> None:
 class ProcessInstance(InstanceHandle):
     _ctx = _process_context()  # never fork the worker itself: it holds pulsar-client threads
 
-    def __init__(self, config: FunctionConfig, instance_id: int, client_settings: ClientSettings,
-                 broker: BrokerProfile, code_path: str | None, state_path: str | StateEndpoint | None, num_instances, shared_input: SharedInput | None, standby=None,
-                 keyed: KeyedParts | None = None, user: InstanceUser | None = None):
+    def __init__(
+        self,
+        config: FunctionConfig,
+        instance_id: int,
+        client_settings: ClientSettings,
+        broker: BrokerProfile,
+        code_path: str | None,
+        state_path: str | StateEndpoint | None,
+        num_instances,
+        shared_input: SharedInput | None,
+        standby=None,
+        keyed: KeyedParts | None = None,
+        user: InstanceUser | None = None,
+    ):
         """`standby` (a warm_pool.Standby of this function): run in that waiting interpreter, no spawn.
         `keyed` (a keyedState function): its input and its state are served by this worker. `user`: whom the
         code runs as (default: InstanceUser.resolve(), nobody for a root worker)."""
@@ -226,14 +307,33 @@ class ProcessInstance(InstanceHandle):
             self._stop = self._ctx.Event()
             self._queue = self._ctx.Queue()
             self._proc = self._ctx.Process(
-                target=_process_main, name=f"{config.fqfn}:{instance_id}", daemon=True,
-                args=(config, instance_id, client_settings, broker, code_path, state_path, num_instances, self._stop,
-                      self._queue, child_conn, self._figures.start_time_ms, user or InstanceUser.resolve()))
+                target=_process_main,
+                name=f"{config.fqfn}:{instance_id}",
+                daemon=True,
+                args=(
+                    config,
+                    instance_id,
+                    client_settings,
+                    broker,
+                    code_path,
+                    state_path,
+                    num_instances,
+                    self._stop,
+                    self._queue,
+                    child_conn,
+                    self._figures.start_time_ms,
+                    user or InstanceUser.resolve(),
+                ),
+            )
         if keyed is not None:
             serve_keyed(parent_conn, keyed, f"{config.fqfn}:{instance_id}")
         elif shared_input is not None:
-            threading.Thread(target=serve_pipe, args=(parent_conn, shared_input.lease()),
-                             name=f"{config.fqfn}:{instance_id}:input", daemon=True).start()
+            threading.Thread(
+                target=serve_pipe,
+                args=(parent_conn, shared_input.lease()),
+                name=f"{config.fqfn}:{instance_id}:input",
+                daemon=True,
+            ).start()
         if standby is not None:
             standby.activate(instance_id, self._figures.start_time_ms)
         else:
@@ -256,8 +356,7 @@ class ProcessInstance(InstanceHandle):
         code = self._proc.exitcode
         if code is not None and (figures.running or (code != 0 and not figures.error)):
             # Killed or exited without reporting why (os._exit, a signal): never "running" with frozen figures.
-            return replace(figures, running=False,
-                           error=figures.error or f"instance process exited with code {code}")
+            return replace(figures, running=False, error=figures.error or f"instance process exited with code {code}")
         return figures
 
     def stop(self) -> None:

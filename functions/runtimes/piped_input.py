@@ -33,9 +33,18 @@ class PipedMessage:
     def of(cls, key: int, msg: pulsar.Message) -> "PipedMessage":
         """Every part that reaches the function or picks the message's key group (its ordering key, as the
         worker's router reads it)."""
-        return cls(key, msg.data(), msg.properties(), msg.publish_timestamp(), msg.event_timestamp(),
-                   msg.partition_key(), msg.topic_name(), str(msg.message_id()), msg.ordering_key() or "",
-                   msg.redelivery_count())
+        return cls(
+            key,
+            msg.data(),
+            msg.properties(),
+            msg.publish_timestamp(),
+            msg.event_timestamp(),
+            msg.partition_key(),
+            msg.topic_name(),
+            str(msg.message_id()),
+            msg.ordering_key() or "",
+            msg.redelivery_count(),
+        )
 
     def data(self) -> bytes:
         return self._data

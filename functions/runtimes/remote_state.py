@@ -47,11 +47,11 @@ ONE_WAY = frozenset({"commit", "abort", "ack", "nack"})
 class KeyedParts:
     """What the worker holds for one keyed process instance."""
 
-    open_input: Callable[[], InstanceInput]   # its mailbox or route topic; restores its groups first
-    store: StateStore                       # its key groups' store on this worker
-    client: Callable[[], pulsar.Client]     # the worker's client: the changelog's producers
+    open_input: Callable[[], InstanceInput]  # its mailbox or route topic; restores its groups first
+    store: StateStore  # its key groups' store on this worker
+    client: Callable[[], pulsar.Client]  # the worker's client: the changelog's producers
     num_key_groups: int
-    once: bool                              # EFFECTIVELY_ONCE: a scope is a transaction with the message's id
+    once: bool  # EFFECTIVELY_ONCE: a scope is a transaction with the message's id
 
 
 def serve_keyed(conn, parts: KeyedParts, name: str) -> None:
@@ -68,13 +68,13 @@ class KeyedServer:
         self._store = parts.store
         self._input: InstanceInput | None = None
         self._taken = Taken()
-        self._failed: Exception | None = None         # a one-way call's failure, for the next answer
+        self._failed: Exception | None = None  # a one-way call's failure, for the next answer
 
     def serve(self) -> None:
         try:
             while True:
                 try:
-                    *one_way, (op, group, args) = self._conn.recv()   # a batch: one-way calls, then a call
+                    *one_way, (op, group, args) = self._conn.recv()  # a batch: one-way calls, then a call
                 except (EOFError, OSError):
                     return
                 for one_op, _, one_args in one_way:
@@ -84,19 +84,19 @@ class KeyedServer:
                         except Exception as exc:
                             log.exception("a keyed process instance's %s failed", one_op)
                             self._failed = _portable(exc)
-                if self._failed is not None and op != "close":   # a close nacks what was taken: always safe
+                if self._failed is not None and op != "close":  # a close nacks what was taken: always safe
                     answer = (False, self._failed)
                 else:
                     try:
                         answer = (True, self._answer(op, group, args))
-                    except Exception as exc:   # the function's own error (a bad value) or the store's: raised there
+                    except Exception as exc:  # the function's own error (a bad value) or the store's: raised there
                         answer = (False, _portable(exc))
                 try:
                     self._conn.send(answer)
                 except OSError:
                     return
         finally:
-            self._store.abort()   # a message the process never finished: EFFECTIVELY_ONCE rolls back, the group is free
+            self._store.abort()  # a message the process never finished: EFFECTIVELY_ONCE rolls back, the group is free
             self._close_input()
 
     def _one_way(self, op: str, args: tuple) -> None:
@@ -120,12 +120,12 @@ class KeyedServer:
             return None
         if op == "recv":
             return self._receive(*args)
-        if op == "close":   # the instance stops
+        if op == "close":  # the instance stops
             return self._close_input()
         if op == "attach":
             return self._store.attach_changelog(self._parts.client(), *args)
         if op == "begin":
-            self._store.abort()   # a scope begun with the receive for other arguments: not the one asked for
+            self._store.abort()  # a scope begun with the receive for other arguments: not the one asked for
         return apply_call(self._store, op, group, args)
 
     def _receive(self, timeout_millis: int):
@@ -140,14 +140,14 @@ class KeyedServer:
         begun: tuple[bool, bool | Exception]
         try:
             begun = (True, self._store.begin(group, msg_id))
-        except Exception as exc:   # raised by the Context's begin in the process, as on the thread runtime
+        except Exception as exc:  # raised by the Context's begin in the process, as on the thread runtime
             begun = (False, _portable(exc))
         return piped, group, msg_id, begun
 
     def _close_input(self) -> None:
         keyed_input, self._input = self._input, None
         if keyed_input is not None:
-            self._taken.give_back(keyed_input)   # redelivered to the instance started in its place
+            self._taken.give_back(keyed_input)  # redelivered to the instance started in its place
 
 
 def _portable(exc: Exception) -> Exception:
@@ -165,9 +165,9 @@ class RemoteStateStore:
     def __init__(self, conn):
         self._conn = conn
         self._lock = threading.Lock()
-        self._one_way: list[tuple] = []    # acks come from producer callbacks on other threads: a lock of its own
+        self._one_way: list[tuple] = []  # acks come from producer callbacks on other threads: a lock of its own
         self._one_way_lock = threading.Lock()
-        self._begun: list | None = None    # the last message's scope, begun with its receive: group, id, answer
+        self._begun: list | None = None  # the last message's scope, begun with its receive: group, id, answer
 
     def call(self, op: str, group: int | None, *args):
         with self._lock:

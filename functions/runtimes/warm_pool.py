@@ -36,20 +36,45 @@ REFILL_DELAY_S = 1.0
 class Standby:
     """One pre-started interpreter waiting for an instance id (runtime._standby_main)."""
 
-    def __init__(self, ctx, config: FunctionConfig, client_settings: ClientSettings, broker: BrokerProfile,
-                 code_path: str | None, state_path: str,
-                 num_instances, piped_input: bool, user: InstanceUser | None = None):
+    def __init__(
+        self,
+        ctx,
+        config: FunctionConfig,
+        client_settings: ClientSettings,
+        broker: BrokerProfile,
+        code_path: str | None,
+        state_path: str,
+        num_instances,
+        piped_input: bool,
+        user: InstanceUser | None = None,
+    ):
         """`user` (default: InstanceUser.resolve(), nobody for a root worker): the standby drops to
         it, with a clean environment, before it imports the function's code."""
         from pulsar_autoscale.functions.runtimes.handles import _standby_main
+
         self.control, child_control = ctx.Pipe()
-        self.input_parent: Connection | None   # the worker's end of the instance's input pipe
+        self.input_parent: Connection | None  # the worker's end of the instance's input pipe
         self.input_parent, input_child = ctx.Pipe() if piped_input else (None, None)
         self.stop_event = ctx.Event()
         self.stats_queue = ctx.Queue()
-        self.proc = ctx.Process(target=_standby_main, name=f"{config.fqfn}:standby", daemon=True,
-                                args=(config, client_settings, broker, code_path, state_path, num_instances, self.stop_event,
-                                      self.stats_queue, input_child, child_control, user or InstanceUser.resolve()))
+        self.proc = ctx.Process(
+            target=_standby_main,
+            name=f"{config.fqfn}:standby",
+            daemon=True,
+            args=(
+                config,
+                client_settings,
+                broker,
+                code_path,
+                state_path,
+                num_instances,
+                self.stop_event,
+                self.stats_queue,
+                input_child,
+                child_control,
+                user or InstanceUser.resolve(),
+            ),
+        )
         self.proc.start()
         self._state = "warming"
 
@@ -83,11 +108,11 @@ class WarmPool:
 
     def __init__(self, size: int, factory):
         self.size = size
-        self._factory = factory      # () -> Standby
+        self._factory = factory  # () -> Standby
         self._standbys: list[Standby] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._filling = True         # one filler at a time, so the pool never overshoots its size
+        self._filling = True  # one filler at a time, so the pool never overshoots its size
         self._fill()
 
     def _fill(self) -> None:
@@ -112,6 +137,7 @@ class WarmPool:
         def fill_later() -> None:
             if not self._closed.wait(delay_s):
                 self._fill()
+
         threading.Thread(target=fill_later, name="warm-pool-fill", daemon=True).start()
 
     def take(self) -> Standby | None:

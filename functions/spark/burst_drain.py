@@ -97,10 +97,14 @@ class BurstResult:
 
 # ---- joining the function's subscription ----------------------------------------------------------
 
+
 def _subscribe(client, cfg: FunctionConfig, consumer_name: str, receiver_queue: int):
     return client.subscribe(
-        list(cfg.inputs), cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared,
-        receiver_queue_size=receiver_queue, consumer_name=consumer_name,
+        list(cfg.inputs),
+        cfg.subscription_name,
+        consumer_type=pulsar.ConsumerType.Shared,
+        receiver_queue_size=receiver_queue,
+        consumer_name=consumer_name,
         negative_ack_redelivery_delay_ms=100,
     )
 
@@ -144,8 +148,10 @@ class _NoState:
     """The state store of a drain started without state_path: every call says so."""
 
     def _refuse(self, *_args):
-        raise BurstStateError("burst drain: this function uses counters/state; pass state_path (the worker's "
-                              "state.sqlite, reachable from the Spark executors) to BurstDrain")
+        raise BurstStateError(
+            "burst drain: this function uses counters/state; pass state_path (the worker's "
+            "state.sqlite, reachable from the Spark executors) to BurstDrain"
+        )
 
     incr_counter = get_counter = del_counter = put_state = get_state = _refuse
 
@@ -166,8 +172,9 @@ class _TaskSpec:
     num_instances: int
 
 
-def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, instance_id: int, client, producer,
-                   results: list) -> None:
+def _process_chunk(
+    spec: _TaskSpec, records: list[PipedMessage], slot: int, instance_id: int, client, producer, results: list
+) -> None:
     """One thread: process its records with its own function object and Context."""
 
     from pulsar_autoscale.functions.instance.context import InstanceContext, identity_deserialize, load_serde, source_event_time
@@ -178,14 +185,21 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
     cfg = spec.config
     process = _load_process(cfg.className, spec.code_name, spec.code, slot)
     state: StateBackend
-    if spec.state_path:   # outside a message scope every change is persisted in the changelog at once
+    if spec.state_path:  # outside a message scope every change is persisted in the changelog at once
         state = StateStore(spec.state_path, cfg.numKeyGroups, keyed=cfg.keyedState)
         state.attach_changelog(client, changelog_of(cfg))
     else:
         # The drain's Context only calls group() and the state verbs, which _NoState has (and refuses).
         state = cast("StateBackend", _NoState())
-    ctx = InstanceContext(cfg, instance_id, lambda: spec.num_instances, client, InstanceStats(instance_id), state,
-                          logging.getLogger(f"function.{cfg.fqfn}.burst{instance_id}"))
+    ctx = InstanceContext(
+        cfg,
+        instance_id,
+        lambda: spec.num_instances,
+        client,
+        InstanceStats(instance_id),
+        state,
+        logging.getLogger(f"function.{cfg.fqfn}.burst{instance_id}"),
+    )
     serde = load_serde(cfg.outputSerdeClassName)
     try:
         for msg in records:
@@ -193,8 +207,7 @@ def _process_chunk(spec: _TaskSpec, records: list[PipedMessage], slot: int, inst
             try:
                 result = process(identity_deserialize(msg.data()), ctx)
             except Exception as exc:
-                logging.getLogger(__name__).debug("burst drain: %s raised on message %s: %s", cfg.fqfn,
-                                                    msg.message_id(), exc)
+                logging.getLogger(__name__).debug("burst drain: %s raised on message %s: %s", cfg.fqfn, msg.message_id(), exc)
                 results.append([msg.key, False, 0])
                 continue
             finally:
@@ -232,8 +245,9 @@ def process_partition(spec: _TaskSpec, records: Iterable[PipedMessage]) -> Itera
     producer = None
     try:
         if spec.config.output:
-            producer = client.create_producer(spec.config.output, block_if_queue_full=True, batching_enabled=True,
-                                              batching_max_publish_delay_ms=1)
+            producer = client.create_producer(
+                spec.config.output, block_if_queue_full=True, batching_enabled=True, batching_max_publish_delay_ms=1
+            )
         threads = max(1, min(spec.threads, len(records)))
         chunks = [records[i::threads] for i in range(threads)]
         results: list[list] = []
@@ -267,6 +281,7 @@ def process_partition(spec: _TaskSpec, records: Iterable[PipedMessage]) -> Itera
 
 # ---- the driver -----------------------------------------------------------------------------------
 
+
 class BurstDrain:
     """Drain a bounded slice of one function's backlog with Spark; see the module docstring.
 
@@ -276,20 +291,30 @@ class BurstDrain:
     process() uses counters/state and the executors can reach the file.
     """
 
-    def __init__(self, spark: "SparkSession | None", service_url: ClientSettings | str, function_config: FunctionConfig,
-                 code_path: str | None = None, *, broker_kind: BrokerProfile | str = "auto",
-                 metrics_url: str | None = None,
-                 receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS, receiver_queue: int = DEFAULT_RECEIVER_QUEUE,
-                 state_path: str | None = None):
+    def __init__(
+        self,
+        spark: "SparkSession | None",
+        service_url: ClientSettings | str,
+        function_config: FunctionConfig,
+        code_path: str | None = None,
+        *,
+        broker_kind: BrokerProfile | str = "auto",
+        metrics_url: str | None = None,
+        receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS,
+        receiver_queue: int = DEFAULT_RECEIVER_QUEUE,
+        state_path: str | None = None,
+    ):
         from pulsar_autoscale.functions.instance.loader import load_callable
 
         cfg = function_config
         if not cfg.inputs:
             raise ConfigError(f"burst drain: function {cfg.fqfn} has no input topics")
         if cfg.subscription_type != "SHARED":
-            raise ConfigError(f"burst drain: function {cfg.fqfn} uses a {cfg.subscription_type} subscription "
-                              "(retainOrdering/retainKeyOrdering/EFFECTIVELY_ONCE); draining it in parallel "
-                              "partitions would break its order. Only SHARED functions can burst")
+            raise ConfigError(
+                f"burst drain: function {cfg.fqfn} uses a {cfg.subscription_type} subscription "
+                "(retainOrdering/retainKeyOrdering/EFFECTIVELY_ONCE); draining it in parallel "
+                "partitions would break its order. Only SHARED functions can burst"
+            )
         client = ClientSettings.of(service_url)
         if not str(client.service_url).startswith(("pulsar://", "pulsar+ssl://")):
             raise ConfigError(f"burst drain: service_url {client.service_url!r} must start with pulsar://")
@@ -316,12 +341,10 @@ class BurstDrain:
     def _join(self):
         name = f"{self.config.fqfn}:burst-{uuid.uuid4().hex[:8]}"
         queue = max(1, self.receiver_queue)
-        what = (f"joining subscription {self.config.subscription_name!r} of {', '.join(self.config.inputs)} "
-                f"as consumer {name!r}")
+        what = f"joining subscription {self.config.subscription_name!r} of {', '.join(self.config.inputs)} as consumer {name!r}"
         if self.broker.consumer_id_floors:
             try:
-                return join_shared_subscription(
-                    self.client, lambda client: _subscribe(client, self.config, name, queue), what)
+                return join_shared_subscription(self.client, lambda client: _subscribe(client, self.config, name, queue), what)
             except LiteJoinError as exc:
                 raise BurstDrainError(f"burst drain of {self.config.fqfn}: {exc}") from exc
         client = open_client(self.client)
@@ -329,8 +352,7 @@ class BurstDrain:
             return client, _subscribe(client, self.config, name, queue)
         except pulsar.PulsarException as exc:
             client.close()
-            raise BurstDrainError(f"burst drain of {self.config.fqfn}: {what} failed: "
-                                  f"{type(exc).__name__} {exc}") from exc
+            raise BurstDrainError(f"burst drain of {self.config.fqfn}: {what} failed: {type(exc).__name__} {exc}") from exc
         except Exception:
             client.close()
             raise
@@ -342,9 +364,16 @@ class BurstDrain:
             try:
                 close()
             except pulsar.PulsarException as exc:
-                log.warning("burst drain of %s: closing its %s on subscription %r of %s failed (%s %s); "
-                            "acks not flushed yet come back as duplicates", self.config.fqfn, label,
-                            self.config.subscription_name, ", ".join(self.config.inputs), type(exc).__name__, exc)
+                log.warning(
+                    "burst drain of %s: closing its %s on subscription %r of %s failed (%s %s); "
+                    "acks not flushed yet come back as duplicates",
+                    self.config.fqfn,
+                    label,
+                    self.config.subscription_name,
+                    ", ".join(self.config.inputs),
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _take(self, consumer, max_messages: int) -> list:
         """Receive max_messages (completed to an entry boundary, see _ends_entry); stops early
@@ -352,25 +381,32 @@ class BurstDrain:
         taken: list[pulsar.Message] = []
         while len(taken) < max_messages or not _ends_entry(taken[-1]):
             try:
-                taken.append(consumer.receive(self.receive_timeout_ms if taken else
-                                              max(self.receive_timeout_ms, FIRST_RECEIVE_TIMEOUT_MS)))
+                taken.append(
+                    consumer.receive(self.receive_timeout_ms if taken else max(self.receive_timeout_ms, FIRST_RECEIVE_TIMEOUT_MS))
+                )
             except pulsar.Timeout:
                 break
         if self.broker.large_batches_may_stall:
             largest = max((_batch_size(m.message_id().serialize()) for m in taken), default=0)
             if largest > self.config.receiverQueueSize:
-                log.warning("burst drain of %s: batches of up to %d messages, more than the receiver queue (%d); "
-                            "on pulsar-lite a Shared subscription may stall after the drain leaves "
-                            "(docs/spark-burst.md): make producers batch at most that many",
-                            self.config.fqfn, largest, self.config.receiverQueueSize)
+                log.warning(
+                    "burst drain of %s: batches of up to %d messages, more than the receiver queue (%d); "
+                    "on pulsar-lite a Shared subscription may stall after the drain leaves "
+                    "(docs/spark-burst.md): make producers batch at most that many",
+                    self.config.fqfn,
+                    largest,
+                    self.config.receiverQueueSize,
+                )
         return taken
 
     def run(self, max_messages: int, partitions: int, threads_per_partition: int = 1) -> BurstResult:
         """Take up to max_messages from the subscription, process them in `partitions` Spark tasks
         (each with `threads_per_partition` threads: the concurrency of a waiting function), ack."""
         if max_messages < 1 or partitions < 1 or threads_per_partition < 1:
-            raise ConfigError(f"burst drain: max_messages ({max_messages}), partitions ({partitions}) and "
-                              f"threads_per_partition ({threads_per_partition}) must be >= 1")
+            raise ConfigError(
+                f"burst drain: max_messages ({max_messages}), partitions ({partitions}) and "
+                f"threads_per_partition ({threads_per_partition}) must be >= 1"
+            )
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         client, consumer = self._join()
@@ -387,8 +423,10 @@ class BurstDrain:
             except Exception as exc:
                 for msg in taken:
                     consumer.negative_acknowledge(msg)
-                raise BurstDrainError(f"burst drain of {self.config.fqfn}: the Spark job failed ({exc}); "
-                                      f"all {len(taken)} messages taken were negative-acked for redelivery") from exc
+                raise BurstDrainError(
+                    f"burst drain of {self.config.fqfn}: the Spark job failed ({exc}); "
+                    f"all {len(taken)} messages taken were negative-acked for redelivery"
+                ) from exc
             timings["spark_s"] = time.monotonic() - t1
             seen: set[int] = set()
             acked = failed = outputs = 0
@@ -407,8 +445,15 @@ class BurstDrain:
             for i in missing:  # not reported by any task: cannot happen unless Spark lost a result
                 consumer.negative_acknowledge(taken[i])
             failed += len(missing)
-            return BurstResult(taken=len(taken), processed=acked, outputs=outputs, failed=failed,
-                               seconds=time.monotonic() - t0, partitions=partitions, timings=timings)
+            return BurstResult(
+                taken=len(taken),
+                processed=acked,
+                outputs=outputs,
+                failed=failed,
+                seconds=time.monotonic() - t0,
+                partitions=partitions,
+                timings=timings,
+            )
         finally:
             t2 = time.monotonic()
             self._leave(client, consumer)  # flushes grouped acks; prefetched messages beyond the slice go back
@@ -416,8 +461,15 @@ class BurstDrain:
 
     def _spark_job(self, taken: list, partitions: int, threads: int) -> list[tuple[int, bool, int]]:
         records = [PipedMessage.of(i, m) for i, m in enumerate(taken)]
-        spec = _TaskSpec(self.config, self.client, self.code_name, self.code, threads, self.state_path,
-                         self.config.parallelism + partitions * threads)
+        spec = _TaskSpec(
+            self.config,
+            self.client,
+            self.code_name,
+            self.code,
+            threads,
+            self.state_path,
+            self.config.parallelism + partitions * threads,
+        )
         # None only until the caller sets the session (BurstRunner: before run()).
         sc = cast("SparkSession", self.spark).sparkContext
         sc.setJobDescription(f"burst drain {self.config.fqfn}: {len(records)} messages")

@@ -51,14 +51,15 @@ class BurstRunner:
 
     def __init__(self, client: "ClientSettings | str", broker: "BrokerProfile", spark: "SparkSettings | None" = None):
         self.client = client
-        self.broker = broker   # the worker's; replaced once an "auto" worker has learnt it
+        self.broker = broker  # the worker's; replaced once an "auto" worker has learnt it
         self.spark = spark
         self._lock = threading.Lock()
         self._running: dict[str, BurstRecord] = {}
         self._done: dict[str, list[BurstRecord]] = {}
 
-    def start(self, cfg: FunctionConfig, code_path: str | None, state_path: str, messages: int,
-              partitions: int, threads: int) -> tuple[BurstRecord, bool]:
+    def start(
+        self, cfg: FunctionConfig, code_path: str | None, state_path: str, messages: int, partitions: int, threads: int
+    ) -> tuple[BurstRecord, bool]:
         """(the drain, True) when one starts; (the one still running, False) otherwise."""
         for label, value in (("messages", messages), ("partitions", partitions), ("threadsPerPartition", threads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -73,8 +74,7 @@ class BurstRunner:
             if cfg.fqfn in self._running:
                 return self._running[cfg.fqfn], False
             record = self._running[cfg.fqfn] = BurstRecord(messages, partitions, threads, time.time())
-        threading.Thread(target=self._run, args=(cfg.fqfn, drain, record), name=f"burst:{cfg.fqfn}",
-                         daemon=True).start()
+        threading.Thread(target=self._run, args=(cfg.fqfn, drain, record), name=f"burst:{cfg.fqfn}", daemon=True).start()
         return record, True
 
     def _run(self, fqfn: str, drain, record: BurstRecord) -> None:
@@ -84,10 +84,20 @@ class BurstRunner:
             drain.spark = worker_session(self.spark, "pulsar-autoscale-burst")
             result = drain.run(record.requested, record.partitions, record.threads_per_partition)
             record.taken, record.processed, record.outputs, record.failed = (
-                result.taken, result.processed, result.outputs, result.failed)
+                result.taken,
+                result.processed,
+                result.outputs,
+                result.failed,
+            )
             record.timings = {k: round(v, 3) for k, v in result.timings.items()}
-            log.info("burst drain of %s: %d taken, %d processed, %d failed in %.1f s", fqfn, result.taken,
-                     result.processed, result.failed, result.seconds)
+            log.info(
+                "burst drain of %s: %d taken, %d processed, %d failed in %.1f s",
+                fqfn,
+                result.taken,
+                result.processed,
+                result.failed,
+                result.seconds,
+            )
         except Exception as exc:  # reported through GET .../burst; the drain nacked what it took
             record.error = f"{type(exc).__name__}: {exc}"
             log.error("burst drain of %s failed: %s", fqfn, record.error)
@@ -102,6 +112,4 @@ class BurstRunner:
     def report(self, fqfn: str) -> dict:
         with self._lock:
             running = self._running.get(fqfn)
-            return {"running": asdict(running) if running else None,
-                    "finished": [asdict(r) for r in self._done.get(fqfn, [])]}
-
+            return {"running": asdict(running) if running else None, "finished": [asdict(r) for r in self._done.get(fqfn, [])]}

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 SUPERVISE_INTERVAL_S = 1.0
 RESTART_BACKOFF_S = 5.0
-STAGE_RUNTIME = "SPARK"      # the `runtime` a stage shows in its FunctionConfig view
+STAGE_RUNTIME = "SPARK"  # the `runtime` a stage shows in its FunctionConfig view
 
 
 class StageNotFound(PulsarAutoscaleError):
@@ -48,22 +48,21 @@ class HostedStage:
     stage: StatefulStage
     lock: threading.Lock = field(default_factory=threading.Lock)
     restarts: int = 0
-    deleted: bool = False                           # the supervisor must not start it again
+    deleted: bool = False  # the supervisor must not start it again
     last_start: float = 0.0
     error: str = ""
     received: float = 0.0
     outputs: float = 0.0
     busy_s: float = 0.0
     busy_sq_s2: float = 0.0
-    seen: set = field(default_factory=set)          # (runId, batchId) already counted
+    seen: set = field(default_factory=set)  # (runId, batchId) already counted
 
 
 class StageHost:
     """`client`: the broker URL, or ClientSettings with auth and TLS for the stages' source and
     sink; `spark`: where stages run (default local[*]; a Spark cluster with --spark-master)."""
 
-    def __init__(self, data_dir: Path, client: ClientSettings | str, worker_id: str,
-                 spark: "SparkSettings | None" = None):
+    def __init__(self, data_dir: Path, client: ClientSettings | str, worker_id: str, spark: "SparkSettings | None" = None):
         self.dir = Path(data_dir) / "stages"
         self.client = ClientSettings.of(client)
         self.spark = spark
@@ -72,7 +71,7 @@ class StageHost:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._supervisor: threading.Thread | None = None
-        for path in sorted(self.dir.glob("*/*/*/config.json")):   # what a previous run accepted
+        for path in sorted(self.dir.glob("*/*/*/config.json")):  # what a previous run accepted
             try:
                 self._host(json.loads(path.read_text()))
             except (ConfigError, ValueError, ImportError) as exc:
@@ -87,12 +86,16 @@ class StageHost:
         try:
             from pulsar_autoscale.functions.spark.stateful import StatefulStage, StatefulStageConfig
         except ImportError as exc:
-            raise ConfigError(f"stateful stage: this worker cannot run Spark ({exc}); "
-                              "install pulsar-autoscale[spark]") from None
+            raise ConfigError(f"stateful stage: this worker cannot run Spark ({exc}); install pulsar-autoscale[spark]") from None
         data = {"serviceUrl": self.client.service_url, **data}
         if not data.get("checkpointDir") and not data.get("checkpoint_dir"):
-            data["checkpointDir"] = str(self.dir / data.get("tenant", "public") / data.get("namespace", "default")
-                                        / str(data.get("name", "")) / "checkpoint")
+            data["checkpointDir"] = str(
+                self.dir
+                / data.get("tenant", "public")
+                / data.get("namespace", "default")
+                / str(data.get("name", ""))
+                / "checkpoint"
+            )
         cfg = StatefulStageConfig.from_dict(data)
         with self._lock:
             if cfg.fqfn in self._stages:
@@ -125,7 +128,7 @@ class StageHost:
                 raise ConfigError("Update contains no change")
             before = hosted.stage.query
             hosted.stage.set_parallelism(parallelism)
-            self._account(hosted, before)   # the batches it finished while stopping
+            self._account(hosted, before)  # the batches it finished while stopping
             self._save(hosted.stage.config)
 
     def close(self) -> None:
@@ -154,8 +157,7 @@ class StageHost:
                             continue
                         self._account(hosted)
                         query = hosted.stage.query
-                        if (query is None or not query.isActive) and \
-                                time.monotonic() - hosted.last_start > RESTART_BACKOFF_S:
+                        if (query is None or not query.isActive) and time.monotonic() - hosted.last_start > RESTART_BACKOFF_S:
                             self._start(fqfn, hosted)
                 except Exception:  # the supervisor must outlive any one stage's trouble
                     log.exception("stateful stage %s: supervision failed this round", fqfn)
@@ -203,8 +205,11 @@ class StageHost:
 
     def names(self, tenant: str, namespace: str) -> list[str]:
         with self._lock:
-            return sorted(h.stage.config.name for h in self._stages.values()
-                          if (h.stage.config.tenant, h.stage.config.namespace) == (tenant, namespace))
+            return sorted(
+                h.stage.config.name
+                for h in self._stages.values()
+                if (h.stage.config.tenant, h.stage.config.namespace) == (tenant, namespace)
+            )
 
     def config(self, fqfn: str) -> dict:
         return self._get(fqfn).stage.config.to_dict()
@@ -212,34 +217,63 @@ class StageHost:
     def function_view(self, fqfn: str) -> dict:
         """The stage as a Pulsar FunctionConfig: what the controller's graph and Plan step read."""
         cfg = self._get(fqfn).stage.config
-        return {"tenant": cfg.tenant, "namespace": cfg.namespace, "name": cfg.name, "runtime": STAGE_RUNTIME,
-                "className": f"stateful:{cfg.aggregation}", "inputs": [cfg.input], "output": cfg.output,
-                "parallelism": cfg.parallelism, "processingGuarantees": "ATLEAST_ONCE"}
+        return {
+            "tenant": cfg.tenant,
+            "namespace": cfg.namespace,
+            "name": cfg.name,
+            "runtime": STAGE_RUNTIME,
+            "className": f"stateful:{cfg.aggregation}",
+            "inputs": [cfg.input],
+            "output": cfg.output,
+            "parallelism": cfg.parallelism,
+            "processingGuarantees": "ATLEAST_ONCE",
+        }
 
     def status(self, fqfn: str) -> dict:
         hosted = self._get(fqfn)
         st = hosted.stage.status(with_backlog=False)
         error = st.error or ("" if st.running else hosted.error)
-        instances = [{"instanceId": i, "status": {"running": st.running, "error": error,
-                                                  "numRestarts": hosted.restarts, "workerId": self.worker_id}}
-                     for i in range(st.parallelism)]
-        return {"numInstances": st.parallelism, "numRunning": st.parallelism if st.running else 0,
-                "instances": instances, "stage": asdict(st)}
+        instances = [
+            {
+                "instanceId": i,
+                "status": {"running": st.running, "error": error, "numRestarts": hosted.restarts, "workerId": self.worker_id},
+            }
+            for i in range(st.parallelism)
+        ]
+        return {
+            "numInstances": st.parallelism,
+            "numRunning": st.parallelism if st.running else 0,
+            "instances": instances,
+            "stage": asdict(st),
+        }
 
     def stats(self, fqfn: str) -> dict:
         hosted = self._get(fqfn)
         with hosted.lock:
             self._account(hosted)
             st = hosted.stage.status(with_backlog=True)
-            counters = FunctionCounters(time=time.time(), arrived=None, received=hosted.received,
-                                        processed=hosted.received, outputs=hosted.outputs, busy_s=hosted.busy_s,
-                                        busy_sq_s2=hosted.busy_sq_s2)
+            counters = FunctionCounters(
+                time=time.time(),
+                arrived=None,
+                received=hosted.received,
+                processed=hosted.received,
+                outputs=hosted.outputs,
+                busy_s=hosted.busy_s,
+                busy_sq_s2=hosted.busy_sq_s2,
+            )
         running = st.parallelism if st.running else 0
-        return {"receivedTotal": counters.received, "processedSuccessfullyTotal": counters.processed,
-                "systemExceptionsTotal": hosted.restarts, "userExceptionsTotal": 0,
-                "instances": [{"instanceId": i, "metrics": {}} for i in range(running)],
-                "autoscale": {"counters": asdict(counters), "backlog": st.backlog_entries,
-                              "stage": {k: v for k, v in asdict(st).items() if k != "end_offsets"}}}
+        return {
+            "receivedTotal": counters.received,
+            "processedSuccessfullyTotal": counters.processed,
+            "systemExceptionsTotal": hosted.restarts,
+            "userExceptionsTotal": 0,
+            "instances": [{"instanceId": i, "metrics": {}} for i in range(running)],
+            "autoscale": {
+                "counters": asdict(counters),
+                "backlog": st.backlog_entries,
+                "stage": {k: v for k, v in asdict(st).items() if k != "end_offsets"},
+            },
+        }
 
     def _get(self, fqfn: str) -> HostedStage:
         with self._lock:

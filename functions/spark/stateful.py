@@ -40,8 +40,7 @@ STATE_STORES = {
 }
 AVAILABLE_NOW = "availableNow"
 # Message properties the stage adds to each output (the sink adds spark.queryId/batchId/...).
-PROP_STAGE, PROP_COUNT, PROP_WINDOW_START, PROP_WINDOW_END, PROP_FINAL = (
-    "stage", "count", "windowStart", "windowEnd", "final")
+PROP_STAGE, PROP_COUNT, PROP_WINDOW_START, PROP_WINDOW_END, PROP_FINAL = ("stage", "count", "windowStart", "windowEnd", "final")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=:]*$")
 _DURATION_RE = re.compile(r"^\s*\d+\s+(millisecond|second|minute|hour|day)s?\s*$", re.IGNORECASE)
@@ -66,14 +65,14 @@ class StatefulStageConfig:
     tenant: str = "public"
     namespace: str = "default"
     service_url: str = "pulsar://localhost:6650"
-    key: str = "key"                       # "key" (message key) or "property:<name>"
+    key: str = "key"  # "key" (message key) or "property:<name>"
     aggregation: str = "count"
-    window: str | None = None              # tumbling event-time window, e.g. "1 minute"; None: per key only
-    event_time: str = "eventTime"          # "eventTime" (publishTime when unset) or "publishTime"
-    allowed_lateness: str = "0 seconds"    # watermark delay; a window's final count comes out after it
-    parallelism: int = 1                   # input partitions per micro-batch (source minPartitions)
-    state_partitions: int | None = None    # fixed at the checkpoint's first start; default: parallelism
-    trigger: str = "1 second"              # processing-time interval, or "availableNow"
+    window: str | None = None  # tumbling event-time window, e.g. "1 minute"; None: per key only
+    event_time: str = "eventTime"  # "eventTime" (publishTime when unset) or "publishTime"
+    allowed_lateness: str = "0 seconds"  # watermark delay; a window's final count comes out after it
+    parallelism: int = 1  # input partitions per micro-batch (source minPartitions)
+    state_partitions: int | None = None  # fixed at the checkpoint's first start; default: parallelism
+    trigger: str = "1 second"  # processing-time interval, or "availableNow"
     max_records_per_trigger: int | None = None
     state_store: str = "rocksdb"
     max_parallelism: int = 64
@@ -84,7 +83,7 @@ class StatefulStageConfig:
 
     @property
     def key_property(self) -> str | None:
-        return self.key[len(_PROPERTY_KEY):] if self.key.startswith(_PROPERTY_KEY) else None
+        return self.key[len(_PROPERTY_KEY) :] if self.key.startswith(_PROPERTY_KEY) else None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "StatefulStageConfig":
@@ -133,8 +132,9 @@ class StatefulStageConfig:
             if value is not None and not _DURATION_RE.match(str(value)):
                 raise ConfigError(f"stateful stage {self.fqfn}: {_camel(label)} {value!r} is not a duration like '1 minute'")
         if self.trigger != AVAILABLE_NOW and not _DURATION_RE.match(str(self.trigger)):
-            raise ConfigError(f"stateful stage {self.fqfn}: trigger {self.trigger!r}: use a duration like "
-                              f"'1 second' or {AVAILABLE_NOW!r}")
+            raise ConfigError(
+                f"stateful stage {self.fqfn}: trigger {self.trigger!r}: use a duration like '1 second' or {AVAILABLE_NOW!r}"
+            )
         if self.state_store not in STATE_STORES:
             raise ConfigError(f"stateful stage {self.fqfn}: stateStore {self.state_store!r}: use one of {sorted(STATE_STORES)}")
         check_parallelism(self.parallelism, self.max_parallelism, "parallelism")
@@ -187,14 +187,16 @@ def count_group(key: tuple, batches: Iterator, state) -> Iterator:
         state.update((count,))
         if window_end is not None:
             state.setTimeoutTimestamp(window_end)
-    yield pd.DataFrame({
-        "key": pd.Series([group_key], dtype="object"),
-        "windowStart": pd.Series([window_start], dtype="Int64"),
-        "windowEnd": pd.Series([window_end], dtype="Int64"),
-        "count": pd.Series([count], dtype="int64"),
-        "final": pd.Series([final], dtype="bool"),
-        "eventMs": pd.Series([event_ms], dtype="Int64"),
-    })
+    yield pd.DataFrame(
+        {
+            "key": pd.Series([group_key], dtype="object"),
+            "windowStart": pd.Series([window_start], dtype="Int64"),
+            "windowEnd": pd.Series([window_end], dtype="Int64"),
+            "count": pd.Series([count], dtype="int64"),
+            "final": pd.Series([final], dtype="bool"),
+            "eventMs": pd.Series([event_ms], dtype="Int64"),
+        }
+    )
 
 
 def build_query(spark: "SparkSession", cfg: StatefulStageConfig, client: ClientSettings | None = None) -> "DataFrame":
@@ -205,9 +207,13 @@ def build_query(spark: "SparkSession", cfg: StatefulStageConfig, client: ClientS
 
     from pulsar_autoscale.spark_bridge.options import client_options
 
-    reader = (spark.readStream.format("pulsar").options(**client_options(client or ClientSettings(cfg.service_url)))
-              .option("topic", cfg.input).option("minPartitions", str(cfg.parallelism))
-              .option("allowEmptyTopics", "true"))
+    reader = (
+        spark.readStream.format("pulsar")
+        .options(**client_options(client or ClientSettings(cfg.service_url)))
+        .option("topic", cfg.input)
+        .option("minPartitions", str(cfg.parallelism))
+        .option("allowEmptyTopics", "true")
+    )
     if cfg.max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(cfg.max_records_per_trigger))
     src = reader.load()
@@ -215,27 +221,37 @@ def build_query(spark: "SparkSession", cfg: StatefulStageConfig, client: ClientS
     key = F.col("properties")[cfg.key_property] if cfg.key_property else F.col("key")
     rows = src.select(key.alias("key"), when.alias("ts"))
     if cfg.window:
-        rows = (rows.withWatermark("ts", cfg.allowed_lateness)
-                .withColumn("w", F.window("ts", cfg.window))
-                .select("key", "ts", F.unix_millis("w.start").alias("windowStart"),
-                        F.unix_millis("w.end").alias("windowEnd")))
+        rows = (
+            rows.withWatermark("ts", cfg.allowed_lateness)
+            .withColumn("w", F.window("ts", cfg.window))
+            .select("key", "ts", F.unix_millis("w.start").alias("windowStart"), F.unix_millis("w.end").alias("windowEnd"))
+        )
         timeout = GroupStateTimeout.EventTimeTimeout
     else:
-        rows = rows.select("key", "ts", F.lit(None).cast("long").alias("windowStart"),
-                           F.lit(None).cast("long").alias("windowEnd"))
+        rows = rows.select(
+            "key", "ts", F.lit(None).cast("long").alias("windowStart"), F.lit(None).cast("long").alias("windowEnd")
+        )
         timeout = GroupStateTimeout.NoTimeout
     # `ts` stays in the input: Spark needs the watermarked column to time out windows.
-    counts = (rows.withColumn("eventMs", F.unix_millis("ts"))
-              .groupBy("key", "windowStart", "windowEnd")
-              .applyInPandasWithState(count_group, _OUTPUT_SCHEMA, _STATE_SCHEMA, "append", timeout))
+    counts = (
+        rows.withColumn("eventMs", F.unix_millis("ts"))
+        .groupBy("key", "windowStart", "windowEnd")
+        .applyInPandasWithState(count_group, _OUTPUT_SCHEMA, _STATE_SCHEMA, "append", timeout)
+    )
     props = [F.lit(PROP_STAGE), F.lit(cfg.fqfn), F.lit(PROP_COUNT), F.col("count").cast("string")]
     if cfg.window:
-        props += [F.lit(PROP_WINDOW_START), F.col("windowStart").cast("string"),
-                  F.lit(PROP_WINDOW_END), F.col("windowEnd").cast("string"),
-                  F.lit(PROP_FINAL), F.when(F.col("final"), "true").otherwise("false")]
+        props += [
+            F.lit(PROP_WINDOW_START),
+            F.col("windowStart").cast("string"),
+            F.lit(PROP_WINDOW_END),
+            F.col("windowEnd").cast("string"),
+            F.lit(PROP_FINAL),
+            F.when(F.col("final"), "true").otherwise("false"),
+        ]
     value = F.to_json(F.struct("key", "windowStart", "windowEnd", "count", "final"))
-    return counts.select("key", value.alias("value"), F.create_map(*props).alias("properties"),
-                         F.timestamp_millis("eventMs").alias("eventTime"))
+    return counts.select(
+        "key", value.alias("value"), F.create_map(*props).alias("properties"), F.timestamp_millis("eventMs").alias("eventTime")
+    )
 
 
 def checkpoint_confs(checkpoint_dir: str | Path) -> dict[str, str]:
@@ -255,22 +271,25 @@ class StageStatus:
 
     name: str
     running: bool
-    parallelism: int                       # input partitions per micro-batch
-    state_partitions: int | None           # fixed by the checkpoint
+    parallelism: int  # input partitions per micro-batch
+    state_partitions: int | None  # fixed by the checkpoint
     batch_id: int | None = None
     input_rows_per_second: float | None = None
     processed_rows_per_second: float | None = None
-    num_input_rows: int | None = None      # in the last micro-batch
-    state_rows: int | None = None          # groups held in state
+    num_input_rows: int | None = None  # in the last micro-batch
+    state_rows: int | None = None  # groups held in state
     end_offsets: Mapping[str, list] | None = None
-    backlog_entries: int | None = None     # entries (batches, when producers batch) behind the topic's end
+    backlog_entries: int | None = None  # entries (batches, when producers batch) behind the topic's end
     error: str | None = None
 
     def to_snapshot(self) -> FunctionSnapshot:
         return FunctionSnapshot(
-            name=self.name, parallelism=self.parallelism, arrival_rate=self.input_rows_per_second,
+            name=self.name,
+            parallelism=self.parallelism,
+            arrival_rate=self.input_rows_per_second,
             backlog=None if self.backlog_entries is None else float(self.backlog_entries),
-            processing_rate=self.processed_rows_per_second, running=self.parallelism if self.running else 0,
+            processing_rate=self.processed_rows_per_second,
+            running=self.parallelism if self.running else 0,
         )
 
 
@@ -292,8 +311,13 @@ class StatefulStage:
     other queries of the same session.
     """
 
-    def __init__(self, config: StatefulStageConfig, spark: "SparkSession | None" = None,
-                 client: ClientSettings | None = None, spark_settings: SparkSettings | None = None) -> None:
+    def __init__(
+        self,
+        config: StatefulStageConfig,
+        spark: "SparkSession | None" = None,
+        client: ClientSettings | None = None,
+        spark_settings: SparkSettings | None = None,
+    ) -> None:
         """`client`: auth and TLS for the stage's source and sink (its URL is the config's serviceUrl);
         `spark_settings`: the master to start a session on when `spark` is None (default local[*])."""
         self.config = config.validated()
@@ -330,15 +354,23 @@ class StatefulStage:
         # The query copies the session's confs when it starts, so the stage's own values are
         # set for start() only and the session is left as it was. Shuffle partitions count only
         # for a new checkpoint: afterwards Spark restores the stored value.
-        confs = {"spark.sql.shuffle.partitions": str(cfg.state_partitions or cfg.parallelism),
-                 "spark.sql.streaming.stateStore.providerClass": STATE_STORES[cfg.state_store]}
+        confs = {
+            "spark.sql.shuffle.partitions": str(cfg.state_partitions or cfg.parallelism),
+            "spark.sql.streaming.stateStore.providerClass": STATE_STORES[cfg.state_store],
+        }
         before = {k: spark.conf.get(k, None) for k in confs}
         try:
             for k, v in confs.items():
                 spark.conf.set(k, v)
-            writer = (build_query(spark, cfg, self.client).writeStream.format("pulsar").outputMode("append")
-                      .options(**client_options(self.client)).option("topic", cfg.output)
-                      .option("checkpointLocation", cfg.checkpoint_dir).queryName(_query_name(cfg.fqfn)))
+            writer = (
+                build_query(spark, cfg, self.client)
+                .writeStream.format("pulsar")
+                .outputMode("append")
+                .options(**client_options(self.client))
+                .option("topic", cfg.output)
+                .option("checkpointLocation", cfg.checkpoint_dir)
+                .queryName(_query_name(cfg.fqfn))
+            )
             if cfg.trigger == AVAILABLE_NOW:
                 writer = writer.trigger(availableNow=True)
             else:
@@ -350,8 +382,13 @@ class StatefulStage:
                     spark.conf.unset(k)
                 else:
                     spark.conf.set(k, old)
-        log.info("stateful stage %s started: parallelism %d, query %s run %s", cfg.fqfn, cfg.parallelism,
-                 self._query.id, self._query.runId)
+        log.info(
+            "stateful stage %s started: parallelism %d, query %s run %s",
+            cfg.fqfn,
+            cfg.parallelism,
+            self._query.id,
+            self._query.runId,
+        )
         return self._query
 
     def stop(self, graceful_timeout_s: float = 30.0) -> None:
@@ -405,9 +442,12 @@ class StatefulStage:
         cfg = self.config
         query = self._query
         state_partitions = checkpoint_confs(cfg.checkpoint_dir).get("spark.sql.shuffle.partitions")
-        base: dict[str, Any] = dict(name=cfg.fqfn, running=bool(query and query.isActive),
-                                    parallelism=cfg.parallelism,
-                                    state_partitions=int(state_partitions) if state_partitions else None)
+        base: dict[str, Any] = dict(
+            name=cfg.fqfn,
+            running=bool(query and query.isActive),
+            parallelism=cfg.parallelism,
+            state_partitions=int(state_partitions) if state_partitions else None,
+        )
         progress = query.lastProgress if query is not None else None
         error = None
         if query is not None and not query.isActive and query.exception() is not None:

@@ -49,7 +49,7 @@ READ_TIMEOUT_MS = 15_000
 # PACED_READER_BYTES, at most PACED_READER_QUEUE records: it starts with the smallest queue and, once its first
 # record tells the records' size, reads again from its start with the queue they allow (200 records of 50 KB
 # were 10 MB pushed through the broker at once, in the first moments of a change).
-READER_QUEUE = 5000   # pulsar-lite readers with small queues deliver more duplicates
+READER_QUEUE = 5000  # pulsar-lite readers with small queues deliver more duplicates
 PACED_READER_QUEUE = 200
 PACED_READER_BYTES = 1_000_000
 # A paced read calls its pace after every PACE_BYTES read (at most PACE_RECORDS records): the read's average rate
@@ -85,8 +85,7 @@ class Changelog:
 
     def __post_init__(self):
         if self.shards > 1 and self.shards > self.num_key_groups:
-            raise ValueError(f"a changelog of {self.num_key_groups} key groups has at most that many shards, "
-                             f"not {self.shards}")
+            raise ValueError(f"a changelog of {self.num_key_groups} key groups has at most that many shards, not {self.shards}")
 
     def __str__(self) -> str:
         return self.topic
@@ -109,13 +108,16 @@ class StateValueTooLarge(ValueError):
 
 def check_value_size(key: str, value) -> None:
     if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > MAX_VALUE_BYTES:
-        raise StateValueTooLarge(f"the state value of {key!r} is {len(value):,} bytes, over the {MAX_VALUE_BYTES:,} "
-                                 f"one changelog record (one Pulsar message, 5 MiB) can carry: nothing was stored")
+        raise StateValueTooLarge(
+            f"the state value of {key!r} is {len(value):,} bytes, over the {MAX_VALUE_BYTES:,} "
+            f"one changelog record (one Pulsar message, 5 MiB) can carry: nothing was stored"
+        )
 
 
 def changelog_of(cfg: "FunctionConfig") -> Changelog:
-    return Changelog(changelog_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId), cfg.changelogShards or 1,
-                     cfg.numKeyGroups)
+    return Changelog(
+        changelog_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId), cfg.changelogShards or 1, cfg.numKeyGroups
+    )
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Record:
     """One state change: `value` is the counter (int), the state bytes, or None for a deletion."""
 
     group: int
-    kind: str            # COUNTER or VALUE; a deletion has `deleted` set and keeps the kind it deleted
+    kind: str  # COUNTER or VALUE; a deletion has `deleted` set and keeps the kind it deleted
     key: str
     value: int | bytes | None
     version: int
@@ -161,8 +163,17 @@ class Record:
         data = msg.data()
         value = None if deleted else (int(data) if kind == COUNTER else data)
         mid = props.get("mid")
-        return cls(int(props["kg"]), kind, key, value, int(props["ver"]), deleted, mid,
-                   int(props.get("part", 0)), int(props.get("parts", 1)))
+        return cls(
+            int(props["kg"]),
+            kind,
+            key,
+            value,
+            int(props["ver"]),
+            deleted,
+            mid,
+            int(props.get("part", 0)),
+            int(props.get("parts", 1)),
+        )
 
 
 class ChangelogWriter:
@@ -189,8 +200,12 @@ class ChangelogWriter:
         producer = self._producers.get(shard)
         if producer is None:
             producer = self._client.create_producer(
-                self.changelog.shard_topic(shard), block_if_queue_full=True, batching_enabled=True,
-                batching_max_publish_delay_ms=1, send_timeout_millis=SEND_TIMEOUT_MS)
+                self.changelog.shard_topic(shard),
+                block_if_queue_full=True,
+                batching_enabled=True,
+                batching_max_publish_delay_ms=1,
+                send_timeout_millis=SEND_TIMEOUT_MS,
+            )
             self._producers[shard] = producer
         return producer
 
@@ -205,7 +220,7 @@ class ChangelogWriter:
             while self._waiting and all(self._persisted[s] >= n for s, n in self._waiting[0][0]):
                 ready.append(self._waiting.popleft()[1])
         if self._failed is not None:
-            return   # a record was lost: nothing after it is acked, so its input comes again
+            return  # a record was lost: nothing after it is acked, so its input comes again
         for callback in ready:
             try:
                 callback()
@@ -238,8 +253,10 @@ class ChangelogWriter:
             try:
                 producer.flush()
             except pulsar.PulsarException as exc:
-                raise pulsar.PulsarException(f"changelog {self.changelog.shard_topic(shard)}: records were not "
-                                             f"persisted within {SEND_TIMEOUT_MS} ms: {exc}") from exc
+                raise pulsar.PulsarException(
+                    f"changelog {self.changelog.shard_topic(shard)}: records were not "
+                    f"persisted within {SEND_TIMEOUT_MS} ms: {exc}"
+                ) from exc
         if self._failed is not None:
             failed, self._failed = self._failed, None
             raise pulsar.PulsarException(f"changelog {self.changelog}: a record was not persisted: {failed}")
@@ -256,8 +273,10 @@ class ChangelogWriter:
                 try:
                     msg_id = self._producer(shard).send(uuid.uuid4().hex.encode(), partition_key=MARKER_KEY)
                 except pulsar.PulsarException as exc:
-                    raise pulsar.PulsarException(f"changelog {self.changelog.shard_topic(shard)}: a marker was not "
-                                                 f"persisted within {SEND_TIMEOUT_MS} ms: {exc}") from exc
+                    raise pulsar.PulsarException(
+                        f"changelog {self.changelog.shard_topic(shard)}: a marker was not "
+                        f"persisted within {SEND_TIMEOUT_MS} ms: {exc}"
+                    ) from exc
             marks[shard] = msg_id.serialize()
         self.flush()
         return marks
@@ -275,14 +294,19 @@ class ChangelogWriter:
 class ReadStats:
     records: int = 0
     bytes: int = 0
-    duplicates: int = 0   # delivered again by the reader, skipped
-    end: builtins.bytes | None = None   # the end marker's position: everything before it was read
+    duplicates: int = 0  # delivered again by the reader, skipped
+    end: builtins.bytes | None = None  # the end marker's position: everything before it was read
 
 
-def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None,
-                   stats: ReadStats | None = None, groups: set[int] | None = None,
-                   pace: Callable[..., None] | None = None,
-                   side_by_side: int = 1) -> Iterator[tuple[pulsar.MessageId, Record]]:
+def read_changelog(
+    client: pulsar.Client,
+    topic: str,
+    after: bytes | None = None,
+    stats: ReadStats | None = None,
+    groups: set[int] | None = None,
+    pace: Callable[..., None] | None = None,
+    side_by_side: int = 1,
+) -> Iterator[tuple[pulsar.MessageId, Record]]:
     """Every record from `after` (a position from `mark`, exclusive) or the start, up to now, with its id;
     only those of `groups` when given (the others are skipped before they are decoded). `pace` (a background
     read that must not crowd out the function's traffic) is called every PACE_BYTES (or PACE_RECORDS messages)
@@ -301,7 +325,7 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
         producer.close()
     start = position = pulsar.MessageId.deserialize(after) if after else pulsar.MessageId.earliest
     waited_ms, read_any, n, paced_bytes = 0, False, 0, 0
-    sized = pace is None   # a paced read sizes its queue at its first record
+    sized = pace is None  # a paced read sizes its queue at its first record
     queue = reader_queue(READER_QUEUE // side_by_side) if sized else MIN_READER_QUEUE
     reader = client.create_reader(topic, position, receiver_queue_size=queue)
     try:
@@ -312,9 +336,11 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
                 # a new reader from the last record read goes on (a record read twice is skipped below)
                 waited_ms += READ_STALL_MS
                 if waited_ms >= READ_TIMEOUT_MS:
-                    raise TimeoutError(f"changelog {topic}: no record for {READ_TIMEOUT_MS} ms before the end "
-                                       f"marker (the reader reopened every {READ_STALL_MS} ms); the broker may be "
-                                       "down") from None
+                    raise TimeoutError(
+                        f"changelog {topic}: no record for {READ_TIMEOUT_MS} ms before the end "
+                        f"marker (the reader reopened every {READ_STALL_MS} ms); the broker may be "
+                        "down"
+                    ) from None
                 reader.close()
                 reader = client.create_reader(topic, position, receiver_queue_size=queue)
                 continue
@@ -323,18 +349,18 @@ def read_changelog(client: pulsar.Client, topic: str, after: bytes | None = None
             if not sized and msg.partition_key() != MARKER_KEY:
                 sized = True
                 fits = min(PACED_READER_QUEUE, PACED_READER_BYTES // max(size, 1)) // side_by_side
-                if fits > queue:   # from the start again: this record comes again and is skipped below
+                if fits > queue:  # from the start again: this record comes again and is skipped below
                     queue = fits
                     reader.close()
                     reader = client.create_reader(topic, start, receiver_queue_size=queue)
             if pace is not None and (paced_bytes >= PACE_BYTES or n % PACE_RECORDS == 0):
-                pace(paced_bytes, time.time() - msg.publish_timestamp() / 1000, topic)   # the bytes, the lag
+                pace(paced_bytes, time.time() - msg.publish_timestamp() / 1000, topic)  # the bytes, the lag
                 paced_bytes = 0
             msg_id = msg.message_id()
             if read_any and not position < msg_id:
                 if stats is not None:
                     stats.duplicates += 1
-                continue          # a pulsar-lite reader delivered it again: ids only grow in a topic
+                continue  # a pulsar-lite reader delivered it again: ids only grow in a topic
             position, read_any = msg_id, True
             key = msg.partition_key()
             if key == MARKER_KEY:

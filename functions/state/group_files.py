@@ -15,7 +15,7 @@ DEDUPE_WINDOW = 10_000
 # WAL of a group file: checkpointed at SQLite's default 1,000 pages and cut back to 512 KB (128 files per function).
 _WAL_PAGES = 1000
 _WAL_BYTES = 512 * 1024
-_CACHE_KIB = 512   # SQLite's page cache per group connection (the OS caches the files too)
+_CACHE_KIB = 512  # SQLite's page cache per group connection (the OS caches the files too)
 
 
 @dataclass
@@ -49,7 +49,7 @@ def shared(path: Path) -> GroupFile:
     with _FILES_LOCK:
         f = _FILES.get(key)
         if f is not None and inode(key) != f.inode:
-            del _FILES[key]   # its file was deleted (a deleted function): a new one is not its state
+            del _FILES[key]  # its file was deleted (a deleted function): a new one is not its state
             f.conn.close()
             f = None
         if f is None:
@@ -84,7 +84,8 @@ def _connect(path: Path) -> sqlite3.Connection:
         "ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (kind, key)) WITHOUT ROWID; "
         "CREATE TABLE IF NOT EXISTS applied (mid TEXT NOT NULL UNIQUE); "
         "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), position BLOB, "
-        "clean INTEGER NOT NULL); COMMIT;")
+        "clean INTEGER NOT NULL); COMMIT;"
+    )
     return conn
 
 
@@ -100,8 +101,9 @@ def served(f: GroupFile) -> sqlite3.Connection:
 
 def prune_applied(conn: sqlite3.Connection) -> None:
     """Keep the newest DEDUPE_WINDOW applied ids of a group."""
-    conn.execute("DELETE FROM applied WHERE rowid <= (SELECT rowid FROM applied ORDER BY rowid DESC LIMIT 1 "
-                 "OFFSET ?)", (DEDUPE_WINDOW,))
+    conn.execute(
+        "DELETE FROM applied WHERE rowid <= (SELECT rowid FROM applied ORDER BY rowid DESC LIMIT 1 OFFSET ?)", (DEDUPE_WINDOW,)
+    )
 
 
 def inode(path: str) -> int | None:

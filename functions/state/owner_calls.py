@@ -37,12 +37,12 @@ from pulsar_autoscale.functions.state.backend import STATE_CALLS, apply_call
 from pulsar_autoscale.functions.state.store import NotOwnedError, StateRemovedError, StateStore
 
 log = logging.getLogger(__name__)
-SESSION_IDLE_S = 15.0   # a session's thread ends (its open scope rolled back) after this long without a call
-REPLAY_S = 60.0         # how long a caller tries to reach the owner (a failover takes the heartbeat timeout + a start)
+SESSION_IDLE_S = 15.0  # a session's thread ends (its open scope rolled back) after this long without a call
+REPLAY_S = 60.0  # how long a caller tries to reach the owner (a failover takes the heartbeat timeout + a start)
 RETRY_PAUSE_S = 0.2
 ONE_WAY = frozenset({"abort"})
-RETRY = "RETRY: "       # an answer's error that means "not applied here, send it to the owner again"
-PERSISTING = frozenset({"commit", "flush_before_ack"})   # answered once persisted: the caller acks after them
+RETRY = "RETRY: "  # an answer's error that means "not applied here, send it to the owner again"
+PERSISTING = frozenset({"commit", "flush_before_ack"})  # answered once persisted: the caller acks after them
 LEASE_LAPSED = "this worker's membership lease lapsed (frozen or cut off from the broker): its state may have moved"
 # a process instance's key to its function's state calls on its worker (the worker's REST API may check tokens;
 # the instance holds none, and this key opens that one function's state calls and nothing else)
@@ -76,7 +76,7 @@ def decode(value: Any) -> Any:
 
 
 # ---- the caller's side -------------------------------------------------------------------------------------
-Transport = Callable[[str, bool, list], list]   # (session, fresh, calls) -> [(ok, value or error text)]
+Transport = Callable[[str, bool, list], list]  # (session, fresh, calls) -> [(ok, value or error text)]
 
 
 class OwnedState:
@@ -101,10 +101,10 @@ class OwnedState:
 
     def _call(self, op: str, group: int | None, *args, one_way: bool = False):
         t = self._thread()
-        if t.deferred is not None:   # a message without EFFECTIVELY_ONCE: its scope opens with its first call
+        if t.deferred is not None:  # a message without EFFECTIVELY_ONCE: its scope opens with its first call
             deferred, t.deferred = t.deferred, None
             if op in ("commit", "abort"):
-                return None          # it made no state call: nothing to ask of the owner
+                return None  # it made no state call: nothing to ask of the owner
             self._call("begin", deferred, None, one_way=True)
         call = [op, group, encode(list(args))]
         if t.skipped and (op in STATE_CALLS or op in ("commit", "abort")):
@@ -131,17 +131,18 @@ class OwnedState:
                 answers = self._transport(t.session, t.fresh, batch)
                 t.fresh = False
                 moved = next((v for ok, v in answers if not ok and isinstance(v, str) and v.startswith(RETRY)), None)
-                if moved is not None:   # the owner gave the state up while these ran: they did not apply
+                if moved is not None:  # the owner gave the state up while these ran: they did not apply
                     raise OwnerUnavailable(moved)
                 break
             except OwnerUnavailable as exc:
                 if time.monotonic() > deadline:
-                    raise OwnerUnavailable(f"the owner of this function's state did not answer for {self._replay_s:.0f} s: "
-                                           f"{exc}") from None
+                    raise OwnerUnavailable(
+                        f"the owner of this function's state did not answer for {self._replay_s:.0f} s: {exc}"
+                    ) from None
                 if not replaying:
                     log.info("state owner unavailable (%s): sending the message's state calls again", exc)
                 replaying = True
-                t.session, t.fresh = uuid.uuid4().hex, True   # the old session's thread rolls its scope back
+                t.session, t.fresh = uuid.uuid4().hex, True  # the old session's thread rolls its scope back
                 if op in ("commit", "abort"):
                     batch = [*(scope or []), call] if scope and scope[0][0] == "begin" else [call]
                 else:
@@ -194,7 +195,7 @@ class OwnedState:
 
     def flush(self, everything: bool = False) -> None:
         t = self._thread()
-        if t.pending:   # a commit answered once persisted: only a one-way abort may wait here
+        if t.pending:  # a commit answered once persisted: only a one-way abort may wait here
             self._call("flush", None, False)
 
     def when_persisted(self, callback) -> None:
@@ -238,6 +239,7 @@ def http_transport(endpoint: StateEndpoint, http: requests.Session) -> Transport
         if resp.status_code != 200:
             raise OwnerUnavailable(f"{url} answered {resp.status_code}: {resp.text[:200]}")
         return [tuple(a) for a in resp.json()["answers"]]
+
     return send
 
 
@@ -272,7 +274,7 @@ class _Session:
         self._inbox.put(None)
 
     def _serve(self) -> None:
-        skipping = False   # a begin answered False (applied already): its message's calls are not applied
+        skipping = False  # a begin answered False (applied already): its message's calls are not applied
         try:
             while True:
                 try:
@@ -302,12 +304,12 @@ class _Session:
                 answer.put(answers)
         finally:
             try:
-                self._store.abort()   # a scope the caller never finished: EFFECTIVELY_ONCE rolls back, the group is free
+                self._store.abort()  # a scope the caller never finished: EFFECTIVELY_ONCE rolls back, the group is free
             except Exception:
                 log.exception("rolling back an abandoned state session")
             self.ended = True
             self._on_end()
-            while True:   # calls that came after the end: their caller sends them again
+            while True:  # calls that came after the end: their caller sends them again
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
@@ -321,14 +323,14 @@ def _apply(store: StateStore, op: str, group: int | None, args: list) -> tuple[b
         args = decode(args)
         if op == "commit":
             store.commit()
-            store.flush()   # answered once persisted: the caller acks its input after this answer
+            store.flush()  # answered once persisted: the caller acks its input after this answer
             return True, None
         if op == "begin":
             if group is None:
                 raise ValueError("begin names no key group")
             return True, store.begin(group, *args)
         return True, encode(apply_call(store, op, group, args))
-    except (NotOwnedError, StateRemovedError, sqlite3.ProgrammingError) as exc:   # released, deleted or closed here
+    except (NotOwnedError, StateRemovedError, sqlite3.ProgrammingError) as exc:  # released, deleted or closed here
         return False, f"{RETRY}{type(exc).__name__}: {exc}"
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
@@ -349,8 +351,7 @@ class OwnerSessions:
             if s is None or s.ended:
                 if not fresh:
                     raise SessionLost(f"no state session {session} here (it ended, or this worker restarted)")
-                s = self._sessions[session] = _Session(self.store, session[:8], lambda: self._forget(session),
-                                                       self._leased)
+                s = self._sessions[session] = _Session(self.store, session[:8], lambda: self._forget(session), self._leased)
         answers = s.run(calls, timeout_s)
         if answers == [(False, "session ended")]:
             raise SessionLost(f"state session {session} ended")

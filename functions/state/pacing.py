@@ -32,7 +32,7 @@ class Pacer:
         self.bytes_per_s = mb_per_s * 1e6 if mb_per_s else None
         self._stop = stop or threading.Event()
         self._t0 = time.perf_counter()
-        self._gains: dict[Hashable, tuple[float, float, float | None]] = {}   # source -> (first call, lag, gain since)
+        self._gains: dict[Hashable, tuple[float, float, float | None]] = {}  # source -> (first call, lag, gain since)
         self._capped = True
 
     def __call__(self, nbytes: int = 0, lag_s: float | None = None, source: Hashable = None) -> None:
@@ -42,7 +42,7 @@ class Pacer:
         if self.bytes_per_s and lag_s is not None and self._catching_up(now, lag_s, source):
             wait = max(wait, nbytes / self.bytes_per_s - worked)
         if wait > 0:
-            self._stop.wait(wait)   # pacing, not synchronisation
+            self._stop.wait(wait)  # pacing, not synchronisation
         self._t0 = time.perf_counter()
 
     def _catching_up(self, now: float, lag_s: float, source: Hashable) -> bool:

@@ -17,11 +17,11 @@ class RestoreStats:
     """The last open(restore=True): what was replayed and how fast (bench/state_replay.py)."""
 
     groups: int = 0
-    from_snapshot: int = 0   # groups reopened from their released file (only the changelog after it replayed)
+    from_snapshot: int = 0  # groups reopened from their released file (only the changelog after it replayed)
     snapshot_rows: int = 0
     records: int = 0
     bytes: int = 0
-    duplicates: int = 0      # records a pulsar-lite reader delivered again (skipped)
+    duplicates: int = 0  # records a pulsar-lite reader delivered again (skipped)
     seconds: float = 0.0
 
     @property
@@ -43,36 +43,43 @@ class Tail:
     ends: dict[int, bytes | None]
 
 
-def read_tail(client: pulsar.Client, changelog: Changelog, positions: dict[int, bytes | None], stats: RestoreStats,
-              pace: Callable[..., None] | None = None) -> Tail:
+def read_tail(
+    client: pulsar.Client,
+    changelog: Changelog,
+    positions: dict[int, bytes | None],
+    stats: RestoreStats,
+    pace: Callable[..., None] | None = None,
+) -> Tail:
     """One pass over each changelog shard that holds some of the groups, from the oldest position a group of the
     shard needs (None: from the start); a group's records at or before its own position are skipped (its file has
     them). `pace`: a paced read (changelog.read_changelog)."""
     starts = {g: pulsar.MessageId.deserialize(p) if p else None for g, p in positions.items()}
-    rows: dict[tuple[str, str, int], tuple] = {}       # (kind, key, kg) -> (ival, bval, ver, dead)
+    rows: dict[tuple[str, str, int], tuple] = {}  # (kind, key, kg) -> (ival, bval, ver, dead)
     applied: dict[int, list[str]] = {}
     ends: dict[int, bytes | None] = {}
     partial: dict[tuple[int, str], dict[int, Record]] = {}
-    reads: dict[int, tuple[set[int], ReadStats]] = {}   # shard -> (its groups, its read)
+    reads: dict[int, tuple[set[int], ReadStats]] = {}  # shard -> (its groups, its read)
     for g in positions:
         reads.setdefault(changelog.shard(g), (set(), ReadStats()))[0].add(g)
     shard_reads = []
     for shard, (in_shard, read) in sorted(reads.items()):
         # past the check, every group of the shard has a position, so a start to order by
-        oldest = (None if any(positions[g] is None for g in in_shard)
-                  else positions[min(in_shard, key=lambda g: cast(pulsar.MessageId, starts[g]))])
-        shard_reads.append(read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace,
-                                          len(reads)))
+        oldest = (
+            None
+            if any(positions[g] is None for g in in_shard)
+            else positions[min(in_shard, key=lambda g: cast(pulsar.MessageId, starts[g]))]
+        )
+        shard_reads.append(read_changelog(client, changelog.shard_topic(shard), oldest, read, in_shard, pace, len(reads)))
     for mid, r in _round_robin(shard_reads):
         start = starts[r.group]
         if start is not None and not start < mid:
-            continue                  # before the group's own position: its file has it
+            continue  # before the group's own position: its file has it
         if r.msg_id is None:
             _apply(rows, r)
             continue
         parts = partial.setdefault((r.group, r.msg_id), {})
-        parts[r.part] = r             # by index: a record read twice is one part
-        if len(parts) == r.parts:     # every record of the message arrived: apply them together
+        parts[r.part] = r  # by index: a record read twice is one part
+        if len(parts) == r.parts:  # every record of the message arrived: apply them together
             del partial[(r.group, r.msg_id)]
             for p in parts.values():
                 _apply(rows, p)

@@ -43,7 +43,7 @@ from pulsar_autoscale.functions.state.groups import NONE_KEY, GroupView, one_gro
 from pulsar_autoscale.functions.state.pacing import Pacer
 from pulsar_autoscale.functions.state.restore import RestoreStats, read_tail
 
-_PRUNE_EVERY = 1_000   # EFFECTIVELY_ONCE: commits between two prunings of a group's applied ids
+_PRUNE_EVERY = 1_000  # EFFECTIVELY_ONCE: commits between two prunings of a group's applied ids
 
 
 class StateRemovedError(RuntimeError):
@@ -59,18 +59,19 @@ class _Scope:
     """The state calls of the message being processed on this thread."""
 
     group: int
-    msg_id: str | None = None            # set: EFFECTIVELY_ONCE, the updates are one transaction
-    file: "GroupFile | None" = None      # EFFECTIVELY_ONCE: the file whose lock and transaction it holds
-    pending: dict = field(default_factory=dict)   # (kind, key) -> Record, the latest change of each
+    msg_id: str | None = None  # set: EFFECTIVELY_ONCE, the updates are one transaction
+    file: "GroupFile | None" = None  # EFFECTIVELY_ONCE: the file whose lock and transaction it holds
+    pending: dict = field(default_factory=dict)  # (kind, key) -> Record, the latest change of each
 
 
 class StateStore:
     """The function's key groups on this worker. `owned` None: every group (a single worker, no routing)."""
 
-    def __init__(self, path: str | Path, num_key_groups: int = DEFAULT_NUM_KEY_GROUPS,
-                 owned: set[int] | None = None, keyed: bool = True):
+    def __init__(
+        self, path: str | Path, num_key_groups: int = DEFAULT_NUM_KEY_GROUPS, owned: set[int] | None = None, keyed: bool = True
+    ):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._home = str(Path(path).parent)   # its identity: a function created again under the name has another
+        self._home = str(Path(path).parent)  # its identity: a function created again under the name has another
         self._home_inode = inode(self._home)
         # The group files `kg-N.sqlite` (a released group's file is its snapshot): stores of one function
         # on one worker may share this directory (functions/keyed/migration.py sets it), so a group moves
@@ -89,7 +90,7 @@ class StateStore:
         # EFFECTIVELY_ONCE message holds its group's lock from begin to commit.
         self._files: dict[int, GroupFile] = {}
         self._applied_since_prune = 0
-        self.duplicates_skipped = 0   # EFFECTIVELY_ONCE: messages whose id was applied already (in this process)
+        self.duplicates_skipped = 0  # EFFECTIVELY_ONCE: messages whose id was applied already (in this process)
         self.restore_stats = RestoreStats()
 
     # ---- group files -----------------------------------------------------------------------------
@@ -103,8 +104,7 @@ class StateStore:
         if inode(self._home) != self._home_inode:
             # Its directory was moved away under it (the function was deleted, its instance still drains), and the
             # path may hold another function's files by now (created again under that name): never take those.
-            raise StateRemovedError(f"key group {group}: the state directory {self._home} was removed "
-                                    "(the function was deleted)")
+            raise StateRemovedError(f"key group {group}: the state directory {self._home} was removed (the function was deleted)")
         f = self._files[group] = shared(self.group_path(group))
         return f
 
@@ -173,9 +173,10 @@ class StateStore:
         for g in self._existing():
             f = self._file(g)
             with f.lock:
-                if f.conn.execute("SELECT 1 FROM kv WHERE key = ? AND dead = 0"
-                                  + ("" if kind is None else " AND kind = ?"),
-                                  (key,) if kind is None else (key, kind)).fetchone():
+                if f.conn.execute(
+                    "SELECT 1 FROM kv WHERE key = ? AND dead = 0" + ("" if kind is None else " AND kind = ?"),
+                    (key,) if kind is None else (key, kind),
+                ).fetchone():
                     return g
         return None
 
@@ -222,8 +223,10 @@ class StateStore:
                 conn = file.conn
                 if records:
                     conn.execute("INSERT INTO applied(mid) VALUES (?)", (scope.msg_id,))
-                    records = [Record(r.group, r.kind, r.key, r.value, r.version, r.deleted, scope.msg_id, i,
-                                      len(records)) for i, r in enumerate(records)]
+                    records = [
+                        Record(r.group, r.kind, r.key, r.value, r.version, r.deleted, scope.msg_id, i, len(records))
+                        for i, r in enumerate(records)
+                    ]
                 conn.execute("COMMIT")
                 if records:
                     self._prune(conn)
@@ -310,32 +313,52 @@ class StateStore:
         return self._write(
             "INSERT INTO kv(kind, key, ival, ver) VALUES('c', ?, ?, 1) ON CONFLICT DO UPDATE SET "
             "ival = CASE WHEN dead THEN excluded.ival ELSE ival + excluded.ival END, ver = ver + 1, dead = 0 "
-            "RETURNING ival, ver", (key, int(amount)), COUNTER, key, group)
+            "RETURNING ival, ver",
+            (key, int(amount)),
+            COUNTER,
+            key,
+            group,
+        )
 
     def put(self, group: int, key: str, value) -> None:
         value = value.encode() if isinstance(value, str) else value
         check_value_size(key, value)
-        self._write("INSERT INTO kv(kind, key, bval, ver) VALUES('s', ?, ?, 1) ON CONFLICT DO UPDATE SET "
-                    "bval = excluded.bval, ver = ver + 1, dead = 0 RETURNING bval, ver",
-                    (key, value), VALUE, key, group)
+        self._write(
+            "INSERT INTO kv(kind, key, bval, ver) VALUES('s', ?, ?, 1) ON CONFLICT DO UPDATE SET "
+            "bval = excluded.bval, ver = ver + 1, dead = 0 RETURNING bval, ver",
+            (key, value),
+            VALUE,
+            key,
+            group,
+        )
 
     def set_count(self, group: int, key: str, value: int) -> None:
         self.delete(group, VALUE, key)
-        self._write("INSERT INTO kv(kind, key, ival, ver) VALUES('c', ?, ?, 1) ON CONFLICT DO UPDATE SET "
-                    "ival = excluded.ival, ver = ver + 1, dead = 0 RETURNING ival, ver",
-                    (key, int(value)), COUNTER, key, group)
+        self._write(
+            "INSERT INTO kv(kind, key, ival, ver) VALUES('c', ?, ?, 1) ON CONFLICT DO UPDATE SET "
+            "ival = excluded.ival, ver = ver + 1, dead = 0 RETURNING ival, ver",
+            (key, int(value)),
+            COUNTER,
+            key,
+            group,
+        )
 
     def delete(self, group: int, kind: str, key: str) -> None:
-        self._write("UPDATE kv SET ival = NULL, bval = NULL, ver = ver + 1, dead = 1 "
-                    "WHERE kind = ? AND key = ? AND dead = 0 RETURNING ival, ver",
-                    (kind, key), kind, key, group, deleted=True)
+        self._write(
+            "UPDATE kv SET ival = NULL, bval = NULL, ver = ver + 1, dead = 1 "
+            "WHERE kind = ? AND key = ? AND dead = 0 RETURNING ival, ver",
+            (kind, key),
+            kind,
+            key,
+            group,
+            deleted=True,
+        )
 
     def read(self, group: int, kind: str, key: str):
         self._check_owned(group)
         f = self._file(group)
         with f.lock:
-            row = f.conn.execute("SELECT ival, bval FROM kv WHERE kind = ? AND key = ? AND dead = 0",
-                                 (kind, key)).fetchone()
+            row = f.conn.execute("SELECT ival, bval FROM kv WHERE kind = ? AND key = ? AND dead = 0", (kind, key)).fetchone()
         return None if row is None else row[0] if kind == COUNTER else row[1]
 
     # ---- by key alone: REST querystate/putstate, and callers without a message -------------------
@@ -378,8 +401,7 @@ class StateStore:
         for g in self._existing():
             f = self._file(g)
             with f.lock:
-                for kind, key, ival, bval in f.conn.execute(
-                        "SELECT kind, key, ival, bval FROM kv WHERE dead = 0"):
+                for kind, key, ival, bval in f.conn.execute("SELECT kind, key, ival, bval FROM kv WHERE dead = 0"):
                     out[(kind, key, g)] = (ival, bval)
         return out
 
@@ -389,7 +411,7 @@ class StateStore:
         so opening the group on this worker again replays only the changelog after it."""
         writer = self.changelog
         shard = self._log.shard if self._log is not None else (lambda g: 0)
-        marks = writer.mark({shard(g) for g in groups}) if writer is not None else {}   # flushed too
+        marks = writer.mark({shard(g) for g in groups}) if writer is not None else {}  # flushed too
         for g in sorted(groups):
             f = self._file(g)
             with f.lock:
@@ -405,8 +427,14 @@ class StateStore:
             self.snapshot(groups)
         self._owned = self.owned() - groups
 
-    def open(self, groups: set[int], restore: bool = True, client: pulsar.Client | None = None,
-             changelog: Changelog | None = None, refresh: AbstractSet[int] = frozenset()) -> RestoreStats:
+    def open(
+        self,
+        groups: set[int],
+        restore: bool = True,
+        client: pulsar.Client | None = None,
+        changelog: Changelog | None = None,
+        refresh: AbstractSet[int] = frozenset(),
+    ) -> RestoreStats:
         """Own groups from now on. restore: reopen a group's released file and apply the changelog after its
         position; a group without one (or whose file was in use when its worker died) replays the whole
         changelog (the attached one, or `client`/`changelog`). `refresh`: pre-copied groups that will open here
@@ -420,16 +448,16 @@ class StateStore:
             client = client or self._client
             changelog = changelog or self._log
             if client is None or changelog is None:
-                raise ValueError("restoring key groups needs the changelog: attach_changelog first or pass "
-                                 "client and changelog")
+                raise ValueError("restoring key groups needs the changelog: attach_changelog first or pass client and changelog")
             self._mark_copied(refresh, self._restore(groups | refresh, client, changelog, stats))
         self._owned = None if self._owned is None else self._owned | groups
         stats.seconds = time.perf_counter() - started
         self.restore_stats = stats
         return stats
 
-    def prepare(self, groups: set[int], client: pulsar.Client, changelog: Changelog, duty: float = 1.0,
-                mb_per_s: float | None = None) -> RestoreStats:
+    def prepare(
+        self, groups: set[int], client: pulsar.Client, changelog: Changelog, duty: float = 1.0, mb_per_s: float | None = None
+    ) -> RestoreStats:
         """Pre-copy groups another worker serves, before they move here: bring their files up to now from the
         changelog and record that position, as a release does, so the later open replays only what changed
         meanwhile (a short tail) while the groups' records wait. The caller makes sure no store of this process
@@ -448,18 +476,24 @@ class StateStore:
         for g in groups:
             f = self._file(g)
             with f.lock:
-                if g not in self.owned():   # opened meanwhile (a prepare that outlived its wait): served now
+                if g not in self.owned():  # opened meanwhile (a prepare that outlived its wait): served now
                     f.conn.execute("INSERT OR REPLACE INTO meta VALUES (0, ?, 1)", (positions.get(g),))
                     f.clean = True
 
-    def _restore(self, groups: set[int], client: pulsar.Client, changelog: Changelog, stats: RestoreStats,
-                 pace: Callable[..., None] | None = None) -> dict[int, bytes | None]:
+    def _restore(
+        self,
+        groups: set[int],
+        client: pulsar.Client,
+        changelog: Changelog,
+        stats: RestoreStats,
+        pace: Callable[..., None] | None = None,
+    ) -> dict[int, bytes | None]:
         """Bring the groups' files up to now in one pass over each changelog shard that holds some of them, from
         the oldest position a group of the shard needs (a group's records at or before its own position are in
         its file already); returns the position each group's file now covers (its shard's end). `pace`: a paced
         read (changelog.read_changelog), and paced writes: a group's rows at a time, then a pause by the duty (tens
         of MB written at once would hold up the disk's other writers, the broker's among them, for as long)."""
-        positions: dict[int, bytes | None] = {}   # None: from the changelog's start
+        positions: dict[int, bytes | None] = {}  # None: from the changelog's start
         for g in groups:
             path = self.group_path(g)
             meta = None
@@ -472,7 +506,7 @@ class StateStore:
             if meta is not None and meta[1]:
                 positions[g] = meta[0]
                 stats.from_snapshot += 1
-            else:   # never released here: its rows may be ahead of the changelog, or it is not there at all
+            else:  # never released here: its rows may be ahead of the changelog, or it is not there at all
                 self._close(g)
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
@@ -484,16 +518,17 @@ class StateStore:
             with f.lock:
                 conn = served(f)
                 if not group_rows and not group_applied:
-                    continue   # nothing of it in the read (most groups of a refresh): no transaction
+                    continue  # nothing of it in the read (most groups of a refresh): no transaction
                 conn.execute("BEGIN IMMEDIATE")
                 conn.executemany("INSERT OR IGNORE INTO applied(mid) VALUES (?)", ((m,) for m in group_applied))
-                conn.executemany(   # over the file's row only when newer
+                conn.executemany(  # over the file's row only when newer
                     "INSERT INTO kv(kind, key, ival, bval, ver, dead) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT DO UPDATE SET ival = excluded.ival, bval = excluded.bval, ver = excluded.ver, "
-                    "dead = excluded.dead WHERE excluded.ver > kv.ver", group_rows)
+                    "dead = excluded.dead WHERE excluded.ver > kv.ver",
+                    group_rows,
+                )
                 prune_applied(conn)
                 conn.execute("COMMIT")
             if pace is not None:
-                pace()   # the duty alone: the read's rate is for the broker (Pacer)
+                pace()  # the duty alone: the read's rate is for the broker (Pacer)
         return tail.ends
-

@@ -37,8 +37,10 @@ def web_service_url_checked(url: str) -> str:
     """The worker's --web-service-url, refused at start when it cannot be an admin API's address."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):
-        raise ConfigError(f"--web-service-url {url!r} is not the broker's admin REST address: give "
-                          "http(s)://HOST:PORT (Pulsar's pulsarWebServiceUrl, e.g. http://broker:8080)")
+        raise ConfigError(
+            f"--web-service-url {url!r} is not the broker's admin REST address: give "
+            "http(s)://HOST:PORT (Pulsar's pulsarWebServiceUrl, e.g. http://broker:8080)"
+        )
     return url.rstrip("/")
 
 
@@ -58,15 +60,19 @@ class StateTopicCleaner:
     def delete(self, cfg: FunctionConfig) -> list[str]:
         """The topics deleted (none when it has none), partitioned ones too: a broker whose
         allowAutoTopicCreationType is `partitioned` created them so. Raises StateTopicsError."""
-        base = (f"{self.web_service_url}/admin/v2/persistent/"
-                f"{quote(cfg.tenant, safe='')}/{quote(cfg.namespace, safe='')}")
+        base = f"{self.web_service_url}/admin/v2/persistent/{quote(cfg.tenant, safe='')}/{quote(cfg.namespace, safe='')}"
         where = f"{cfg.tenant}/{cfg.namespace}"
         deleted = []
         # getList also names each partition (`{topic}-partition-{i}`), which the pattern leaves to the second pass.
         for listing, suffix, what in ((base, "", "topics"), (f"{base}/partitioned", "/partitions", "partitioned topics")):
             for topic in self._state_topics(cfg, listing, f"list the {what} of {where}"):
-                resp = self._call("DELETE", f"{base}/{quote(topic.rsplit('/', 1)[1], safe='')}{suffix}",
-                                  {"force": "true"}, f"delete {topic}", missing_ok=True)
+                resp = self._call(
+                    "DELETE",
+                    f"{base}/{quote(topic.rsplit('/', 1)[1], safe='')}{suffix}",
+                    {"force": "true"},
+                    f"delete {topic}",
+                    missing_ok=True,
+                )
                 if resp.status_code != 404:
                     deleted.append(topic)
         return deleted

@@ -30,16 +30,15 @@ log = logging.getLogger(__name__)
 
 
 class BrokerLink:
-    def __init__(self, settings: ClientSettings, broker_kind: str, metrics_url: str | None,
-                 closing: threading.Event):
+    def __init__(self, settings: ClientSettings, broker_kind: str, metrics_url: str | None, closing: threading.Event):
         known = named(broker_kind)
         self.settings = settings
-        self.kind = broker_kind   # as asked; what "auto" found once connect() has learnt it
-        self.profile: BrokerProfile = known or APACHE   # no fence until "auto" has learnt the broker's kind
-        self._metrics_url = metrics_url   # read for "auto", and by the B12 fence
+        self.kind = broker_kind  # as asked; what "auto" found once connect() has learnt it
+        self.profile: BrokerProfile = known or APACHE  # no fence until "auto" has learnt the broker's kind
+        self._metrics_url = metrics_url  # read for "auto", and by the B12 fence
         self._closing = closing
-        self.stall_fence: StallFence | None = None   # set by connect() once the broker's profile is known
-        self.client: pulsar.Client | None = None     # this incarnation's, set once the broker answers
+        self.stall_fence: StallFence | None = None  # set by connect() once the broker's profile is known
+        self.client: pulsar.Client | None = None  # this incarnation's, set once the broker answers
         self.connected = threading.Event()
         self.waiting_for = "the broker"
         self._watch: BrokerWatch | None = None
@@ -57,8 +56,9 @@ class BrokerLink:
         client = None
         while client is None and not self._closing.is_set():
             try:
-                client = incarnation_client(self.settings, self.profile, operation_timeout_seconds=30,
-                                            log_level=pulsar.LoggerLevel.Warn)
+                client = incarnation_client(
+                    self.settings, self.profile, operation_timeout_seconds=30, log_level=pulsar.LoggerLevel.Warn
+                )
             except (pulsar.PulsarException, LiteJoinError) as exc:
                 log.warning("cannot reach the broker at %s yet (%s); retrying", self.settings.service_url, exc)
                 self._closing.wait(1.0)
@@ -78,15 +78,22 @@ class BrokerLink:
     def subscribe(self, cfg: FunctionConfig, consumer_name: str):
         """The function's input consumer, fenced against the broker's defects: Failover's (B1, B13), and a
         broker that stops dispatching to it (B12)."""
-        return fence_stalls(lambda: subscribe_fenced(self.client, cfg, consumer_name, self.profile), cfg.inputs,
-                            cfg.subscription_name, self.stall_fence)
+        return fence_stalls(
+            lambda: subscribe_fenced(self.client, cfg, consumer_name, self.profile),
+            cfg.inputs,
+            cfg.subscription_name,
+            self.stall_fence,
+        )
 
     def keyed_input(self, cfg: FunctionConfig):
         """A keyedState function's one worker consumer (its router's input), of the type the profile allows
         (B4, B11) and watched for stalls (B12)."""
-        return fence_stalls(lambda: subscribe(
-            self.client, cfg, cfg.fqfn, self.profile.keyed_subscription_type(keyed_subscription_type(cfg))),
-            cfg.inputs, cfg.subscription_name, self.stall_fence)
+        return fence_stalls(
+            lambda: subscribe(self.client, cfg, cfg.fqfn, self.profile.keyed_subscription_type(keyed_subscription_type(cfg))),
+            cfg.inputs,
+            cfg.subscription_name,
+            self.stall_fence,
+        )
 
     def share_input(self, fn: HostedFunction) -> None:
         """Where the profile says so (B2), process instances receive through the worker's one consumer."""
@@ -110,10 +117,10 @@ class BrokerLink:
         client = open_client(self.settings, operation_timeout_seconds=10)
         try:
             for topic in cfg.inputs:
-                client.subscribe(topic, cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared,
-                                 consumer_name=f"{cfg.fqfn}:cleanup").unsubscribe()
+                client.subscribe(
+                    topic, cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared, consumer_name=f"{cfg.fqfn}:cleanup"
+                ).unsubscribe()
         except pulsar.PulsarException as exc:
-            log.warning("could not remove the subscription %s of deleted function %s: %s",
-                        cfg.subscription_name, cfg.fqfn, exc)
+            log.warning("could not remove the subscription %s of deleted function %s: %s", cfg.subscription_name, cfg.fqfn, exc)
         finally:
             client.close()

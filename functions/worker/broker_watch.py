@@ -22,14 +22,19 @@ import pulsar
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 1.0
-SILENT_AFTER_S = 4.0   # a loaded 2-core machine answers a lookup in well under a second
+SILENT_AFTER_S = 4.0  # a loaded 2-core machine answers a lookup in well under a second
 # errors that are the broker's answer (it is alive); a timeout or a refused connection is not
 ANSWERS = (pulsar.TopicNotFound, pulsar.AuthorizationError, pulsar.AuthenticationError, pulsar.NotAllowedError)
 
 
 class BrokerWatch:
-    def __init__(self, probe: Callable[[str], object], topic: Callable[[], str | None], stop: threading.Event,
-                 silent_after_s: float = SILENT_AFTER_S):
+    def __init__(
+        self,
+        probe: Callable[[str], object],
+        topic: Callable[[], str | None],
+        stop: threading.Event,
+        silent_after_s: float = SILENT_AFTER_S,
+    ):
         """`probe(topic)` asks the broker something about `topic`; `topic()` names one of the worker's input
         topics (None: no function, nothing to probe)."""
         self._probe, self._topic, self._stop = probe, topic, stop

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class ClusterHosting:
-    if TYPE_CHECKING:   # Worker's (worker.py), which this mixin uses
+    if TYPE_CHECKING:  # Worker's (worker.py), which this mixin uses
         link: BrokerLink
         files: FunctionFiles
         state_router: StateOwnerRouter | None
@@ -37,8 +37,9 @@ class ClusterHosting:
         _creating: set[str]
         _deleting: set[str]
 
-        def _hosted(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
-                    failure: str = "") -> HostedFunction: ...
+        def _hosted(
+            self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None, failure: str = ""
+        ) -> HostedFunction: ...
 
         def _remove(self, fn: HostedFunction) -> None: ...
 
@@ -66,15 +67,14 @@ class ClusterHosting:
             if router is not None and fn.keyed is None and fn.owned_state is None:
                 # one copy of the state: every instance's calls go to the worker assigned instance 0
                 fn.owned_state = owned = OwnedState(partial(router.handle, cfg.fqfn))
-                owned.endpoint = router.endpoint(cfg.fqfn)   # process instances call it over HTTP
-            assert fn.num_instances is not None   # Worker._hosted gives every function its count
+                owned.endpoint = router.endpoint(cfg.fqfn)  # process instances call it over HTTP
+            assert fn.num_instances is not None  # Worker._hosted gives every function its count
             fn.num_instances.value = cfg.parallelism
             leaving = sorted((i for i in fn.instances if i not in ids), reverse=True)
             keyed = fn.keyed
             # a keyedState instance that leaves this worker forgets its stores: it restores when it comes back
             # (unless it is back already: started again here while it drained, it uses the same store)
-            self._parallelism.drain(fn, leaving,
-                                    then=None if keyed is None else lambda: self._forget_stores(fn, set(leaving)))
+            self._parallelism.drain(fn, leaving, then=None if keyed is None else lambda: self._forget_stores(fn, set(leaving)))
             for i in sorted(ids):
                 if i not in fn.instances:
                     self._parallelism.start(fn, i)
@@ -86,13 +86,13 @@ class ClusterHosting:
                 else:
                     spread.stop_front()
         if router is not None and keyed is None:
-            router.follow(cfg.fqfn)   # gives the state up when instance 0 left this worker
+            router.follow(cfg.fqfn)  # gives the state up when instance 0 left this worker
 
     def _forget_stores(self, fn: HostedFunction, left: set[int]) -> None:
-        assert fn.keyed is not None   # host_instances calls it for a keyedState function only
+        assert fn.keyed is not None  # host_instances calls it for a keyedState function only
         stores = keyed_stores(fn.keyed)
-        stores.snapshot(left)   # they drained; not under the worker's lock: a broker round trip
-        with self._lock:   # a start of one of them waits: it must find its store open or gone, not closing
+        stores.snapshot(left)  # they drained; not under the worker's lock: a broker round trip
+        with self._lock:  # a start of one of them waits: it must find its store open or gone, not closing
             stores.forget({i for i in left if i not in fn.instances})
 
     def keyed_holds_groups(self, fqfn: str, instance_id: int) -> bool:

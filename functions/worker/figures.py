@@ -19,7 +19,7 @@ from pulsar_autoscale.snapshot import FunctionCounters
 if TYPE_CHECKING:
     from pulsar_autoscale.functions.worker.broker_link import BrokerLink
 
-HISTORY_S = 70.0   # kept for the "1min" window
+HISTORY_S = 70.0  # kept for the "1min" window
 
 
 def total_counters(fn: HostedFunction) -> FunctionCounters:
@@ -31,10 +31,19 @@ def total_counters(fn: HostedFunction) -> FunctionCounters:
     if total is None:
         return FunctionCounters(time=t, arrived=None)
     return FunctionCounters(
-        time=t, arrived=None, received=total.received, processed=total.processed, outputs=total.outputs,
-        busy_s=total.busy_s, busy_sq_s2=total.busy_sq_s2, interarrival_n=total.interarrival_n,
-        interarrival_s=total.interarrival_s, interarrival_sq_s2=total.interarrival_sq_s2, wait_s=total.wait_s,
-        newest_publish_s=total.newest_publish_ms / 1000.0 if total.newest_publish_ms else None)
+        time=t,
+        arrived=None,
+        received=total.received,
+        processed=total.processed,
+        outputs=total.outputs,
+        busy_s=total.busy_s,
+        busy_sq_s2=total.busy_sq_s2,
+        interarrival_n=total.interarrival_n,
+        interarrival_s=total.interarrival_s,
+        interarrival_sq_s2=total.interarrival_sq_s2,
+        wait_s=total.wait_s,
+        newest_publish_s=total.newest_publish_ms / 1000.0 if total.newest_publish_ms else None,
+    )
 
 
 def record_history(fn: HostedFunction, now: float) -> None:
@@ -68,8 +77,9 @@ def stuck_inputs(fn: HostedFunction, figs: dict[int, InstanceFigures], fence: St
     cfg = fn.config
     stuck = fence.failure((t, cfg.subscription_name) for t in cfg.inputs)
     for i, f in figs.items():
-        why = stuck or (fence.failure([(fn.keyed.topics.route(i), ROUTE_SUBSCRIPTION)])
-                        if isinstance(fn.keyed, ClusterKeyed) else "")
+        why = stuck or (
+            fence.failure([(fn.keyed.topics.route(i), ROUTE_SUBSCRIPTION)]) if isinstance(fn.keyed, ClusterKeyed) else ""
+        )
         if why and f.running:
             figs[i] = replace(f, running=False, error=why)
 
@@ -78,7 +88,7 @@ class FunctionFigures:
     """What the REST API and the controller read of a hosted function. A mixin of Worker (worker.py), whose
     lock, hosted functions and broker link it reads."""
 
-    if TYPE_CHECKING:   # Worker's (worker.py)
+    if TYPE_CHECKING:  # Worker's (worker.py)
         link: BrokerLink
         _lock: threading.RLock
 
@@ -107,8 +117,7 @@ class FunctionFigures:
             waits = bool(stopped) and Parallelism.keyed_change_pending(fn)
         view = None if keyed is None else keyed.view()
         if view is not None and waits:
-            view["waiting"] = (f"the change to {parallelism} instances moves key groups once the stopped instances "
-                               f"{stopped} start")
+            view["waiting"] = f"the change to {parallelism} instances moves key groups once the stopped instances {stopped} start"
         return view
 
     def counters(self, fqfn: str) -> FunctionCounters:

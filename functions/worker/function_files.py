@@ -30,7 +30,7 @@ from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.worker.hosted import HostedFunction
 
 log = logging.getLogger(__name__)
-NAME_MAX = 255            # tenant, namespace and name are directories of the data dir
+NAME_MAX = 255  # tenant, namespace and name are directories of the data dir
 PRIVATE, READABLE, READABLE_FILE, PRIVATE_FILE = 0o700, 0o755, 0o644, 0o600
 
 
@@ -38,8 +38,8 @@ class FunctionFiles:
     def __init__(self, data_dir: Path):
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(data_dir, PRIVATE)   # nothing in it is the instance user's to reach by path
-        for tree in ("functions", "packages"):   # packages: uploads, and a cluster's code (one dir per digest)
+        os.chmod(data_dir, PRIVATE)  # nothing in it is the instance user's to reach by path
+        for tree in ("functions", "packages"):  # packages: uploads, and a cluster's code (one dir per digest)
             (data_dir / tree).mkdir(mode=PRIVATE, exist_ok=True)
             os.chmod(data_dir / tree, PRIVATE)
         shutil.rmtree(self._trash_dir(), ignore_errors=True)  # deletes a previous run did not finish
@@ -66,11 +66,12 @@ class FunctionFiles:
     def save(self, fn: HostedFunction) -> None:
         d = self._private_dir(fn.config)
         tmp = d / "config.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)   # its secrets: owner only
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)  # its secrets: owner only
         with os.fdopen(fd, "w") as f:
             os.fchmod(fd, PRIVATE_FILE)
-            f.write(json.dumps({"config": fn.config.to_dict(), "code_path": fn.code_path,
-                                "code_digest": fn.code_digest}, indent=1))
+            f.write(
+                json.dumps({"config": fn.config.to_dict(), "code_path": fn.code_path, "code_digest": fn.code_digest}, indent=1)
+            )
         os.replace(tmp, d / "config.json")
 
     def saved(self) -> list[Path]:
@@ -83,8 +84,9 @@ class FunctionFiles:
         return json.loads(path.read_text())
 
     @staticmethod
-    def checked_restore(cfg: FunctionConfig, saved: dict, validate_timeout_s: float,
-                        user: InstanceUser | None = None) -> tuple[str | None, str]:
+    def checked_restore(
+        cfg: FunctionConfig, saved: dict, validate_timeout_s: float, user: InstanceUser | None = None
+    ) -> tuple[str | None, str]:
         """(digest, failure) of restored code: code that passed validation when it was stored (same sha256)
         runs; other code (stored before validation existed, or changed on disk) is validated first."""
         code_path = saved.get("code_path")
@@ -106,8 +108,10 @@ class FunctionFiles:
         function's code only when the saved config names it (an atomic rename)."""
         if code is None:
             if cfg.py:
-                raise ConfigError(f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded "
-                                  "code (send the file as the multipart `data` part)")
+                raise ConfigError(
+                    f"py {cfg.py!r} names a file on the worker's host: py may only name uploaded "
+                    "code (send the file as the multipart `data` part)"
+                )
             return None
         name = Path(filename or cfg.py or f"{cfg.className.split('.')[0]}.py").name
         if not name.endswith(".py"):
@@ -116,10 +120,10 @@ class FunctionFiles:
             raise ConfigError(f"function file name is {len(name.encode())} bytes long: at most {NAME_MAX}")
         code_root = self._private_dir(cfg) / "code"
         code_root.mkdir(mode=PRIVATE, exist_ok=True)
-        os.chmod(code_root, PRIVATE)      # an instance in code/<digest>/ cannot climb out
+        os.chmod(code_root, PRIVATE)  # an instance in code/<digest>/ cannot climb out
         d = code_root / hashlib.sha256(code).hexdigest()[:16]
         d.mkdir(exist_ok=True)
-        os.chmod(d, READABLE)             # the instance user's working directory
+        os.chmod(d, READABLE)  # the instance user's working directory
         tmp = d / f".{name}.tmp"
         tmp.write_bytes(code)
         os.chmod(tmp, READABLE_FILE)

@@ -33,20 +33,20 @@ class HostedFunction:
     instances: dict[int, InstanceHandle] = field(default_factory=dict)
     restarts: dict[int, int] = field(default_factory=dict)
     last_restart: dict[int, float] = field(default_factory=dict)
-    stopped: set[int] = field(default_factory=set)             # instances stopped by the user (start/stop API)
-    retired: InstanceFigures | None = None                      # sums of drained instances' figures
-    history: deque = field(default_factory=deque)               # (time, FunctionCounters) for the "1min" window
-    num_instances: SharedCount | None = None                     # shared int for Context.get_num_instances
-    shared_input: SharedInput | None = None                      # pulsar-lite only, set by broker_link.share_input
-    warm_pool: WarmPool | None = None                            # process runtime: warm standbys
-    warm_pool_size: int | None = None                            # asked by the controller (None: the worker's)
-    code_digest: str | None = None                               # sha256 of code_path, which passed validation
-    failure: str = ""                                            # why the function cannot run (no instances run)
-    draining: list = field(default_factory=list)                 # stopped instances finishing in-flight work
-    abandoned: int = 0                                           # drains that did not finish within the bound
+    stopped: set[int] = field(default_factory=set)  # instances stopped by the user (start/stop API)
+    retired: InstanceFigures | None = None  # sums of drained instances' figures
+    history: deque = field(default_factory=deque)  # (time, FunctionCounters) for the "1min" window
+    num_instances: SharedCount | None = None  # shared int for Context.get_num_instances
+    shared_input: SharedInput | None = None  # pulsar-lite only, set by broker_link.share_input
+    warm_pool: WarmPool | None = None  # process runtime: warm standbys
+    warm_pool_size: int | None = None  # asked by the controller (None: the worker's)
+    code_digest: str | None = None  # sha256 of code_path, which passed validation
+    failure: str = ""  # why the function cannot run (no instances run)
+    draining: list = field(default_factory=list)  # stopped instances finishing in-flight work
+    abandoned: int = 0  # drains that did not finish within the bound
     # keyedState: key-group routing + live migration
     keyed: KeyedScaler[InstanceStateStores] | ClusterKeyed | None = None
-    owned_state: OwnedState | None = None                        # a cluster, not keyedState: calls to the state's owner
+    owned_state: OwnedState | None = None  # a cluster, not keyedState: calls to the state's owner
 
     def runtime(self, default: str) -> str:
         return self.config.instanceRuntime or default
@@ -57,13 +57,18 @@ def sum_figures(a: InstanceFigures | None, b: InstanceFigures) -> InstanceFigure
         return replace(b, latest_user_exceptions=(), latest_system_exceptions=(), user_metrics={})
     return replace(
         a,
-        received=a.received + b.received, processed=a.processed + b.processed,
+        received=a.received + b.received,
+        processed=a.processed + b.processed,
         user_exceptions=a.user_exceptions + b.user_exceptions,
-        system_exceptions=a.system_exceptions + b.system_exceptions, outputs=a.outputs + b.outputs,
-        busy_s=a.busy_s + b.busy_s, busy_sq_s2=a.busy_sq_s2 + b.busy_sq_s2,
-        interarrival_n=a.interarrival_n + b.interarrival_n, interarrival_s=a.interarrival_s + b.interarrival_s,
+        system_exceptions=a.system_exceptions + b.system_exceptions,
+        outputs=a.outputs + b.outputs,
+        busy_s=a.busy_s + b.busy_s,
+        busy_sq_s2=a.busy_sq_s2 + b.busy_sq_s2,
+        interarrival_n=a.interarrival_n + b.interarrival_n,
+        interarrival_s=a.interarrival_s + b.interarrival_s,
         interarrival_sq_s2=a.interarrival_sq_s2 + b.interarrival_sq_s2,
-        wait_s=a.wait_s + b.wait_s, newest_publish_ms=max(a.newest_publish_ms, b.newest_publish_ms),
+        wait_s=a.wait_s + b.wait_s,
+        newest_publish_ms=max(a.newest_publish_ms, b.newest_publish_ms),
         in_flight=a.in_flight + b.in_flight,
         last_invocation_ms=max(a.last_invocation_ms, b.last_invocation_ms),
     )

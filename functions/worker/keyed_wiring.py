@@ -22,17 +22,30 @@ from pulsar_autoscale.functions.worker.function_files import FunctionFiles
 from pulsar_autoscale.functions.worker.hosted import HostedFunction
 
 
-def wire_keyed(fn: HostedFunction, files: FunctionFiles, link: BrokerLink, spread: bool,
-               start: Callable[[int], None],
-               drain: Callable[[list[int]], None]) -> KeyedScaler[InstanceStateStores] | ClusterKeyed:
+def wire_keyed(
+    fn: HostedFunction,
+    files: FunctionFiles,
+    link: BrokerLink,
+    spread: bool,
+    start: Callable[[int], None],
+    drain: Callable[[list[int]], None],
+) -> KeyedScaler[InstanceStateStores] | ClusterKeyed:
     """`start`, `drain`: what the scaler asks of the worker for the function's instances; `spread`: on a cluster."""
     cfg = fn.config
 
-    def open_consumer():   # with the config of the moment: an update (maxMessageRetries, ...) reopens it
+    def open_consumer():  # with the config of the moment: an update (maxMessageRetries, ...) reopens it
         return link.keyed_input(fn.config)
+
     if spread:
-        return ClusterKeyed(cfg, files.fn_dir(cfg) / "keyed-state", lambda: link.client, open_consumer,
-                            link.profile, lambda: fn.config, lambda: link.stall_fence)
+        return ClusterKeyed(
+            cfg,
+            files.fn_dir(cfg) / "keyed-state",
+            lambda: link.client,
+            open_consumer,
+            link.profile,
+            lambda: fn.config,
+            lambda: link.stall_fence,
+        )
     path = files.fn_dir(fn.config) / "keygroups.json"
     new = not path.exists()
     if not new:
@@ -48,7 +61,13 @@ def wire_keyed(fn: HostedFunction, files: FunctionFiles, link: BrokerLink, sprea
         os.replace(tmp, path)
 
     router = KeyedRouter(assignment, open_consumer, queue_size=lambda: fn.config.receiverQueueSize)
-    stores = InstanceStateStores(files.fn_dir(cfg) / "keyed-state", cfg.numKeyGroups, lambda: router.assignment,
-                                 lambda: link.client, changelog_of(cfg), new)
+    stores = InstanceStateStores(
+        files.fn_dir(cfg) / "keyed-state",
+        cfg.numKeyGroups,
+        lambda: router.assignment,
+        lambda: link.client,
+        changelog_of(cfg),
+        new,
+    )
     save(assignment)
     return KeyedScaler(router, stores, start, drain, save, settings=lambda: keyed_migration(fn.config))

@@ -26,10 +26,14 @@ class PackageStore:
         if not isinstance(path, str) or not path.strip():
             raise ConfigError("path is missing: name where the file is kept, e.g. my-tenant/exclaim.py")
         parts = PurePosixPath(path.strip().lstrip("/")).parts
-        if not parts or any(p in ("", ".", "..") or len(p.encode()) > 255 or not p.isprintable() for p in parts) \
-                or len(parts) > 16:
-            raise ConfigError(f"path {path!r} is not a relative path of plain names (no '..', no control characters, "
-                              "at most 16 levels)")
+        if (
+            not parts
+            or any(p in ("", ".", "..") or len(p.encode()) > 255 or not p.isprintable() for p in parts)
+            or len(parts) > 16
+        ):
+            raise ConfigError(
+                f"path {path!r} is not a relative path of plain names (no '..', no control characters, at most 16 levels)"
+            )
         return self.root.joinpath(*parts)
 
     def put(self, path: str, data: bytes) -> None:

@@ -36,25 +36,33 @@ def keyed_stores(keyed: KeyedScaler[InstanceStateStores] | ClusterKeyed) -> Inst
 
 
 class Parallelism:
-    def __init__(self, lock: threading.RLock, link: BrokerLink, files: FunctionFiles, settings: ClientSettings,
-                 default_runtime: str, drain_timeout_s: Callable[[], float], users: InstanceUsers | None = None):
+    def __init__(
+        self,
+        lock: threading.RLock,
+        link: BrokerLink,
+        files: FunctionFiles,
+        settings: ClientSettings,
+        default_runtime: str,
+        drain_timeout_s: Callable[[], float],
+        users: InstanceUsers | None = None,
+    ):
         self._lock = lock
         self._link = link
         self._files = files
         self._settings = settings
         self._default_runtime = default_runtime
-        self._drain_timeout_s = drain_timeout_s   # the worker's, which may change after start
-        self._users = users                       # whom each function's process instances run as
-        self.retirers: list[threading.Thread] = []   # background drains (the list itself stays: close() joins it)
+        self._drain_timeout_s = drain_timeout_s  # the worker's, which may change after start
+        self._users = users  # whom each function's process instances run as
+        self.retirers: list[threading.Thread] = []  # background drains (the list itself stays: close() joins it)
 
     def scale(self, fn: HostedFunction, target: int) -> None:
-        assert fn.num_instances is not None   # Worker._hosted gives every function its count
+        assert fn.num_instances is not None  # Worker._hosted gives every function its count
         fn.num_instances.value = target
-        fn.stopped = {i for i in fn.stopped if i < target}   # a keyed surplus instance runs to hand its groups over
+        fn.stopped = {i for i in fn.stopped if i < target}  # a keyed surplus instance runs to hand its groups over
         keyed = fn.keyed is not None and target > 0
         if keyed and fn.keyed is not None and not fn.stopped:
             for i in range(max(target, fn.keyed.router.assignment.parallelism)):
-                if i not in fn.instances:   # the owners of the current assignment run before groups move
+                if i not in fn.instances:  # the owners of the current assignment run before groups move
                     self.start(fn, i)
             fn.keyed.scale(target)
             return
@@ -76,28 +84,55 @@ class Parallelism:
         keyed = fn.keyed
         link = self._link
         user = self._users.of(cfg.fqfn) if self._users is not None else None
-        standby = fn.warm_pool.take() if fn.warm_pool is not None and fn.owned_state is None else None   # a standby opened the local file: not a cluster's state
+        standby = (
+            fn.warm_pool.take() if fn.warm_pool is not None and fn.owned_state is None else None
+        )  # a standby opened the local file: not a cluster's state
         if fn.runtime(self._default_runtime) == "process" and keyed is not None:
             handle: InstanceHandle = ProcessInstance(
-                cfg, i, self._settings, link.profile, fn.code_path, None, fn.num_instances, None, standby=standby,
-                keyed=KeyedParts(lambda: keyed.open_input(i), keyed_stores(keyed).store(i), lambda: link.client,
-                                 cfg.numKeyGroups, cfg.processingGuarantees == "EFFECTIVELY_ONCE"), user=user)
+                cfg,
+                i,
+                self._settings,
+                link.profile,
+                fn.code_path,
+                None,
+                fn.num_instances,
+                None,
+                standby=standby,
+                keyed=KeyedParts(
+                    lambda: keyed.open_input(i),
+                    keyed_stores(keyed).store(i),
+                    lambda: link.client,
+                    cfg.numKeyGroups,
+                    cfg.processingGuarantees == "EFFECTIVELY_ONCE",
+                ),
+                user=user,
+            )
         elif fn.runtime(self._default_runtime) == "process":
             handle = ProcessInstance(
-                cfg, i, self._settings, link.profile, fn.code_path,
+                cfg,
+                i,
+                self._settings,
+                link.profile,
+                fn.code_path,
                 getattr(fn.owned_state, "endpoint", None) or str(self._files.fn_dir(cfg) / "state.sqlite"),
-                fn.num_instances, fn.shared_input,   # set by broker_link.share_input
-                standby=standby, user=user)
+                fn.num_instances,
+                fn.shared_input,  # set by broker_link.share_input
+                standby=standby,
+                user=user,
+            )
         else:
             num_instances = fn.num_instances
-            assert num_instances is not None   # Worker._hosted gives every function its count
+            assert num_instances is not None  # Worker._hosted gives every function its count
             # owned_state: an OwnedState (cluster_hosting.host_instances) or None
-            handle = ThreadInstance(cfg, i, link.client, fn.code_path,
-                                    (fn.owned_state or fn.state) if keyed is None
-                                    else keyed_stores(keyed).store(i),
-                                    lambda: num_instances.value,
-                                    open_input=(lambda: link.subscribe(cfg, f"{cfg.fqfn}:{i}")) if keyed is None
-                                    else (lambda: keyed.open_input(i)))
+            handle = ThreadInstance(
+                cfg,
+                i,
+                link.client,
+                fn.code_path,
+                (fn.owned_state or fn.state) if keyed is None else keyed_stores(keyed).store(i),
+                lambda: num_instances.value,
+                open_input=(lambda: link.subscribe(cfg, f"{cfg.fqfn}:{i}")) if keyed is None else (lambda: keyed.open_input(i)),
+            )
         fn.instances[i] = handle
         fn.restarts.setdefault(i, 0)
         log.info("started %s instance %d (%s)", cfg.fqfn, i, fn.runtime(self._default_runtime))
@@ -109,8 +144,7 @@ class Parallelism:
         for h in handles:
             h.stop()
         fn.draining.extend(handles)
-        t = threading.Thread(target=self._retire, args=(fn, handles, then), name=f"drain-{fn.config.fqfn}",
-                             daemon=True)
+        t = threading.Thread(target=self._retire, args=(fn, handles, then), name=f"drain-{fn.config.fqfn}", daemon=True)
         self.retirers[:] = [r for r in self.retirers if r.is_alive()] + [t]
         t.start()
 
@@ -121,8 +155,13 @@ class Parallelism:
             drained = h.join(max(deadline - time.monotonic(), 0.0))
             if not drained:
                 h.abandon()
-                log.error("%s instance %d did not drain within %.0f s: abandoned (its consumer is closed, its "
-                          "unacknowledged messages are redelivered)", fn.config.fqfn, h.instance_id, timeout_s)
+                log.error(
+                    "%s instance %d did not drain within %.0f s: abandoned (its consumer is closed, its "
+                    "unacknowledged messages are redelivered)",
+                    fn.config.fqfn,
+                    h.instance_id,
+                    timeout_s,
+                )
             with self._lock:
                 fn.abandoned += 0 if drained else 1
                 fn.draining.remove(h)

@@ -50,17 +50,28 @@ from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.spark_bridge.session import SparkSettings
 
 log = logging.getLogger(__name__)
-DRAIN_TIMEOUT_S = 30.0    # a draining instance still busy after this is abandoned (runtime.InstanceHandle.abandon)
-STALL_AFTER_S = 30.0      # in-flight work without progress this long: status says running false, "stalled"
+DRAIN_TIMEOUT_S = 30.0  # a draining instance still busy after this is abandoned (runtime.InstanceHandle.abandon)
+STALL_AFTER_S = 30.0  # in-flight work without progress this long: status says running false, "stalled"
 
 
 class Worker(ClusterHosting, FunctionFigures):
-    def __init__(self, service_url: str | ClientSettings, data_dir: str, worker_id: str = "worker-0",
-                 default_runtime: str = "thread",
-                 max_parallelism: int = DEFAULT_MAX_PARALLELISM, broker_kind: str = "apache",
-                 hostname: str = "127.0.0.1", port: int = 0, warm_pool: int = 0, metrics_url: str | None = None,
-                 spark: SparkSettings | None = None, web_service_url: str | None = None,
-                 instance_users: InstanceUsers | None = None, tenant_thread_runtime: bool = False):
+    def __init__(
+        self,
+        service_url: str | ClientSettings,
+        data_dir: str,
+        worker_id: str = "worker-0",
+        default_runtime: str = "thread",
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        broker_kind: str = "apache",
+        hostname: str = "127.0.0.1",
+        port: int = 0,
+        warm_pool: int = 0,
+        metrics_url: str | None = None,
+        spark: SparkSettings | None = None,
+        web_service_url: str | None = None,
+        instance_users: InstanceUsers | None = None,
+        tenant_thread_runtime: bool = False,
+    ):
         """`broker_kind`: "auto" (read `metrics_url` to tell pulsar-lite from Apache Pulsar), "apache" or
         "pulsar-lite" (broker/profile.py). `instance_users`: whom each function's code runs as in process instances
         and validation (None: nobody for a root worker, else the worker's user; instance/instance_user.py);
@@ -84,23 +95,29 @@ class Worker(ClusterHosting, FunctionFigures):
         self.link = BrokerLink(self.client_settings, broker_kind, metrics_url, self._closing)
         self.files = FunctionFiles(self.data_dir)
         # warm standbys per process-runtime function (functions/runtimes/warm_pool.py)
-        self._pools = WarmPools(warm_pool, self.link, self.files, default_runtime, max_parallelism,
-                                self.instance_users)
+        self._pools = WarmPools(warm_pool, self.link, self.files, default_runtime, max_parallelism, self.instance_users)
         self._functions: dict[str, HostedFunction] = {}
         self._leftovers = Leftovers(self.files, self.link, web_service_url, self._hosts)
-        self.bursts = BurstRunner(self.client_settings, self.link.profile, spark)   # spark: --spark-master
+        self.bursts = BurstRunner(self.client_settings, self.link.profile, spark)  # spark: --spark-master
         self.stages = StageHost(self.data_dir, self.client_settings, worker_id, spark)
         self._max_epoch = 0
         # A cluster member sets it: a keyedState function's instances are spread over the cluster's workers,
         # fed through route topics by one front (functions/keyed/cluster.py, docs/dev/keyed-state-design.md).
         self.keyed_spread = False
-        self.state_router = None   # a cluster: the owner of each non-keyed function's state (cluster/state_owner.py)
+        self.state_router = None  # a cluster: the owner of each non-keyed function's state (cluster/state_owner.py)
         self._lock = threading.RLock()
-        self._parallelism = Parallelism(self._lock, self.link, self.files, self.client_settings, default_runtime,
-                                        lambda: self.drain_timeout_s, self.instance_users)
-        self._retirers = self._parallelism.retirers      # background drains
-        self._creating: set[str] = set()                 # names reserved while their code is validated
-        self._deleting: set[str] = set()                 # names reserved until a delete has moved the files aside
+        self._parallelism = Parallelism(
+            self._lock,
+            self.link,
+            self.files,
+            self.client_settings,
+            default_runtime,
+            lambda: self.drain_timeout_s,
+            self.instance_users,
+        )
+        self._retirers = self._parallelism.retirers  # background drains
+        self._creating: set[str] = set()  # names reserved while their code is validated
+        self._deleting: set[str] = set()  # names reserved until a delete has moved the files aside
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
         self._restore()
         threading.Thread(target=self._connect, name="worker-connect", daemon=True).start()
@@ -137,8 +154,7 @@ class Worker(ClusterHosting, FunctionFigures):
 
     def _probe_topic(self) -> str | None:
         # no lock: a request holding it for seconds must not look like a silent broker
-        return next((fn.config.inputs[0] for fn in list(self._functions.values()) if fn.instances and fn.config.inputs),
-                    None)
+        return next((fn.config.inputs[0] for fn in list(self._functions.values()) if fn.instances and fn.config.inputs), None)
 
     def broker_problem(self) -> str:
         """Why no instance can be running now ("" while the broker answers its probe)."""
@@ -150,9 +166,11 @@ class Worker(ClusterHosting, FunctionFigures):
             try:
                 saved = self.files.load(path)
                 cfg = FunctionConfig.accepted(saved["config"], self.max_parallelism)
-                self._host(cfg, saved.get("code_path"),
-                           *self.files.checked_restore(cfg, saved, self.validate_timeout_s,
-                                                       self.instance_users.of(cfg.fqfn)))
+                self._host(
+                    cfg,
+                    saved.get("code_path"),
+                    *self.files.checked_restore(cfg, saved, self.validate_timeout_s, self.instance_users.of(cfg.fqfn)),
+                )
                 log.info("restored function %s with parallelism %d", cfg.fqfn, cfg.parallelism)
             except (PulsarAutoscaleError, ValueError, KeyError) as exc:
                 log.error("cannot restore function from %s: %s", path, exc)
@@ -167,8 +185,7 @@ class Worker(ClusterHosting, FunctionFigures):
             if cfg.fqfn in self._functions or cfg.fqfn in self._creating or self.stages.has(cfg.fqfn):
                 raise Conflict(f"Function {cfg.name} already exists")
             if cfg.fqfn in self._deleting:
-                raise Conflict(f"Function {cfg.name} is being deleted: create it again once the delete has "
-                               "answered")
+                raise Conflict(f"Function {cfg.name} is being deleted: create it again once the delete has answered")
             self._creating.add(cfg.fqfn)
         try:
             # Nothing is left behind by a create that fails: the function's directory is new and ours.
@@ -189,11 +206,15 @@ class Worker(ClusterHosting, FunctionFigures):
     def _validate(self, class_name: str, code_path: str | None, cfg: FunctionConfig) -> None:
         """Import the code in a child process (functions/instance/validation.py): refuse now what could never run,
         its serde classes included."""
-        validate(class_name, code_path, timeout_s=self.validate_timeout_s, serdes=serde_names(cfg),
-                 user=self.instance_users.of(cfg.fqfn))
+        validate(
+            class_name,
+            code_path,
+            timeout_s=self.validate_timeout_s,
+            serdes=serde_names(cfg),
+            user=self.instance_users.of(cfg.fqfn),
+        )
 
-    def _host(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
-              failure: str = "") -> HostedFunction:
+    def _host(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None, failure: str = "") -> HostedFunction:
         fn = self._hosted(cfg, code_path, digest, failure)
         if not failure and self.link.connected.is_set():  # else _connect starts them
             if cfg.skipToLatest:
@@ -201,17 +222,22 @@ class Worker(ClusterHosting, FunctionFigures):
             self._parallelism.scale(fn, cfg.parallelism)
         return fn
 
-    def _hosted(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None,
-                failure: str = "") -> HostedFunction:
+    def _hosted(self, cfg: FunctionConfig, code_path: str | None, digest: str | None = None, failure: str = "") -> HostedFunction:
         runtime = cfg.instanceRuntime or self.default_runtime
-        if runtime == "process":   # the fork server boots meanwhile (restore, validation, connecting)
+        if runtime == "process":  # the fork server boots meanwhile (restore, validation, connecting)
             start_process_server()
         num = ProcessInstance._ctx.Value("i", cfg.parallelism) if runtime == "process" else Counter(cfg.parallelism)
         state = StateStore(self.files.fn_dir(cfg) / "state.sqlite", cfg.numKeyGroups, keyed=cfg.keyedState)
         fn = HostedFunction(cfg, code_path, state, num_instances=num, code_digest=digest, failure=failure)
         if cfg.keyedState:
-            fn.keyed = wire_keyed(fn, self.files, self.link, self.keyed_spread, lambda i: self._start_if_hosted(fn, i),
-                                  lambda ids: self._drain_locked(fn, ids))
+            fn.keyed = wire_keyed(
+                fn,
+                self.files,
+                self.link,
+                self.keyed_spread,
+                lambda i: self._start_if_hosted(fn, i),
+                lambda ids: self._drain_locked(fn, ids),
+            )
         self._functions[cfg.fqfn] = fn
         self._fence_input(fn)
         return fn
@@ -247,10 +273,12 @@ class Worker(ClusterHosting, FunctionFigures):
         with self._lock:
             fn = self._get(fqfn)
             new = self._merge(fn, changes, code)
-            check_function(new, self.link.profile)   # a parallelism the broker cannot serve (B4, B11)
+            check_function(new, self.link.profile)  # a parallelism the broker cannot serve (B4, B11)
             if code is None and changes.get("py") not in (None, "", fn.config.py):
-                raise ConfigError(f"py {changes['py']!r} names a file on the worker's host: py may only name "
-                                  "uploaded code (send the file as the multipart `data` part)")
+                raise ConfigError(
+                    f"py {changes['py']!r} names a file on the worker's host: py may only name "
+                    "uploaded code (send the file as the multipart `data` part)"
+                )
             if code is None and new.className == fn.config.className and not fn.failure:
                 return self._apply(fn, new, fn.code_path, fn.code_digest)
             code_path = fn.code_path
@@ -277,8 +305,7 @@ class Worker(ClusterHosting, FunctionFigures):
                 raise
             return fn.config
 
-    def _apply(self, fn: HostedFunction, new: FunctionConfig, code_path: str | None, digest: str | None
-               ) -> FunctionConfig:
+    def _apply(self, fn: HostedFunction, new: FunctionConfig, code_path: str | None, digest: str | None) -> FunctionConfig:
         """Switch the function to validated config and code (the saved config names the code: atomic)."""
         old, old_code = fn.config, fn.code_path
         only_parallelism = code_path == old_code and not fn.failure and replace(new, parallelism=old.parallelism) == old
@@ -321,8 +348,14 @@ class Worker(ClusterHosting, FunctionFigures):
                 raise Conflict(f"Function {data.get('name')} already exists")
             self.stages.create(data)
 
-    def burst(self, fqfn: str, messages: int, partitions: int, threads: int = 1,
-              function: tuple[FunctionConfig, str | None] | None = None) -> tuple[BurstRecord, bool]:
+    def burst(
+        self,
+        fqfn: str,
+        messages: int,
+        partitions: int,
+        threads: int = 1,
+        function: tuple[FunctionConfig, str | None] | None = None,
+    ) -> tuple[BurstRecord, bool]:
         """Hand up to `messages` of the function's backlog to a Spark burst drain (functions/spark/bursts.py);
         False with the running drain when one is still running. `function`: (config, code path) from a
         cluster's metadata, so a worker that runs none of the function's instances drains it too."""
@@ -331,8 +364,7 @@ class Worker(ClusterHosting, FunctionFigures):
                 fn = self._get(fqfn)
                 function = fn.config, fn.code_path
         cfg, code_path = function
-        return self.bursts.start(cfg, code_path, str(self.files.fn_dir(cfg) / "state.sqlite"), messages, partitions,
-                                 threads)
+        return self.bursts.start(cfg, code_path, str(self.files.fn_dir(cfg) / "state.sqlite"), messages, partitions, threads)
 
     def delete(self, fqfn: str) -> None:
         """Gone at once; its name is free again when this returns; its instances drain and its files go in the
@@ -350,8 +382,7 @@ class Worker(ClusterHosting, FunctionFigures):
         fqfn = fn.config.fqfn
         try:
             if fn.keyed is not None and not fn.keyed.halt(self.drain_timeout_s):
-                log.error("%s: the live migration under way did not stop within %.0f s of the delete", fqfn,
-                          self.drain_timeout_s)
+                log.error("%s: the live migration under way did not stop within %.0f s of the delete", fqfn, self.drain_timeout_s)
             with self._lock:
                 then = self._leftovers.remove(fn)
                 if fn.warm_pool is not None:
@@ -385,16 +416,17 @@ class Worker(ClusterHosting, FunctionFigures):
                     raise NotFound(f"the key group of {key!r} of {fqfn} is held by no instance on this worker")
                 return store
             if fn.keyed is not None:
-                return fn.keyed.stores.for_key(key)   # not spread: keyed_wiring.wire_keyed's InstanceStateStores
+                return fn.keyed.stores.for_key(key)  # not spread: keyed_wiring.wire_keyed's InstanceStateStores
             router = self.state_router
             if router is None:
                 return fn.state
-        return router.local_store(fqfn)   # outside the lock: the first call restores the state from the changelog
+        return router.local_store(fqfn)  # outside the lock: the first call restores the state from the changelog
 
     def list(self, tenant: str, namespace: str) -> builtins.list[str]:
         with self._lock:
-            return sorted(f.config.name for f in self._functions.values()
-                          if f.config.tenant == tenant and f.config.namespace == namespace)
+            return sorted(
+                f.config.name for f in self._functions.values() if f.config.tenant == tenant and f.config.namespace == namespace
+            )
 
     def functions(self) -> builtins.list[FunctionConfig]:
         with self._lock:
@@ -417,7 +449,7 @@ class Worker(ClusterHosting, FunctionFigures):
                     fn.stopped.add(i)
                     self._parallelism.drain(fn, [i])
             if running and Parallelism.keyed_change_pending(fn):
-                self._parallelism.scale(fn, fn.config.parallelism)   # a change made while owners were stopped
+                self._parallelism.scale(fn, fn.config.parallelism)  # a change made while owners were stopped
 
     def restart(self, fqfn: str, instance_id: int | None = None) -> None:
         self.link.require()
@@ -437,8 +469,7 @@ class Worker(ClusterHosting, FunctionFigures):
 
     def _check_instance(self, fn: HostedFunction, instance_id: int) -> int:
         if not 0 <= instance_id < fn.config.parallelism:
-            raise NotFound(f"Function {fn.config.name} has no instance {instance_id} "
-                           f"(parallelism {fn.config.parallelism})")
+            raise NotFound(f"Function {fn.config.name} has no instance {instance_id} (parallelism {fn.config.parallelism})")
         return instance_id
 
     def _get(self, fqfn: str) -> HostedFunction:
@@ -460,7 +491,7 @@ class Worker(ClusterHosting, FunctionFigures):
         self._closing.set()
         with self._lock:
             keyed = [fn.keyed for fn in self._functions.values() if fn.keyed is not None]
-        for k in keyed:   # a live migration under way finishes first (its groups are half moved)
+        for k in keyed:  # a live migration under way finishes first (its groups are half moved)
             if not k.idle(self.drain_timeout_s):
                 log.error("a live migration did not finish within %.0f s of close", self.drain_timeout_s)
         with self._lock:
@@ -477,11 +508,9 @@ class Worker(ClusterHosting, FunctionFigures):
                 stopping.join(self.drain_timeout_s)
             try:
                 keyed_stores(k).close_clean()
-            except Exception:   # the next start restores from the changelog instead
+            except Exception:  # the next start restores from the changelog instead
                 log.exception("could not snapshot the key groups on close")
         self._supervisor.join(5)
         self.stages.close()
         if self.link.client is not None:
             self.link.client.close()
-
-

@@ -64,23 +64,25 @@ class FunctionsAdmin:
         """Fail over along admin_urls when a worker cannot be reached."""
         # Both are set by __post_init__: admin_url to one of admin_urls, session to a Session.
         session = cast(requests.Session, self.session)
-        path = url[len(self.admin_url):]
+        path = url[len(self.admin_url) :]
         for _ in self.admin_urls:
             current = cast(str, self.admin_url)
             try:
                 return session.request(method, current + path, timeout=self.timeout_s, **kwargs)
-            except requests.exceptions.SSLError as exc:   # the worker is up: failing over would not help
-                raise AdminError(f"cannot reach the functions admin API at {redact_url(current)}: the TLS "
-                                 f"handshake failed (trusted CA, client certificate?): {redact_url(str(exc))}"
-                                 ) from None
+            except requests.exceptions.SSLError as exc:  # the worker is up: failing over would not help
+                raise AdminError(
+                    f"cannot reach the functions admin API at {redact_url(current)}: the TLS "
+                    f"handshake failed (trusted CA, client certificate?): {redact_url(str(exc))}"
+                ) from None
             except requests.ConnectionError:
                 if len(self.admin_urls) == 1:
                     break
                 nxt = self.admin_urls[(self.admin_urls.index(current) + 1) % len(self.admin_urls)]
                 log.warning("cannot reach %s; failing over to %s", redact_url(current), redact_url(nxt))
                 self.admin_url = nxt
-        raise AdminError(f"cannot reach the functions admin API at {redact_url(', '.join(self.admin_urls))} "
-                         f"(is the worker running?)") from None
+        raise AdminError(
+            f"cannot reach the functions admin API at {redact_url(', '.join(self.admin_urls))} (is the worker running?)"
+        ) from None
 
     def _call(self, method: str, url: str, **kwargs) -> Any:
         resp = self._request(method, url, **kwargs)
@@ -89,12 +91,11 @@ class FunctionsAdmin:
         try:
             return resp.json()
         except ValueError:
-            raise AdminError(f"{method} {redact_url(url)} answered a body that is not JSON: {resp.text[:200]!r}"
-                             ) from None
+            raise AdminError(f"{method} {redact_url(url)} answered a body that is not JSON: {resp.text[:200]!r}") from None
 
     def _request(self, method: str, url: str, **kwargs) -> requests.Response:
         """The response of a successful call; AdminError with the server's reason otherwise."""
-        shown = redact_url(url)   # messages reach logs and /status: no user-info
+        shown = redact_url(url)  # messages reach logs and /status: no user-info
         try:
             resp = self._send(method, url, **kwargs)
         except requests.Timeout:
@@ -109,8 +110,7 @@ class FunctionsAdmin:
 
     @staticmethod
     def _form(config: dict, py_file: str | None) -> dict:
-        files: dict[str, tuple[str | None, str | bytes, str]] = {
-            "functionConfig": (None, json.dumps(config), "application/json")}
+        files: dict[str, tuple[str | None, str | bytes, str]] = {"functionConfig": (None, json.dumps(config), "application/json")}
         if py_file:
             path = Path(py_file)
             if not path.is_file():
@@ -119,19 +119,20 @@ class FunctionsAdmin:
         return files
 
     def create(self, config: dict, py_file: str | None = None) -> None:
-        self._call("POST", self._url(config["tenant"], config["namespace"], config["name"]),
-                   files=self._form(config, py_file))
+        self._call("POST", self._url(config["tenant"], config["namespace"], config["name"]), files=self._form(config, py_file))
 
     def update(self, config: dict, py_file: str | None = None, epoch: int | None = None) -> None:
         # The epoch fences a deposed controller leader out (our worker answers 409; stock Pulsar ignores it).
         headers = {EPOCH_HEADER: str(epoch)} if epoch is not None else None
-        self._call("PUT", self._url(config["tenant"], config["namespace"], config["name"]),
-                   files=self._form(config, py_file), headers=headers)
+        self._call(
+            "PUT",
+            self._url(config["tenant"], config["namespace"], config["name"]),
+            files=self._form(config, py_file),
+            headers=headers,
+        )
 
-    def set_parallelism(self, tenant: str, namespace: str, name: str, parallelism: int,
-                        epoch: int | None = None) -> None:
-        self.update({"tenant": tenant, "namespace": namespace, "name": name, "parallelism": parallelism},
-                    epoch=epoch)
+    def set_parallelism(self, tenant: str, namespace: str, name: str, parallelism: int, epoch: int | None = None) -> None:
+        self.update({"tenant": tenant, "namespace": namespace, "name": name, "parallelism": parallelism}, epoch=epoch)
 
     def get(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name))
@@ -154,8 +155,9 @@ class FunctionsAdmin:
         return self._call("GET", self._url(tenant, namespace, name, "/stats"))
 
     # ---- pulsar-admin parity: trigger, state, upload, download -----------------------------------
-    def trigger(self, tenant: str, namespace: str, name: str, value: str | None = None, file: str | None = None,
-                topic: str | None = None) -> bytes | None:
+    def trigger(
+        self, tenant: str, namespace: str, name: str, value: str | None = None, file: str | None = None, topic: str | None = None
+    ) -> bytes | None:
         """The function's output for the value (None: it has no output topic)."""
         form: dict = {}
         if value is not None:
@@ -171,13 +173,18 @@ class FunctionsAdmin:
         return self._call("GET", self._url(tenant, namespace, name, f"/state/{key}"))
 
     def put_state(self, tenant: str, namespace: str, name: str, state: dict) -> None:
-        self._call("POST", self._url(tenant, namespace, name, f"/state/{state['key']}"),
-                   files={"state": (None, json.dumps(state), "application/json")})
+        self._call(
+            "POST",
+            self._url(tenant, namespace, name, f"/state/{state['key']}"),
+            files={"state": (None, json.dumps(state), "application/json")},
+        )
 
     def upload(self, source_file: str, path: str) -> None:
-        self._call("POST", f"{self.admin_url}/admin/v3/functions/upload",
-                   files={"data": (Path(source_file).name, _read(source_file), "application/octet-stream"),
-                          "path": (None, path)})
+        self._call(
+            "POST",
+            f"{self.admin_url}/admin/v3/functions/upload",
+            files={"data": (Path(source_file).name, _read(source_file), "application/octet-stream"), "path": (None, path)},
+        )
 
     def download(self, path: str | None = None, function: tuple[str, str, str] | None = None) -> bytes:
         """A file uploaded at `path`, or a function's code."""
@@ -190,8 +197,11 @@ class FunctionsAdmin:
         return f"{self.admin_url}/admin/v3/stages/{tenant}/{namespace}" + (f"/{name}" if name else "")
 
     def create_stage(self, config: dict) -> None:
-        self._call("POST", self._stage_url(config.get("tenant", "public"), config.get("namespace", "default"),
-                                           config["name"]), json=config)
+        self._call(
+            "POST",
+            self._stage_url(config.get("tenant", "public"), config.get("namespace", "default"), config["name"]),
+            json=config,
+        )
 
     def get_stage(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._stage_url(tenant, namespace, name))
@@ -202,19 +212,22 @@ class FunctionsAdmin:
     def delete_stage(self, tenant: str, namespace: str, name: str) -> None:
         self._call("DELETE", self._stage_url(tenant, namespace, name))
 
-    def burst(self, tenant: str, namespace: str, name: str, messages: int, partitions: int, threads: int = 1,
-              epoch: int | None = None) -> dict:
+    def burst(
+        self, tenant: str, namespace: str, name: str, messages: int, partitions: int, threads: int = 1, epoch: int | None = None
+    ) -> dict:
         """Our worker only: start a Spark burst drain of up to `messages` of the function's backlog."""
         headers = {EPOCH_HEADER: str(epoch)} if epoch is not None else None
-        return self._call("POST", self._url(tenant, namespace, name, "/burst"),
-                          json={"messages": messages, "partitions": partitions, "threadsPerPartition": threads},
-                          headers=headers)
+        return self._call(
+            "POST",
+            self._url(tenant, namespace, name, "/burst"),
+            json={"messages": messages, "partitions": partitions, "threadsPerPartition": threads},
+            headers=headers,
+        )
 
     def set_warm_pool(self, tenant: str, namespace: str, name: str, standbys: int, epoch: int | None = None) -> dict:
         """Our worker only: keep `standbys` warm standbys for a process-runtime function."""
         headers = {EPOCH_HEADER: str(epoch)} if epoch is not None else None
-        return self._call("PUT", self._url(tenant, namespace, name, "/warm-pool"), json={"standbys": standbys},
-                          headers=headers)
+        return self._call("PUT", self._url(tenant, namespace, name, "/warm-pool"), json={"standbys": standbys}, headers=headers)
 
     def warm_pool(self, tenant: str, namespace: str, name: str) -> dict:
         return self._call("GET", self._url(tenant, namespace, name, "/warm-pool"))

@@ -117,20 +117,20 @@ class AuthConfig:
     """How to authenticate to the cluster. Build it with ``AuthConfig.from_mapping`` from YAML."""
 
     mode: str = "none"
-    token: Secret | None = None                 # bearer: the token itself ...
-    token_file: str | None = None               # ... or a file holding it (re-read when it changes)
-    username: str | None = None                 # basic
+    token: Secret | None = None  # bearer: the token itself ...
+    token_file: str | None = None  # ... or a file holding it (re-read when it changes)
+    username: str | None = None  # basic
     password: Secret | None = None
-    cert_file: str | None = None                # tls: client certificate (PEM)
-    key_file: str | None = None                 # tls: its private key (PEM)
-    ca_file: str | None = None                  # any mode: CA bundle to verify the cluster's certificate
-    tls_allow_insecure: bool = False            # skip verifying the cluster's certificate (tests only)
-    oauth2_token_url: str | None = None         # oauth2: token endpoint
+    cert_file: str | None = None  # tls: client certificate (PEM)
+    key_file: str | None = None  # tls: its private key (PEM)
+    ca_file: str | None = None  # any mode: CA bundle to verify the cluster's certificate
+    tls_allow_insecure: bool = False  # skip verifying the cluster's certificate (tests only)
+    oauth2_token_url: str | None = None  # oauth2: token endpoint
     oauth2_client_id: str | None = None
     oauth2_client_secret: Secret | None = None
     oauth2_client_secret_file: str | None = None
     oauth2_scope: str | None = None
-    oauth2_audience: str | None = None          # Pulsar's OAuth2 plugin sends an audience
+    oauth2_audience: str | None = None  # Pulsar's OAuth2 plugin sends an audience
     oauth2_params: Mapping[str, str] = field(default_factory=dict)  # extra form fields (KEDA endpointParams)
 
     SECRET_FIELDS = ("token", "password", "oauth2_client_secret")
@@ -146,10 +146,10 @@ class AuthConfig:
             "bearer": (self.token or self.token_file, "bearer auth needs token or token_file"),
             "basic": (self.username and self.password, "basic auth needs username and password"),
             "tls": (self.cert_file and self.key_file, "tls auth needs cert_file and key_file"),
-            "oauth2": (self.oauth2_token_url and self.oauth2_client_id
-                       and (self.oauth2_client_secret or self.oauth2_client_secret_file),
-                       "oauth2 auth needs oauth2_token_url, oauth2_client_id and "
-                       "oauth2_client_secret (or oauth2_client_secret_file)"),
+            "oauth2": (
+                self.oauth2_token_url and self.oauth2_client_id and (self.oauth2_client_secret or self.oauth2_client_secret_file),
+                "oauth2 auth needs oauth2_token_url, oauth2_client_id and oauth2_client_secret (or oauth2_client_secret_file)",
+            ),
         }
         ok, message = need.get(self.mode, (True, ""))
         if not ok:
@@ -164,6 +164,7 @@ class AuthConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, source: str = "auth") -> "AuthConfig":
         from pulsar_autoscale.configparse import from_mapping
+
         data = dict(data or {})
         for name in cls.SECRET_FIELDS:
             if isinstance(data.get(name), str):
@@ -219,12 +220,16 @@ class _OAuth2ClientCredentials:
             if self._token is not None and self.clock() < self._expires_at:
                 return self._token.reveal()
             self._fetch()
-            return cast(Secret, self._token).reveal()   # set by _fetch, or it raised
+            return cast(Secret, self._token).reveal()  # set by _fetch, or it raised
 
     def _fetch(self) -> None:
-        url = cast(str, self.auth.oauth2_token_url)   # required by AuthConfig in oauth2 mode
-        form = {"grant_type": "client_credentials", "client_id": self.auth.oauth2_client_id,
-                "client_secret": self._secret(), **dict(self.auth.oauth2_params)}
+        url = cast(str, self.auth.oauth2_token_url)  # required by AuthConfig in oauth2 mode
+        form = {
+            "grant_type": "client_credentials",
+            "client_id": self.auth.oauth2_client_id,
+            "client_secret": self._secret(),
+            **dict(self.auth.oauth2_params),
+        }
         if self.auth.oauth2_scope:
             form["scope"] = self.auth.oauth2_scope
         if self.auth.oauth2_audience:
@@ -241,16 +246,19 @@ class _OAuth2ClientCredentials:
             body = None
         if resp.status_code != 200 or not isinstance(body, dict) or not body.get("access_token"):
             detail = body.get("error_description") or body.get("error") if isinstance(body, dict) else None
-            raise AuthError(f"the OAuth2 token endpoint {url} refused client {self.auth.oauth2_client_id!r} "
-                            f"({resp.status_code}{': ' + str(detail) if detail else ''})")
+            raise AuthError(
+                f"the OAuth2 token endpoint {url} refused client {self.auth.oauth2_client_id!r} "
+                f"({resp.status_code}{': ' + str(detail) if detail else ''})"
+            )
         token_type = str(body.get("token_type", "bearer")).lower()
         if token_type != "bearer":
             raise AuthError(f"the OAuth2 token endpoint {url} issued a {token_type!r} token; only bearer works")
         try:
             lifetime = float(body.get("expires_in", 3600))
         except (TypeError, ValueError):
-            raise AuthError(f"the OAuth2 token endpoint {url} answered expires_in "
-                            f"{body.get('expires_in')!r}, not a number of seconds") from None
+            raise AuthError(
+                f"the OAuth2 token endpoint {url} answered expires_in {body.get('expires_in')!r}, not a number of seconds"
+            ) from None
         self._token = Secret(str(body["access_token"]))
         self._expires_at = started + max(0.0, min(lifetime - OAUTH2_EXPIRY_SKEW_S, 0.9 * lifetime))
         log.debug("OAuth2 token fetched from %s, valid %.0fs", url, lifetime)
@@ -259,8 +267,13 @@ class _OAuth2ClientCredentials:
 class ClusterSession(requests.Session):
     """A ``requests.Session`` that authenticates to the cluster's hosts and follows redirects safely."""
 
-    def __init__(self, auth: AuthConfig | None = None, allowed_hosts=(), timeout_s: float = 30.0,
-                 max_redirects: int = DEFAULT_MAX_REDIRECTS):
+    def __init__(
+        self,
+        auth: AuthConfig | None = None,
+        allowed_hosts=(),
+        timeout_s: float = 30.0,
+        max_redirects: int = DEFAULT_MAX_REDIRECTS,
+    ):
         super().__init__()
         self.auth_config = auth or AuthConfig()
         self.allowed_hosts = frozenset(_normalise_host(h) for h in allowed_hosts)
@@ -270,14 +283,13 @@ class ClusterSession(requests.Session):
         a = self.auth_config
         self.verify = False if a.tls_allow_insecure else (a.ca_file or True)
         if a.mode == "tls":
-            self.cert = (cast(str, a.cert_file), cast(str, a.key_file))   # both required by AuthConfig in tls mode
+            self.cert = (cast(str, a.cert_file), cast(str, a.key_file))  # both required by AuthConfig in tls mode
         self._token_file = _TokenFile(a.token_file) if a.mode == "bearer" and a.token_file else None
         self._oauth2 = _OAuth2ClientCredentials(a, timeout_s) if a.mode == "oauth2" else None
         self.redirects_followed = 0
 
     def __repr__(self) -> str:
-        return (f"ClusterSession(mode={self.auth_config.mode!r}, "
-                f"allowed_hosts={sorted(self.allowed_hosts)!r})")
+        return f"ClusterSession(mode={self.auth_config.mode!r}, allowed_hosts={sorted(self.allowed_hosts)!r})"
 
     def allows(self, url: str) -> bool:
         try:
@@ -309,20 +321,28 @@ class ClusterSession(requests.Session):
         if args:
             raise TypeError("ClusterSession.request takes keyword arguments after url")
         if not self.allows(url):
-            raise RedirectRefused(f"{url} is not a host of the configured cluster "
-                                  f"({', '.join(sorted(self.allowed_hosts))}); no request was sent")
+            raise RedirectRefused(
+                f"{url} is not a host of the configured cluster ({', '.join(sorted(self.allowed_hosts))}); no request was sent"
+            )
         send_kw: dict[str, Any] = {k: kwargs.pop(k) for k in ("timeout", "stream", "verify", "cert", "proxies") if k in kwargs}
-        req = requests.Request(method=method.upper(), url=url, **{k: v for k, v in kwargs.items()
-                                                                    if k in ("headers", "files", "data", "params",
-                                                                             "json", "cookies", "hooks")})
+        req = requests.Request(
+            method=method.upper(),
+            url=url,
+            **{k: v for k, v in kwargs.items() if k in ("headers", "files", "data", "params", "json", "cookies", "hooks")},
+        )
         unknown = set(kwargs) - {"headers", "files", "data", "params", "json", "cookies", "hooks"}
         if unknown:
             raise TypeError(f"ClusterSession.request got unsupported arguments {sorted(unknown)}")
         prep = self.prepare_request(req)
         # The configured CA must win over REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE, which requests prefers to a
         # session's verify (https://github.com/psf/requests/issues/3829): pass it explicitly.
-        settings = self.merge_environment_settings(prep.url, send_kw.pop("proxies", {}), send_kw.pop("stream", None),
-                                                   send_kw.pop("verify", self.verify), send_kw.pop("cert", self.cert))
+        settings = self.merge_environment_settings(
+            prep.url,
+            send_kw.pop("proxies", {}),
+            send_kw.pop("stream", None),
+            send_kw.pop("verify", self.verify),
+            send_kw.pop("cert", self.cert),
+        )
         send_kw.update(settings)
         for _hop in range(self.max_redirects + 1):
             self._authorize(prep)
@@ -330,17 +350,20 @@ class ClusterSession(requests.Session):
             if not allow_redirects or not resp.is_redirect:
                 return resp
             prep = self._next_hop(prep, resp)
-        raise AdminError(f"{method.upper()} {url}: more than {self.max_redirects} redirects; "
-                         f"the cluster's workers or brokers redirect in a loop")
+        raise AdminError(
+            f"{method.upper()} {url}: more than {self.max_redirects} redirects; "
+            f"the cluster's workers or brokers redirect in a loop"
+        )
 
     def _next_hop(self, prep: requests.PreparedRequest, resp: requests.Response) -> requests.PreparedRequest:
-        target = urljoin(cast(str, prep.url), resp.headers["location"])   # a prepared request has its url
+        target = urljoin(cast(str, prep.url), resp.headers["location"])  # a prepared request has its url
         resp.close()
         if not self.allows(target):
             raise RedirectRefused(
                 f"{prep.method} {prep.url} was redirected ({resp.status_code}) to {host_port(target)}, which is "
                 f"not a host of the configured cluster ({', '.join(sorted(self.allowed_hosts))}); refused, no "
-                f"credentials sent. Add it to allowed_hosts if it belongs to the cluster.")
+                f"credentials sent. Add it to allowed_hosts if it belongs to the cluster."
+            )
         nxt = prep.copy()
         nxt.prepare_url(target, None)
         # As requests does: 302 and 303 turn anything but HEAD into GET; 301 turns POST into GET.
@@ -355,8 +378,7 @@ class ClusterSession(requests.Session):
         return nxt
 
 
-def cluster_session(urls, auth: AuthConfig | Mapping | None = None, extra_hosts=(), timeout_s: float = 30.0
-                    ) -> ClusterSession:
+def cluster_session(urls, auth: AuthConfig | Mapping | None = None, extra_hosts=(), timeout_s: float = 30.0) -> ClusterSession:
     """A session for the cluster whose admin/broker URLs are ``urls`` (plus ``extra_hosts``, host:port)."""
     if isinstance(auth, Mapping) or auth is None:
         auth = AuthConfig.from_mapping(auth or {})

@@ -48,10 +48,10 @@ class TopicStats:
     """One topic (all partitions summed) as the broker's topic stats report it."""
 
     topic: str
-    partitions: int                     # 0: not a partitioned topic
-    msg_rate_in: float                  # msgRateIn, messages/s
-    msg_rate_out: float                 # msgRateOut, messages/s
-    msg_in_counter: float               # msgInCounter: messages published since the topic was loaded
+    partitions: int  # 0: not a partitioned topic
+    msg_rate_in: float  # msgRateIn, messages/s
+    msg_rate_out: float  # msgRateOut, messages/s
+    msg_in_counter: float  # msgInCounter: messages published since the topic was loaded
     # subscription -> its backlog in messages: msgBacklog (entries) x messages_per_entry
     backlog: Mapping[str, float] = field(default_factory=dict)
 
@@ -110,9 +110,9 @@ class StockPulsarAdmin(FunctionsAdmin):
 
     broker_url: str | None = None
     metrics_url: str | None = None
-    auth: AuthConfig | Mapping | None = field(default=None, repr=False)   # a mapping becomes an AuthConfig
+    auth: AuthConfig | Mapping | None = field(default=None, repr=False)  # a mapping becomes an AuthConfig
     extra_hosts: tuple[str, ...] = ()
-    _instances: dict = field(default_factory=dict, repr=False)   # (fqfn, instance id) -> _InstanceTotals
+    _instances: dict = field(default_factory=dict, repr=False)  # (fqfn, instance id) -> _InstanceTotals
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
@@ -122,8 +122,9 @@ class StockPulsarAdmin(FunctionsAdmin):
         if not isinstance(self.auth, AuthConfig):
             self.auth = AuthConfig.from_mapping(self.auth or {})
         if self.session is None:
-            self.session = cluster_session([self.admin_url, self.broker_url, self.metrics_url], self.auth,
-                                           self.extra_hosts, timeout_s=self.timeout_s)
+            self.session = cluster_session(
+                [self.admin_url, self.broker_url, self.metrics_url], self.auth, self.extra_hosts, timeout_s=self.timeout_s
+            )
         super().__post_init__()
 
     # ---- errors --------------------------------------------------------------------------------------
@@ -135,11 +136,11 @@ class StockPulsarAdmin(FunctionsAdmin):
         except AdminError as exc:
             hints: dict[int | None, str] = {
                 401: "the cluster rejected the credentials (401 Unauthorized): check the auth settings "
-                     f"(mode {getattr(self.session, 'auth_config', AuthConfig()).mode})",
+                f"(mode {getattr(self.session, 'auth_config', AuthConfig()).mode})",
                 403: "the credentials are valid but their role may not do this (403 Forbidden): grant it "
-                     "the functions/admin permission on the tenant",
+                "the functions/admin permission on the tenant",
                 404: "not found (404): check the tenant/namespace/name, and that the URL is a Pulsar "
-                     "worker or broker with the functions worker enabled",
+                "worker or broker with the functions worker enabled",
             }
             hint = hints.get(exc.status)
             if hint is None:
@@ -170,8 +171,7 @@ class StockPulsarAdmin(FunctionsAdmin):
         for key in ("tenant", "namespace", "name"):
             if not isinstance(config.get(key), str):
                 raise self._malformed("function config", url, f"{key} missing or not a string")
-        if "parallelism" in config and (isinstance(config["parallelism"], bool)
-                                        or not isinstance(config["parallelism"], int)):
+        if "parallelism" in config and (isinstance(config["parallelism"], bool) or not isinstance(config["parallelism"], int)):
             raise self._malformed("function config", url, f"parallelism is {config['parallelism']!r}")
         return config
 
@@ -191,8 +191,7 @@ class StockPulsarAdmin(FunctionsAdmin):
             raise self._malformed("function stats", url, str(exc)) from None
         return body
 
-    def set_parallelism(self, tenant: str, namespace: str, name: str, parallelism: int,
-                        epoch: int | None = None) -> None:
+    def set_parallelism(self, tenant: str, namespace: str, name: str, parallelism: int, epoch: int | None = None) -> None:
         """PUT a partial functionConfig. Pulsar's 400 "Update contains no change" means done: no-op."""
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
             raise AdminError(f"parallelism must be an integer >= 1, got {parallelism!r}")
@@ -230,8 +229,7 @@ class StockPulsarAdmin(FunctionsAdmin):
             figures[iid] = (received, processed, latency_ms / 1000.0 * processed)
         return figures
 
-    def counters_and_running(self, tenant: str, namespace: str, name: str, now: float
-                             ) -> tuple[FunctionCounters, int]:
+    def counters_and_running(self, tenant: str, namespace: str, name: str, now: float) -> tuple[FunctionCounters, int]:
         """Cumulative counters of the function (instances gone or restarted included) and instances reported.
 
         A stock update restarts every instance, which resets its counters: a figure lower than the
@@ -246,9 +244,14 @@ class StockPulsarAdmin(FunctionsAdmin):
                 self._instances.setdefault((fqfn, iid), _InstanceTotals()).update(raw)
             totals = [t.total() for (f, _), t in self._instances.items() if f == fqfn]
         received, processed, busy = (sum(col) for col in zip(*totals)) if totals else (0.0, 0.0, 0.0)
-        counters = FunctionCounters(time=now, arrived=None, received=received, processed=processed,
-                                    outputs=processed,  # Pulsar functions emit at most one output per message
-                                    busy_s=busy)
+        counters = FunctionCounters(
+            time=now,
+            arrived=None,
+            received=received,
+            processed=processed,
+            outputs=processed,  # Pulsar functions emit at most one output per message
+            busy_s=busy,
+        )
         reported = stats.get("instances")
         return counters, len(reported) if isinstance(reported, list) else 0
 
@@ -258,8 +261,10 @@ class StockPulsarAdmin(FunctionsAdmin):
     # ---- broker topic stats -------------------------------------------------------------------------
     def _topic_url(self, topic: str, suffix: str) -> str:
         domain, tenant, namespace, local = _split_topic(topic)
-        return (f"{self.broker_url}/admin/v2/{domain}/{quote(tenant, safe='')}/{quote(namespace, safe='')}/"
-                f"{quote(local, safe='')}/{suffix}")
+        return (
+            f"{self.broker_url}/admin/v2/{domain}/{quote(tenant, safe='')}/{quote(namespace, safe='')}/"
+            f"{quote(local, safe='')}/{suffix}"
+        )
 
     def partitions(self, topic: str) -> int:
         """Number of partitions (0: not partitioned), from /partitions (PartitionedTopicMetadata)."""
@@ -332,14 +337,17 @@ class StockPulsarAdmin(FunctionsAdmin):
         except requests.RequestException as exc:
             raise AdminError(f"cannot read the worker metrics at {metrics_url}: {type(exc).__name__}") from None
         if resp.status_code >= 400:
-            raise AdminError(f"GET {metrics_url} -> {resp.status_code}: worker metrics unavailable",
-                             resp.status_code)
+            raise AdminError(f"GET {metrics_url} -> {resp.status_code}: worker metrics unavailable", resp.status_code)
         sums: dict[str, float] = {}
         try:
             for family in text_string_to_metric_families(resp.text):
                 for s in family.samples:
-                    if s.name in (f"{START_METRIC}_sum", f"{START_METRIC}_count",
-                                  f"{STOP_METRIC}_sum", f"{STOP_METRIC}_count") and not math.isnan(s.value):
+                    if s.name in (
+                        f"{START_METRIC}_sum",
+                        f"{START_METRIC}_count",
+                        f"{STOP_METRIC}_sum",
+                        f"{STOP_METRIC}_count",
+                    ) and not math.isnan(s.value):
                         sums[s.name] = sums.get(s.name, 0.0) + s.value
         except ValueError as exc:
             raise self._malformed("worker metrics", metrics_url, f"not Prometheus text ({exc})") from None
@@ -360,6 +368,7 @@ class StockPulsarAdmin(FunctionsAdmin):
         if config.get("topicsPattern"):
             return None  # the matching topics can change: no fixed cap
         from pulsar_autoscale.topics import normalize_topic
+
         tenant, namespace = config.get("tenant", "public"), config.get("namespace", "default")
         inputs = list(config.get("inputs") or []) + list(config.get("inputSpecs") or {})
         topics = dict.fromkeys(normalize_topic(t, tenant, namespace) for t in inputs)

@@ -55,11 +55,13 @@ PYTHON_INSTANCE_MODULES = ("pulsar", "google.protobuf", "grpc", "prometheus_clie
 
 def python_instance_missing(python: str) -> list[str]:
     """The modules of PYTHON_INSTANCE_MODULES that `python` cannot import (found by spec, nothing imported)."""
-    code = ("import importlib.util as u, sys\n"
-            "def ok(m):\n"
-            "    try:\n        return u.find_spec(m) is not None\n"
-            "    except ModuleNotFoundError:\n        return False\n"
-            "print(' '.join(m for m in sys.argv[1:] if not ok(m)))")
+    code = (
+        "import importlib.util as u, sys\n"
+        "def ok(m):\n"
+        "    try:\n        return u.find_spec(m) is not None\n"
+        "    except ModuleNotFoundError:\n        return False\n"
+        "print(' '.join(m for m in sys.argv[1:] if not ok(m)))"
+    )
     try:
         done = subprocess.run([python, "-c", code, *PYTHON_INSTANCE_MODULES], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -71,8 +73,10 @@ def _python_shim(python: str) -> str:
     """`python3` for the process runtime: execs `python` with a parent-death signal set first, so the function
     instances Pulsar spawns die with the JVM (without it, a SIGKILLed standalone leaves them running, reparented
     to init); one that finds its parent already gone exits."""
-    boot = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
-            "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])")
+    boot = (
+        "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+        "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])"
+    )
     return f'#!/bin/sh\nexec "{python}" -c "{boot}" "{python}" "$@"\n'
 
 
@@ -107,8 +111,8 @@ class TokenAuth:
 
     broker_token: str
     superusers: tuple[str, ...]
-    secret_key: str | None = None       # tokenSecretKey (HS256/384/512)
-    public_key: str | None = None       # tokenPublicKey (RS256, ES256, ...)
+    secret_key: str | None = None  # tokenSecretKey (HS256/384/512)
+    public_key: str | None = None  # tokenPublicKey (RS256, ES256, ...)
 
     def __post_init__(self) -> None:
         if (self.secret_key is None) == (self.public_key is None):
@@ -116,28 +120,37 @@ class TokenAuth:
         if not self.superusers:
             raise BrokerError("TokenAuth needs a superuser role (the broker's own token is one)")
 
-    def __repr__(self) -> str:   # the broker token is a credential: never in logs or errors
+    def __repr__(self) -> str:  # the broker token is a credential: never in logs or errors
         return f"TokenAuth(superusers={self.superusers!r}, broker_token=***)"
 
     def broker_properties(self) -> dict[str, object]:
         """standalone.conf keys; the standalone copies them into its functions worker's config as well."""
         key = {"tokenSecretKey": self.secret_key} if self.secret_key else {"tokenPublicKey": self.public_key}
-        return {"authenticationEnabled": "true", "authenticationProviders": TOKEN_PROVIDER,
-                "authorizationEnabled": "true", "superUserRoles": ",".join(self.superusers),
-                "brokerClientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
-                "brokerClientAuthenticationParameters": f"token:{self.broker_token}", **key}
+        return {
+            "authenticationEnabled": "true",
+            "authenticationProviders": TOKEN_PROVIDER,
+            "authorizationEnabled": "true",
+            "superUserRoles": ",".join(self.superusers),
+            "brokerClientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
+            "brokerClientAuthenticationParameters": f"token:{self.broker_token}",
+            **key,
+        }
 
     def worker_settings(self) -> dict[str, object]:
         """functions_worker.yml keys, for a worker that reads its file rather than the broker's config."""
         props = self.broker_properties()
-        return {"authenticationEnabled": True, "authorizationEnabled": True,
-                "authenticationProviders": [TOKEN_PROVIDER], "superUserRoles": list(self.superusers),
-                "brokerClientAuthenticationEnabled": True,
-                "brokerClientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
-                "brokerClientAuthenticationParameters": props["brokerClientAuthenticationParameters"],
-                "clientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
-                "clientAuthenticationParameters": props["brokerClientAuthenticationParameters"],
-                "properties": {k: v for k, v in props.items() if k.startswith("token")}}
+        return {
+            "authenticationEnabled": True,
+            "authorizationEnabled": True,
+            "authenticationProviders": [TOKEN_PROVIDER],
+            "superUserRoles": list(self.superusers),
+            "brokerClientAuthenticationEnabled": True,
+            "brokerClientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
+            "brokerClientAuthenticationParameters": props["brokerClientAuthenticationParameters"],
+            "clientAuthenticationPlugin": TOKEN_CLIENT_PLUGIN,
+            "clientAuthenticationParameters": props["brokerClientAuthenticationParameters"],
+            "properties": {k: v for k, v in props.items() if k.startswith("token")},
+        }
 
 
 @dataclass
@@ -145,10 +158,10 @@ class ApacheStandalone:
     """A running `bin/pulsar standalone` (broker, BookKeeper, RocksDB metadata, functions worker); use as a
     context manager or call start()/stop()."""
 
-    version: str | None = None            # default: $PULSAR_AUTOSCALE_APACHE_VERSION or DEFAULT_VERSION
-    port: int = 0                         # brokerServicePort (default: a free port)
-    web_port: int = 0                     # webServicePort: admin REST, /metrics, functions API
-    data_dir: str | None = None           # default: a temporary directory removed on stop()
+    version: str | None = None  # default: $PULSAR_AUTOSCALE_APACHE_VERSION or DEFAULT_VERSION
+    port: int = 0  # brokerServicePort (default: a free port)
+    web_port: int = 0  # webServicePort: admin REST, /metrics, functions API
+    data_dir: str | None = None  # default: a temporary directory removed on stop()
     functions_worker: bool = True
     startup_timeout_s: float = 120.0
     stop_timeout_s: float = 30.0
@@ -167,7 +180,7 @@ class ApacheStandalone:
     # more standalone.conf keys, applied last (e.g. keepAliveIntervalSeconds: how soon a hung client is dropped)
     properties: dict[str, object] = field(default_factory=dict)
     start_s: float | None = field(default=None, init=False)
-    python_missing: list[str] = field(default_factory=list, init=False)   # modules the python instance lacks
+    python_missing: list[str] = field(default_factory=list, init=False)  # modules the python instance lacks
     home: Path | None = field(default=None, init=False, repr=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _owns_dir: bool = field(default=False, init=False, repr=False)
@@ -232,22 +245,42 @@ class ApacheStandalone:
         shim = pybin / "python3"
         shim.write_text(_python_shim(self.python))
         shim.chmod(0o755)
-        env = dict(os.environ,
-                   PULSAR_MEM=self.jvm_mem, PULSAR_GC=self.jvm_gc,
-                   PULSAR_LOG_DIR=str(data / "logs"), PULSAR_LOG_LEVEL=self.log_level,
-                   PULSAR_LOG_CONF=str(conf / "log4j2.yaml"), FUNCTIONS_LOG_CONF=str(conf / "functions_log4j2.xml"),
-                   PULSAR_STANDALONE_CONF=str(conf / "standalone.conf"),
-                   PULSAR_ROUTING_APPENDER_DEFAULT="Console",
-                   PATH=f"{pybin}{os.pathsep}{os.environ.get('PATH', '')}")
+        env = dict(
+            os.environ,
+            PULSAR_MEM=self.jvm_mem,
+            PULSAR_GC=self.jvm_gc,
+            PULSAR_LOG_DIR=str(data / "logs"),
+            PULSAR_LOG_LEVEL=self.log_level,
+            PULSAR_LOG_CONF=str(conf / "log4j2.yaml"),
+            FUNCTIONS_LOG_CONF=str(conf / "functions_log4j2.xml"),
+            PULSAR_STANDALONE_CONF=str(conf / "standalone.conf"),
+            PULSAR_ROUTING_APPENDER_DEFAULT="Console",
+            PATH=f"{pybin}{os.pathsep}{os.environ.get('PATH', '')}",
+        )
         home = cast(Path, self.home)  # start sets it before _start
-        cmd = [str(home / "bin" / "pulsar"), "standalone",
-               "--config", str(conf / "standalone.conf"),
-               "--functions-worker-conf", str(conf / "functions_worker.yml"),
-               "--metadata-dir", str(data / "metadata"),
-               "--bookkeeper-dir", str(data / "bookkeeper"), "--bookkeeper-port", str(bk_port),
-               "--zookeeper-dir", str(data / "zookeeper"), "--zookeeper-port", str(zk_port),
-               "--stream-storage-port", str(stream_port), "--no-stream-storage",
-               "--advertised-address", HOST]
+        cmd = [
+            str(home / "bin" / "pulsar"),
+            "standalone",
+            "--config",
+            str(conf / "standalone.conf"),
+            "--functions-worker-conf",
+            str(conf / "functions_worker.yml"),
+            "--metadata-dir",
+            str(data / "metadata"),
+            "--bookkeeper-dir",
+            str(data / "bookkeeper"),
+            "--bookkeeper-port",
+            str(bk_port),
+            "--zookeeper-dir",
+            str(data / "zookeeper"),
+            "--zookeeper-port",
+            str(zk_port),
+            "--stream-storage-port",
+            str(stream_port),
+            "--no-stream-storage",
+            "--advertised-address",
+            HOST,
+        ]
         if not self.functions_worker:
             cmd.append("--no-functions-worker")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,51 +289,72 @@ class ApacheStandalone:
         spawned = time.monotonic()
         # bin/pulsar cds to PULSAR_HOME (the cache tree) before exec'ing java: every path the standalone writes is
         # made absolute, under the data dir, in _write_conf and the flags above.
-        self._proc = subprocess.Popen(cmd, cwd=data, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self._proc = subprocess.Popen(
+            cmd, cwd=data, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
         out.close()
         if self.functions_worker:
             self.python_missing = python_instance_missing(self.python)
             if self.python_missing:
-                log.warning("Python functions on this standalone will fail to start: %s lacks %s "
-                            "(pip install 'pulsar-client[functions]' there)", self.python, ", ".join(self.python_missing))
+                log.warning(
+                    "Python functions on this standalone will fail to start: %s lacks %s "
+                    "(pip install 'pulsar-client[functions]' there)",
+                    self.python,
+                    ", ".join(self.python_missing),
+                )
         self._wait_ready(spawned)
         self.start_s = time.monotonic() - spawned
-        log.info("apache pulsar %s ready in %.1fs (pid %s, RSS %.0f MB)", home.parent.name, self.start_s,
-                 self.pid, self.rss_mb() or 0)
+        log.info(
+            "apache pulsar %s ready in %.1fs (pid %s, RSS %.0f MB)", home.parent.name, self.start_s, self.pid, self.rss_mb() or 0
+        )
         return self
 
     def _write_conf(self, data: Path, bk_port: int) -> Path:
         """A private copy of the distribution's conf/ with this instance's ports, dirs and sizing."""
         conf = data / "conf"
         shutil.rmtree(conf, ignore_errors=True)
-        shutil.copytree(cast(Path, self.home) / "conf", conf)   # start sets home before _start writes this
-        _set_properties(conf / "standalone.conf", {
-            "brokerServicePort": self.port, "webServicePort": self.web_port,
-            "bindAddress": HOST, "advertisedAddress": HOST, "clusterName": "standalone",
-            "managedLedgerDefaultEnsembleSize": 1, "managedLedgerDefaultWriteQuorum": 1,
-            "managedLedgerDefaultAckQuorum": 1,
-            # the bookie reads standalone.conf too: small caches (the default is direct memory / 8 each)
-            "dbStorage_writeCacheMaxSizeMb": BOOKIE_CACHE_MB, "dbStorage_readAheadCacheMaxSizeMb": BOOKIE_CACHE_MB,
-            "httpServerEnabled": "false", "bookiePort": bk_port,
-            "brokerShutdownTimeoutMs": 5000,
-            "statsUpdateFrequencyInSecs": self.stats_interval_s, "statsUpdateInitialDelayInSecs": self.stats_interval_s,
-            # the functions worker's package store (the file system provider in RocksDB-metadata mode); its
-            # default is the relative "packages-storage", i.e. inside the cache tree
-            "STORAGE_PATH": data / "packages-storage",
-            **(self.auth.broker_properties() if self.auth else {}),
-            **self.properties,
-        })
+        shutil.copytree(cast(Path, self.home) / "conf", conf)  # start sets home before _start writes this
+        _set_properties(
+            conf / "standalone.conf",
+            {
+                "brokerServicePort": self.port,
+                "webServicePort": self.web_port,
+                "bindAddress": HOST,
+                "advertisedAddress": HOST,
+                "clusterName": "standalone",
+                "managedLedgerDefaultEnsembleSize": 1,
+                "managedLedgerDefaultWriteQuorum": 1,
+                "managedLedgerDefaultAckQuorum": 1,
+                # the bookie reads standalone.conf too: small caches (the default is direct memory / 8 each)
+                "dbStorage_writeCacheMaxSizeMb": BOOKIE_CACHE_MB,
+                "dbStorage_readAheadCacheMaxSizeMb": BOOKIE_CACHE_MB,
+                "httpServerEnabled": "false",
+                "bookiePort": bk_port,
+                "brokerShutdownTimeoutMs": 5000,
+                "statsUpdateFrequencyInSecs": self.stats_interval_s,
+                "statsUpdateInitialDelayInSecs": self.stats_interval_s,
+                # the functions worker's package store (the file system provider in RocksDB-metadata mode); its
+                # default is the relative "packages-storage", i.e. inside the cache tree
+                "STORAGE_PATH": data / "packages-storage",
+                **(self.auth.broker_properties() if self.auth else {}),
+                **self.properties,
+            },
+        )
         fw_path = conf / "functions_worker.yml"
         fw = yaml.safe_load(fw_path.read_text()) or {}
-        fw.update({
-            "pulsarFunctionsCluster": "standalone",
-            "workerHostname": HOST, "workerPort": self.web_port,
-            "pulsarServiceUrl": self.service_url, "pulsarWebServiceUrl": self.admin_url,
-            "downloadDirectory": str(data / "download" / "pulsar_functions"),
-            "connectorsDirectory": str(data / "connectors"), "functionsDirectory": str(data / "functions"),
-            "functionRuntimeFactoryClassName": "org.apache.pulsar.functions.runtime.process.ProcessRuntimeFactory",
-        })
+        fw.update(
+            {
+                "pulsarFunctionsCluster": "standalone",
+                "workerHostname": HOST,
+                "workerPort": self.web_port,
+                "pulsarServiceUrl": self.service_url,
+                "pulsarWebServiceUrl": self.admin_url,
+                "downloadDirectory": str(data / "download" / "pulsar_functions"),
+                "connectorsDirectory": str(data / "connectors"),
+                "functionsDirectory": str(data / "functions"),
+                "functionRuntimeFactoryClassName": "org.apache.pulsar.functions.runtime.process.ProcessRuntimeFactory",
+            }
+        )
         # Process runtime. The python instance (instances/python-instance/python_instance_main.py) is run as
         # `python3 python_instance_main.py ...` with its own dir on sys.path (Function_pb2, server, log, ...);
         # it imports `pulsar`, google.protobuf (gencode 6.31: protobuf >= 6 needed), grpc, prometheus_client
@@ -316,8 +370,10 @@ class ApacheStandalone:
 
     def _ready_problem(self) -> str | None:
         """What is not ready yet (None: all of it), from the admin REST API."""
-        checks: list[tuple[str, str | None]] = [("/admin/v2/clusters", "standalone"),
-                                                ("/admin/v2/namespaces/public", "public/default")]
+        checks: list[tuple[str, str | None]] = [
+            ("/admin/v2/clusters", "standalone"),
+            ("/admin/v2/namespaces/public", "public/default"),
+        ]
         if self.functions_worker:
             checks.append(("/admin/v3/functions/public/default", None))
             checks.append(("/admin/v2/worker/cluster/leader", "workerId"))
@@ -358,9 +414,12 @@ class ApacheStandalone:
             if rest_ready_at is not None:
                 if self._leader_ready():
                     return
-                if time.monotonic() - rest_ready_at > LEADER_LOG_GRACE_S:   # another version's wording: go on
-                    log.warning("no %r in the log %.0fs after the REST API answered; assuming the functions "
-                                "worker's leader is ready", LEADER_READY_LOG, LEADER_LOG_GRACE_S)
+                if time.monotonic() - rest_ready_at > LEADER_LOG_GRACE_S:  # another version's wording: go on
+                    log.warning(
+                        "no %r in the log %.0fs after the REST API answered; assuming the functions worker's leader is ready",
+                        LEADER_READY_LOG,
+                        LEADER_LOG_GRACE_S,
+                    )
                     return
                 problem = "functions worker leader not ready"
             time.sleep(0.25)
@@ -424,23 +483,39 @@ def run(args: argparse.Namespace) -> int:
     auth = None
     if getattr(args, "token_secret_key", None):
         if not args.broker_token:
-            raise ConfigError("--token-secret-key needs --broker-token: the broker's own token, for a superuser "
-                              "role (pulsar-autoscale tokens create --subject admin --secret-key ...)")
+            raise ConfigError(
+                "--token-secret-key needs --broker-token: the broker's own token, for a superuser "
+                "role (pulsar-autoscale tokens create --subject admin --secret-key ...)"
+            )
         roles = tuple(r.strip() for r in args.superuser_roles.split(",") if r.strip())
         # token:XXX, file:/path or bare; the "token" plugin always gives one (None is for other plugins)
         token = cast(str, ClientSettings("", "token", args.broker_token).bearer_token())
         auth = TokenAuth(broker_token=token, superusers=roles, secret_key=args.token_secret_key)
-    broker = ApacheStandalone(version=args.version, port=args.port, web_port=args.metrics_port,
-                              data_dir=args.data_dir, log_level=args.log_level, auth=auth).start()
+    broker = ApacheStandalone(
+        version=args.version,
+        port=args.port,
+        web_port=args.metrics_port,
+        data_dir=args.data_dir,
+        log_level=args.log_level,
+        auth=auth,
+    ).start()
     home = cast(Path, broker.home)  # start set it
-    print(f"apache pulsar {home.parent.name} ready: service-url {broker.service_url}  "
-          f"admin-url {broker.admin_url}  metrics {broker.metrics_url}", flush=True)
-    print(f"started in {broker.start_s:.1f}s  pid {broker.pid}  RSS {broker.rss_mb() or 0:.0f} MB  "
-          f"log {broker.log_path}", flush=True)
+    print(
+        f"apache pulsar {home.parent.name} ready: service-url {broker.service_url}  "
+        f"admin-url {broker.admin_url}  metrics {broker.metrics_url}",
+        flush=True,
+    )
+    print(
+        f"started in {broker.start_s:.1f}s  pid {broker.pid}  RSS {broker.rss_mb() or 0:.0f} MB  log {broker.log_path}",
+        flush=True,
+    )
     if auth is not None:
-        print(f"token authentication and authorization on: superusers {','.join(auth.superusers)}; "
-              f"make tokens with `pulsar-autoscale tokens create --secret-key {args.token_secret_key} "
-              f"--subject ROLE`", flush=True)
+        print(
+            f"token authentication and authorization on: superusers {','.join(auth.superusers)}; "
+            f"make tokens with `pulsar-autoscale tokens create --secret-key {args.token_secret_key} "
+            f"--subject ROLE`",
+            flush=True,
+        )
     try:
         while not signals.wait(timeout_s=0.5):
             if not broker.alive():

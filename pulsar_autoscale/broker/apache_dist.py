@@ -46,8 +46,9 @@ def require_tools(*tools: str) -> None:
     why = {"java": "Java 17+ runs Apache Pulsar", "mvn": "Maven fetches the Pulsar distribution"}
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
-        raise BrokerError("Apache Pulsar needs " + " and ".join(f"`{t}` on PATH ({why.get(t, 'required')})"
-                                                              for t in missing) + ": not found")
+        raise BrokerError(
+            "Apache Pulsar needs " + " and ".join(f"`{t}` on PATH ({why.get(t, 'required')})" for t in missing) + ": not found"
+        )
 
 
 @contextmanager
@@ -92,8 +93,9 @@ def _fetch(version: str, into: Path) -> Path:
     if done.returncode != 0 or not tarball.is_file():
         lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
         err = next((ln for ln in lines if "ERROR" in ln), lines[-1] if lines else f"exit {done.returncode}")
-        raise BrokerError(f"mvn could not fetch {artifact(version)} (unknown version, or no access to Maven "
-                          f"Central?): {err.strip()[:300]}")
+        raise BrokerError(
+            f"mvn could not fetch {artifact(version)} (unknown version, or no access to Maven Central?): {err.strip()[:300]}"
+        )
     return tarball
 
 
@@ -110,15 +112,16 @@ def ensure_distribution(version: str | None = None) -> Path:
         return home
     require_tools("java", "mvn")
     with _locked(vdir / ".lock"):
-        if (home / "bin" / "pulsar").is_file():      # another process finished it while we waited
+        if (home / "bin" / "pulsar").is_file():  # another process finished it while we waited
             return home
         work = Path(tempfile.mkdtemp(prefix=".unpack-", dir=vdir))
         try:
             tarball = _fetch(version, work)
             expected = _m2_sha1(version)
             if expected is not None and _sha1(tarball) != expected:
-                raise BrokerError(f"{tarball.name}: sha1 differs from Maven's {expected} (corrupt download?); "
-                                  f"delete it from ~/.m2 and retry")
+                raise BrokerError(
+                    f"{tarball.name}: sha1 differs from Maven's {expected} (corrupt download?); delete it from ~/.m2 and retry"
+                )
             if expected is None:
                 log.warning("no .sha1 for %s in ~/.m2: only checking that it unpacks with bin/pulsar", tarball.name)
             out = work / "tree"
@@ -126,8 +129,10 @@ def ensure_distribution(version: str | None = None) -> Path:
             done = subprocess.run(["tar", "xzf", str(tarball), "-C", str(out)], capture_output=True, text=True)
             tops = [p for p in out.iterdir() if (p / "bin" / "pulsar").is_file()] if done.returncode == 0 else []
             if not tops:
-                raise BrokerError(f"{tarball.name} is not a Pulsar distribution (no bin/pulsar after unpacking): "
-                                  f"{done.stderr.strip()[:200] or 'tar failed'}")
+                raise BrokerError(
+                    f"{tarball.name} is not a Pulsar distribution (no bin/pulsar after unpacking): "
+                    f"{done.stderr.strip()[:200] or 'tar failed'}"
+                )
             tops[0].rename(home)
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -72,8 +72,9 @@ def find_binary() -> str:
         raise BrokerError(f"pulsar-lite binary not found: {exc}") from exc
 
 
-def render_config(port: int, metrics_port: int, data_dir: str, log_level: str, keep_alive_s: int = 30,
-                  liveness_timeout_s: int = 10) -> str:
+def render_config(
+    port: int, metrics_port: int, data_dir: str, log_level: str, keep_alive_s: int = 30, liveness_timeout_s: int = 10
+) -> str:
     """keep_alive_s / liveness_timeout_s: how soon the broker drops a client that stopped answering its
     pings (a hung process): at most about their sum. pulsar-lite's defaults are 30 s and 10 s."""
     return (
@@ -95,7 +96,7 @@ class EmbeddedBroker:
     metrics_port: int = 0
     data_dir: str | None = None
     log_level: str = "warn"
-    keep_alive_s: int = 10      # a hung client (SIGSTOP) is dropped within about 15 s: the leader lock frees
+    keep_alive_s: int = 10  # a hung client (SIGSTOP) is dropped within about 15 s: the leader lock frees
     liveness_timeout_s: int = 5
     startup_timeout_s: float = 20.0
     relay: bool = True  # False: clients reach pulsar-lite directly, exposed to B10 (for comparisons)
@@ -131,8 +132,11 @@ class EmbeddedBroker:
             except PortTaken as exc:
                 if attempt == PORT_TRIES or not picked[exc.which]:
                     raise
-                log.warning("pulsar-lite: the %s port picked for it was taken meanwhile; picking another (%s)",
-                            exc.which, str(exc).splitlines()[0])
+                log.warning(
+                    "pulsar-lite: the %s port picked for it was taken meanwhile; picking another (%s)",
+                    exc.which,
+                    str(exc).splitlines()[0],
+                )
             self.port = 0 if picked["client"] else self.port
             self.metrics_port = 0 if picked["metrics"] else self.metrics_port
         raise AssertionError("unreachable: the last try returns or raises")
@@ -146,37 +150,59 @@ class EmbeddedBroker:
             self._owns_dir = True
         os.makedirs(self.data_dir, exist_ok=True)
         conf = Path(self.data_dir, "pulsar-lite.toml")
-        conf.write_text(render_config(self._lite_port, self.metrics_port, self.data_dir, self.log_level,
-                                       self.keep_alive_s, self.liveness_timeout_s))
+        conf.write_text(
+            render_config(
+                self._lite_port, self.metrics_port, self.data_dir, self.log_level, self.keep_alive_s, self.liveness_timeout_s
+            )
+        )
         log = open(Path(self.data_dir, "broker.log"), "ab")
         self._log_start = log.tell()
         self._proc = subprocess.Popen(
             [find_binary(), "--config", str(conf)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         ok = wait_for_port(HOST, self._lite_port, self.startup_timeout_s, alive=self.alive)
         if not ok:
-            reason = (f"pulsar-lite did not accept connections within {self.startup_timeout_s:.0f}s "
-                      f"(data dir {self.data_dir} locked by another broker, or unusable?)")
+            reason = (
+                f"pulsar-lite did not accept connections within {self.startup_timeout_s:.0f}s "
+                f"(data dir {self.data_dir} locked by another broker, or unusable?)"
+            )
             self._fail(reason, self._port_taken())
-        if not self._metrics_answer(METRICS_STARTUP_S):   # B15: pulsar-lite runs on without it
-            self._fail(f"pulsar-lite serves no metrics at {self.metrics_url} within {METRICS_STARTUP_S:.0f}s "
-                       f"(port {self.metrics_port} in use?)", self._port_taken())
+        if not self._metrics_answer(METRICS_STARTUP_S):  # B15: pulsar-lite runs on without it
+            self._fail(
+                f"pulsar-lite serves no metrics at {self.metrics_url} within {METRICS_STARTUP_S:.0f}s "
+                f"(port {self.metrics_port} in use?)",
+                self._port_taken(),
+            )
         if not self.relay:
             return self
         self._relay = subprocess.Popen(
-            [sys.executable, "-m", "pulsar_autoscale.broker.relay", str(self.port), str(self._lite_port),
-             str(Path(self.data_dir, "broker.log"))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pulsar_autoscale.broker.relay",
+                str(self.port),
+                str(self._lite_port),
+                str(Path(self.data_dir, "broker.log")),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
             preexec_fn=_die_with_parent,
         )
         relay_out = cast(IO[str], self._relay.stdout)  # stdout=PIPE, text=True
         if relay_out.readline().strip() != "relay ready":
             err = self._relay.communicate(timeout=5)[1].strip().splitlines()
-            self._fail(f"cannot listen on {HOST}:{self.port} ({err[-1] if err else 'relay exited'}): "
-                       f"port in use?", "client" if any("in use" in line.lower() for line in err) else None)
-        if not self.alive():   # e.g. it answered metrics, then found its own port taken (a race, under load)
+            self._fail(
+                f"cannot listen on {HOST}:{self.port} ({err[-1] if err else 'relay exited'}): port in use?",
+                "client" if any("in use" in line.lower() for line in err) else None,
+            )
+        if not self.alive():  # e.g. it answered metrics, then found its own port taken (a race, under load)
             self._fail("pulsar-lite exited during startup", self._port_taken())
         return self
 
@@ -220,7 +246,7 @@ class EmbeddedBroker:
 
     def log_tail(self, lines: int = 20) -> str:
         try:
-            path = Path(cast(str, self.data_dir), "broker.log")   # start sets data_dir (None fails here, as it always has)
+            path = Path(cast(str, self.data_dir), "broker.log")  # start sets data_dir (None fails here, as it always has)
             return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
@@ -263,19 +289,38 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on 127.0.0.1 (default: a free port)")
     p.add_argument("--data-dir", default=None, help="storage directory (default: a temporary directory removed on exit)")
     p.add_argument("--log-level", default="info", choices=["error", "warn", "info", "debug", "trace"])
-    p.add_argument("--kind", default="lite", choices=["lite", "apache"],
-                   help="lite: embedded pulsar-lite; apache: Apache Pulsar standalone (needs java and mvn; "
-                        "--metrics-port is then its web port: admin REST, functions API, /metrics)")
-    p.add_argument("--version", default=None,
-                   help="Apache Pulsar version for --kind apache (default: $PULSAR_AUTOSCALE_APACHE_VERSION or 4.0.8)")
-    p.add_argument("--token-secret-key", default=None, metavar="KEY",
-                   help="--kind apache: require tokens signed with this key (file:///path, from `pulsar-autoscale "
-                        "tokens create-secret-key`) and turn authorization on (pulsar-lite checks no credentials)")
-    p.add_argument("--superuser-roles", default="admin", metavar="ROLES",
-                   help="--kind apache with --token-secret-key: comma-separated superuser roles (default admin)")
-    p.add_argument("--broker-token", default=None, metavar="TOKEN",
-                   help="--kind apache with --token-secret-key: the broker's own token (token:XXX, file:/path or "
-                        "the token), for a superuser role; its functions worker and instances use it too")
+    p.add_argument(
+        "--kind",
+        default="lite",
+        choices=["lite", "apache"],
+        help="lite: embedded pulsar-lite; apache: Apache Pulsar standalone (needs java and mvn; "
+        "--metrics-port is then its web port: admin REST, functions API, /metrics)",
+    )
+    p.add_argument(
+        "--version",
+        default=None,
+        help="Apache Pulsar version for --kind apache (default: $PULSAR_AUTOSCALE_APACHE_VERSION or 4.0.8)",
+    )
+    p.add_argument(
+        "--token-secret-key",
+        default=None,
+        metavar="KEY",
+        help="--kind apache: require tokens signed with this key (file:///path, from `pulsar-autoscale "
+        "tokens create-secret-key`) and turn authorization on (pulsar-lite checks no credentials)",
+    )
+    p.add_argument(
+        "--superuser-roles",
+        default="admin",
+        metavar="ROLES",
+        help="--kind apache with --token-secret-key: comma-separated superuser roles (default admin)",
+    )
+    p.add_argument(
+        "--broker-token",
+        default=None,
+        metavar="TOKEN",
+        help="--kind apache with --token-secret-key: the broker's own token (token:XXX, file:/path or "
+        "the token), for a superuser role; its functions worker and instances use it too",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -283,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--token-secret-key needs --kind apache: pulsar-lite checks no credentials")
     if getattr(args, "kind", "lite") == "apache":
         from pulsar_autoscale.broker import apache
+
         return apache.run(args)
     broker = EmbeddedBroker(args.port, args.metrics_port, args.data_dir, args.log_level).start()
     signals = StopSignals()

@@ -18,11 +18,11 @@ from pulsar_autoscale.errors import BrokerError
 @dataclass(frozen=True)
 class BrokerMetrics:
     time: float
-    in_messages: dict[str, float] = field(default_factory=dict)              # topic -> cumulative messages in
-    backlog: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> entries
-    messages_per_entry: float = 1.0   # broker-wide: backlogs count entries (batches), not messages
-    unacked: dict[tuple[str, str], float] = field(default_factory=dict)      # (topic, subscription) -> messages
-    batching: dict[str, float] = field(default_factory=dict)                 # topic -> its own messages per entry
+    in_messages: dict[str, float] = field(default_factory=dict)  # topic -> cumulative messages in
+    backlog: dict[tuple[str, str], float] = field(default_factory=dict)  # (topic, subscription) -> entries
+    messages_per_entry: float = 1.0  # broker-wide: backlogs count entries (batches), not messages
+    unacked: dict[tuple[str, str], float] = field(default_factory=dict)  # (topic, subscription) -> messages
+    batching: dict[str, float] = field(default_factory=dict)  # topic -> its own messages per entry
 
     def backlog_messages(self, topic: str, subscription: str) -> float | None:
         entries = self.backlog.get((topic, subscription))
@@ -59,8 +59,14 @@ def _topic(labels: dict) -> str:
     return f"persistent://{labels.get('namespace', 'public/default')}/{topic}"
 
 
-PER_TOPIC = ("pulsar_in_messages_total{", "pulsar_in_bytes_total{", "pulsar_subscription_back_log{",
-             "pulsar_subscription_unacked_messages{", "pulsar_entry_size_count{", "pulsar_entry_size_sum{")
+PER_TOPIC = (
+    "pulsar_in_messages_total{",
+    "pulsar_in_bytes_total{",
+    "pulsar_subscription_back_log{",
+    "pulsar_subscription_unacked_messages{",
+    "pulsar_entry_size_count{",
+    "pulsar_entry_size_sum{",
+)
 BROKER_WIDE = ("pulsar_broker_in_messages_total", "pulsar_entry_size_count ")
 
 
@@ -71,10 +77,12 @@ def relevant(text: str, topics: Collection[str]) -> str:
     with a few thousand of them answered with 10^5 lines, and parsing all of them with the Prometheus
     parser made one controller period take more than 10 s on 2 cores. String tests on each line cost
     little; the parser then sees a few lines per input topic."""
-    needles = tuple({f'topic="{n}' for t in topics for n in (t, t.rsplit("/", 1)[-1])})   # a superset: parse() resolves names
-    return "\n".join(line for line in text.splitlines()
-                     if line.startswith(BROKER_WIDE)
-                     or (line.startswith(PER_TOPIC) and any(n in line for n in needles)))
+    needles = tuple({f'topic="{n}' for t in topics for n in (t, t.rsplit("/", 1)[-1])})  # a superset: parse() resolves names
+    return "\n".join(
+        line
+        for line in text.splitlines()
+        if line.startswith(BROKER_WIDE) or (line.startswith(PER_TOPIC) and any(n in line for n in needles))
+    )
 
 
 def parse(text: str, now: float, topics: Collection[str] | None = None) -> BrokerMetrics:
@@ -82,7 +90,7 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
     in_messages: dict[str, float] = {}
     backlog: dict[tuple[str, str], float] = {}
     unacked: dict[tuple[str, str], float] = {}
-    per_topic: dict[str, dict[str, float]] = {}   # topic -> entry count, entry bytes, message bytes
+    per_topic: dict[str, dict[str, float]] = {}  # topic -> entry count, entry bytes, message bytes
     totals = {"messages": 0.0, "entries": 0.0}
     for family in text_string_to_metric_families(text if topics is None else relevant(text, topics)):
         for sample in family.samples:
@@ -98,8 +106,7 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
                 unacked[key] = unacked.get(key, 0.0) + sample.value
             elif name == "pulsar_broker_in_messages_total":
                 totals["messages"] = sample.value
-            elif name in ("pulsar_entry_size_count", "pulsar_entry_size_sum", "pulsar_in_bytes_total") \
-                    and "topic" in labels:
+            elif name in ("pulsar_entry_size_count", "pulsar_entry_size_sum", "pulsar_in_bytes_total") and "topic" in labels:
                 figures = per_topic.setdefault(_topic(labels), {})
                 figures[name] = figures.get(name, 0.0) + sample.value
             elif name == "pulsar_entry_size_count":
@@ -107,11 +114,15 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
     ratio = totals["messages"] / totals["entries"] if totals["entries"] > 0 and totals["messages"] > 0 else 1.0
     batching = {}
     for t, f in per_topic.items():
-        mpe = topic_batching(f.get("pulsar_entry_size_count", 0.0), f.get("pulsar_entry_size_sum", 0.0),
-                             in_messages.get(t, 0.0), f.get("pulsar_in_bytes_total", 0.0))
+        mpe = topic_batching(
+            f.get("pulsar_entry_size_count", 0.0),
+            f.get("pulsar_entry_size_sum", 0.0),
+            in_messages.get(t, 0.0),
+            f.get("pulsar_in_bytes_total", 0.0),
+        )
         if mpe is not None:
             batching[t] = mpe
-    if topics is not None:   # relevant() kept a superset (names sharing a prefix)
+    if topics is not None:  # relevant() kept a superset (names sharing a prefix)
         in_messages = {t: v for t, v in in_messages.items() if t in topics}
         backlog = {k: v for k, v in backlog.items() if k[0] in topics}
         unacked = {k: v for k, v in unacked.items() if k[0] in topics}
@@ -119,8 +130,7 @@ def parse(text: str, now: float, topics: Collection[str] | None = None) -> Broke
     return BrokerMetrics(now, in_messages, backlog, max(ratio, 1.0), unacked, batching)
 
 
-def fetch(metrics_url: str, now: float, timeout_s: float = 5.0, topics: Collection[str] | None = None
-          ) -> BrokerMetrics:
+def fetch(metrics_url: str, now: float, timeout_s: float = 5.0, topics: Collection[str] | None = None) -> BrokerMetrics:
     try:
         resp = requests.get(metrics_url, timeout=timeout_s)
         resp.raise_for_status()

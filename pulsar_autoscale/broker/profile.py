@@ -19,23 +19,23 @@ from pulsar_autoscale.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-LITE_MARKER = 'cluster="pulsar-lite"'   # the label pulsar-lite puts on every series of its /metrics
+LITE_MARKER = 'cluster="pulsar-lite"'  # the label pulsar-lite puts on every series of its /metrics
 
 
 @dataclass(frozen=True)
 class BrokerProfile:
     """One broker's behaviour as the runtime needs it; each field names the defect it answers."""
 
-    name: str                             # the --broker-kind that selects it
-    consumer_id_floors: bool              # B2 between clients: each client's consumer ids start at a floor of its own
-    shared_process_input: bool            # B2 in a worker: process instances receive through the worker's one consumer
-    failover_receiver_queue: int | None   # B1: a FAILOVER input's receiver queue (None: the function's setting)
-    nack_redelivery: bool                 # a FAILOVER input redelivers its nacked messages itself (B13; see APACHE)
-    stall_fence: bool                     # B12: inputs are reopened when the broker stops dispatching to them
-    keyed_subscription: str | None        # B4, B11: a keyedState worker consumer's type (None: the function's)
-    route_subscription: str               # B1, B13: a route topic's subscription (functions/keyed/route_input.py)
-    function_limits: bool                 # B5, B9: refuses topicsPattern and skipToLatest
-    large_batches_may_stall: bool         # docs/dev/pulsar-lite-defects.md "Observed": batches over a receiver queue stall Shared
+    name: str  # the --broker-kind that selects it
+    consumer_id_floors: bool  # B2 between clients: each client's consumer ids start at a floor of its own
+    shared_process_input: bool  # B2 in a worker: process instances receive through the worker's one consumer
+    failover_receiver_queue: int | None  # B1: a FAILOVER input's receiver queue (None: the function's setting)
+    nack_redelivery: bool  # a FAILOVER input redelivers its nacked messages itself (B13; see APACHE)
+    stall_fence: bool  # B12: inputs are reopened when the broker stops dispatching to them
+    keyed_subscription: str | None  # B4, B11: a keyedState worker consumer's type (None: the function's)
+    route_subscription: str  # B1, B13: a route topic's subscription (functions/keyed/route_input.py)
+    function_limits: bool  # B5, B9: refuses topicsPattern and skipToLatest
+    large_batches_may_stall: bool  # docs/dev/pulsar-lite-defects.md "Observed": batches over a receiver queue stall Shared
 
     def input_receiver_queue(self, cfg) -> int | None:
         """B1: a FAILOVER input (retainOrdering, EFFECTIVELY_ONCE) fetches `failover_receiver_queue` messages at
@@ -55,24 +55,39 @@ class BrokerProfile:
 
 
 APACHE = BrokerProfile(
-    name="apache", consumer_id_floors=False, shared_process_input=False, failover_receiver_queue=None,
+    name="apache",
+    consumer_id_floors=False,
+    shared_process_input=False,
+    failover_receiver_queue=None,
     # Apache Pulsar does redeliver a nacked Failover message, but with redelivery count 0 (its single-active-
     # consumer dispatchers keep no redelivery tracker), so the client's DeadLetterPolicy never fires: the input
     # counts and redelivers its nacks itself here too, or a poison message under retainOrdering is retried forever.
-    nack_redelivery=True, stall_fence=False, keyed_subscription=None,
+    nack_redelivery=True,
+    stall_fence=False,
+    keyed_subscription=None,
     # one consumer at a time, in order: a dead consumer's unacked messages go to the next one, in order
-    route_subscription="Failover", function_limits=False, large_batches_may_stall=False)
+    route_subscription="Failover",
+    function_limits=False,
+    large_batches_may_stall=False,
+)
 
 LITE = BrokerProfile(
-    name="pulsar-lite", consumer_id_floors=True, shared_process_input=True,
-    failover_receiver_queue=1,   # B1: duplicates at 10 or more (0-11 of 2,000 at 10), none seen at 1
-    nack_redelivery=True, stall_fence=True, keyed_subscription="SHARED",
+    name="pulsar-lite",
+    consumer_id_floors=True,
+    shared_process_input=True,
+    failover_receiver_queue=1,  # B1: duplicates at 10 or more (0-11 of 2,000 at 10), none seen at 1
+    nack_redelivery=True,
+    stall_fence=True,
+    keyed_subscription="SHARED",
     # Failover delivers twice (B1) and never redelivers a nack (B13); Shared with its one consumer redelivers
     # both a nacked message and a closed consumer's unacked ones. Break before make keeps one consumer per topic.
-    route_subscription="Shared", function_limits=True, large_batches_may_stall=True)
+    route_subscription="Shared",
+    function_limits=True,
+    large_batches_may_stall=True,
+)
 
 PROFILES = {p.name: p for p in (APACHE, LITE)}
-KINDS = ("auto", *PROFILES)   # what --broker-kind accepts
+KINDS = ("auto", *PROFILES)  # what --broker-kind accepts
 
 
 def named(kind: str) -> BrokerProfile | None:
@@ -107,8 +122,9 @@ def detect(metrics_url: str | None, timeout_s: float = 2.0, stop: threading.Even
                 log.warning("cannot read broker metrics at %s (%s); assuming Apache Pulsar", metrics_url, exc)
                 return APACHE
             if attempt % 30 == 0:
-                log.warning("cannot read broker metrics at %s (%s); retrying until it answers "
-                            "(or give --broker-kind)", metrics_url, exc)
+                log.warning(
+                    "cannot read broker metrics at %s (%s); retrying until it answers (or give --broker-kind)", metrics_url, exc
+                )
             attempt += 1
             if stop.wait(1.0):
                 return APACHE

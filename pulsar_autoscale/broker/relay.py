@@ -36,8 +36,8 @@ import time
 
 HOST = "127.0.0.1"
 CHUNK = 256 * 1024
-LOOKUP_RESPONSE = 24          # BaseCommand.Type.LOOKUP_RESPONSE, also the field number of lookupTopicResponse
-BROKER_SERVICE_URL = 1        # CommandLookupTopicResponse.brokerServiceUrl
+LOOKUP_RESPONSE = 24  # BaseCommand.Type.LOOKUP_RESPONSE, also the field number of lookupTopicResponse
+BROKER_SERVICE_URL = 1  # CommandLookupTopicResponse.brokerServiceUrl
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -90,14 +90,14 @@ def rewrite_lookup(frame: bytes, broker_url: bytes) -> bytes:
     if len(frame) < 10 or frame[8] != 0x08 or frame[9] != LOOKUP_RESPONSE:
         return frame
     cmd_size = int.from_bytes(frame[4:8], "big")
-    command, rest = frame[8:8 + cmd_size], frame[8 + cmd_size:]
+    command, rest = frame[8 : 8 + cmd_size], frame[8 + cmd_size :]
     out = bytearray()
     for number, wire, raw in _fields(command):
         if number == LOOKUP_RESPONSE and wire == 2:
             inner = bytearray()
             _, start = _varint(raw, 0)
             n, start = _varint(raw, start)
-            for f, _w, r in _fields(raw[start:start + n]):
+            for f, _w, r in _fields(raw[start : start + n]):
                 inner += _length_delimited(BROKER_SERVICE_URL, broker_url) if f == BROKER_SERVICE_URL else r
             out += _length_delimited(LOOKUP_RESPONSE, bytes(inner))
         else:
@@ -116,7 +116,7 @@ def frame_ends(buf: bytes | bytearray) -> list[int]:
     """Where each whole frame at the start of buf ends (a frame: 4-byte big-endian size, then that many bytes)."""
     ends, i = [], 0
     while len(buf) - i >= 4:
-        end = i + 4 + int.from_bytes(buf[i:i + 4], "big")
+        end = i + 4 + int.from_bytes(buf[i : i + 4], "big")
         if end > len(buf):
             break
         ends.append(end)
@@ -131,15 +131,17 @@ async def _client_to_broker(client: asyncio.StreamReader, broker: asyncio.Stream
             pending += data
             ends = frame_ends(pending)
             if ends:
-                broker.write(bytes(pending[:ends[-1]]))
-                del pending[:ends[-1]]
+                broker.write(bytes(pending[: ends[-1]]))
+                del pending[: ends[-1]]
                 await broker.drain()
     except (ConnectionError, OSError):
         pass  # reset by a dead client: the broker still gets a clean end of stream below
     finally:
         if pending:
-            log(f"a client ended inside a frame: dropped its last {len(pending)} bytes, so the broker "
-                "sees a clean close and redelivers what it dispatched to that client (B10)")
+            log(
+                f"a client ended inside a frame: dropped its last {len(pending)} bytes, so the broker "
+                "sees a clean close and redelivers what it dispatched to that client (B10)"
+            )
         try:
             broker.write_eof()
         except (ConnectionError, OSError, RuntimeError):
@@ -156,7 +158,7 @@ async def _broker_to_client(broker: asyncio.StreamReader, client: asyncio.Stream
             pending += data
             ends = frame_ends(pending)
             frames = [rewrite_lookup(bytes(pending[a:b]), broker_url) for a, b in zip([0, *ends], ends)]
-            del pending[:ends[-1] if ends else 0]
+            del pending[: ends[-1] if ends else 0]
             try:
                 client.write(b"".join(frames))
                 await client.drain()
@@ -168,8 +170,9 @@ async def _broker_to_client(broker: asyncio.StreamReader, client: asyncio.Stream
         client.close()  # the broker closed (B3 does on any refused command): the client must see it and reconnect
 
 
-async def _serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, upstream_port: int,
-                 broker_url: bytes, log) -> None:
+async def _serve(
+    client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, upstream_port: int, broker_url: bytes, log
+) -> None:
     try:
         broker_r, broker_w = await asyncio.open_connection(HOST, upstream_port)
     except OSError:
@@ -178,8 +181,7 @@ async def _serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
     _nodelay(client_w)
     _nodelay(broker_w)
     try:
-        await asyncio.gather(_client_to_broker(client_r, broker_w, log),
-                             _broker_to_client(broker_r, client_w, broker_url))
+        await asyncio.gather(_client_to_broker(client_r, broker_w, log), _broker_to_client(broker_r, client_w, broker_url))
     finally:
         for w in (broker_w, client_w):
             w.close()
@@ -187,18 +189,21 @@ async def _serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
 
 def file_log(path: str | None):
     """A line per event, appended to path (None: nowhere: the relay's stdout and stderr are not read)."""
+
     def log(line: str) -> None:
         if path is not None:
             with open(path, "a") as f:
                 f.write(f"relay: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {line}\n")
+
     return log
 
 
 async def main(listen_port: int, upstream_port: int, log_path: str | None = None) -> None:
     broker_url = f"pulsar://{HOST}:{listen_port}".encode()
     log = file_log(log_path)
-    server = await asyncio.start_server(lambda r, w: _serve(r, w, upstream_port, broker_url, log), HOST,
-                                        listen_port, reuse_address=True)
+    server = await asyncio.start_server(
+        lambda r, w: _serve(r, w, upstream_port, broker_url, log), HOST, listen_port, reuse_address=True
+    )
     print("relay ready", flush=True)  # EmbeddedBroker waits for this line: the port is ours
     async with server:
         await server.serve_forever()

@@ -25,8 +25,12 @@ from pulsar_autoscale.pulsar_client import (
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
 # a broker that does not answer fails the command within this long, in one line (the client's default: 30 s)
 OPERATION_TIMEOUT_S = 10
-SUBSCRIPTION_TYPES = {"Exclusive": pulsar.ConsumerType.Exclusive, "Shared": pulsar.ConsumerType.Shared,
-                      "Failover": pulsar.ConsumerType.Failover, "Key_Shared": pulsar.ConsumerType.KeyShared}
+SUBSCRIPTION_TYPES = {
+    "Exclusive": pulsar.ConsumerType.Exclusive,
+    "Shared": pulsar.ConsumerType.Shared,
+    "Failover": pulsar.ConsumerType.Failover,
+    "Key_Shared": pulsar.ConsumerType.KeyShared,
+}
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -34,8 +38,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p, service_url_required=False)
     p.add_argument("topic", help="topic name (short names are persistent://public/default/NAME)")
     if p.prog.split()[-1] == "produce":
-        p.add_argument("-m", "--messages", action="append", default=[],
-                       help="messages to send, separated by --separator (repeatable)")
+        p.add_argument(
+            "-m", "--messages", action="append", default=[], help="messages to send, separated by --separator (repeatable)"
+        )
         p.add_argument("-s", "--separator", default=",", help="separator of --messages (default ,)")
         p.add_argument("-n", "--num-produce", type=int, default=1, help="send the messages this many times")
         p.add_argument("-r", "--rate", type=float, default=0, help="messages per second (0: as fast as possible)")
@@ -44,11 +49,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     else:
         p.add_argument("-s", "--subscription-name", required=True, help="subscription name")
         p.add_argument("-n", "--num-messages", type=int, default=1, help="messages to receive (0: until Ctrl-C)")
-        p.add_argument("-t", "--subscription-type", default="Shared", choices=list(SUBSCRIPTION_TYPES),
-                       help="default Shared (pulsar-client's default is Exclusive)")
+        p.add_argument(
+            "-t",
+            "--subscription-type",
+            default="Shared",
+            choices=list(SUBSCRIPTION_TYPES),
+            help="default Shared (pulsar-client's default is Exclusive)",
+        )
         p.add_argument("-p", "--subscription-position", default="Latest", choices=["Latest", "Earliest"])
-        p.add_argument("--timeout", type=float, default=0,
-                       help="give up after this many seconds without a message (0: wait forever)")
+        p.add_argument(
+            "--timeout", type=float, default=0, help="give up after this many seconds without a message (0: wait forever)"
+        )
 
 
 def _settings(args):
@@ -98,8 +109,7 @@ def produce(args: argparse.Namespace) -> int:
             for m in messages:
                 if interval:
                     time.sleep(max(0.0, start + sent * interval - time.monotonic()))
-                producer.send_async(m.encode(), sent_or_failed,
-                                    properties=properties or None, **kwargs)
+                producer.send_async(m.encode(), sent_or_failed, properties=properties or None, **kwargs)
                 sent += 1
         producer.flush()
         producer.close()
@@ -115,17 +125,23 @@ def consume(args: argparse.Namespace) -> int:
     client = _open(args)
     received = 0
     try:
-        consumer = client.subscribe(args.topic, args.subscription_name,
-                                    consumer_type=SUBSCRIPTION_TYPES[args.subscription_type],
-                                    initial_position=getattr(pulsar.InitialPosition, args.subscription_position))
+        consumer = client.subscribe(
+            args.topic,
+            args.subscription_name,
+            consumer_type=SUBSCRIPTION_TYPES[args.subscription_type],
+            initial_position=getattr(pulsar.InitialPosition, args.subscription_position),
+        )
         while args.num_messages == 0 or received < args.num_messages:
             try:
                 msg = consumer.receive(int(args.timeout * 1000)) if args.timeout else consumer.receive()
             except pulsar.Timeout:
                 break
-            print(f"----- got message -----\nkey:[{msg.partition_key() or 'null'}], "
-                  f"properties:[{', '.join(f'{k}={v}' for k, v in msg.properties().items())}], "
-                  f"content:{msg.data().decode('utf-8', 'replace')}", flush=True)
+            print(
+                f"----- got message -----\nkey:[{msg.partition_key() or 'null'}], "
+                f"properties:[{', '.join(f'{k}={v}' for k, v in msg.properties().items())}], "
+                f"content:{msg.data().decode('utf-8', 'replace')}",
+                flush=True,
+            )
             consumer.acknowledge(msg)
             received += 1
         consumer.close()

@@ -36,7 +36,7 @@ from pulsar_autoscale.image_app import NS, STAGES
 from pulsar_autoscale.paths import user_data_dir
 from pulsar_autoscale.pulsar_client import open_client
 
-DEFAULT_SLO_S = 1.0   # the paper's R_max per path
+DEFAULT_SLO_S = 1.0  # the paper's R_max per path
 SOURCE = f"persistent://{NS}/{image_app.SOURCE}"
 SINKS = {f"persistent://{NS}/{topic}": label for topic, label in image_app.PATHS.items()}
 
@@ -49,7 +49,7 @@ class Sample:
     backlog: dict[str, float | None]
     rt_p50: float | None
     rt_p99: float | None
-    per_worker: dict[str, dict[str, int]] = field(default_factory=dict)   # --workers N: function -> worker -> running
+    per_worker: dict[str, dict[str, int]] = field(default_factory=dict)  # --workers N: function -> worker -> running
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Recorder:
 
     produced: int = 0
     received: dict[str, dict[bytes, int]] = field(default_factory=lambda: {t: {} for t in SINKS})
-    rts: list[tuple[float, float, str]] = field(default_factory=list)   # (time, rt_s, sink topic)
+    rts: list[tuple[float, float, str]] = field(default_factory=list)  # (time, rt_s, sink topic)
     samples: list[Sample] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -67,8 +67,7 @@ class Recorder:
             return [rt for t, rt, _ in self.rts if t >= since]
 
 
-def load_generator(client, rates: list[float], interval_s: float, rec: Recorder, stop: threading.Event,
-                   seed: int) -> None:
+def load_generator(client, rates: list[float], interval_s: float, rec: Recorder, stop: threading.Event, seed: int) -> None:
     """Poisson arrivals at a constant rate per interval (the paper's workload shape)."""
     rng = np.random.default_rng(seed)
     producer = client.create_producer(SOURCE, batching_enabled=False, block_if_queue_full=True)
@@ -91,8 +90,9 @@ def load_generator(client, rates: list[float], interval_s: float, rec: Recorder,
 
 
 def sink_collector(client, rec: Recorder, stop: threading.Event) -> None:
-    consumer = client.subscribe(list(SINKS), "demo-sink", consumer_type=pulsar.ConsumerType.Shared,
-                                initial_position=pulsar.InitialPosition.Earliest)
+    consumer = client.subscribe(
+        list(SINKS), "demo-sink", consumer_type=pulsar.ConsumerType.Shared, initial_position=pulsar.InitialPosition.Earliest
+    )
     while not stop.is_set():
         try:
             msg = consumer.receive(200)
@@ -119,28 +119,49 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", default="4,12,28,12,4", help="msg/s per constant-rate interval (default 4,12,28,12,4)")
     p.add_argument("--period", type=float, default=5.0, help="controller period in seconds (default 5)")
     p.add_argument("--window", type=float, default=10.0, help="metrics window in seconds (default 10)")
-    p.add_argument("--fast-period", type=float, default=1.0, metavar="S",
-                   help="fast scale-out check every S seconds on the consumers' counters (default 1; 0: off)")
-    p.add_argument("--fast-window", type=float, default=2.0, metavar="S",
-                   help="the fast check's window (default 2)")
+    p.add_argument(
+        "--fast-period",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="fast scale-out check every S seconds on the consumers' counters (default 1; 0: off)",
+    )
+    p.add_argument("--fast-window", type=float, default=2.0, metavar="S", help="the fast check's window (default 2)")
     p.add_argument("--max-parallelism", type=int, default=8, help="per function (default 8)")
-    p.add_argument("--receiver-queue", type=int, default=10,
-                   help="messages each instance prefetches (default 10; 1 makes instances share one FIFO queue, "
-                        "the simulator's model)")
-    p.add_argument("--report", default=None,
-                   help="report directory (default $XDG_DATA_HOME/pulsar-autoscale/demo/<policy>, "
-                        "~/.local/share without XDG_DATA_HOME)")
-    p.add_argument("--slo", type=float, default=None, metavar="S",
-                   help="response-time SLO the summary counts violations of (default: the policy's r_max_s "
-                        "parameter, else 1 s, the paper's)")
+    p.add_argument(
+        "--receiver-queue",
+        type=int,
+        default=10,
+        help="messages each instance prefetches (default 10; 1 makes instances share one FIFO queue, the simulator's model)",
+    )
+    p.add_argument(
+        "--report",
+        default=None,
+        help="report directory (default $XDG_DATA_HOME/pulsar-autoscale/demo/<policy>, ~/.local/share without XDG_DATA_HOME)",
+    )
+    p.add_argument(
+        "--slo",
+        type=float,
+        default=None,
+        metavar="S",
+        help="response-time SLO the summary counts violations of (default: the policy's r_max_s "
+        "parameter, else 1 s, the paper's)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-live", action="store_true", help="print a progress line every 10 s instead of a live view")
-    p.add_argument("--workers", type=int, default=1,
-                   help="run N workers as one cluster (docs/cluster.md); the live view shows "
-                        "instances per worker (default 1)")
-    p.add_argument("--broker", choices=("lite", "apache"), default="lite",
-                   help="lite: the embedded pulsar-lite (default); apache: an Apache Pulsar standalone (needs java, "
-                        "and mvn for the first fetch: docs/apache-pulsar.md), our worker and controller on it")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="run N workers as one cluster (docs/cluster.md); the live view shows instances per worker (default 1)",
+    )
+    p.add_argument(
+        "--broker",
+        choices=("lite", "apache"),
+        default="lite",
+        help="lite: the embedded pulsar-lite (default); apache: an Apache Pulsar standalone (needs java, "
+        "and mvn for the first fetch: docs/apache-pulsar.md), our worker and controller on it",
+    )
 
 
 def open_broker(kind: str):
@@ -148,12 +169,14 @@ def open_broker(kind: str):
     two cores have no room for an idle second one."""
     if kind == "apache":
         from pulsar_autoscale.broker.apache import ApacheStandalone
+
         return ApacheStandalone(functions_worker=False)
     return EmbeddedBroker(data_dir=None)
 
 
 def parse_params(items: list[str]) -> dict:
     from pulsar_autoscale.errors import ConfigError
+
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -170,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from pulsar_autoscale.errors import ConfigError
     from pulsar_autoscale.functions.api.server import WorkerServer
     from pulsar_autoscale.functions.cluster.member import ClusterSettings
+
     try:
         rates = [float(r) for r in args.rates.split(",")]
     except ValueError:
@@ -185,25 +209,44 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
     interval = args.duration / len(rates)
     fast = f"fast check every {args.fast_period:g}s" if args.fast_period > 0 else "no fast path"
-    print(f"demo: {getattr(args, 'broker', 'lite')} broker, policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s, {fast}; "
-          f"report -> {report}", flush=True)
+    print(
+        f"demo: {getattr(args, 'broker', 'lite')} broker, policy {args.policy}, rates {rates} msg/s for {interval:.0f}s each, period {args.period}s, {fast}; "
+        f"report -> {report}",
+        flush=True,
+    )
     with open_broker(getattr(args, "broker", "lite")) as broker, contextlib.ExitStack() as stack:
         cluster = ClusterSettings(f"demo{os.getpid()}") if args.workers > 1 else None
-        workers = [stack.enter_context(WorkerServer(broker.service_url, metrics_url=broker.metrics_url,
-                                                    worker_id=f"w{i}" if cluster else None, cluster=cluster))
-                   for i in range(args.workers)]
+        workers = [
+            stack.enter_context(
+                WorkerServer(
+                    broker.service_url, metrics_url=broker.metrics_url, worker_id=f"w{i}" if cluster else None, cluster=cluster
+                )
+            )
+            for i in range(args.workers)
+        ]
         worker = workers[0]
         admin = FunctionsAdmin([w.url for w in workers])
         for s in STAGES:
             admin.create({**s.config(), "parallelism": 1, "receiverQueueSize": args.receiver_queue})
         wait_running(admin, [s.name for s in STAGES])
         config = ControllerConfig(
-            service_url=broker.service_url, admin_url=tuple(w.url for w in workers), metrics_url=broker.metrics_url,
-            policy=args.policy, policy_params=parse_params(args.param), period_s=args.period,
-            window_s=args.window, plan={"max_parallelism": args.max_parallelism},
-            fast={"enabled": args.fast_period > 0, "period_s": args.fast_period or 1.0,
-                  "window_s": max(args.fast_window, args.fast_period)},
-            decision_log=str(report / "decisions.jsonl"), http_port=0, identity="demo-controller")
+            service_url=broker.service_url,
+            admin_url=tuple(w.url for w in workers),
+            metrics_url=broker.metrics_url,
+            policy=args.policy,
+            policy_params=parse_params(args.param),
+            period_s=args.period,
+            window_s=args.window,
+            plan={"max_parallelism": args.max_parallelism},
+            fast={
+                "enabled": args.fast_period > 0,
+                "period_s": args.fast_period or 1.0,
+                "window_s": max(args.fast_window, args.fast_period),
+            },
+            decision_log=str(report / "decisions.jsonl"),
+            http_port=0,
+            identity="demo-controller",
+        )
         (report / "decisions.jsonl").unlink(missing_ok=True)
         controller = Controller(config).start()
         client = open_client(broker.service_url, pulsar.LoggerLevel.Error)
@@ -211,8 +254,7 @@ def run(args: argparse.Namespace) -> int:
         stop_load, stop_sink = threading.Event(), threading.Event()
         sink = threading.Thread(target=sink_collector, args=(client, rec, stop_sink), daemon=True)
         sink.start()
-        load = threading.Thread(target=load_generator, args=(client, rates, interval, rec, stop_load, args.seed),
-                                daemon=True)
+        load = threading.Thread(target=load_generator, args=(client, rates, interval, rec, stop_load, args.seed), daemon=True)
         t0 = time.time()
         load.start()
         try:
@@ -235,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
 def wait_running(admin: FunctionsAdmin, names: list[str], timeout_s: float = 30.0) -> None:
     """A function's subscription starts at the latest message (as in Pulsar): load starts once all have one."""
     from pulsar_autoscale.errors import PulsarAutoscaleError
+
     deadline = time.monotonic() + timeout_s
     while not all(admin.status("public", "default", n)["numRunning"] >= 1 for n in names):
         if time.monotonic() > deadline:
@@ -249,8 +292,9 @@ def sample(worker, controller, rec: Recorder, rate: float, now: float) -> Sample
     for s in STAGES:
         fqfn = f"{NS}/{s.name}"
         if isinstance(worker, FunctionsAdmin):
-            running = [i["status"]["workerId"] for i in worker.status("public", "default", s.name)["instances"]
-                       if i["status"]["running"]]
+            running = [
+                i["status"]["workerId"] for i in worker.status("public", "default", s.name)["instances"] if i["status"]["running"]
+            ]
             instances[s.name] = len(running)
             per_worker[s.name] = {w: running.count(w) for w in sorted(set(running))}
         else:
@@ -264,8 +308,12 @@ def sample(worker, controller, rec: Recorder, rate: float, now: float) -> Sample
 
 def watch(worker, controller, rec, rates, interval, t0, load, plain: bool) -> None:
     from rich.live import Live
-    with Live(render(controller, rec, None, 0), refresh_per_second=2, transient=False,
-              auto_refresh=not plain) if not plain else _NoLive() as live:
+
+    with (
+        Live(render(controller, rec, None, 0), refresh_per_second=2, transient=False, auto_refresh=not plain)
+        if not plain
+        else _NoLive() as live
+    ):
         last_print = 0.0
         seen: set = set()
         while load.is_alive():
@@ -278,7 +326,7 @@ def watch(worker, controller, rec, rates, interval, t0, load, plain: bool) -> No
                     for d in it.decisions:
                         if d.get("new") != d.get("old") and (d["time"], d["function"]) not in seen:
                             seen.add((d["time"], d["function"]))
-                            print(f'  {d["function"].rsplit("/", 1)[-1]}: {short_decision(d, t0)}', flush=True)
+                            print(f"  {d['function'].rsplit('/', 1)[-1]}: {short_decision(d, t0)}", flush=True)
                 if now - last_print >= 10:
                     last_print = now
                     print(progress_line(s, now - t0), flush=True)
@@ -296,23 +344,32 @@ class _NoLive:
 
 
 def progress_line(s: Sample, elapsed: float) -> str:
-    inst = " ".join(f"{k}={v}" + (f"({' '.join(f'{w}:{n}' for w, n in s.per_worker[k].items())})"
-                                  if k in s.per_worker else "") for k, v in s.instances.items())
+    inst = " ".join(
+        f"{k}={v}" + (f"({' '.join(f'{w}:{n}' for w, n in s.per_worker[k].items())})" if k in s.per_worker else "")
+        for k, v in s.instances.items()
+    )
     p99 = f"{s.rt_p99:.2f}s" if s.rt_p99 is not None else "-"
     return f"[{elapsed:5.0f}s] rate {s.target_rate:g}/s  instances {inst}  p99 {p99}"
 
 
 def short_decision(d: dict, t0: float) -> str:
     """A decision in a few characters (the full reason is in decisions.jsonl): kind, change, when."""
-    return f'{d.get("kind", "period")} {d["old"]}->{d["new"]} @{d["time"] - t0:.0f}s'
+    return f"{d.get('kind', 'period')} {d['old']}->{d['new']} @{d['time'] - t0:.0f}s"
 
 
 def render(controller, rec: Recorder, s: Sample | None, elapsed: float, t0: float = 0.0):
     """The live table; it fits 80 columns."""
     from rich.table import Table
-    table = Table(title=f"demo t={elapsed:.0f}s produced={rec.produced} policy={controller.config.policy}",
-                  width=80)
-    columns: tuple[tuple[str, int], ...] = (("function", 16), ("arrival/s", 9), ("backlog", 7), ("inst", 4), ("util", 4), ("last decision", 18))
+
+    table = Table(title=f"demo t={elapsed:.0f}s produced={rec.produced} policy={controller.config.policy}", width=80)
+    columns: tuple[tuple[str, int], ...] = (
+        ("function", 16),
+        ("arrival/s", 9),
+        ("backlog", 7),
+        ("inst", 4),
+        ("util", 4),
+        ("last decision", 18),
+    )
     if s is not None and s.per_worker:  # --workers N: instances per worker, at the expense of the decision column
         columns = columns[:4] + (("per worker", 16),) + columns[4:5] + (("last decision", 10),)
     for col, width in columns:
@@ -326,16 +383,27 @@ def render(controller, rec: Recorder, s: Sample | None, elapsed: float, t0: floa
     for st in STAGES:
         fqfn = f"{NS}/{st.name}"
         fs = obs.snapshot.functions.get(fqfn) if obs else None
-        fmt = (lambda v, p=1: "?" if v is None else f"{v:.{p}f}")
-        spread = ((" ".join(f"{w}:{n}" for w, n in s.per_worker.get(st.name, {}).items()) or "-",)
-                  if s is not None and s.per_worker else ())
-        table.add_row(st.name, fmt(fs.arrival_rate if fs else None), fmt(fs.backlog if fs else None, 0),
-                      str(s.instances[st.name]) if s else "1", *spread, fmt(fs.utilization if fs else None, 2),
-                      last.get(fqfn, "-"))
+        fmt = lambda v, p=1: "?" if v is None else f"{v:.{p}f}"
+        spread = (
+            (" ".join(f"{w}:{n}" for w, n in s.per_worker.get(st.name, {}).items()) or "-",)
+            if s is not None and s.per_worker
+            else ()
+        )
+        table.add_row(
+            st.name,
+            fmt(fs.arrival_rate if fs else None),
+            fmt(fs.backlog if fs else None, 0),
+            str(s.instances[st.name]) if s else "1",
+            *spread,
+            fmt(fs.utilization if fs else None, 2),
+            last.get(fqfn, "-"),
+        )
     if s is not None:
-        table.caption = (f"target rate {s.target_rate:g} msg/s   response time (last 10 s): p50 "
-                         f"{'-' if s.rt_p50 is None else f'{s.rt_p50:.2f}s'}  p99 "
-                         f"{'-' if s.rt_p99 is None else f'{s.rt_p99:.2f}s'}")
+        table.caption = (
+            f"target rate {s.target_rate:g} msg/s   response time (last 10 s): p50 "
+            f"{'-' if s.rt_p50 is None else f'{s.rt_p50:.2f}s'}  p99 "
+            f"{'-' if s.rt_p99 is None else f'{s.rt_p99:.2f}s'}"
+        )
     return table
 
 
@@ -354,6 +422,7 @@ def drain(rec: Recorder, t0: float, timeout_s: float = 90.0) -> None:
 def slo_s(args: argparse.Namespace) -> float:
     """--slo, else the response time the policy aims at (its r_max_s), else the paper's 1 s."""
     from pulsar_autoscale.errors import ConfigError
+
     slo = args.slo if args.slo is not None else parse_params(args.param).get("r_max_s", DEFAULT_SLO_S)
     if not isinstance(slo, (int, float)) or slo <= 0:
         raise ConfigError(f"the SLO must be a positive number of seconds, got {slo!r}")
@@ -365,21 +434,30 @@ def summarize(rec: Recorder, config: ControllerConfig, rates, interval, t0, slo:
     per_path = {}
     for topic, label in SINKS.items():
         path_rts = [rt for _, rt, t in rec.rts if t == topic]
-        per_path[label] = {"mean_rt_s": _r(np.mean(path_rts)) if path_rts else None,
-                           "p95_rt_s": _r(percentile(path_rts, 95)), "p99_rt_s": _r(percentile(path_rts, 99)),
-                           "received": len(rec.received.get(topic, {}))}
+        per_path[label] = {
+            "mean_rt_s": _r(np.mean(path_rts)) if path_rts else None,
+            "p95_rt_s": _r(percentile(path_rts, 95)),
+            "p99_rt_s": _r(percentile(path_rts, 99)),
+            "received": len(rec.received.get(topic, {})),
+        }
     dt = [b.t - a.t for a, b in zip(rec.samples, rec.samples[1:])]
     inst_seconds = {s.name: sum(a.instances[s.name] * d for a, d in zip(rec.samples, dt)) for s in STAGES}
     total_time = sum(dt) or 1.0
     return {
-        "policy": config.policy, "rates_msg_s": rates, "interval_s": interval, "period_s": config.period_s,
+        "policy": config.policy,
+        "rates_msg_s": rates,
+        "interval_s": interval,
+        "period_s": config.period_s,
         "fast": config.fast,
         "produced": rec.produced,
         "lost": sum(max(rec.produced - len(seen), 0) for seen in rec.received.values()),
         "duplicates": sum(c - 1 for seen in rec.received.values() for c in seen.values()),
-        "mean_rt_s": _r(np.mean(rts)) if rts else None, "p95_rt_s": _r(percentile(rts, 95)),
-        "p99_rt_s": _r(percentile(rts, 99)), "max_rt_s": _r(max(rts)) if rts else None,
-        "slo_s": slo, "slo_violation_share": _r(sum(1 for r in rts if r > slo) / len(rts)) if rts else None,
+        "mean_rt_s": _r(np.mean(rts)) if rts else None,
+        "p95_rt_s": _r(percentile(rts, 95)),
+        "p99_rt_s": _r(percentile(rts, 99)),
+        "max_rt_s": _r(max(rts)) if rts else None,
+        "slo_s": slo,
+        "slo_violation_share": _r(sum(1 for r in rts if r > slo) / len(rts)) if rts else None,
         "paths": per_path,
         "avg_instances": {k: _r(v / total_time) for k, v in inst_seconds.items()},
         "avg_instances_total": _r(sum(inst_seconds.values()) / total_time),
@@ -392,8 +470,11 @@ def _r(x):
 
 
 def write_report(report: Path, rec: Recorder, summary: dict) -> None:
-    decisions = [json.loads(line) for line in (report / "decisions.jsonl").read_text().splitlines()] \
-        if (report / "decisions.jsonl").exists() else []
+    decisions = (
+        [json.loads(line) for line in (report / "decisions.jsonl").read_text().splitlines()]
+        if (report / "decisions.jsonl").exists()
+        else []
+    )
     summary["scaling_actions"] = sum(1 for d in decisions if d.get("applied"))  # from the controller's own log
     summary["fast_actions"] = sum(1 for d in decisions if d.get("applied") and d.get("kind") == "fast")
     load_s = summary["interval_s"] * len(summary["rates_msg_s"])
@@ -402,20 +483,30 @@ def write_report(report: Path, rec: Recorder, summary: dict) -> None:
     with (report / "timeseries.csv").open("w", newline="") as f:
         w = csv.writer(f)
         names = [s.name for s in STAGES]
-        w.writerow(["t_s", "target_rate"] + [f"instances_{n}" for n in names] + [f"backlog_{n}" for n in names]
-                   + ["rt_p50_s", "rt_p99_s"])
+        w.writerow(
+            ["t_s", "target_rate"]
+            + [f"instances_{n}" for n in names]
+            + [f"backlog_{n}" for n in names]
+            + ["rt_p50_s", "rt_p99_s"]
+        )
         t0 = rec.samples[0].t if rec.samples else 0
         for s in rec.samples:
-            w.writerow([round(s.t - t0, 2), s.target_rate] + [s.instances[n] for n in names]
-                       + [s.backlog[n] for n in names] + [s.rt_p50, s.rt_p99])
+            w.writerow(
+                [round(s.t - t0, 2), s.target_rate]
+                + [s.instances[n] for n in names]
+                + [s.backlog[n] for n in names]
+                + [s.rt_p50, s.rt_p99]
+            )
     plot(report, rec, summary)
 
 
 def plot(report: Path, rec: Recorder, summary: dict) -> None:
     """Three stacked panels in the style of the paper's Fig. 5-7: arrival rate, instances, response time."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     if not rec.samples:
         return
     t0 = rec.samples[0].t
@@ -436,8 +527,10 @@ def plot(report: Path, rec: Recorder, summary: dict) -> None:
     axes[2].set_ylabel("response time (s)")
     axes[2].set_xlabel("time (s)")
     axes[2].legend(loc="upper left", fontsize=8)
-    fig.suptitle(f"policy {summary['policy']}: mean RT {summary['mean_rt_s']}s, p99 {summary['p99_rt_s']}s, "
-                 f"avg instances {summary['avg_instances_total']}")
+    fig.suptitle(
+        f"policy {summary['policy']}: mean RT {summary['mean_rt_s']}s, p99 {summary['p99_rt_s']}s, "
+        f"avg instances {summary['avg_instances_total']}"
+    )
     fig.tight_layout()
     fig.savefig(report / "run.png", dpi=100)
     plt.close(fig)
@@ -447,10 +540,12 @@ def slo_line(summary: dict) -> str:
     """The run against its SLO, and what the scaling cost, in one line."""
     share = summary["slo_violation_share"]
     p99 = summary["p99_rt_s"]
-    return (f"SLO {summary['slo_s']:g} s: p99 {'-' if p99 is None else f'{p99:.2f} s'} against it, "
-            f"{'-' if share is None else f'{share:.1%}'} of responses over it (slo_violation_share "
-            f"{share}); {summary['scaling_actions']} scaling actions ({summary['scaling_actions_per_hour']:g}/h, "
-            f"{summary['fast_actions']} fast)")
+    return (
+        f"SLO {summary['slo_s']:g} s: p99 {'-' if p99 is None else f'{p99:.2f} s'} against it, "
+        f"{'-' if share is None else f'{share:.1%}'} of responses over it (slo_violation_share "
+        f"{share}); {summary['scaling_actions']} scaling actions ({summary['scaling_actions_per_hour']:g}/h, "
+        f"{summary['fast_actions']} fast)"
+    )
 
 
 def print_summary(summary: dict, report: Path) -> None:

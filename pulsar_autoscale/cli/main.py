@@ -19,8 +19,10 @@ COMMANDS = {
     "functions-worker": ("pulsar_autoscale.functions.cli.cluster", "the worker cluster: members, leader, assignments, rebalance"),
     "stages": ("pulsar_autoscale.functions.cli.stages", "manage Spark stateful stages on our worker"),
     "controller": ("pulsar_autoscale.controller.cli", "run the autoscaling controller (MAPE loop)"),
-    "autoscaler": ("pulsar_autoscale.controller.controls_cli",
-                   "per-function controls of a running controller: pause, resume, get, set, why, reload"),
+    "autoscaler": (
+        "pulsar_autoscale.controller.controls_cli",
+        "per-function controls of a running controller: pause, resume, get, set, why, reload",
+    ),
     "tokens": ("pulsar_autoscale.security.tokens_cli", "create keys and tokens (Pulsar's bin/pulsar tokens)"),
     "simulate": ("pulsar_autoscale.sim.cli", "simulate an app under a workload and a policy"),
     "plan": ("pulsar_autoscale.planning.cli", "capacity planning: measure MST on a testbed and plan a target rate"),
@@ -45,7 +47,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.set_defaults(_module=module)
         if command in (None, name):
             importlib.import_module(module).configure_parser(p)
-            spread(p)   # connection and auth options before or after the action
+            spread(p)  # connection and auth options before or after the action
     return parser
 
 
@@ -62,15 +64,15 @@ def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def main(argv: list[str] | None = None) -> int:
     try:
         code = _main(argv)
-        sys.stdout.flush()   # a reader that went away shows here, not at the interpreter's exit
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
         return code
-    except BrokenPipeError:   # a command's output read by `| head -1`
+    except BrokenPipeError:  # a command's output read by `| head -1`
         return _reader_gone()
 
 
 def _main(argv: list[str] | None) -> int:
     given = sys.argv[1:] if argv is None else argv
-    command = next((a for a in given if not a.startswith("-")), None)   # -v is the only option before it
+    command = next((a for a in given if not a.startswith("-")), None)  # -v is the only option before it
     parser = build_parser(command if command in COMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -78,9 +80,10 @@ def _main(argv: list[str] | None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in QUIET_LOGGERS:   # "Running job ..." every second, a line per HTTP request: only with -v
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in QUIET_LOGGERS:  # "Running job ..." every second, a line per HTTP request: only with -v
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return importlib.import_module(args._module).run(args) or 0

@@ -17,13 +17,13 @@ class ControllerApi(Protocol):
     def config(self) -> ControllerConfig: ...
 
     @property
-    def admin(self) -> FunctionsApi: ...   # asked whether a function not yet seen by a period exists
+    def admin(self) -> FunctionsApi: ...  # asked whether a function not yet seen by a period exists
 
     @property
     def metrics(self) -> ControllerMetrics: ...
 
     @property
-    def effective(self) -> Mapping[str, Effective]: ...   # the functions of the last period
+    def effective(self) -> Mapping[str, Effective]: ...  # the functions of the last period
 
     def status(self) -> dict: ...
 

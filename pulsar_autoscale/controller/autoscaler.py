@@ -32,14 +32,14 @@ from pulsar_autoscale.graph import AppGraph
 from pulsar_autoscale.policies.base import Policy
 from pulsar_autoscale.snapshot import Snapshot
 
-DEFAULT = ""   # the key of the controller's own policy among the policies' states
+DEFAULT = ""  # the key of the controller's own policy among the policies' states
 
 
 @dataclass(frozen=True)
 class StepResult:
     decisions: list[Decision] = field(default_factory=list)
     error: str | None = None
-    failed: dict[str, str] = field(default_factory=dict)   # function -> its policy's error (no decision)
+    failed: dict[str, str] = field(default_factory=dict)  # function -> its policy's error (no decision)
 
 
 class Autoscaler:
@@ -47,18 +47,24 @@ class Autoscaler:
         self.policy = policy
         self.planner = planner or Planner()
         self.fast = fast or fastpath.FastConfig()
-        self.states: dict[str, Any] = {}     # policy key -> its state
+        self.states: dict[str, Any] = {}  # policy key -> its state
         self.plan_state = PlanState()
         self.errors = 0
-        self.last_error: str | None = None   # the latest policy failure, for a summary after a run
+        self.last_error: str | None = None  # the latest policy failure, for a summary after a run
 
     @property
     def policy_state(self) -> Any:
         return self.states.get(DEFAULT)
 
-    def step(self, graph: AppGraph, snapshot: Snapshot, current: Mapping[str, int], now: float,
-             rules: Mapping[str, FunctionPlan] | None = None,
-             overrides: Mapping[str, tuple[str, Policy]] | None = None) -> StepResult:
+    def step(
+        self,
+        graph: AppGraph,
+        snapshot: Snapshot,
+        current: Mapping[str, int],
+        now: float,
+        rules: Mapping[str, FunctionPlan] | None = None,
+        overrides: Mapping[str, tuple[str, Policy]] | None = None,
+    ) -> StepResult:
         """`rules`: per-function Plan rules; `overrides`: function -> (key, policy) for a function that
         has its own policy (the key names its state)."""
         rules, overrides = rules or {}, overrides or {}
@@ -89,20 +95,27 @@ class Autoscaler:
             targets.update(proposal.targets)
             reasons.update(proposal.reasons)
         planned = {fn: k for fn, k in current.items() if fn not in failed}
-        if not planned:   # nothing to plan: the Plan state does not move on either
+        if not planned:  # nothing to plan: the Plan state does not move on either
             return StepResult([], "; ".join(errors) or None, failed)
-        decisions, state = self.planner.plan(Proposal(targets, reasons), snapshot, planned, self.plan_state, now,
-                                             fast=fast, rules=rules)
+        decisions, state = self.planner.plan(
+            Proposal(targets, reasons), snapshot, planned, self.plan_state, now, fast=fast, rules=rules
+        )
         self.plan_state = _keep(self.plan_state, state, failed) if failed else state
         return StepResult(decisions, "; ".join(errors) or None, failed)
 
 
 def _keep(old: PlanState, new: PlanState, functions: Mapping[str, Any]) -> PlanState:
     """The new Plan state, with the old memory of `functions` (not planned this period) kept."""
+
     def merged(a: Mapping, b: Mapping) -> dict:
         return {**{fn: v for fn, v in a.items() if fn in functions}, **b}
-    return PlanState(merged(old.last_change, new.last_change), merged(old.recent, new.recent),
-                     merged(old.idle_since, new.idle_since), merged(old.fast_out, new.fast_out))
+
+    return PlanState(
+        merged(old.last_change, new.last_change),
+        merged(old.recent, new.recent),
+        merged(old.idle_since, new.idle_since),
+        merged(old.fast_out, new.fast_out),
+    )
 
 
 def _describe(exc: Exception) -> str:

@@ -17,21 +17,29 @@ from pulsar_autoscale.snapshot import FunctionSnapshot
 @dataclass(frozen=True)
 class BurstConfig:
     enabled: bool = False
-    deadline_s: float = 30.0        # the backlog must be gone by then (Sponge's recovery deadline)
-    start_latency_s: float = 1.0    # a new instance of our runtime serves after this
-    min_messages: int = 100         # a smaller excess is left to the instances: a Spark job costs seconds
-    max_messages: int = 20000       # one drain's slice at most
-    partitions: int = 4             # Spark tasks per drain
+    deadline_s: float = 30.0  # the backlog must be gone by then (Sponge's recovery deadline)
+    start_latency_s: float = 1.0  # a new instance of our runtime serves after this
+    min_messages: int = 100  # a smaller excess is left to the instances: a Spark job costs seconds
+    max_messages: int = 20000  # one drain's slice at most
+    partitions: int = 4  # Spark tasks per drain
     threads_per_partition: int = 1  # > 1 for a function that mostly waits (a model server call)
 
     def __post_init__(self):
         if self.deadline_s <= 0 or self.start_latency_s < 0:
-            raise ConfigError(f"burst: deadline_s ({self.deadline_s}) must be > 0 and start_latency_s "
-                              f"({self.start_latency_s}) >= 0")
-        if self.min_messages < 1 or self.max_messages < self.min_messages or self.partitions < 1 or self.threads_per_partition < 1:
-            raise ConfigError(f"burst: need 1 <= min_messages ({self.min_messages}) <= max_messages "
-                              f"({self.max_messages}), partitions ({self.partitions}) and threads_per_partition "
-                              f"({self.threads_per_partition}) >= 1")
+            raise ConfigError(
+                f"burst: deadline_s ({self.deadline_s}) must be > 0 and start_latency_s ({self.start_latency_s}) >= 0"
+            )
+        if (
+            self.min_messages < 1
+            or self.max_messages < self.min_messages
+            or self.partitions < 1
+            or self.threads_per_partition < 1
+        ):
+            raise ConfigError(
+                f"burst: need 1 <= min_messages ({self.min_messages}) <= max_messages "
+                f"({self.max_messages}), partitions ({self.partitions}) and threads_per_partition "
+                f"({self.threads_per_partition}) >= 1"
+            )
 
 
 def burst_size(snapshot: FunctionSnapshot, parallelism: int, max_parallelism: int, config: BurstConfig) -> int:
@@ -40,8 +48,9 @@ def burst_size(snapshot: FunctionSnapshot, parallelism: int, max_parallelism: in
     return 0 if n < config.min_messages else min(n, config.max_messages)
 
 
-def should_burst(snapshot: FunctionSnapshot, parallelism: int, max_parallelism: int,
-                 start_latency_s: float, deadline_s: float) -> int:
+def should_burst(
+    snapshot: FunctionSnapshot, parallelism: int, max_parallelism: int, start_latency_s: float, deadline_s: float
+) -> int:
     """Messages to hand to a burst drain: the backlog the instances cannot clear by the deadline.
 
     Sponge's recovery condition (paper 000, eq. 1): what the queue holds now plus what arrives

@@ -15,8 +15,8 @@ from pulsar_autoscale.controller.planner import Decision
 
 @dataclass(frozen=True)
 class ClusterCapacity:
-    total: int            # instances the live workers accept
-    in_use: int           # instances placed now, every function of the cluster
+    total: int  # instances the live workers accept
+    in_use: int  # instances placed now, every function of the cluster
     workers: int
 
 
@@ -45,8 +45,12 @@ def cap_to_capacity(decisions: list[Decision], capacity: ClusterCapacity | None)
         grow = d.new - d.old
         if grow > free:
             new = d.old + free
-            d = replace(d, new=new, reason=f"{d.reason}; cluster capacity: {capacity.total} instances on "
-                                          f"{capacity.workers} workers, {capacity.in_use} in use: capped at {new}")
+            d = replace(
+                d,
+                new=new,
+                reason=f"{d.reason}; cluster capacity: {capacity.total} instances on "
+                f"{capacity.workers} workers, {capacity.in_use} in use: capped at {new}",
+            )
         free -= max(d.new - d.old, 0)
         out.append(d)
     return out

@@ -37,7 +37,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="controller YAML file (options below)")
     p.add_argument("--dry-run", action="store_true", help="recommend only: log decisions, apply nothing")
     p.add_argument("--identity", default=None, help="name of this replica (default: random)")
-    add_server_arguments(p)   # who may read /status and /metrics, TLS
+    add_server_arguments(p)  # who may read /status and /metrics, TLS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,9 +54,12 @@ def run(args: argparse.Namespace) -> int:
     signals = StopSignals()
     # SIGHUP: re-read the config file; off the signal handler, which must not wait for a running period
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=_reload, args=(controller,), daemon=True).start())
-    print(f"controller {controller.identity}: policy {config.policy}, period {config.period_s}s, "
-          f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; {security.describe()}; status on "
-          f"http://{config.http_host}:{controller.http_port}/status; decision log {config.decision_log}", flush=True)
+    print(
+        f"controller {controller.identity}: policy {config.policy}, period {config.period_s}s, "
+        f"mode {config.mode}{' (dry run)' if config.dry_run else ''}; {security.describe()}; status on "
+        f"http://{config.http_host}:{controller.http_port}/status; decision log {config.decision_log}",
+        flush=True,
+    )
     signals.wait()
     controller.stop()
     return 0
@@ -66,4 +69,4 @@ def _reload(controller: Controller) -> None:
     try:
         controller.reload()
     except ConfigError:
-        pass   # reload() logged why; the running config stays
+        pass  # reload() logged why; the running config stays

@@ -30,21 +30,21 @@ from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.pulsar_client import open_client
 
 log = logging.getLogger(__name__)
-READ_TIMEOUT_MS = 50           # a caught-up reader waits this long to learn there is nothing more
-FIRST_READ_TIMEOUT_MS = 500    # the first read of a topic may have to create it
+READ_TIMEOUT_MS = 50  # a caught-up reader waits this long to learn there is nothing more
+FIRST_READ_TIMEOUT_MS = 500  # the first read of a topic may have to create it
 
 
 @dataclass(frozen=True)
 class FunctionControls:
     """One layer of controls for one function; None: not set here, a lower layer decides."""
 
-    paused: bool | None = None          # left as it is, whatever the policy says
-    min: int | None = None              # 0 allows scale to zero (our worker only)
+    paused: bool | None = None  # left as it is, whatever the policy says
+    min: int | None = None  # 0 allows scale to zero (our worker only)
     max: int | None = None
-    policy: str | None = None           # another policy for this function: entry-point name or .py path
+    policy: str | None = None  # another policy for this function: entry-point name or .py path
     policy_params: dict | None = None
-    dry_run: bool | None = None         # recommend only, for this function
-    idle_s: float | None = None         # scale to zero after this long with an empty backlog (min 0)
+    dry_run: bool | None = None  # recommend only, for this function
+    idle_s: float | None = None  # scale to zero after this long with an empty backlog (min 0)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str) -> "FunctionControls":
@@ -65,12 +65,16 @@ class FunctionControls:
 
     def over(self, lower: "FunctionControls") -> "FunctionControls":
         """This layer on top of a lower one."""
-        return FunctionControls(**{f.name: getattr(self, f.name) if getattr(self, f.name) is not None
-                                   else getattr(lower, f.name) for f in fields(self)})
+        return FunctionControls(
+            **{
+                f.name: getattr(self, f.name) if getattr(self, f.name) is not None else getattr(lower, f.name)
+                for f in fields(self)
+            }
+        )
 
     def changed(self, update: Mapping[str, Any], source: str) -> "FunctionControls":
         """These controls with `update` applied: a given value replaces, None clears the field."""
-        FunctionControls.from_mapping(update, source)   # names and types of the update itself
+        FunctionControls.from_mapping(update, source)  # names and types of the update itself
         merged = self.set_fields()
         for key, value in update.items():
             key = str(key).replace("-", "_")
@@ -93,8 +97,7 @@ def declared(config: Mapping[str, Any]) -> FunctionControls:
     try:
         options = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{fqfn}: customRuntimeOptions is not JSON ({exc}), so its autoscale controls "
-                          f"cannot be read") from exc
+        raise ConfigError(f"{fqfn}: customRuntimeOptions is not JSON ({exc}), so its autoscale controls cannot be read") from exc
     if not isinstance(options, dict) or "autoscale" not in options:
         return FunctionControls()
     return FunctionControls.from_mapping(options["autoscale"], f"{fqfn} customRuntimeOptions.autoscale")
@@ -112,12 +115,13 @@ class Effective:
     policy_params: dict
     dry_run: bool
     idle_s: float
-    sources: dict = field(default_factory=dict)     # field -> controller | function config | operator
+    sources: dict = field(default_factory=dict)  # field -> controller | function config | operator
     notes: tuple[str, ...] = ()
 
 
-def effective(function: str, base: FunctionControls, config_layer: FunctionControls,
-              operator: FunctionControls, stock: bool) -> Effective:
+def effective(
+    function: str, base: FunctionControls, config_layer: FunctionControls, operator: FunctionControls, stock: bool
+) -> Effective:
     """The three layers resolved; stock Pulsar refuses parallelism 0, so there min stays at least 1."""
     layers = (("operator", operator), ("function config", config_layer), ("controller", base))
     values, sources = {}, {}
@@ -134,8 +138,18 @@ def effective(function: str, base: FunctionControls, config_layer: FunctionContr
     if lo > hi:
         notes.append(f"min {lo} ({sources['min']}) above max {hi} ({sources['max']}): max wins")
         lo = hi
-    return Effective(function, bool(values["paused"]), lo, hi, values["policy"], dict(values["policy_params"] or {}),
-                     bool(values["dry_run"]), float(values["idle_s"]), sources, tuple(notes))
+    return Effective(
+        function,
+        bool(values["paused"]),
+        lo,
+        hi,
+        values["policy"],
+        dict(values["policy_params"] or {}),
+        bool(values["dry_run"]),
+        float(values["idle_s"]),
+        sources,
+        tuple(notes),
+    )
 
 
 class ControlStore:
@@ -194,4 +208,3 @@ class ControlStore:
             self._client.close()
         except pulsar.PulsarException:
             pass
-

@@ -23,8 +23,11 @@ URL_ENV = "PULSAR_AUTOSCALE_CONTROLLER_URL"
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     g = global_options(p)
-    g.add_argument("--controller-url", default=env_default(URL_ENV, DEFAULT_URL),
-                   help=f"a controller replica's HTTP address (env {URL_ENV}, default {DEFAULT_URL})")
+    g.add_argument(
+        "--controller-url",
+        default=env_default(URL_ENV, DEFAULT_URL),
+        help=f"a controller replica's HTTP address (env {URL_ENV}, default {DEFAULT_URL})",
+    )
     g.add_argument("--json", action="store_true", help="print JSON")
     add_auth_arguments(p)
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -44,22 +47,25 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max", type=int, help="highest parallelism")
     s.add_argument("--policy", help="this function's own policy: entry-point name or path to a .py file")
     s.add_argument("--param", action="append", default=[], metavar="K=V", help="its parameter (YAML), repeatable")
-    s.add_argument("--dry-run", dest="dry_run", action="store_true", default=None,
-                   help="recommend only for this function")
+    s.add_argument("--dry-run", dest="dry_run", action="store_true", default=None, help="recommend only for this function")
     s.add_argument("--no-dry-run", dest="dry_run", action="store_false", help="apply again")
     s.add_argument("--idle-s", type=float, help="with min 0: scale to zero after this long with an empty backlog")
-    s.add_argument("--unset", action="append", default=[], metavar="FIELD",
-                   help="clear one operator control (min, max, policy, policy_params, dry_run, idle_s, paused)")
+    s.add_argument(
+        "--unset",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="clear one operator control (min, max, policy, policy_params, dry_run, idle_s, paused)",
+    )
     s.add_argument("--clear", action="store_true", help="clear every operator control of the function")
     why = action("why", "the function's recent evaluations: inputs, proposal, decision and reasons")
     why.add_argument("--limit", type=int, default=10, help="how many (default 10)")
-    action("reload", "re-read the controller's config file (like SIGHUP); a bad file keeps the old one",
-           function=False)
+    action("reload", "re-read the controller's config file (like SIGHUP); a bad file keeps the old one", function=False)
 
 
 def run(args: argparse.Namespace) -> int:
     base = args.controller_url.rstrip("/")
-    session = settings_from_args(args, base).http_session()   # --auth-plugin/--auth-params, TLS trust
+    session = settings_from_args(args, base).http_session()  # --auth-plugin/--auth-params, TLS trust
     if args.action == "reload":
         return _print(args, _call(session, "POST", f"{base}/autoscaler/reload"))
     if args.action == "get" and not args.function:
@@ -82,14 +88,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.clear:
         return _print(args, _call(session, "DELETE", url))
-    update: dict = {k: getattr(args, k) for k in ("min", "max", "policy", "dry_run", "idle_s")
-                    if getattr(args, k) is not None}
+    update: dict = {k: getattr(args, k) for k in ("min", "max", "policy", "dry_run", "idle_s") if getattr(args, k) is not None}
     if args.param:
         update["policy_params"] = parse_params(args.param)
     update.update(dict.fromkeys(args.unset))
     if not update:
-        raise ConfigError("set needs at least one of --min --max --policy --param --dry-run --no-dry-run --idle-s "
-                          "--unset --clear")
+        raise ConfigError(
+            "set needs at least one of --min --max --policy --param --dry-run --no-dry-run --idle-s --unset --clear"
+        )
     return _print(args, _call(session, "PUT", url, json=update))
 
 
@@ -111,8 +117,9 @@ def _answer(session: requests.Session, method: str, url: str, **kwargs) -> tuple
     try:
         resp = session.request(method, url, timeout=30, **kwargs)
     except requests.RequestException as exc:
-        raise PulsarAutoscaleError(f"cannot reach the controller at {url} ({type(exc).__name__}): is it running? "
-                                   f"(--controller-url or {URL_ENV})") from None
+        raise PulsarAutoscaleError(
+            f"cannot reach the controller at {url} ({type(exc).__name__}): is it running? (--controller-url or {URL_ENV})"
+        ) from None
     try:
         body = resp.json()
     except ValueError:
@@ -127,7 +134,7 @@ def _print(args: argparse.Namespace, body) -> int:
     if args.json or not isinstance(body, dict):
         print(json.dumps(body, indent=2, sort_keys=True))
         return 0
-    if body and all(isinstance(v, dict) and "function" in v for v in body.values()):   # get, every function
+    if body and all(isinstance(v, dict) and "function" in v for v in body.values()):  # get, every function
         for controls in body.values():
             print(_summary(controls))
         return 0
@@ -148,9 +155,11 @@ def _summary(c: dict) -> str:
     state = "paused" if c["paused"] else ("asleep" if c.get("asleep") else "active")
     params = f" {json.dumps(c['policy_params'], sort_keys=True)}" if c["policy_params"] else ""
     src = c.get("sources", {})
-    return (f"{c['function']}: {state}, bounds [{c['min']}, {c['max']}] ({src.get('min')}/{src.get('max')}), "
-            f"policy {c['policy']}{params} ({src.get('policy')}), dry run {'on' if c['dry_run'] else 'off'}, "
-            f"idle {c['idle_s']:g}s")
+    return (
+        f"{c['function']}: {state}, bounds [{c['min']}, {c['max']}] ({src.get('min')}/{src.get('max')}), "
+        f"policy {c['policy']}{params} ({src.get('policy')}), dry run {'on' if c['dry_run'] else 'off'}, "
+        f"idle {c['idle_s']:g}s"
+    )
 
 
 def format_record(r: dict) -> str:
@@ -160,15 +169,30 @@ def format_record(r: dict) -> str:
         return f"{when}  error: {r['error']}"
     move = f"{r.get('old')} -> {r.get('new')}" if r.get("old") != r.get("new") else f"keep {r.get('new')}"
     proposed = f" (proposed {r['proposed']})" if r.get("proposed") not in (None, r.get("new")) else ""
-    outcome = ("failed: " + str(r["error"]) if r.get("error") else "dry run" if r.get("dry_run") and
-               r.get("old") != r.get("new") else "applied" if r.get("applied") else "")
+    outcome = (
+        "failed: " + str(r["error"])
+        if r.get("error")
+        else "dry run"
+        if r.get("dry_run") and r.get("old") != r.get("new")
+        else "applied"
+        if r.get("applied")
+        else ""
+    )
     fs = r.get("inputs") or {}
-    figures = " ".join(f"{label}={_num(fs.get(key))}" for label, key in
-                       (("lambda", "arrival_rate"), ("Q", "backlog"), ("mu", "service_rate"), ("util", "utilization"))
-                       if fs.get(key) is not None)
+    figures = " ".join(
+        f"{label}={_num(fs.get(key))}"
+        for label, key in (("lambda", "arrival_rate"), ("Q", "backlog"), ("mu", "service_rate"), ("util", "utilization"))
+        if fs.get(key) is not None
+    )
     kind = f"[{r['kind']}] " if r.get("kind") else ""
-    parts = [when, f"epoch {r.get('epoch')}", f"{kind}{move}{proposed}", outcome, figures,
-             f"{r.get('policy')}: {r.get('reason')}"]
+    parts = [
+        when,
+        f"epoch {r.get('epoch')}",
+        f"{kind}{move}{proposed}",
+        outcome,
+        figures,
+        f"{r.get('policy')}: {r.get('reason')}",
+    ]
     return "  ".join(p for p in parts if p)
 
 

@@ -48,7 +48,7 @@ class DecisionLog:
         for i in range(self.backups, 0, -1):
             older = self._file(path, i - 1)
             if older.exists():
-                older.replace(self._file(path, i))   # overwrites the oldest kept
+                older.replace(self._file(path, i))  # overwrites the oldest kept
         if self.backups == 0:
             path.unlink()
 

@@ -20,13 +20,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Execution:
     function: str
-    parallelism: int            # for a burst: the messages asked
+    parallelism: int  # for a burst: the messages asked
     ok: bool
     attempts: int
     error: str | None = None
     seconds: float = 0.0
-    started: bool | None = None     # for a burst: False when the worker was still running one
-    in_force: bool = False          # the function was at that parallelism already: nothing changed
+    started: bool | None = None  # for a burst: False when the worker was still running one
+    in_force: bool = False  # the function was at that parallelism already: nothing changed
 
 
 class Executor:
@@ -50,13 +50,11 @@ class Executor:
                 if exc.no_change:
                     # Pulsar's answer when it is at that parallelism already (the wake watcher and the period
                     # both woke it): what was decided holds, and this call changed nothing
-                    return Execution(function, parallelism, True, attempt, seconds=time.monotonic() - start,
-                                     in_force=True)
+                    return Execution(function, parallelism, True, attempt, seconds=time.monotonic() - start, in_force=True)
                 error = str(exc)
                 if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
                     break  # the request itself is wrong (or the epoch stale): retrying cannot help
-                log.warning("scaling %s to %d failed (attempt %d/%d): %s", function, parallelism, attempt,
-                            self.retries, exc)
+                log.warning("scaling %s to %d failed (attempt %d/%d): %s", function, parallelism, attempt, self.retries, exc)
                 time.sleep(self.backoff_s * attempt)
         return Execution(function, parallelism, False, attempt, error, time.monotonic() - start)
 
@@ -67,7 +65,6 @@ class Executor:
         start = time.monotonic()
         try:
             answer = self.admin.burst(tenant, namespace, name, messages, partitions, threads, epoch=epoch)
-            return Execution(function, messages, True, 1, seconds=time.monotonic() - start,
-                             started=bool(answer.get("started")))
+            return Execution(function, messages, True, 1, seconds=time.monotonic() - start, started=bool(answer.get("started")))
         except (AdminError, AuthError, RedirectRefused) as exc:
             return Execution(function, messages, False, 1, str(exc), time.monotonic() - start)

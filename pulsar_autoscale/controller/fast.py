@@ -54,16 +54,18 @@ from pulsar_autoscale.snapshot import FunctionCounters, FunctionSnapshot, InputR
 @dataclass(frozen=True)
 class FastConfig:
     enabled: bool = False
-    period_s: float = 1.0        # how often the fast check runs
-    window_s: float = 2.0        # arrival rate and backlog: the consumers' counters over this window
-    service_window_s: float = 30.0   # service rate and c_s^2: over this longer window
-    rho: float = 0.9             # act only where lambda >= rho k mu at the current parallelism k
-    backlog_s: float = 1.0       # ... and the backlog holds at least this many seconds of work for k instances
+    period_s: float = 1.0  # how often the fast check runs
+    window_s: float = 2.0  # arrival rate and backlog: the consumers' counters over this window
+    service_window_s: float = 30.0  # service rate and c_s^2: over this longer window
+    rho: float = 0.9  # act only where lambda >= rho k mu at the current parallelism k
+    backlog_s: float = 1.0  # ... and the backlog holds at least this many seconds of work for k instances
 
     def __post_init__(self):
         if self.period_s <= 0 or self.window_s < self.period_s or self.service_window_s < self.window_s:
-            raise ConfigError(f"fast.period_s must be > 0 and period_s <= window_s <= service_window_s, got "
-                              f"{self.period_s}, {self.window_s} and {self.service_window_s}")
+            raise ConfigError(
+                f"fast.period_s must be > 0 and period_s <= window_s <= service_window_s, got "
+                f"{self.period_s}, {self.window_s} and {self.service_window_s}"
+            )
         if self.rho <= 0:
             raise ConfigError(f"fast.rho must be > 0, got {self.rho}")
         if self.backlog_s < 0:
@@ -81,16 +83,21 @@ class FastConfig:
         return out
 
 
-def consumer_snapshot(name: str, parallelism: int, prev: FunctionCounters | None, cur: FunctionCounters,
-                      running: int | None, service_prev: FunctionCounters | None = None) -> FunctionSnapshot:
+def consumer_snapshot(
+    name: str,
+    parallelism: int,
+    prev: FunctionCounters | None,
+    cur: FunctionCounters,
+    running: int | None,
+    service_prev: FunctionCounters | None = None,
+) -> FunctionSnapshot:
     """The fast check's figures for one function, from readings of its consumers' counters: `prev`
     one short window ago, `service_prev` (default `prev`) one service window ago."""
-    base = window_snapshot(name, parallelism, service_prev or prev, replace(cur, arrived=None), None, running,
-                           age_s=0.0)
+    base = window_snapshot(name, parallelism, service_prev or prev, replace(cur, arrived=None), None, running, age_s=0.0)
     if prev is None or cur.newest_publish_s is None:
         return base
     received = cur.received - prev.received
-    if received <= 0:   # nothing taken in the window: either idle or stuck; what was processed says which
+    if received <= 0:  # nothing taken in the window: either idle or stuck; what was processed says which
         return replace(base, arrival_rate=0.0 if cur.processed == prev.processed else None, backlog=None)
     span = cur.newest_publish_s - (prev.newest_publish_s if prev.newest_publish_s is not None else cur.time)
     dt = cur.time - prev.time
@@ -116,8 +123,10 @@ def admit(proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], co
         fs = snapshot.functions.get(fn)
         if want > k and fs is not None and falling_behind(fs, k, config):
             targets[fn] = want
-            reasons[fn] = (f"fast: lambda {fs.arrival_rate:.1f}/s, backlog {fs.backlog:.0f} vs {k} x mu "
-                           f"{fs.service_rate:.2f}/s; {proposal.reasons.get(fn, '')}")
+            reasons[fn] = (
+                f"fast: lambda {fs.arrival_rate:.1f}/s, backlog {fs.backlog:.0f} vs {k} x mu "
+                f"{fs.service_rate:.2f}/s; {proposal.reasons.get(fn, '')}"
+            )
         else:
             targets[fn] = k
     return Proposal(targets, reasons, None)
@@ -134,8 +143,9 @@ def topic_snapshot(fs: FunctionSnapshot, prev: InputReading | None, cur: InputRe
     return replace(fs, arrival_rate=rate, backlog=cur.backlog)
 
 
-def topic_window(fs: FunctionSnapshot, readings: deque, cur: InputReading | None, now: float,
-                 config: FastConfig) -> FunctionSnapshot:
+def topic_window(
+    fs: FunctionSnapshot, readings: deque, cur: InputReading | None, now: float, config: FastConfig
+) -> FunctionSnapshot:
     """topic_snapshot against the newest of a function's past input readings (oldest first) at or before
     one window ago, which it then trims and extends with `cur` (stock mode: the live FastMonitor, the simulator)."""
     prev = _windowed(readings, now, config.window_s, config.window_s)[0]
@@ -157,8 +167,9 @@ def _windowed(readings: deque, now: float, keep_s: float, window_s: float):
     return short or oldest, oldest
 
 
-def window_readings(name: str, parallelism: int, readings: deque, cur: FunctionCounters, running: int | None,
-                    config: FastConfig) -> FunctionSnapshot:
+def window_readings(
+    name: str, parallelism: int, readings: deque, cur: FunctionCounters, running: int | None, config: FastConfig
+) -> FunctionSnapshot:
     """consumer_snapshot from a function's past readings (oldest first), which it then trims and extends."""
     short, oldest = _windowed(readings, cur.time, config.service_window_s, config.window_s)
     fs = consumer_snapshot(name, parallelism, short, cur, running, oldest)
@@ -176,15 +187,17 @@ class FastMonitor:
         self.admin = admin
         self.config = config
         self._history: dict[str, deque] = {}
-        self._inputs: dict[str, deque] = {}   # stock mode: each function's InputReadings
+        self._inputs: dict[str, deque] = {}  # stock mode: each function's InputReadings
 
-    def observe(self, current: Mapping[str, int], now: float,
-                inputs: Mapping[str, tuple[Sequence[str], str]] | None = None) -> tuple[Snapshot, list[str]]:
+    def observe(
+        self, current: Mapping[str, int], now: float, inputs: Mapping[str, tuple[Sequence[str], str]] | None = None
+    ) -> tuple[Snapshot, list[str]]:
         """`inputs`: function -> (input topics, subscription), as the last period saw them; stock
         mode reads the arrival rate and backlog from those topics' stats."""
         # imported here: the simulator uses this module and needs no REST client
         from pulsar_autoscale.admin.client import AdminError
         from pulsar_autoscale.controller.monitor import counters_from_stats
+
         functions, errors = {}, []
         figures = self.admin if isinstance(self.admin, TopicFigures) else None
         stock = figures is not None
@@ -192,7 +205,7 @@ class FastMonitor:
             tenant, namespace, name = fn.split("/")
             reading = None
             try:
-                if figures is not None:   # no consumer wait counters: FunctionStats, and topic stats for the inputs
+                if figures is not None:  # no consumer wait counters: FunctionStats, and topic stats for the inputs
                     cur, running = figures.counters_and_running(tenant, namespace, name, now)
                     if inputs and fn in inputs:
                         reading = figures.input_reading(*inputs[fn], now)
@@ -204,8 +217,7 @@ class FastMonitor:
             readings = self._history.setdefault(fn, deque())
             functions[fn] = window_readings(fn, k, readings, cur, running, self.config)
             if stock:
-                functions[fn] = topic_window(functions[fn], self._inputs.setdefault(fn, deque()), reading, now,
-                                             self.config)
+                functions[fn] = topic_window(functions[fn], self._inputs.setdefault(fn, deque()), reading, now, self.config)
         for history in (self._history, self._inputs):
             for gone in set(history) - set(current):
                 del history[gone]

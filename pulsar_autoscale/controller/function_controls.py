@@ -21,16 +21,17 @@ from pulsar_autoscale.policies import Policy
 class FunctionControlsView:
     def __init__(self, store: ControlStore, policies: PolicyRegistry):
         self.store, self.policies = store, policies
-        self.effective: dict[str, Effective] = {}   # per function, as of the last period
+        self.effective: dict[str, Effective] = {}  # per function, as of the last period
         self.declared: dict[str, FunctionControls] = {}
 
-    def follow(self, obs: Observation, config: ControllerConfig, plan: PlanConfig, metrics: ControllerMetrics,
-               errors: list[str]) -> tuple[dict[str, FunctionPlan], dict[str, tuple[str, Policy]], dict[str, str]]:
+    def follow(
+        self, obs: Observation, config: ControllerConfig, plan: PlanConfig, metrics: ControllerMetrics, errors: list[str]
+    ) -> tuple[dict[str, FunctionPlan], dict[str, tuple[str, Policy]], dict[str, str]]:
         """This period's controls per function: Plan rules, policy overrides, and the functions whose
         own policy cannot be loaded (no decision for them, an error each)."""
         try:
             operator = self.store.refresh()
-        except pulsar.PulsarException as exc:   # keep following the controls last read
+        except pulsar.PulsarException as exc:  # keep following the controls last read
             operator = self.store.known()
             errors.append(f"controls topic unreadable, last known controls apply: {exc}")
         self.declared = dict(obs.declared)
@@ -53,11 +54,16 @@ class FunctionControlsView:
 
     def of(self, fn: str, operator: FunctionControls, config: ControllerConfig, plan: PlanConfig) -> Effective:
         lo, hi = plan.limits(fn)
-        base = FunctionControls(paused=False, min=lo, max=hi, policy=config.policy,
-                                policy_params=dict(config.policy_params), dry_run=config.dry_run,
-                                idle_s=plan.scale_to_zero_idle_s)
-        return effective(fn, base, self.declared.get(fn, FunctionControls()), operator,
-                         stock=config.mode == "stock")
+        base = FunctionControls(
+            paused=False,
+            min=lo,
+            max=hi,
+            policy=config.policy,
+            policy_params=dict(config.policy_params),
+            dry_run=config.dry_run,
+            idle_s=plan.scale_to_zero_idle_s,
+        )
+        return effective(fn, base, self.declared.get(fn, FunctionControls()), operator, stock=config.mode == "stock")
 
     def dry_run(self, fn: str, config: ControllerConfig) -> bool:
         """The controller-wide dry run wins; a function's own makes only that one recommend-only."""
@@ -68,19 +74,23 @@ class FunctionControlsView:
         """Effective controls of one function and the layers they came from."""
         operator = self.store.get(fn)
         e = self.of(fn, operator, config, plan)
-        return {**asdict(e), "dry_run": config.dry_run or e.dry_run,
-                "layers": {"function config": self.declared.get(fn, FunctionControls()).set_fields(),
-                           "operator": operator.set_fields()}}
+        return {
+            **asdict(e),
+            "dry_run": config.dry_run or e.dry_run,
+            "layers": {
+                "function config": self.declared.get(fn, FunctionControls()).set_fields(),
+                "operator": operator.set_fields(),
+            },
+        }
 
     def set(self, fn: str, update: dict, config: ControllerConfig, plan: PlanConfig) -> FunctionControls:
         """Operator controls of one function changed (None clears a field), checked, then stored on the
         controls topic, so every replica and the next leader follow them."""
         controls = self.store.get(fn).changed(update, f"controls of {fn}")
         if config.mode == "stock" and controls.min == 0:
-            raise ConfigError(f"{fn}: min 0 refused: stock Pulsar refuses parallelism 0 (no scale to zero); "
-                              f"min stays at least 1")
+            raise ConfigError(f"{fn}: min 0 refused: stock Pulsar refuses parallelism 0 (no scale to zero); min stays at least 1")
         e = self.of(fn, controls, config, plan)
         if (e.policy, e.policy_params) != (config.policy, dict(config.policy_params)):
-            self.policies.get(e.policy, e.policy_params)   # a bad policy or parameter is refused now, not each period
+            self.policies.get(e.policy, e.policy_params)  # a bad policy or parameter is refused now, not each period
         self.store.put(fn, controls)
         return controls

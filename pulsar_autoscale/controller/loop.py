@@ -48,7 +48,7 @@ from pulsar_autoscale.security.serving import ServerSecurity
 
 log = logging.getLogger(__name__)
 ELECTION_INTERVAL_S = 1.0
-STUCK_AFTER_PERIODS, STUCK_AFTER_MIN_S = 3, 10.0   # an iteration longer than this is reported with its stack
+STUCK_AFTER_PERIODS, STUCK_AFTER_MIN_S = 3, 10.0  # an iteration longer than this is reported with its stack
 
 
 @dataclass
@@ -66,15 +66,26 @@ class Controller:
     swaps the parts it fakes (monitor, policy, planner, executor, decision log, controls store, elector,
     HTTP service) and reuses the rest."""
 
-    def __init__(self, config: ControllerConfig, admin: FunctionsApi | None = None,
-                 config_path: str | None = None, overrides: dict | None = None,
-                 security: ServerSecurity | None = None, *, http: HttpService | None = None,
-                 monitor: Monitor | None = None, policy: Policy | None = None,
-                 policies: PolicyRegistry | None = None, planner: Planner | None = None,
-                 executor: Executor | None = None, decision_log: DecisionLog | None = None,
-                 controls: ControlStore | None = None, elector: LeaderElector | None = None):
+    def __init__(
+        self,
+        config: ControllerConfig,
+        admin: FunctionsApi | None = None,
+        config_path: str | None = None,
+        overrides: dict | None = None,
+        security: ServerSecurity | None = None,
+        *,
+        http: HttpService | None = None,
+        monitor: Monitor | None = None,
+        policy: Policy | None = None,
+        policies: PolicyRegistry | None = None,
+        planner: Planner | None = None,
+        executor: Executor | None = None,
+        decision_log: DecisionLog | None = None,
+        controls: ControlStore | None = None,
+        elector: LeaderElector | None = None,
+    ):
         self.config = config
-        self.config_path = config_path          # re-read on reload (SIGHUP, POST /autoscaler/reload)
+        self.config_path = config_path  # re-read on reload (SIGHUP, POST /autoscaler/reload)
         self.overrides = dict(overrides or {})  # command-line options, kept over a reload
         self.http = http or HttpService(config.http_host, config.http_port, security)  # refuses a bad bind now
         self.admin = admin or config.admin()
@@ -82,27 +93,25 @@ class Controller:
         self.fast = config.fast_config()
         self.autoscaler = Autoscaler(self.policy, planner or build_planner(config), self.fast)
         self.fast_monitor = FastMonitor(self.admin, self.fast)
-        self._fast_current: dict[str, int] = {}   # parallelism as the last period saw it, fast decisions applied
-        self._fast_controls: tuple[dict, dict] = ({}, {})   # the last period's per-function rules and policies
+        self._fast_current: dict[str, int] = {}  # parallelism as the last period saw it, fast decisions applied
+        self._fast_controls: tuple[dict, dict] = ({}, {})  # the last period's per-function rules and policies
         self.monitor = monitor or Monitor(self.admin, config.metrics_url, config.namespaces, config.window_s)
         self.executor = executor or Executor(self.admin, retries=config.execute_retries)
         self.burst = config.burst_config()
         self.warm_pools = WarmPoolSizer(config.warm_pool_config())
         self.elector = elector or LeaderElector(config.client_settings(), config.lock_topic, config.identity)
-        self.log = decision_log or DecisionLog(config.decision_log, config.decision_log_max_bytes,
-                                               config.decision_log_backups)
-        self.controls = controls or ControlStore(config.client_settings(), config.lock_topic + "-controls",
-                                                 self.identity)
+        self.log = decision_log or DecisionLog(config.decision_log, config.decision_log_max_bytes, config.decision_log_backups)
+        self.controls = controls or ControlStore(config.client_settings(), config.lock_topic + "-controls", self.identity)
         self.watcher = WakeWatcher(config.client_settings(), self._wake)
-        self.functions = FunctionControlsView(self.controls,
-                                              policies or PolicyRegistry(config.policy, config.policy_dir))
+        self.functions = FunctionControlsView(self.controls, policies or PolicyRegistry(config.policy, config.policy_dir))
         self.metrics = ControllerMetrics()
         self.history: deque[Iteration] = deque(maxlen=20)
         self.last_observation: Observation | None = None  # for live views: the graph and snapshot of the last period
         self._iter_lock = threading.Lock()
         self.watchdog = IterationWatchdog(
             lambda: max(STUCK_AFTER_MIN_S, STUCK_AFTER_PERIODS * self.config.period_s),
-            on_stuck=lambda what: self.metrics.errors.labels("stuck").inc())
+            on_stuck=lambda what: self.metrics.errors.labels("stuck").inc(),
+        )
         self._scheduler: BackgroundScheduler | None = None
 
     @property
@@ -125,7 +134,7 @@ class Controller:
             if not self.elector.check():
                 self.watcher.watch({})
                 return None
-            term = cast(Term, self.elector.term)   # check() passed: this replica holds a term
+            term = cast(Term, self.elector.term)  # check() passed: this replica holds a term
             now = time.time() if now is None else now
             started = time.perf_counter()
             it = Iteration(time=now, epoch=term.epoch)
@@ -140,8 +149,9 @@ class Controller:
                     return it
                 it.errors.extend(obs.errors)
                 self.last_observation = obs
-                rules, overrides, failed = self.functions.follow(obs, self.config, self.autoscaler.planner.config,
-                                                                  self.metrics, it.errors)
+                rules, overrides, failed = self.functions.follow(
+                    obs, self.config, self.autoscaler.planner.config, self.metrics, it.errors
+                )
                 current = {fn: k for fn, k in obs.current.items() if fn not in failed}
                 self._fast_current, self._fast_controls = dict(current), (rules, overrides)
                 step = self.autoscaler.step(obs.graph, obs.snapshot, current, now, rules, overrides)
@@ -150,8 +160,17 @@ class Controller:
                     it.errors.append(f"policy: {step.error}")
                     log.error("policy failed, nothing applied to %d function(s): %s", len(step.failed), step.error)
                 for fn, error in {**failed, **step.failed}.items():
-                    self.log.append(self._record(fn, term.epoch, now, old=obs.current[fn], new=obs.current[fn],
-                                                 reason="policy failed: nothing decided", error=error))
+                    self.log.append(
+                        self._record(
+                            fn,
+                            term.epoch,
+                            now,
+                            old=obs.current[fn],
+                            new=obs.current[fn],
+                            reason="policy failed: nothing decided",
+                            error=error,
+                        )
+                    )
                 decisions = apply_caps(step.decisions, obs.caps)
                 if self.config.mode == "worker":  # our worker cluster's room; stock Pulsar reports none
                     decisions = cap_to_capacity(decisions, cluster_capacity(self.admin))
@@ -159,13 +178,18 @@ class Controller:
                     it.decisions.append(self._execute(d, term.epoch, now))
                     if it.decisions[-1]["applied"]:
                         self._fast_current[d.function] = d.new
-                self.metrics.describe_inputs({fn: (obs.graph.nodes[fn].inputs, obs.subscriptions.get(fn, fn))
-                                              for fn in obs.current if fn in obs.graph.nodes})
+                self.metrics.describe_inputs(
+                    {
+                        fn: (obs.graph.nodes[fn].inputs, obs.subscriptions.get(fn, fn))
+                        for fn in obs.current
+                        if fn in obs.graph.nodes
+                    }
+                )
                 self._watch(obs, decisions)
                 if self.burst.enabled:
                     chosen = {**obs.current, **{d.function: d.new for d in decisions}}
                     it.decisions.extend(self._bursts(obs.snapshot, chosen, term.epoch, now))
-                if self.warm_pools.config.enabled:   # from the parallelism now in force (applied decisions)
+                if self.warm_pools.config.enabled:  # from the parallelism now in force (applied decisions)
                     it.errors.extend(self._size_warm_pools(self._fast_current, term.epoch, now))
             it.seconds = time.perf_counter() - started
             self.history.append(it)
@@ -176,15 +200,17 @@ class Controller:
         with self._iter_lock:
             if not self._fast_current or not self.elector.check():
                 return None
-            term = cast(Term, self.elector.term)   # check() passed: this replica holds a term
+            term = cast(Term, self.elector.term)  # check() passed: this replica holds a term
             now = time.time() if now is None else now
             it = Iteration(time=now, epoch=term.epoch)
-            obs = cast(Observation, self.last_observation)   # set by the period that filled _fast_current
-            inputs = {fn: (obs.graph.nodes[fn].inputs, obs.subscriptions.get(fn, fn))
-                      for fn in self._fast_current if fn in obs.graph.nodes}
+            obs = cast(Observation, self.last_observation)  # set by the period that filled _fast_current
+            inputs = {
+                fn: (obs.graph.nodes[fn].inputs, obs.subscriptions.get(fn, fn))
+                for fn in self._fast_current
+                if fn in obs.graph.nodes
+            }
             snapshot, it.errors = self.fast_monitor.observe(self._fast_current, now, inputs)
-            step = self.autoscaler.step(obs.graph, snapshot, self._fast_current, now,
-                                        *self._fast_controls)
+            step = self.autoscaler.step(obs.graph, snapshot, self._fast_current, now, *self._fast_controls)
             if step.error:
                 self.metrics.errors.labels("policy").inc()
                 it.errors.append(f"policy (fast): {step.error}")
@@ -203,10 +229,19 @@ class Controller:
     def _record(self, function: str, epoch: int, now: float, **fields) -> dict:
         """A decision-log record: who decided what, when, under which term; applied/error follow."""
         e = self.effective.get(function)
-        return {"time": now, "epoch": epoch, "controller": self.identity,
-                "policy": e.policy if e else self.config.policy, "mode": self.config.mode, "function": function,
-                "dry_run": self._dry_run(function), "paused": bool(e and e.paused), "applied": False,
-                "error": None, **fields}
+        return {
+            "time": now,
+            "epoch": epoch,
+            "controller": self.identity,
+            "policy": e.policy if e else self.config.policy,
+            "mode": self.config.mode,
+            "function": function,
+            "dry_run": self._dry_run(function),
+            "paused": bool(e and e.paused),
+            "applied": False,
+            "error": None,
+            **fields,
+        }
 
     @staticmethod
     def _applied(record: dict, result) -> None:
@@ -217,24 +252,32 @@ class Controller:
             record.update(changed=False, reason=f"{record['reason']} (already in force)")
 
     def _execute(self, decision, epoch: int, now: float, kind: str = "period") -> dict:
-        record = self._record(decision.function, epoch, now, kind=kind, old=decision.old,
-                              proposed=decision.proposed, new=decision.new, reason=decision.reason,
-                              changed=decision.changed,
-                              inputs=asdict(decision.inputs) if decision.inputs else None)
+        record = self._record(
+            decision.function,
+            epoch,
+            now,
+            kind=kind,
+            old=decision.old,
+            proposed=decision.proposed,
+            new=decision.new,
+            reason=decision.reason,
+            changed=decision.changed,
+            inputs=asdict(decision.inputs) if decision.inputs else None,
+        )
         if decision.changed and isinstance(self.admin, TopicFigures):
-            record["restart_cost_s"] = self.admin.restart_cost_s()   # what this update costs on stock Pulsar
+            record["restart_cost_s"] = self.admin.restart_cost_s()  # what this update costs on stock Pulsar
         if decision.changed:
             if record["dry_run"]:
-                log.info("[dry run] would scale %s %d -> %d: %s", decision.function, decision.old, decision.new,
-                         decision.reason)
+                log.info("[dry run] would scale %s %d -> %d: %s", decision.function, decision.old, decision.new, decision.reason)
             else:
                 result = self.executor.apply(decision.function, decision.new, epoch)
                 self._applied(record, result)
                 if result.in_force:
                     log.info("%s was at %d already", decision.function, decision.new)
                 elif result.ok:
-                    log.info("scaled %s %d -> %d (epoch %d): %s", decision.function, decision.old, decision.new,
-                             epoch, decision.reason)
+                    log.info(
+                        "scaled %s %d -> %d (epoch %d): %s", decision.function, decision.old, decision.new, epoch, decision.reason
+                    )
                     direction = "out" if decision.new > decision.old else "in"
                     self.metrics.decisions.labels(decision.function, direction).inc()
                 else:
@@ -242,7 +285,7 @@ class Controller:
                     self.metrics.failures.labels(decision.function).inc()
                     log.error("could not scale %s to %d: %s", decision.function, decision.new, result.error)
         self.metrics.target.labels(decision.function).set(decision.new)
-        self.log.append(record)   # every evaluation, changed or not: `autoscaler why` explains them
+        self.log.append(record)  # every evaluation, changed or not: `autoscaler why` explains them
         return record
 
     # ---- scale to zero: wake-up -------------------------------------------------------------------------
@@ -270,8 +313,9 @@ class Controller:
             if d.changed and not self._dry_run(d.function):
                 now_at[d.function] = d.new
         nodes = obs.graph.nodes
-        self.watcher.watch({fn: tuple(nodes[fn].inputs) for fn, k in now_at.items()
-                            if k == 0 and fn in nodes and not self.effective[fn].paused})
+        self.watcher.watch(
+            {fn: tuple(nodes[fn].inputs) for fn, k in now_at.items() if k == 0 and fn in nodes and not self.effective[fn].paused}
+        )
 
     def _wake(self, fn: str) -> None:
         """A message arrived on a sleeping function's input: scale it to its min (at least 1) now."""
@@ -279,8 +323,17 @@ class Controller:
         if term is None or e is None or e.paused:
             return
         new, now = max(e.min, 1), time.time()
-        record = self._record(fn, term.epoch, now, old=0, proposed=new, new=new, changed=True, kind="wake",
-                              reason="wake: a message arrived on its input")
+        record = self._record(
+            fn,
+            term.epoch,
+            now,
+            old=0,
+            proposed=new,
+            new=new,
+            changed=True,
+            kind="wake",
+            reason="wake: a message arrived on its input",
+        )
         if not record["dry_run"]:
             result = self.executor.apply(fn, new, term.epoch)
             self._applied(record, result)
@@ -308,10 +361,19 @@ class Controller:
             n = burst_size(fs, k, k_max, self.burst)
             if n == 0:
                 continue
-            record = self._record(fn, epoch, now, kind="burst", messages=n, partitions=self.burst.partitions,
-                                  parallelism=k, max_parallelism=k_max, inputs=asdict(fs),
-                                  reason=f"backlog {fs.backlog:.0f} + arrivals over {self.burst.deadline_s:g} s "
-                                         f"exceed what {k_max} instances complete")
+            record = self._record(
+                fn,
+                epoch,
+                now,
+                kind="burst",
+                messages=n,
+                partitions=self.burst.partitions,
+                parallelism=k,
+                max_parallelism=k_max,
+                inputs=asdict(fs),
+                reason=f"backlog {fs.backlog:.0f} + arrivals over {self.burst.deadline_s:g} s "
+                f"exceed what {k_max} instances complete",
+            )
             if self.config.dry_run:
                 log.info("[dry run] would burst-drain %d messages of %s", n, fn)
                 self.metrics.bursts.labels(fn).inc()
@@ -321,7 +383,7 @@ class Controller:
                 if result.started:
                     self.metrics.bursts.labels(fn).inc()
                     log.info("burst drain of %d messages of %s asked (epoch %d)", n, fn, epoch)
-                elif result.ok:   # the worker is still running the last one: not an error
+                elif result.ok:  # the worker is still running the last one: not an error
                     record["reason"] += "; a drain is still running"
                 else:
                     self.metrics.errors.labels("burst").inc()
@@ -334,8 +396,11 @@ class Controller:
     def controls_of(self, fn: str) -> dict:
         """Effective controls of one function, the layers they came from, and its last evaluation."""
         last = self.log.recent(fn, 1)
-        return {**self.functions.view(fn, self.config, self.autoscaler.planner.config),
-                "asleep": fn in self.watcher.watching, "last": last[0] if last else None}
+        return {
+            **self.functions.view(fn, self.config, self.autoscaler.planner.config),
+            "asleep": fn in self.watcher.watching,
+            "last": last[0] if last else None,
+        }
 
     def set_controls(self, fn: str, update: dict) -> dict:
         controls = self.functions.set(fn, update, self.config, self.autoscaler.planner.config)
@@ -374,8 +439,12 @@ class Controller:
             self.config = new.config
         if self._scheduler and "period_s" in new.changed:
             self._scheduler.reschedule_job("mape", trigger="interval", seconds=new.config.period_s)
-        log.info("reloaded %s: changed %s%s", self.config_path, ", ".join(new.changed) or "nothing",
-                 f"; needs a restart, kept: {', '.join(new.kept)}" if new.kept else "")
+        log.info(
+            "reloaded %s: changed %s%s",
+            self.config_path,
+            ", ".join(new.changed) or "nothing",
+            f"; needs a restart, kept: {', '.join(new.kept)}" if new.kept else "",
+        )
         return {"reloaded": self.config_path, "changed": new.changed, "restart_needed": new.kept}
 
     # ---- leadership ------------------------------------------------------------------------------------
@@ -386,10 +455,9 @@ class Controller:
 
     # ---- running ---------------------------------------------------------------------------------------
     def start(self) -> "Controller":
-        self.elector.url = self.http.start(self)   # advertised with each term
+        self.elector.url = self.http.start(self)  # advertised with each term
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
-        self._scheduler.add_job(self._elect, "interval", seconds=ELECTION_INTERVAL_S, id="elect",
-                                next_run_time=datetime.now())
+        self._scheduler.add_job(self._elect, "interval", seconds=ELECTION_INTERVAL_S, id="elect", next_run_time=datetime.now())
         self._scheduler.add_job(self._safe_iterate, "interval", seconds=self.config.period_s, id="mape")
         if self.fast.enabled:
             self._scheduler.add_job(self._safe_fast, "interval", seconds=self.fast.period_s, id="fast")
@@ -422,15 +490,21 @@ class Controller:
 
     def status(self) -> dict:
         term = self.elector.term
-        return {"controller": self.identity, "leader": term is not None, "epoch": term.epoch if term else None,
-                "policy": self.config.policy, "mode": self.config.mode, "dry_run": self.config.dry_run,
-                "period_s": self.config.period_s, "fast_period_s": self.fast.period_s if self.fast.enabled else None,
-                "paused": sorted(fn for fn, e in self.effective.items() if e.paused),
-                "asleep": sorted(self.watcher.watching),
-                "iterations": [_shown(asdict(i)) for i in list(self.history)[-5:]]}
+        return {
+            "controller": self.identity,
+            "leader": term is not None,
+            "epoch": term.epoch if term else None,
+            "policy": self.config.policy,
+            "mode": self.config.mode,
+            "dry_run": self.config.dry_run,
+            "period_s": self.config.period_s,
+            "fast_period_s": self.fast.period_s if self.fast.enabled else None,
+            "paused": sorted(fn for fn, e in self.effective.items() if e.paused),
+            "asleep": sorted(self.watcher.watching),
+            "iterations": [_shown(asdict(i)) for i in list(self.history)[-5:]],
+        }
 
 
 def _shown(iteration: dict) -> dict:
     """An iteration for /status: error texts may quote URLs, whose user-info is a credential."""
     return {**iteration, "errors": [redact_url(e) for e in iteration["errors"]]}
-

@@ -34,8 +34,8 @@ class FunctionInfo:
     node: FunctionNode
     subscription: str
     parallelism: int
-    failover: bool = False   # retainOrdering / EFFECTIVELY_ONCE: one active consumer per input partition
-    controls: FunctionControls = FunctionControls()   # declared in its customRuntimeOptions (controls.py)
+    failover: bool = False  # retainOrdering / EFFECTIVELY_ONCE: one active consumer per input partition
+    controls: FunctionControls = FunctionControls()  # declared in its customRuntimeOptions (controls.py)
 
 
 @dataclass(frozen=True)
@@ -44,23 +44,29 @@ class Observation:
     snapshot: Snapshot
     current: dict[str, int]
     errors: tuple[str, ...] = ()
-    caps: dict[str, int] = field(default_factory=dict)   # most instances that can consume (FAILOVER)
-    declared: dict[str, FunctionControls] = field(default_factory=dict)   # controls in the functions' configs
-    subscriptions: dict[str, str] = field(default_factory=dict)           # each function's input subscription
+    caps: dict[str, int] = field(default_factory=dict)  # most instances that can consume (FAILOVER)
+    declared: dict[str, FunctionControls] = field(default_factory=dict)  # controls in the functions' configs
+    subscriptions: dict[str, str] = field(default_factory=dict)  # each function's input subscription
 
 
 def function_info(config: dict) -> FunctionInfo:
     """From a Pulsar FunctionConfig body (ours or a stock worker's)."""
     from pulsar_autoscale.topics import normalize_topic
+
     tenant, namespace, name = config["tenant"], config["namespace"], config["name"]
     listed = list(config.get("inputs") or []) + [t for t in (config.get("inputSpecs") or {})]
     inputs = tuple(dict.fromkeys(normalize_topic(t, tenant, namespace) for t in listed))
     output = normalize_topic(config["output"], tenant, namespace) if config.get("output") else None
     fqfn = f"{tenant}/{namespace}/{name}"
     failover = bool(config.get("retainOrdering")) or config.get("processingGuarantees") == "EFFECTIVELY_ONCE"
-    parallelism = config.get("parallelism")   # 0: scaled to zero
-    return FunctionInfo(FunctionNode(fqfn, inputs, output), config.get("subName") or fqfn,
-                        1 if parallelism is None else int(parallelism), failover, declared(config))
+    parallelism = config.get("parallelism")  # 0: scaled to zero
+    return FunctionInfo(
+        FunctionNode(fqfn, inputs, output),
+        config.get("subName") or fqfn,
+        1 if parallelism is None else int(parallelism),
+        failover,
+        declared(config),
+    )
 
 
 def counters_from_stats(stats: dict, now: float) -> tuple[FunctionCounters, int]:
@@ -77,7 +83,7 @@ class Monitor:
     namespaces: tuple[str, ...] = ("public/default",)
     window_s: float = 30.0
     _history: dict[str, deque] = field(default_factory=dict)
-    _batching: dict[str, float] = field(default_factory=dict)   # each input's last known messages per entry
+    _batching: dict[str, float] = field(default_factory=dict)  # each input's last known messages per entry
 
     def observe(self, now: float) -> Observation:
         errors: list[str] = []
@@ -89,9 +95,15 @@ class Monitor:
             functions[info.node.name] = self._function(info, broker, now, errors)
         snapshot = Snapshot(time=now, window_s=self.window_s, functions=functions)
         caps = {i.node.name: self._partitions(i, errors) for i in infos if i.failover}
-        return Observation(graph, snapshot, {i.node.name: i.parallelism for i in infos}, tuple(errors),
-                           {name: cap for name, cap in caps.items() if cap},
-                           {i.node.name: i.controls for i in infos}, {i.node.name: i.subscription for i in infos})
+        return Observation(
+            graph,
+            snapshot,
+            {i.node.name: i.parallelism for i in infos},
+            tuple(errors),
+            {name: cap for name, cap in caps.items() if cap},
+            {i.node.name: i.controls for i in infos},
+            {i.node.name: i.subscription for i in infos},
+        )
 
     def _partitions(self, info: FunctionInfo, errors: list[str]) -> int | None:
         """Input partitions of a FAILOVER function: from topic metadata on a stock cluster, else one per
@@ -129,8 +141,7 @@ class Monitor:
         self._batching = broker.batching
         return broker
 
-    def _function(self, info: FunctionInfo, broker: BrokerMetrics | None, now: float,
-                  errors: list[str]) -> FunctionSnapshot:
+    def _function(self, info: FunctionInfo, broker: BrokerMetrics | None, now: float, errors: list[str]) -> FunctionSnapshot:
         name = info.node.name
         backlog: float | None = None
         arrived: float | None = None
@@ -141,14 +152,14 @@ class Monitor:
             arrived = sum(cast("list[float]", ins)) if ins and all(v is not None for v in ins) else None
         tenant, namespace, fn = name.split("/")
         try:
-            if isinstance(self.admin, TopicFigures):   # stock Pulsar: topic stats and its FunctionStats
+            if isinstance(self.admin, TopicFigures):  # stock Pulsar: topic stats and its FunctionStats
                 if broker is None:
                     backlog, arrived = self.admin.backlog_and_arrivals(info.node.inputs, info.subscription)
                 cur, running = self.admin.counters_and_running(tenant, namespace, fn, now)
             else:
                 stats = self.admin.stats(tenant, namespace, fn)
                 cur, running = counters_from_stats(stats, now)
-                if stats["autoscale"].get("backlog") is not None:   # a Spark stage reads with a Reader:
+                if stats["autoscale"].get("backlog") is not None:  # a Spark stage reads with a Reader:
                     backlog = float(stats["autoscale"]["backlog"])  # its worker measures the backlog
         except (AdminError, KeyError, TypeError) as exc:
             errors.append(f"{name}: stats unreadable: {exc}")
@@ -159,8 +170,9 @@ class Monitor:
         history.append(cur)
         while len(history) > 2 and history[1].time <= now - 2 * self.window_s:
             history.popleft()
-        return window_snapshot(name, info.parallelism, prev, cur, backlog, running,
-                               age_s=BROKER_GAUGE_AGE_S if broker is not None else None)
+        return window_snapshot(
+            name, info.parallelism, prev, cur, backlog, running, age_s=BROKER_GAUGE_AGE_S if broker is not None else None
+        )
 
     @staticmethod
     def _reading_before(history: deque, target: float) -> FunctionCounters | None:

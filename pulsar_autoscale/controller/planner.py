@@ -50,16 +50,16 @@ class PolicyError(PulsarAutoscaleError):
 class PlanConfig:
     min_parallelism: int = 1
     max_parallelism: int = 15
-    bounds: tuple[tuple[str, int, int], ...] = ()   # (glob on tenant/namespace/name, min, max); first match wins
-    cooldown_s: float = 0.0                         # no change to a function this soon after its last applied one
-    scale_in_stabilization_s: float = 0.0           # scale in only to the max recommendation of this window
-    fast_scale_in_hold_s: float = 0.0               # no period scales in below a fast scale-out for this long
-    max_step: int | None = None                     # most instances added or removed in one decision
+    bounds: tuple[tuple[str, int, int], ...] = ()  # (glob on tenant/namespace/name, min, max); first match wins
+    cooldown_s: float = 0.0  # no change to a function this soon after its last applied one
+    scale_in_stabilization_s: float = 0.0  # scale in only to the max recommendation of this window
+    fast_scale_in_hold_s: float = 0.0  # no period scales in below a fast scale-out for this long
+    max_step: int | None = None  # most instances added or removed in one decision
     no_scale_in_while_draining: bool = True
-    draining_backlog: float = 100.0                 # messages: above this a backlog counts as draining
-    scale_out_headroom: float = 0.0                 # scale out to ceil(target * (1 + headroom)): fewer, larger steps
-    min_scale_in: int = 1                           # scale in only when it frees at least this many instances
-    scale_to_zero_idle_s: float = 300.0             # a function with min 0 goes to 0 after this long idle
+    draining_backlog: float = 100.0  # messages: above this a backlog counts as draining
+    scale_out_headroom: float = 0.0  # scale out to ceil(target * (1 + headroom)): fewer, larger steps
+    min_scale_in: int = 1  # scale in only when it frees at least this many instances
+    scale_to_zero_idle_s: float = 300.0  # a function with min 0 goes to 0 after this long idle
 
     def __post_init__(self):
         for pattern, lo, hi in ((None, self.min_parallelism, self.max_parallelism), *self.bounds):
@@ -71,8 +71,10 @@ class PlanConfig:
         if self.max_step is not None and self.max_step < 1:
             raise ConfigError(f"plan max_step must be >= 1 (or None), got {self.max_step}")
         if self.scale_out_headroom < 0 or self.min_scale_in < 1:
-            raise ConfigError(f"plan scale_out_headroom must be >= 0 and min_scale_in >= 1, got "
-                              f"{self.scale_out_headroom} and {self.min_scale_in}")
+            raise ConfigError(
+                f"plan scale_out_headroom must be >= 0 and min_scale_in >= 1, got "
+                f"{self.scale_out_headroom} and {self.min_scale_in}"
+            )
 
     def limits(self, function: str) -> tuple[int, int]:
         for pattern, lo, hi in self.bounds:
@@ -106,18 +108,18 @@ class PlanState:
     """What the Plan step remembers between periods; `plan` returns a new one, never mutates."""
 
     last_change: Mapping[str, Stamped] = field(default_factory=dict)
-    recent: Mapping[str, tuple[Stamped, ...]] = field(default_factory=dict)   # recommendations in the window
-    idle_since: Mapping[str, float] = field(default_factory=dict)   # min-0 functions: idle since (empty input)
-    fast_out: Mapping[str, Stamped] = field(default_factory=dict)   # the last fast scale-out, while it holds
+    recent: Mapping[str, tuple[Stamped, ...]] = field(default_factory=dict)  # recommendations in the window
+    idle_since: Mapping[str, float] = field(default_factory=dict)  # min-0 functions: idle since (empty input)
+    fast_out: Mapping[str, Stamped] = field(default_factory=dict)  # the last fast scale-out, while it holds
 
 
 @dataclass(frozen=True)
 class Decision:
     function: str
     old: int
-    proposed: int                        # what the policy asked for
-    new: int                             # what the Plan step allows
-    reason: str                          # the policy's reason, then every rule that changed the value
+    proposed: int  # what the policy asked for
+    new: int  # what the Plan step allows
+    reason: str  # the policy's reason, then every rule that changed the value
     inputs: FunctionSnapshot | None = None
     changed: bool = field(init=False)
 
@@ -143,17 +145,23 @@ class Planner:
     def __init__(self, config: PlanConfig | None = None):
         self.config = config or PlanConfig()
 
-    def plan(self, proposal: Proposal, snapshot: Snapshot, current: Mapping[str, int], state: PlanState,
-             now: float, fast: bool = False, rules: Mapping[str, FunctionPlan] | None = None
-             ) -> tuple[list[Decision], PlanState]:
+    def plan(
+        self,
+        proposal: Proposal,
+        snapshot: Snapshot,
+        current: Mapping[str, int],
+        state: PlanState,
+        now: float,
+        fast: bool = False,
+        rules: Mapping[str, FunctionPlan] | None = None,
+    ) -> tuple[list[Decision], PlanState]:
         """One Decision per function in `current` (a function the proposal omits keeps its value);
         `rules` are per-function bounds, pause and idle time (default: the config's)."""
         c = self.config
         last_change = {fn: s for fn, s in state.last_change.items() if fn in current}
         recent: dict[str, tuple[Stamped, ...]] = {}
         idle_since: dict[str, float] = {}
-        fast_out = {fn: s for fn, s in state.fast_out.items()
-                    if fn in current and now - s.time < c.fast_scale_in_hold_s}
+        fast_out = {fn: s for fn, s in state.fast_out.items() if fn in current and now - s.time < c.fast_scale_in_hold_s}
         decisions = []
         for fn, old in current.items():
             rule = (rules or {}).get(fn) or c.rules(fn)
@@ -177,13 +185,14 @@ class Planner:
                 recent[fn] = window + ((Stamped(now, new),) if not fast or new > old else ())
                 stable = min(max((s.parallelism for s in recent[fn]), default=new), old)
                 if new < stable:
-                    why.append(f"stabilization: highest recommendation in {c.scale_in_stabilization_s:g}s "
-                               f"is {stable}")
+                    why.append(f"stabilization: highest recommendation in {c.scale_in_stabilization_s:g}s is {stable}")
                     new = stable
             held = fast_out.get(fn)
             if not fast and held is not None and new < min(held.parallelism, old):
-                why.append(f"fast scale-out to {held.parallelism} {now - held.time:.0f}s ago: no scale-in within "
-                           f"{c.fast_scale_in_hold_s:g}s of it")
+                why.append(
+                    f"fast scale-out to {held.parallelism} {now - held.time:.0f}s ago: no scale-in within "
+                    f"{c.fast_scale_in_hold_s:g}s of it"
+                )
                 new = min(held.parallelism, old)
             if new > old and c.scale_out_headroom > 0:
                 grown = math.ceil(new * (1 + c.scale_out_headroom) - 1e-9)
@@ -193,8 +202,13 @@ class Planner:
             if new < old and old - new < c.min_scale_in:
                 why.append(f"scale-in by {old - new} < min_scale_in {c.min_scale_in}: keep")
                 new = old
-            if (new < old and c.no_scale_in_while_draining and fs is not None and fs.backlog is not None
-                    and fs.backlog > c.draining_backlog):
+            if (
+                new < old
+                and c.no_scale_in_while_draining
+                and fs is not None
+                and fs.backlog is not None
+                and fs.backlog > c.draining_backlog
+            ):
                 why.append(f"no scale-in while backlog {fs.backlog:.0f} > {c.draining_backlog:g} drains")
                 new = old
             if c.max_step is not None and abs(new - old) > c.max_step:
@@ -215,8 +229,9 @@ class Planner:
         return decisions, PlanState(last_change=last_change, recent=recent, idle_since=idle_since, fast_out=fast_out)
 
 
-def _scale_to_zero(fn: str, old: int, rule: FunctionPlan, fs: FunctionSnapshot | None, idle_since: float,
-                   now: float, fast: bool) -> Decision | float | None:
+def _scale_to_zero(
+    fn: str, old: int, rule: FunctionPlan, fs: FunctionSnapshot | None, idle_since: float, now: float, fast: bool
+) -> Decision | float | None:
     """Pause, sleep and wake, before any policy: a Decision when they decide, the time the function
     has been idle since while it counts towards scale to zero, None when the policy decides. Only the
     regular period puts a function to sleep; a fast check may wake one."""
@@ -228,8 +243,7 @@ def _scale_to_zero(fn: str, old: int, rule: FunctionPlan, fs: FunctionSnapshot |
     if old == 0:
         if busy or rule.min > 0:
             new = max(rule.min, 1)
-            why = (f"wake: backlog {backlog or 0:.0f}, arrivals {arrivals or 0:.2f}/s" if busy
-                   else f"below min {rule.min}")
+            why = f"wake: backlog {backlog or 0:.0f}, arrivals {arrivals or 0:.2f}/s" if busy else f"below min {rule.min}"
             return Decision(fn, 0, new, new, why, fs)
         return Decision(fn, 0, 0, 0, "asleep: input empty", fs)
     if rule.min > 0 or busy:
@@ -239,8 +253,9 @@ def _scale_to_zero(fn: str, old: int, rule: FunctionPlan, fs: FunctionSnapshot |
         # reset would keep a function with the fast path on from ever going to sleep.
         return idle_since if fast else None
     if not fast and now - idle_since >= rule.idle_s:
-        return Decision(fn, old, 0, 0, f"idle {now - idle_since:.0f}s with an empty backlog >= "
-                                       f"{rule.idle_s:g}s: scale to zero", fs)
+        return Decision(
+            fn, old, 0, 0, f"idle {now - idle_since:.0f}s with an empty backlog >= {rule.idle_s:g}s: scale to zero", fs
+        )
     return idle_since
 
 
@@ -266,8 +281,14 @@ def apply_caps(decisions: list[Decision], caps: Mapping[str, int]) -> list[Decis
     out = []
     for d in decisions:
         cap = caps.get(d.function)
-        if cap is not None and d.new > cap and d.new > d.old:   # growing past the cap adds idle instances
-            d = Decision(d.function, d.old, d.proposed, max(cap, d.old),
-                         f"{d.reason}; FAILOVER: only {cap} input partition(s) can be consumed", d.inputs)
+        if cap is not None and d.new > cap and d.new > d.old:  # growing past the cap adds idle instances
+            d = Decision(
+                d.function,
+                d.old,
+                d.proposed,
+                max(cap, d.old),
+                f"{d.reason}; FAILOVER: only {cap} input partition(s) can be consumed",
+                d.inputs,
+            )
         out.append(d)
     return out

@@ -14,7 +14,7 @@ from pulsar_autoscale.policies import Policy, load_policy
 
 class PolicyRegistry:
     def __init__(self, own: str, policy_dir: str | None, load: Callable[[str, dict], Policy] = load_policy):
-        self.own, self.policy_dir = own, policy_dir   # the controller's own policy, from its config file
+        self.own, self.policy_dir = own, policy_dir  # the controller's own policy, from its config file
         self._load = load
         self._policies: dict[str, Policy] = {}
 
@@ -34,8 +34,10 @@ class PolicyRegistry:
         if name == self.own:
             return name
         if name.endswith(".py") or "/" in name or "\\" in name:
-            raise ConfigError(f"policy {name!r}: a per-function policy is given by name, not by file: register it "
-                              f"as an entry point or put NAME.py in the controller's policy_dir")
+            raise ConfigError(
+                f"policy {name!r}: a per-function policy is given by name, not by file: register it "
+                f"as an entry point or put NAME.py in the controller's policy_dir"
+            )
         if self.policy_dir:
             plugin = Path(self.policy_dir, f"{name}.py")
             if plugin.is_file():

@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class Reloaded:
     config: ControllerConfig
-    changed: list[str]   # the options that changed
-    kept: list[str]      # the options that changed but need a restart: not applied
+    changed: list[str]  # the options that changed
+    kept: list[str]  # the options that changed but need a restart: not applied
     policy: Policy
     planner: Planner
     burst: BurstConfig
@@ -38,8 +38,15 @@ def read(path: str | None, overrides: dict, running: ControllerConfig) -> Reload
         new = ControllerConfig(**{**new.__dict__, **overrides}) if overrides else new
         new, kept = running.reloaded(new)
         changed = [f.name for f in dataclasses.fields(new) if getattr(new, f.name) != getattr(running, f.name)]
-        return Reloaded(new, changed, kept, load_policy(new.policy, new.policy_params), build_planner(new),
-                        new.burst_config(), new.warm_pool_config())
+        return Reloaded(
+            new,
+            changed,
+            kept,
+            load_policy(new.policy, new.policy_params),
+            build_planner(new),
+            new.burst_config(),
+            new.warm_pool_config(),
+        )
     except ConfigError as exc:
         log.error("reload of %s refused, the running config stays: %s", path, exc)
         raise ConfigError(f"reload of {path} refused, the running config stays: {exc}") from exc

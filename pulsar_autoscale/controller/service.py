@@ -20,7 +20,7 @@ class HttpService:
     def __init__(self, host: str, port: int, security: ServerSecurity | None = None):
         self.security = security or ServerSecurity()
         self.security.check_bind(host)
-        self.host, self.port = host, port   # port 0: a free one, chosen on start
+        self.host, self.port = host, port  # port 0: a free one, chosen on start
         self._server: HTTPServer | None = None
 
     def start(self, api: ControllerApi) -> str:

@@ -19,7 +19,7 @@ import pulsar
 from pulsar_autoscale.pulsar_client import open_client
 
 log = logging.getLogger(__name__)
-POLL_MS = 100   # how often a watcher looks at its stop flag (each input in turn)
+POLL_MS = 100  # how often a watcher looks at its stop flag (each input in turn)
 
 
 class WakeWatcher:
@@ -46,8 +46,7 @@ class WakeWatcher:
                     stop = threading.Event()
                     readers = [self._client.create_reader(t, pulsar.MessageId.latest) for t in inputs]
                     self._watching[fn] = stop
-                    threading.Thread(target=self._run, args=(fn, readers, stop), name=f"wake-{fn}",
-                                     daemon=True).start()
+                    threading.Thread(target=self._run, args=(fn, readers, stop), name=f"wake-{fn}", daemon=True).start()
 
     def _run(self, fn: str, readers: list, stop: threading.Event) -> None:
         try:
@@ -63,7 +62,7 @@ class WakeWatcher:
                                 del self._watching[fn]
                         self._on_message(fn)
                     return
-        except Exception:   # a lost connection: the next period's backlog still wakes the function
+        except Exception:  # a lost connection: the next period's backlog still wakes the function
             log.exception("wake watcher of %s stopped", fn)
         finally:
             for reader in readers:

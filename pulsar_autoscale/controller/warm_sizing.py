@@ -25,6 +25,7 @@ from pulsar_autoscale.errors import ConfigError
 @dataclass(frozen=True)
 class WarmPoolConfig:
     """controller.yaml `warm_pool:`; off by default (the worker's own --warm-pool size stays)."""
+
     enabled: bool = False
     min: int = 0
     max: int = 4
@@ -62,7 +63,7 @@ class WarmPoolSizer:
         if not history or history[-1][1] != parallelism:
             history.append((now, parallelism))
         while len(history) > 1 and now - history[1][0] > self.config.window_s:
-            history.popleft()   # the oldest entry stays while it is still the parallelism at the window's start
+            history.popleft()  # the oldest entry stays while it is still the parallelism at the window's start
 
     def changes(self, now: float) -> dict[str, int]:
         """Functions whose pool should change now, with the new size."""
@@ -70,7 +71,7 @@ class WarmPoolSizer:
         for fn, history in self._history.items():
             entries = list(history)
             if entries and now - entries[0][0] > self.config.window_s:
-                entries[0] = (now - self.config.window_s, entries[0][1])   # held since before the window
+                entries[0] = (now - self.config.window_s, entries[0][1])  # held since before the window
             size = pool_size(entries, now, self.config)
             if self._sent.get(fn) != size:
                 out[fn] = size

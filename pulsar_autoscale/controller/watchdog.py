@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 class IterationWatchdog:
     def __init__(self, budget_s: Callable[[], float], on_stuck: Callable[[str], None] | None = None):
-        self._budget_s = budget_s          # read at each start: a reload may change the period
+        self._budget_s = budget_s  # read at each start: a reload may change the period
         self._on_stuck = on_stuck
 
     @contextmanager

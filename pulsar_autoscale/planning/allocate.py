@@ -20,10 +20,10 @@ Curve = Callable[[int], float]
 @dataclass(frozen=True)
 class Allocation:
     parallelism: dict[str, int]
-    rate: float              # source messages/s the allocation sustains (by the curves)
-    budget: int              # instances allowed
-    used: int                # instances used (less than budget when a bound or a capped curve stops it)
-    limited_by: str          # what stopped it: "budget", "<function> at max bound", "<function> capped"
+    rate: float  # source messages/s the allocation sustains (by the curves)
+    budget: int  # instances allowed
+    used: int  # instances used (less than budget when a bound or a capped curve stops it)
+    limited_by: str  # what stopped it: "budget", "<function> at max bound", "<function> capped"
 
 
 def _rate(curves: Mapping[str, Curve], gains: Mapping[str, float], k: Mapping[str, int]) -> tuple[float, str]:
@@ -35,8 +35,9 @@ def _rate(curves: Mapping[str, Curve], gains: Mapping[str, float], k: Mapping[st
     return best, name
 
 
-def allocation_path(curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int,
-                    bounds: Mapping[str, tuple[int, int]] | None = None) -> list[Allocation]:
+def allocation_path(
+    curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int, bounds: Mapping[str, tuple[int, int]] | None = None
+) -> list[Allocation]:
     """Greedy allocations for every budget from the minimum up to `budget` (one pass: the greedy
     allocation for B+1 is that for B plus one instance), so a budget sweep costs one allocation."""
     bounds = bounds or {}
@@ -60,19 +61,24 @@ def allocation_path(curves: Mapping[str, Curve], gains: Mapping[str, float], bud
             break
         k[b] += 1
     last = out[-1]
-    out[-1] = Allocation(last.parallelism, last.rate, budget if limited == "budget" else last.used, last.used,
-                         limited)
+    out[-1] = Allocation(last.parallelism, last.rate, budget if limited == "budget" else last.used, last.used, limited)
     return out
 
 
-def allocate(curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int,
-             bounds: Mapping[str, tuple[int, int]] | None = None) -> Allocation:
+def allocate(
+    curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int, bounds: Mapping[str, tuple[int, int]] | None = None
+) -> Allocation:
     last = allocation_path(curves, gains, budget, bounds)[-1]
     return Allocation(last.parallelism, last.rate, budget, last.used, last.limited_by)
 
 
-def for_rate(curves: Mapping[str, Curve], gains: Mapping[str, float], rate: float, max_budget: int,
-             bounds: Mapping[str, tuple[int, int]] | None = None) -> Allocation | None:
+def for_rate(
+    curves: Mapping[str, Curve],
+    gains: Mapping[str, float],
+    rate: float,
+    max_budget: int,
+    bounds: Mapping[str, tuple[int, int]] | None = None,
+) -> Allocation | None:
     """The smallest greedy allocation that sustains `rate`, or None if `max_budget` does not."""
     for a in allocation_path(curves, gains, max_budget, bounds):
         if a.rate >= rate:
@@ -101,8 +107,13 @@ def fewest(ok: Callable[[int], bool], limit: int, hopeless: Callable[[int], bool
 Bound = Callable[[Mapping[str, int]], float]
 
 
-def bounded_path(curves: Mapping[str, Curve], gains: Mapping[str, float], budget: int, shared: Bound,
-                 bounds: Mapping[str, tuple[int, int]] | None = None) -> list[Allocation]:
+def bounded_path(
+    curves: Mapping[str, Curve],
+    gains: Mapping[str, float],
+    budget: int,
+    shared: Bound,
+    bounds: Mapping[str, tuple[int, int]] | None = None,
+) -> list[Allocation]:
     """Allocations for every instance count up to `budget` when a shared resource also bounds the
     rate (`shared(parallelism)`: source messages/s it allows, e.g. the workers' interpreter locks).
     Adding an instance to the bottleneck is no longer always best (it may land on a worker whose lock
@@ -143,8 +154,9 @@ def bounded_path(curves: Mapping[str, Curve], gains: Mapping[str, float], budget
     return out
 
 
-def _improve(k: dict[str, int], r: float, name: str, rate: Callable, bounds: Mapping[str, tuple[int, int]],
-             rounds: int = 8) -> tuple[dict[str, int], float, str]:
+def _improve(
+    k: dict[str, int], r: float, name: str, rate: Callable, bounds: Mapping[str, tuple[int, int]], rounds: int = 8
+) -> tuple[dict[str, int], float, str]:
     """Move single instances between functions while that raises the rate (the placement changes with
     every instance, so one greedy step can strand an instance where a worker's lock is saturated)."""
     for _ in range(rounds):
@@ -152,7 +164,7 @@ def _improve(k: dict[str, int], r: float, name: str, rate: Callable, bounds: Map
         for src in k:
             for dst in k:
                 if k[src] <= max(1, bounds.get(src, (1, 10**9))[0]):
-                    break   # a move can leave src at its floor: no further one from it
+                    break  # a move can leave src at its floor: no further one from it
                 if dst == src or k[dst] >= bounds.get(dst, (1, 10**9))[1]:
                     continue
                 trial = {**k, src: k[src] - 1, dst: k[dst] + 1}

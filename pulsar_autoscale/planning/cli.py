@@ -20,36 +20,85 @@ from pulsar_autoscale.planning.simbed import APPS, SimTestbed, load_app
 from pulsar_autoscale.planning.testbed import Phases, TestConfig
 
 # Phases per testbed: a simulated run costs nothing, a live one its wall time (an MST in minutes).
-DEFAULTS: dict[str, dict[str, float | None]] = {"sim": {"warmup": MstSettings.warmup_s, "ramp": Phases.ramp_s, "observe": Phases.observe_s,
-                    "cooldown": Phases.cooldown_s, "step": MstSettings.step, "bracket": None},
-            "live": {"warmup": 10.0, "ramp": 5.0, "observe": 15.0, "cooldown": 3.0, "step": 0.02, "bracket": 0.1}}
+DEFAULTS: dict[str, dict[str, float | None]] = {
+    "sim": {
+        "warmup": MstSettings.warmup_s,
+        "ramp": Phases.ramp_s,
+        "observe": Phases.observe_s,
+        "cooldown": Phases.cooldown_s,
+        "step": MstSettings.step,
+        "bracket": None,
+    },
+    "live": {"warmup": 10.0, "ramp": 5.0, "observe": 15.0, "cooldown": 3.0, "step": 0.02, "bracket": 0.1},
+}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--app", default="linear",
-                   help=f"simulated app ({', '.join(APPS)}); live: sleepy, sleepy-chain, sleepy:MS, images (the demo) or an app YAML")
-    p.add_argument("--testbed", default="sim", choices=("sim", "live"),
-                   help="sim: the simulated testbed; live: a worker and broker (--admin-url, --service-url, --metrics-url)")
+    p.add_argument(
+        "--app",
+        default="linear",
+        help=f"simulated app ({', '.join(APPS)}); live: sleepy, sleepy-chain, sleepy:MS, images (the demo) or an app YAML",
+    )
+    p.add_argument(
+        "--testbed",
+        default="sim",
+        choices=("sim", "live"),
+        help="sim: the simulated testbed; live: a worker and broker (--admin-url, --service-url, --metrics-url)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-p99", type=float, default=None, metavar="S", help="p99 response time under S seconds: mst and profile measure SLO capacities "
-                        "(each test checks it); make sizes a function fed by a window's bursts to drain one within S")
-    for name, what in (("warmup", "warm-up"), ("ramp", "ramp-up per run"),
-                       ("observe", "observation per run; a multiple of any window a function uses"),
-                       ("cooldown", "cooldown per run")):
-        p.add_argument(f"--{name}", type=float, default=None, metavar="S",
-                       help=f"{what} (default sim {DEFAULTS['sim'][name]:g}, live {DEFAULTS['live'][name]:g})")
-    p.add_argument("--step", type=float, default=None, metavar="F",
-                   help="stop when the next rate is within F of the last (default sim 0.01, live 0.02)")
-    p.add_argument("--bracket", type=float, default=None, metavar="F",
-                   help="before a pass and a fail are known, move by F (default live 0.1; sim x1.5 / halve)")
+    p.add_argument(
+        "--slo-p99",
+        type=float,
+        default=None,
+        metavar="S",
+        help="p99 response time under S seconds: mst and profile measure SLO capacities "
+        "(each test checks it); make sizes a function fed by a window's bursts to drain one within S",
+    )
+    for name, what in (
+        ("warmup", "warm-up"),
+        ("ramp", "ramp-up per run"),
+        ("observe", "observation per run; a multiple of any window a function uses"),
+        ("cooldown", "cooldown per run"),
+    ):
+        p.add_argument(
+            f"--{name}",
+            type=float,
+            default=None,
+            metavar="S",
+            help=f"{what} (default sim {DEFAULTS['sim'][name]:g}, live {DEFAULTS['live'][name]:g})",
+        )
+    p.add_argument(
+        "--step",
+        type=float,
+        default=None,
+        metavar="F",
+        help="stop when the next rate is within F of the last (default sim 0.01, live 0.02)",
+    )
+    p.add_argument(
+        "--bracket",
+        type=float,
+        default=None,
+        metavar="F",
+        help="before a pass and a fail are known, move by F (default live 0.1; sim x1.5 / halve)",
+    )
     p.add_argument("--admin-url", default=None, help="live: the worker's (or workers') Functions admin URL")
     p.add_argument("--service-url", default=None, help="live: the broker's service URL (pulsar://...)")
     p.add_argument("--metrics-url", default=None, help="live: the broker's Prometheus /metrics URL")
-    p.add_argument("--max-rate", type=float, default=1000.0, metavar="R",
-                   help="live: the warm-up's rate (above the app's capacity; the backlog is capped)")
+    p.add_argument(
+        "--max-rate",
+        type=float,
+        default=1000.0,
+        metavar="R",
+        help="live: the warm-up's rate (above the app's capacity; the backlog is capped)",
+    )
     p.add_argument("--producers", type=int, default=1, help="live: producer processes")
-    p.add_argument("--min-messages", type=int, default=200, metavar="N",
-                   help="live: extend each observation (up to 4x --observe) until every function received N messages")
+    p.add_argument(
+        "--min-messages",
+        type=int,
+        default=200,
+        metavar="N",
+        help="live: extend each observation (up to 4x --observe) until every function received N messages",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -70,8 +119,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--largest-budget", type=int, default=16, help="largest budget (instances) measured")
     p.add_argument("--cores-per-worker", type=float, default=Cluster.cores_per_worker)
     p.add_argument("--instances-per-worker", type=int, default=Cluster.instances_per_worker)
-    p.add_argument("--runtime", choices=("thread", "process"), default=Cluster.runtime,
-                   help="production workers' runtime (thread: one interpreter lock each)")
+    p.add_argument(
+        "--runtime",
+        choices=("thread", "process"),
+        default=Cluster.runtime,
+        help="production workers' runtime (thread: one interpreter lock each)",
+    )
     p.add_argument("--out", metavar="DIR", help="write plan.json, controller.yaml, report.md and plots here")
     p = sub.add_parser("validate", help="the simulated accuracy table against the baselines")
     p.add_argument("--apps", default=",".join(APPS), help="comma-separated simulated apps")
@@ -89,21 +142,34 @@ def settings_of(args: argparse.Namespace) -> MstSettings:
     for name in ("warmup", "ramp", "observe", "cooldown"):
         if getattr(args, name) < 0 or (name == "observe" and args.observe <= 0):
             raise ConfigError(f"--{name} must be {'> 0' if name == 'observe' else '>= 0'} seconds")
-    return MstSettings(warmup_s=args.warmup, phases=Phases(args.cooldown, args.ramp, args.observe),
-                       slo_p99_s=args.slo_p99, start=getattr(args, "start", "warmup"), step=args.step,
-                       bracket=args.bracket or None)
+    return MstSettings(
+        warmup_s=args.warmup,
+        phases=Phases(args.cooldown, args.ramp, args.observe),
+        slo_p99_s=args.slo_p99,
+        start=getattr(args, "start", "warmup"),
+        step=args.step,
+        bracket=args.bracket or None,
+    )
 
 
 def testbed_of(args: argparse.Namespace):
     if getattr(args, "testbed", "sim") == "live":
         from pulsar_autoscale.planning.livebed import LiveTestbed, load_live_app
+
         missing = [f"--{n.replace('_', '-')}" for n in ("admin_url", "service_url", "metrics_url") if not getattr(args, n)]
         if missing:
             raise ConfigError(f"--testbed live needs {', '.join(missing)}")
         if args.min_messages < 0:
             raise ConfigError(f"--min-messages must be >= 0 (got {args.min_messages})")
-        return LiveTestbed(load_live_app(args.app), args.admin_url, args.service_url, args.metrics_url,
-                           max_rate=args.max_rate, producers=args.producers, min_messages=args.min_messages)
+        return LiveTestbed(
+            load_live_app(args.app),
+            args.admin_url,
+            args.service_url,
+            args.metrics_url,
+            max_rate=args.max_rate,
+            producers=args.producers,
+            min_messages=args.min_messages,
+        )
     return SimTestbed(load_app(args.app), seed=args.seed)
 
 
@@ -142,6 +208,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.plan_command == "validate":
         from pulsar_autoscale.planning.validate import format_table, validate
+
         apps = [a.strip() for a in args.apps.split(",") if a.strip()]
         for a in apps:
             load_app(a)
@@ -163,9 +230,11 @@ def _run(args: argparse.Namespace) -> int:
             lines = [f"profile of {testbed.name}: {prof.runs} runs, {prof.testbed_s / 60:.1f} testbed minutes"]
             for name, fp in prof.functions.items():
                 pts = ", ".join(f"{p.parallelism}: {p.capacity:.1f}/s{'' if p.own else '*'}" for p in fp.points)
-                fit = cast(Fit, fp.fit)   # profile_app fits a curve to every function
-                lines.append(f"  {name}: gain {fp.gain:.3f}; {pts}; curve {fit.family} {fit.formula()}"
-                             + ("; keyed" if fp.key_group_weights else ""))
+                fit = cast(Fit, fp.fit)  # profile_app fits a curve to every function
+                lines.append(
+                    f"  {name}: gain {fp.gain:.3f}; {pts}; curve {fit.family} {fit.formula()}"
+                    + ("; keyed" if fp.key_group_weights else "")
+                )
             lines.append("  (* another function fell behind first: a lower bound, not fitted)")
             _emit(args, {**prof.to_json(), "wall_s": round(time.perf_counter() - started, 3)}, "\n".join(lines))
             return 0

@@ -27,20 +27,20 @@ BASIS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 POWERS = np.round(np.arange(0.1, 1.51, 0.02), 4)
 FAMILIES = ("linear", "log", "sqrt", "power")
-MAX_EXTRAPOLATION = 25.0     # beyond this many times the largest measured x, refuse
-MAX_HELDOUT_ERROR = 0.10     # a chosen model worse than this on held-out points is not trusted
-RATE_COST_MARGIN = 0.03      # rate-cost is chosen only where every plain family misses by more than this
+MAX_EXTRAPOLATION = 25.0  # beyond this many times the largest measured x, refuse
+MAX_HELDOUT_ERROR = 0.10  # a chosen model worse than this on held-out points is not trusted
+RATE_COST_MARGIN = 0.03  # rate-cost is chosen only where every plain family misses by more than this
 
 
 @dataclass(frozen=True)
 class Fit:
     family: str
-    params: tuple[float, ...]         # linear/log/sqrt: (a, c); power: (a, p, c); profile: (alpha,)
+    params: tuple[float, ...]  # linear/log/sqrt: (a, c); power: (a, p, c); profile: (alpha,)
     train_rmse: float
-    heldout_error: float = math.nan   # mean |pred - y| / y on the held-out upper half
-    heldout_max: float = math.nan     # max of the same
-    x_max: float = math.nan           # largest x it was fitted on
-    shape: Callable[[np.ndarray], np.ndarray] | None = None   # profile only: the unscaled curve
+    heldout_error: float = math.nan  # mean |pred - y| / y on the held-out upper half
+    heldout_max: float = math.nan  # max of the same
+    x_max: float = math.nan  # largest x it was fitted on
+    shape: Callable[[np.ndarray], np.ndarray] | None = None  # profile only: the unscaled curve
 
     def predict(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=float)
@@ -49,7 +49,7 @@ class Fit:
             return a * BASIS[self.family](x) + c
         if self.family == "power":
             a, p, c = self.params
-            return a * x ** p + c
+            return a * x**p + c
         if self.family == "profile":
             # a profile Fit is built with its curve (fit() refuses one without)
             return self.params[0] * cast(Callable[[np.ndarray], np.ndarray], self.shape)(x)
@@ -72,13 +72,23 @@ class Fit:
         return f"{self.params[0]:.4g}*profile(x)"
 
     def to_json(self) -> dict:
-        return {"family": self.family, "params": list(self.params), "formula": self.formula(),
-                "train_rmse": self.train_rmse, "heldout_error": self.heldout_error,
-                "heldout_max": self.heldout_max, "x_max": self.x_max}
+        return {
+            "family": self.family,
+            "params": list(self.params),
+            "formula": self.formula(),
+            "train_rmse": self.train_rmse,
+            "heldout_error": self.heldout_error,
+            "heldout_max": self.heldout_max,
+            "x_max": self.x_max,
+        }
 
 
-def fit(family: str, xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray,
-        shape: Callable[[np.ndarray], np.ndarray] | None = None) -> Fit:
+def fit(
+    family: str,
+    xs: Sequence[float] | np.ndarray,
+    ys: Sequence[float] | np.ndarray,
+    shape: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> Fit:
     """Least squares of one family."""
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     params: tuple[float, ...]
@@ -93,12 +103,12 @@ def fit(family: str, xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.
     elif family == "power":
         best: tuple[float, tuple[float, float, float]] | None = None
         for p in POWERS:
-            A = np.column_stack([x ** p, np.ones_like(x)])
+            A = np.column_stack([x**p, np.ones_like(x)])
             (a, c), *_ = np.linalg.lstsq(A, y, rcond=None)
             err = float(np.sum((A @ np.array([a, c]) - y) ** 2))
             if best is None or err < best[0] - 1e-12:
                 best = (err, (float(a), float(p), float(c)))
-        assert best is not None   # POWERS is not empty
+        assert best is not None  # POWERS is not empty
         params = best[1]
     elif family == "rate-cost":
         # x instances sustain y when x = a y + b y^2: a per-message cost that grows with the rate
@@ -119,8 +129,9 @@ def fit(family: str, xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.
     return Fit(family, params, rmse, x_max=float(x.max()), shape=shape)
 
 
-def heldout(family: str, xs: Sequence[float], ys: Sequence[float],
-            shape: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, float]:
+def heldout(
+    family: str, xs: Sequence[float], ys: Sequence[float], shape: Callable[[np.ndarray], np.ndarray] | None = None
+) -> tuple[float, float]:
     """Train on the lower half of x, test on the upper half: (mean, max) relative error."""
     order = np.argsort(xs)
     x, y = np.asarray(xs, dtype=float)[order], np.asarray(ys, dtype=float)[order]
@@ -132,8 +143,12 @@ def heldout(family: str, xs: Sequence[float], ys: Sequence[float],
     return float(rel.mean()), float(rel.max())
 
 
-def select(xs: Sequence[float], ys: Sequence[float], families: Sequence[str] = FAMILIES,
-           shape: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[Fit, list[Fit]]:
+def select(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    families: Sequence[str] = FAMILIES,
+    shape: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[Fit, list[Fit]]:
     """Every family's held-out error, and the best one refitted on all points. A family needing more
     parameters than the training half has points is skipped (it would interpolate, not extrapolate)."""
     n_train = max(1, len(xs) // 2)
@@ -149,11 +164,11 @@ def select(xs: Sequence[float], ys: Sequence[float], families: Sequence[str] = F
     if not candidates:
         raise ConfigError("no model family could be fitted")
     scored = [c for c in candidates if not math.isnan(c.heldout_error)] or candidates
-    key = lambda c: (c.heldout_error if not math.isnan(c.heldout_error) else c.train_rmse)  # noqa: E731
+    key = lambda c: c.heldout_error if not math.isnan(c.heldout_error) else c.train_rmse  # noqa: E731
     best = min(scored, key=key)
     plain = [c for c in scored if c.family != "rate-cost"]
     if best.family == "rate-cost" and plain and key(min(plain, key=key)) <= RATE_COST_MARGIN:
-        best = min(plain, key=key)   # the plain families already predict within the noise
+        best = min(plain, key=key)  # the plain families already predict within the noise
     return best, candidates
 
 
@@ -177,8 +192,8 @@ def invert(f: Fit, target: float, x_lo: float = 1.0, x_hi: float = 1e6) -> float
 class Band:
     low: float
     high: float
-    relative: float          # half-width as a share of the prediction
-    extrapolation: float     # x / largest measured x
+    relative: float  # half-width as a share of the prediction
+    extrapolation: float  # x / largest measured x
     trusted: bool
     note: str
 
@@ -194,6 +209,11 @@ def band(f: Fit, x: float, prediction: float) -> Band:
     if ext > MAX_EXTRAPOLATION:
         trusted, note = False, f"{ext:.0f}x the largest measured budget (limit {MAX_EXTRAPOLATION:.0f}x): measure larger budgets"
     elif not math.isnan(f.heldout_error) and f.heldout_error > MAX_HELDOUT_ERROR:
-        trusted, note = False, (f"held-out error {f.heldout_error:.1%} > {MAX_HELDOUT_ERROR:.0%}: the model does "
-                                f"not extrapolate these measurements; measure larger budgets")
+        trusted, note = (
+            False,
+            (
+                f"held-out error {f.heldout_error:.1%} > {MAX_HELDOUT_ERROR:.0%}: the model does "
+                f"not extrapolate these measurements; measure larger budgets"
+            ),
+        )
     return Band(prediction * (1 - rel), prediction * (1 + rel), rel, ext, trusted, note)

@@ -39,6 +39,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
 
 # ---------------------------------------------------------------- the app under test
 
+
 @dataclass(frozen=True)
 class LiveFunction:
     """One function of the app: its FunctionConfig fields (parallelism is the TestConfig's),
@@ -64,8 +65,10 @@ class LiveFunction:
 
     @property
     def subscription(self) -> str:
-        return str(self.config.get("subName") or
-                   f"{self.config.get('tenant', 'public')}/{self.config.get('namespace', 'default')}/{self.name}")
+        return str(
+            self.config.get("subName")
+            or f"{self.config.get('tenant', 'public')}/{self.config.get('namespace', 'default')}/{self.name}"
+        )
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,21 @@ def sleepy_app(service_ms: float = 20.0, stages: int = 1, tag: str | None = None
     are plain (sleepy, or sleepy0, sleepy1, ...) for --parallelism, and a leftover of that name is replaced."""
     tag = tag or uuid.uuid4().hex[:6]
     topics = [f"persistent://public/default/plan-{tag}-{i}" for i in range(stages + 1)]
-    fns = tuple(LiveFunction({
-        "tenant": "public", "namespace": "default", "name": "sleepy" if stages == 1 else f"sleepy{i}",
-        "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
-        "inputs": [topics[i]], "output": topics[i + 1], "instanceRuntime": "thread",
-        "userConfig": {"service_ms": service_ms, "dist": "deterministic"}}) for i in range(stages))
+    fns = tuple(
+        LiveFunction(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": "sleepy" if stages == 1 else f"sleepy{i}",
+                "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
+                "inputs": [topics[i]],
+                "output": topics[i + 1],
+                "instanceRuntime": "thread",
+                "userConfig": {"service_ms": service_ms, "dist": "deterministic"},
+            }
+        )
+        for i in range(stages)
+    )
     return LiveApp(f"sleepy-{service_ms:g}ms" + (f"-x{stages}" if stages > 1 else ""), topics[0], topics[-1], fns)
 
 
@@ -118,12 +131,12 @@ def images_app(tag: str | None = None) -> LiveApp:
 
     def topic(name: str) -> str:
         return f"persistent://{image_app.NS}/plan-{tag}-{name}"
+
     fns = tuple(LiveFunction({**s.config(topic), "instanceRuntime": "thread"}) for s in image_app.STAGES)
     return LiveApp("images", topic(image_app.SOURCE), topic(image_app.LABELS), fns)
 
 
-BUILTIN = {"sleepy": lambda: sleepy_app(20.0), "sleepy-chain": lambda: sleepy_app(20.0, stages=2),
-           "images": images_app}
+BUILTIN = {"sleepy": lambda: sleepy_app(20.0), "sleepy-chain": lambda: sleepy_app(20.0, stages=2), "images": images_app}
 
 
 def load_live_app(spec: str) -> LiveApp:
@@ -149,24 +162,24 @@ def load_live_app(spec: str) -> LiveApp:
     if not path.is_file():
         raise ConfigError(f"--app {spec!r}: not a built-in live app ({', '.join(BUILTIN)}, sleepy:MS) nor a YAML file")
     import yaml
+
     doc = yaml.safe_load(path.read_text()) or {}
     try:
         fns = []
         for raw in doc["functions"]:
-            cfg = {"tenant": "public", "namespace": "default",
-                   **{k: v for k, v in raw.items() if k not in ("py", "window_s")}}
+            cfg = {"tenant": "public", "namespace": "default", **{k: v for k, v in raw.items() if k not in ("py", "window_s")}}
             py = raw.get("py")
             if py and not Path(py).is_absolute():
                 py = str((path.parent / py) if (path.parent / py).is_file() else Path(py))
             window = raw.get("window_s", 0)
             if isinstance(window, bool) or not isinstance(window, (int, float)) or window < 0:
-                raise ConfigError(f"{spec}: function {raw.get('name')!r}: window_s must be a number of seconds >= 0, "
-                                  f"got {window!r}")
+                raise ConfigError(
+                    f"{spec}: function {raw.get('name')!r}: window_s must be a number of seconds >= 0, got {window!r}"
+                )
             fns.append(LiveFunction(cfg, py, float(window)))
         return LiveApp(str(doc.get("name", path.stem)), _full(doc["source"]), _full(doc["sink"]), tuple(fns))
     except (KeyError, TypeError) as exc:
-        raise ConfigError(f"{spec}: an app needs source, sink and functions with name, className, inputs ({exc})"
-                          ) from None
+        raise ConfigError(f"{spec}: an app needs source, sink and functions with name, className, inputs ({exc})") from None
 
 
 class SinkLatency:
@@ -174,10 +187,12 @@ class SinkLatency:
 
     def __init__(self, service_url: str, topic: str):
         import pulsar
+
         self._pulsar = pulsar
         self._client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        self._consumer = self._client.subscribe(topic, f"plan-latency-{uuid.uuid4().hex[:6]}",
-                                                consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=5000)
+        self._consumer = self._client.subscribe(
+            topic, f"plan-latency-{uuid.uuid4().hex[:6]}", consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=5000
+        )
         self._samples: list[tuple[float, float]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -191,7 +206,7 @@ class SinkLatency:
                 msg = self._consumer.receive(200)
             except self._pulsar.Timeout:
                 continue
-            except Exception:   # closed under us
+            except Exception:  # closed under us
                 return
             now = time.time()
             ts = msg.event_timestamp() or msg.publish_timestamp()
@@ -216,22 +231,23 @@ class SinkLatency:
 
 # ---------------------------------------------------------------- readings and the measurement (pure)
 
+
 @dataclass(frozen=True)
 class FnReading:
     """One function's cumulative counters at one time."""
 
-    arrived: float                      # broker in-messages on its inputs
+    arrived: float  # broker in-messages on its inputs
     processed: float
     outputs: float
     busy_s: float
-    backlog: float                      # messages waiting on its subscription
+    backlog: float  # messages waiting on its subscription
     instances: Mapping[int, tuple[float, float, float]] = field(default_factory=dict)  # id -> (received, processed, busy_s)
 
 
 @dataclass(frozen=True)
 class Reading:
-    time: float                         # time.time() when read
-    sent: float                         # messages the producer's broker acknowledged (cumulative)
+    time: float  # time.time() when read
+    sent: float  # messages the producer's broker acknowledged (cumulative)
     functions: Mapping[str, FnReading]
 
 
@@ -245,8 +261,15 @@ def trend(ts: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return float(k), float(np.std(y - (k * (t - t[0]) + c)))
 
 
-def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequence[float],
-              parallelism: Mapping[str, int], duration_s: float, workers: int = 1, note: str = "") -> RunResult:
+def summarize(
+    target_rate: float,
+    readings: Sequence[Reading],
+    latencies: Sequence[float],
+    parallelism: Mapping[str, int],
+    duration_s: float,
+    workers: int = 1,
+    note: str = "",
+) -> RunResult:
     """A RunResult from the observation's readings: rates from the first and last, backlog growth (and
     its noise about that trend) from the least-squares line over all of them, processed rate in source
     messages (injected x the worst function's processed / arrived, both least-squares slopes: the few
@@ -269,21 +292,42 @@ def summarize(target_rate: float, readings: Sequence[Reading], latencies: Sequen
         k, noise = trend(ts, backlogs)
         growth = k * obs
         mid = float(np.mean(backlogs))
-        inst = tuple(InstanceMeasure(processed=b.instances[i][1] - a.instances[i][1],
-                                     busy_s=b.instances[i][2] - a.instances[i][2], cpu_s=0.0,
-                                     arrived=b.instances[i][0] - a.instances[i][0])
-                     for i in sorted(set(a.instances) & set(b.instances)))
-        fms[name] = FunctionMeasure(parallelism=parallelism.get(name, len(inst)), arrival_rate=arrival,
-                                    processed_rate=processed, output_rate=(b.outputs - a.outputs) / obs,
-                                    backlog_start=mid - growth / 2, backlog_end=mid + growth / 2, instances=inst,
-                                    backlog_noise=noise)
+        inst = tuple(
+            InstanceMeasure(
+                processed=b.instances[i][1] - a.instances[i][1],
+                busy_s=b.instances[i][2] - a.instances[i][2],
+                cpu_s=0.0,
+                arrived=b.instances[i][0] - a.instances[i][0],
+            )
+            for i in sorted(set(a.instances) & set(b.instances))
+        )
+        fms[name] = FunctionMeasure(
+            parallelism=parallelism.get(name, len(inst)),
+            arrival_rate=arrival,
+            processed_rate=processed,
+            output_rate=(b.outputs - a.outputs) / obs,
+            backlog_start=mid - growth / 2,
+            backlog_end=mid + growth / 2,
+            instances=inst,
+            backlog_noise=noise,
+        )
     p99 = float(np.percentile(latencies, 99)) if len(latencies) else None
-    return RunResult(target_rate=target_rate, injected_rate=injected, processed_rate=injected * worst,
-                     p99_s=p99, observe_s=obs, duration_s=duration_s, functions=fms, workers=workers, note=note)
+    return RunResult(
+        target_rate=target_rate,
+        injected_rate=injected,
+        processed_rate=injected * worst,
+        p99_s=p99,
+        observe_s=obs,
+        duration_s=duration_s,
+        functions=fms,
+        workers=workers,
+        note=note,
+    )
 
 
-def saturated_rate(res: RunResult, readings: Sequence[Reading], share: Mapping[str, float],
-                   parallelism: Mapping[str, int]) -> float:
+def saturated_rate(
+    res: RunResult, readings: Sequence[Reading], share: Mapping[str, float], parallelism: Mapping[str, int]
+) -> float:
     """The warm-up's estimate of the source rate the app sustains: the lowest processed rate, in source
     messages (over `share`, its arrivals per message sent), of the functions that had messages waiting
     beyond those in service all along (saturated). A function the paused producer starved processed what
@@ -296,6 +340,7 @@ def saturated_rate(res: RunResult, readings: Sequence[Reading], share: Mapping[s
 
 # ---------------------------------------------------------------- the testbed
 
+
 class LiveTestbed:
     """The Testbed protocol on a live worker (cluster) and broker; `close()` deletes the app's functions.
 
@@ -305,11 +350,22 @@ class LiveTestbed:
 
     MAX_STRETCH = 4.0
 
-    def __init__(self, app: LiveApp, admin_url: str | list[str], service_url: str, metrics_url: str,
-                 max_rate: float = 1000.0, producers: int = 1, sample_s: float = 0.5,
-                 warmup_backlog: float = 200.0, drain_backlog: float = 5.0, batching: bool = False,
-                 min_messages: int = 200,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        app: LiveApp,
+        admin_url: str | list[str],
+        service_url: str,
+        metrics_url: str,
+        max_rate: float = 1000.0,
+        producers: int = 1,
+        sample_s: float = 0.5,
+        warmup_backlog: float = 200.0,
+        drain_backlog: float = 5.0,
+        batching: bool = False,
+        min_messages: int = 200,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.app = app
         self.name = f"live:{app.name}"
         self.max_rate = max_rate
@@ -319,8 +375,8 @@ class LiveTestbed:
         self.min_messages = min_messages
         self._clock, self._sleep = clock, sleep
         self._deployed: dict[str, int] = {}
-        self._base: dict[str, float] = {}        # per function: arrived - processed when it was created
-        self._first: Reading | None = None       # the first reading: each function's arrivals per message sent
+        self._base: dict[str, float] = {}  # per function: arrived - processed when it was created
+        self._first: Reading | None = None  # the first reading: each function's arrivals per message sent
         self._fns = {f.name: f for f in app.functions}
         self._topics = sorted({t for f in app.functions for t in f.inputs})
         self._sink = SinkLatency(service_url, app.sink)
@@ -361,21 +417,25 @@ class LiveTestbed:
         # testbed's first reading. Not over the second half alone: a slow function keeps the producer paused all
         # of it (or all the warm-up, with a backlog left by the step before), and arrivals over nothing sent made
         # the start of the search 0.
-        first = cast(Reading, self._first)   # read() keeps its first reading, and it has just read
+        first = cast(Reading, self._first)  # read() keeps its first reading, and it has just read
         sent = everything[-1].sent - first.sent
-        share = {n: (f.arrived - first.functions[n].arrived) / sent for n, f in everything[-1].functions.items()
-                 if sent > 0 and f.arrived > first.functions[n].arrived}
+        share = {
+            n: (f.arrived - first.functions[n].arrived) / sent
+            for n, f in everything[-1].functions.items()
+            if sent > 0 and f.arrived > first.functions[n].arrived
+        }
         processed = saturated_rate(res, readings, share, config.parallelism)
         self._drain(max(30.0, seconds))
-        return RunResult(rate, res.injected_rate, processed, None, res.observe_s, self._clock() - t0,
-                         res.functions, res.workers, res.note)
+        return RunResult(
+            rate, res.injected_rate, processed, None, res.observe_s, self._clock() - t0, res.functions, res.workers, res.note
+        )
 
     def run(self, rate: float, config: TestConfig, phases: Phases = Phases()) -> RunResult:
         t0 = self._clock()
         self.deploy(config)
         self._producer.set_rate(phases.cooldown_rate if phases.cooldown_rate is not None else rate * 0.1)
         self._sleep(phases.cooldown_s)
-        self._drain(3 * phases.cooldown_s)   # a failing step's backlog must not bias this one
+        self._drain(3 * phases.cooldown_s)  # a failing step's backlog must not bias this one
         self._producer.set_rate(rate)
         self._sleep(phases.ramp_s)
         readings = [self.read()]
@@ -408,7 +468,7 @@ class LiveTestbed:
             tenant, ns = fn.config.get("tenant", "public"), fn.config.get("namespace", "default")
             if name not in self._deployed:
                 try:
-                    self.admin.delete(tenant, ns, name)   # a leftover of an earlier session
+                    self.admin.delete(tenant, ns, name)  # a leftover of an earlier session
                 except AdminError:
                     pass
                 self.admin.create({**fn.config, "parallelism": k}, fn.py)
@@ -423,7 +483,7 @@ class LiveTestbed:
             self._wait_running(tenant, ns, name, k)
             self._deployed[name] = k
         if created:
-            self.read()   # the backlog baselines, before any load
+            self.read()  # the backlog baselines, before any load
 
     def _wait_running(self, tenant: str, ns: str, name: str, k: int, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -453,18 +513,28 @@ class LiveTestbed:
         for name, fn in self._fns.items():
             stats = self.admin.stats(fn.config.get("tenant", "public"), fn.config.get("namespace", "default"), name)
             c = stats.get("autoscale", {}).get("counters", {})
-            inst = {int(i["instanceId"]): (float(i["metrics"].get("receivedTotal") or 0),
-                                           float(i["metrics"].get("processedSuccessfullyTotal") or 0),
-                                           float(i["metrics"].get("autoscale", {}).get("busyTimeSeconds") or 0))
-                    for i in stats.get("instances", [])}
+            inst = {
+                int(i["instanceId"]): (
+                    float(i["metrics"].get("receivedTotal") or 0),
+                    float(i["metrics"].get("processedSuccessfullyTotal") or 0),
+                    float(i["metrics"].get("autoscale", {}).get("busyTimeSeconds") or 0),
+                )
+                for i in stats.get("instances", [])
+            }
             arrived = sum(m.in_messages.get(t, 0.0) for t in fn.inputs)
             processed = float(c.get("processed", stats.get("processedSuccessfullyTotal", 0)) or 0)
             # Waiting = arrived on the inputs - processed, both live counters; the broker's subscription
             # backlog gauge is refreshed only every few seconds (pulsar-lite: 5 s, Apache: 60 s by default),
             # too coarse for a slope over a 15 s observation. The offset: what the topics held before we subscribed.
             base = self._base.setdefault(name, arrived - processed)
-            fns[name] = FnReading(arrived, processed, float(c.get("outputs", 0) or 0), float(c.get("busy_s", 0) or 0),
-                                  max(0.0, arrived - processed - base), inst)
+            fns[name] = FnReading(
+                arrived,
+                processed,
+                float(c.get("outputs", 0) or 0),
+                float(c.get("busy_s", 0) or 0),
+                max(0.0, arrived - processed - base),
+                inst,
+            )
         reading = Reading(now, float(sent), fns)
         if self._first is None:
             self._first = reading

@@ -22,16 +22,16 @@ from pulsar_autoscale.planning.testbed import Phases, RunResult, Testbed, TestCo
 class MstSettings:
     warmup_s: float = 120.0
     phases: Phases = field(default_factory=Phases)
-    pass_ratio: float = 0.99           # processed / injected at least this
-    backlog_growth: float = 0.005      # a backlog growing faster than this share of the function's input rate fails
-    backlog_floor: float = 50.0        # ... and by more than this many messages over the observation (noise)
-    slo_p99_s: float | None = None     # SLO capacity: the p99 must stay under this
-    step: float = 0.01                 # stop when the next rate is within this share of the last one
+    pass_ratio: float = 0.99  # processed / injected at least this
+    backlog_growth: float = 0.005  # a backlog growing faster than this share of the function's input rate fails
+    backlog_floor: float = 50.0  # ... and by more than this many messages over the observation (noise)
+    slo_p99_s: float | None = None  # SLO capacity: the p99 must stay under this
+    step: float = 0.01  # stop when the next rate is within this share of the last one
     max_iterations: int = 14
-    max_invalid: int = 2               # repeats of an invalid run before the producer bounds the search
-    start: str = "warmup"              # warmup: the warm-up's observed rate; ds2: DS2's estimate from it
-    warmup_rate: float | None = None   # rate injected in the warm-up (None: the testbed's producer at full speed)
-    bracket: float | None = None       # None: x1.5 up / halve down until bracketed; f: move by (1 +- f) instead
+    max_invalid: int = 2  # repeats of an invalid run before the producer bounds the search
+    start: str = "warmup"  # warmup: the warm-up's observed rate; ds2: DS2's estimate from it
+    warmup_rate: float | None = None  # rate injected in the warm-up (None: the testbed's producer at full speed)
+    bracket: float | None = None  # None: x1.5 up / halve down until bracketed; f: move by (1 +- f) instead
 
 
 @dataclass(frozen=True)
@@ -50,17 +50,17 @@ class MstResult:
     mst: float
     start_rate: float
     steps: tuple[Step, ...]
-    testbed_s: float                    # testbed time taken (warm-up and every run)
-    producer_bound: bool = False        # the producer could not reach a rate the app might sustain
-    last: RunResult | None = None       # the highest passing run (its per-function figures)
-    failing: RunResult | None = None    # the lowest failing run (which function fell behind)
+    testbed_s: float  # testbed time taken (warm-up and every run)
+    producer_bound: bool = False  # the producer could not reach a rate the app might sustain
+    last: RunResult | None = None  # the highest passing run (its per-function figures)
+    failing: RunResult | None = None  # the lowest failing run (which function fell behind)
 
     @property
     def runs(self) -> int:
         return len(self.steps)
 
 
-NOISE_SIGMAS = 3.0   # a deficit within this many standard deviations of the backlogs' own noise is not a trend
+NOISE_SIGMAS = 3.0  # a deficit within this many standard deviations of the backlogs' own noise is not a trend
 
 
 def judge(run: RunResult, settings: MstSettings) -> tuple[bool, str]:
@@ -70,9 +70,11 @@ def judge(run: RunResult, settings: MstSettings) -> tuple[bool, str]:
     still fluctuates (a slow message holds up the ones behind it), and over a short observation the
     difference between its two ends can be a few percent of what arrived without any growth."""
     if not run.valid:
-        return False, (f"invalid: producer sent {run.injected_rate * run.observe_s:.0f} of "
-                       f"{run.target_rate * run.observe_s:.0f} messages in {run.observe_s:.0f} s "
-                       f"(more than {RunResult.PRODUCER_TOLERANCE:.1%} short)")
+        return False, (
+            f"invalid: producer sent {run.injected_rate * run.observe_s:.0f} of "
+            f"{run.target_rate * run.observe_s:.0f} messages in {run.observe_s:.0f} s "
+            f"(more than {RunResult.PRODUCER_TOLERANCE:.1%} short)"
+        )
     ratio = run.processed_rate / run.injected_rate if run.injected_rate > 0 else 0.0
     kept_up = f"processed {ratio:.2%} of injected"
     if ratio < settings.pass_ratio:
@@ -137,8 +139,9 @@ def next_rate(rate: float, lo: float, hi: float, bracket: float | None = None) -
     return rate * (1 - bracket) if bracket else hi / 2
 
 
-def measure_mst(testbed: Testbed, config: TestConfig, settings: MstSettings = MstSettings(),
-                start_rate: float | None = None) -> MstResult:
+def measure_mst(
+    testbed: Testbed, config: TestConfig, settings: MstSettings = MstSettings(), start_rate: float | None = None
+) -> MstResult:
     """Warm up, then bisect. `start_rate` skips the warm-up's estimate (a re-measurement)."""
     spent = 0.0
     warm_rate = settings.warmup_rate or testbed.max_rate
@@ -146,8 +149,10 @@ def measure_mst(testbed: Testbed, config: TestConfig, settings: MstSettings = Ms
     spent += warm.duration_s
     if start_rate is None:
         if warm.processed_rate <= 0:
-            raise PulsarAutoscaleError(f"the warm-up at {warm_rate:g}/s measured no processing ({warm.note or 'no note'}):"
-                                       " is every function running and reading its input?")
+            raise PulsarAutoscaleError(
+                f"the warm-up at {warm_rate:g}/s measured no processing ({warm.note or 'no note'}):"
+                " is every function running and reading its input?"
+            )
         start_rate = warm.processed_rate
         if settings.start == "ds2":
             start_rate = ds2_estimate(warm) or start_rate
@@ -179,5 +184,13 @@ def measure_mst(testbed: Testbed, config: TestConfig, settings: MstSettings = Ms
         if abs(nxt - rate) <= settings.step * rate:
             break
         rate = nxt
-    return MstResult(config, lo, start_rate, tuple(steps), spent, producer_bound and last is not None and
-                     lo >= hi * (1 - 2 * settings.step), last, failing)
+    return MstResult(
+        config,
+        lo,
+        start_rate,
+        tuple(steps),
+        spent,
+        producer_bound and last is not None and lo >= hi * (1 - 2 * settings.step),
+        last,
+        failing,
+    )

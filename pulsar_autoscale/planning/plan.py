@@ -33,9 +33,9 @@ MODEL_FAMILIES = FAMILIES + ("profile",)
 class BudgetPoint:
     budget: int
     parallelism: dict[str, int]
-    profile_rate: float          # what the per-function curves say the allocation sustains
+    profile_rate: float  # what the per-function curves say the allocation sustains
     measured: MstResult
-    reused: bool = False         # the profile's baseline measured this deployment already (its runs are counted there)
+    reused: bool = False  # the profile's baseline measured this deployment already (its runs are counted there)
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ class CapacityModel:
     points: tuple[BudgetPoint, ...]
     fit: Fit
     candidates: tuple[Fit, ...]
-    max_budget: int              # the profile shape is tabulated up to here
-    path: tuple[Allocation, ...] = ()   # with a per-worker ceiling: the allocation path up to max_budget
+    max_budget: int  # the profile shape is tabulated up to here
+    path: tuple[Allocation, ...] = ()  # with a per-worker ceiling: the allocation path up to max_budget
 
     def allocation(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None) -> Allocation:
         path = list(self.path) if self.path and budget <= self.path[-1].used else None
@@ -63,12 +63,24 @@ class CapacityModel:
         return self.profile.testbed_s + sum(p.measured.testbed_s for p in self.points if not p.reused)
 
     def to_json(self) -> dict:
-        return {"model": self.fit.to_json(), "candidates": [c.to_json() for c in self.candidates],
-                "measured": [{"budget": p.budget, "parallelism": p.parallelism, "mst": p.measured.mst,
-                              "profile_rate": p.profile_rate, "runs": p.measured.runs,
-                              "testbed_s": p.measured.testbed_s} for p in self.points],
-                "runs": self.runs, "testbed_s": self.testbed_s,
-                "per_worker_ceiling": self.profile.workers is not None}
+        return {
+            "model": self.fit.to_json(),
+            "candidates": [c.to_json() for c in self.candidates],
+            "measured": [
+                {
+                    "budget": p.budget,
+                    "parallelism": p.parallelism,
+                    "mst": p.measured.mst,
+                    "profile_rate": p.profile_rate,
+                    "runs": p.measured.runs,
+                    "testbed_s": p.measured.testbed_s,
+                }
+                for p in self.points
+            ],
+            "runs": self.runs,
+            "testbed_s": self.testbed_s,
+            "per_worker_ceiling": self.profile.workers is not None,
+        }
 
 
 def default_budgets(n_functions: int, largest: int) -> list[int]:
@@ -78,8 +90,9 @@ def default_budgets(n_functions: int, largest: int) -> list[int]:
     return [int(x) for x in xs]
 
 
-def profile_shape(profile: AppProfile, max_budget: int, path: Sequence[Allocation] | None = None
-                  ) -> Callable[[np.ndarray], np.ndarray]:
+def profile_shape(
+    profile: AppProfile, max_budget: int, path: Sequence[Allocation] | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
     """Budget -> the allocation's rate by the per-function curves (and the per-worker ceiling, if any:
     the best rate of at most that many instances); a budget below the minimum: the minimum's rate."""
     path = list(path) if path is not None else profile.path(max_budget)
@@ -91,11 +104,17 @@ def profile_shape(profile: AppProfile, max_budget: int, path: Sequence[Allocatio
     def shape(x) -> np.ndarray:
         b = np.clip(np.floor(np.asarray(x, dtype=float)).astype(int) - first, 0, len(rates) - 1)
         return rates[b]
+
     return shape
 
 
-def build_model(testbed: Testbed, profile: AppProfile, budgets: Sequence[int],
-                settings: MstSettings = MstSettings(), families: Sequence[str] = MODEL_FAMILIES) -> CapacityModel:
+def build_model(
+    testbed: Testbed,
+    profile: AppProfile,
+    budgets: Sequence[int],
+    settings: MstSettings = MstSettings(),
+    families: Sequence[str] = MODEL_FAMILIES,
+) -> CapacityModel:
     max_budget = int(max(budgets) * MAX_EXTRAPOLATION) + 1
     path = profile.path(max_budget) if profile.workers is not None else None
     shape = profile_shape(profile, max_budget, path)
@@ -103,7 +122,7 @@ def build_model(testbed: Testbed, profile: AppProfile, budgets: Sequence[int],
     for b in budgets:
         alloc = profile.allocation(b, path=path)
         config = TestConfig(alloc.parallelism)
-        if config == profile.baseline.config:   # one instance each: a live MST costs minutes, measure it once
+        if config == profile.baseline.config:  # one instance each: a live MST costs minutes, measure it once
             points.append(BudgetPoint(b, alloc.parallelism, alloc.rate, profile.baseline, reused=True))
             continue
         res = measure_mst(testbed, config, settings)
@@ -133,8 +152,8 @@ class Cluster:
 
     cores_per_worker: float = 4.0
     instances_per_worker: int = 8
-    runtime: str = "thread"          # thread: one interpreter lock, so about one core of Python per worker
-    target_cpu: float = 0.7          # plan CPU to this share of what a worker offers
+    runtime: str = "thread"  # thread: one interpreter lock, so about one core of Python per worker
+    target_cpu: float = 0.7  # plan CPU to this share of what a worker offers
 
     @property
     def usable_cores(self) -> float:
@@ -168,19 +187,35 @@ class Plan:
     testbed_s: float
     wall_s: float
     refused: str | None = None
-    drains: dict[str, str] = field(default_factory=dict)   # function: why the SLO raised its parallelism
-    bare: BarePlan | None = None   # the smallest deployment predicted to cover the target with no headroom
+    drains: dict[str, str] = field(default_factory=dict)  # function: why the SLO raised its parallelism
+    bare: BarePlan | None = None  # the smallest deployment predicted to cover the target with no headroom
 
     def to_json(self) -> dict:
-        return {"target_rate": self.target_rate, "headroom": self.headroom, "budget": self.budget,
-                "parallelism": self.parallelism, "workers": self.workers, "cpu_cores": round(self.cpu_cores, 3),
-                "predicted_mst": self.predicted_mst,
-                "band": {"low": self.band.low, "high": self.band.high, "relative": self.band.relative,
-                         "extrapolation": self.band.extrapolation, "trusted": self.band.trusted,
-                         "note": self.band.note},
-                "model": self.model.to_json(), "limited_by": self.limited_by, "runs": self.runs,
-                "testbed_s": self.testbed_s, "wall_s": self.wall_s, "refused": self.refused, "drains": self.drains,
-                "without_headroom": None if self.bare is None else self.bare.__dict__}
+        return {
+            "target_rate": self.target_rate,
+            "headroom": self.headroom,
+            "budget": self.budget,
+            "parallelism": self.parallelism,
+            "workers": self.workers,
+            "cpu_cores": round(self.cpu_cores, 3),
+            "predicted_mst": self.predicted_mst,
+            "band": {
+                "low": self.band.low,
+                "high": self.band.high,
+                "relative": self.band.relative,
+                "extrapolation": self.band.extrapolation,
+                "trusted": self.band.trusted,
+                "note": self.band.note,
+            },
+            "model": self.model.to_json(),
+            "limited_by": self.limited_by,
+            "runs": self.runs,
+            "testbed_s": self.testbed_s,
+            "wall_s": self.wall_s,
+            "refused": self.refused,
+            "drains": self.drains,
+            "without_headroom": None if self.bare is None else self.bare.__dict__,
+        }
 
 
 def cpu_per_source_msg(profile: AppProfile) -> float:
@@ -192,7 +227,7 @@ def cpu_per_source_msg(profile: AppProfile) -> float:
     return total
 
 
-BURST_LIMIT = 1 << 20   # instances: beyond this a burst is not drained by adding more
+BURST_LIMIT = 1 << 20  # instances: beyond this a burst is not drained by adding more
 
 
 def burst_drain(profile: AppProfile, rate: float, slo_p99_s: float) -> tuple[dict[str, int], dict[str, str]]:
@@ -211,25 +246,33 @@ def burst_drain(profile: AppProfile, rate: float, slo_p99_s: float) -> tuple[dic
         if capacity <= fp.capacity(1):
             continue
         k = _fewest_reaching(fp.capacity, capacity)
-        if k is None:   # a curve that stopped rising (a hot key group) keeps its last capacity from there on
-            raise ConfigError(f"{f} cannot drain the {window:g} s window's burst of {rate * fp.gain * window:.0f} "
-                              f"messages within {slo_p99_s:g} s: its capacity stops rising at "
-                              f"{fp.capacity(BURST_LIMIT):.1f}/s")
+        if k is None:  # a curve that stopped rising (a hot key group) keeps its last capacity from there on
+            raise ConfigError(
+                f"{f} cannot drain the {window:g} s window's burst of {rate * fp.gain * window:.0f} "
+                f"messages within {slo_p99_s:g} s: its capacity stops rising at "
+                f"{fp.capacity(BURST_LIMIT):.1f}/s"
+            )
         need_k[f] = k
-        notes[f] = (f"{k} instances drain a {window:g} s window's burst ({rate * fp.gain * window:.0f} messages) "
-                    f"within the {slo_p99_s:g} s SLO")
+        notes[f] = (
+            f"{k} instances drain a {window:g} s window's burst ({rate * fp.gain * window:.0f} messages) "
+            f"within the {slo_p99_s:g} s SLO"
+        )
     return need_k, notes
 
 
 def _fewest_reaching(curve: Callable[[int], float], capacity: float) -> int | None:
     """The fewest instances whose capacity is at least `capacity`; None where the curve stops rising first."""
-    return fewest(lambda k: curve(k) >= capacity, BURST_LIMIT,
-                  hopeless=lambda k: curve(2 * k) <= curve(k) * (1 + 1e-9))
+    return fewest(lambda k: curve(k) >= capacity, BURST_LIMIT, hopeless=lambda k: curve(2 * k) <= curve(k) * (1 + 1e-9))
 
 
-def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.10,
-                  cluster: Cluster = Cluster(), started: float | None = None,
-                  slo_p99_s: float | None = None) -> Plan:
+def plan_for_rate(
+    model: CapacityModel,
+    target_rate: float,
+    headroom: float = 0.10,
+    cluster: Cluster = Cluster(),
+    started: float | None = None,
+    slo_p99_s: float | None = None,
+) -> Plan:
     """The smallest budget whose predicted MST is at least target x (1 + headroom); with an SLO, each
     function fed by a window's bursts also gets what drains one within it (`burst_drain`)."""
     if target_rate <= 0:
@@ -239,8 +282,10 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
     refused = None
     if found is None:
         budget = model.max_budget
-        refused = (f"no budget up to {model.max_budget} instances ({MAX_EXTRAPOLATION:.0f}x the largest measured) "
-                   f"reaches {need:.1f}/s by the {model.fit.family} model")
+        refused = (
+            f"no budget up to {model.max_budget} instances ({MAX_EXTRAPOLATION:.0f}x the largest measured) "
+            f"reaches {need:.1f}/s by the {model.fit.family} model"
+        )
     else:
         budget = found
     pred = predict(model, budget)
@@ -262,17 +307,33 @@ def plan_for_rate(model: CapacityModel, target_rate: float, headroom: float = 0.
         if b is not None:
             alloc = model.allocation(b)
             bare_used = alloc.used
-            if slo_p99_s is not None:   # where it drains at target + headroom, it drains at the target
+            if slo_p99_s is not None:  # where it drains at target + headroom, it drains at the target
                 bare_used, _ = _drain_bursts(model.profile, target_rate, slo_p99_s, dict(alloc.parallelism), bare_used)
-            bare = BarePlan(max(b, bare_used), _workers(model, bare_used, cpu_per_msg * target_rate, cluster),
-                            model.predict(b))
+            bare = BarePlan(max(b, bare_used), _workers(model, bare_used, cpu_per_msg * target_rate, cluster), model.predict(b))
     wall = time.perf_counter() - started if started is not None else 0.0
-    return Plan(target_rate, headroom, max(budget, used), parallelism, workers, cores, pred.mst, pred.band,
-                model.fit, pred.allocation.limited_by, model.runs, model.testbed_s, wall, refused, drains, bare)
+    return Plan(
+        target_rate,
+        headroom,
+        max(budget, used),
+        parallelism,
+        workers,
+        cores,
+        pred.mst,
+        pred.band,
+        model.fit,
+        pred.allocation.limited_by,
+        model.runs,
+        model.testbed_s,
+        wall,
+        refused,
+        drains,
+        bare,
+    )
 
 
-def _drain_bursts(profile: AppProfile, rate: float, slo_p99_s: float, parallelism: dict[str, int],
-                  used: int) -> tuple[int, dict[str, str]]:
+def _drain_bursts(
+    profile: AppProfile, rate: float, slo_p99_s: float, parallelism: dict[str, int], used: int
+) -> tuple[int, dict[str, str]]:
     """Raise `parallelism` (in place) to what drains each window's burst at `rate` within the SLO: the
     instances used then, and why each raised function was raised. ConfigError where none can."""
     raise_to, notes = burst_drain(profile, rate, slo_p99_s)
@@ -304,9 +365,12 @@ def _workers(model: CapacityModel, instances: int, cores: float, cluster: Cluste
 def controller_snippet(plan: Plan, floor_share: float = 0.25) -> str:
     """controller.yaml `plan.bounds` from the plan: max = the planned parallelism (what the target rate
     needs, with headroom), min = a quarter of it (the autoscaler scales in under lighter load)."""
-    lines = [f"# capacity plan: target {plan.target_rate:.1f} msg/s (+{plan.headroom:.0%} headroom), predicted MST "
-             f"{plan.predicted_mst:.1f} msg/s [{plan.band.low:.1f}, {plan.band.high:.1f}]",
-             "plan:", "  bounds:"]
+    lines = [
+        f"# capacity plan: target {plan.target_rate:.1f} msg/s (+{plan.headroom:.0%} headroom), predicted MST "
+        f"{plan.predicted_mst:.1f} msg/s [{plan.band.low:.1f}, {plan.band.high:.1f}]",
+        "plan:",
+        "  bounds:",
+    ]
     for fn, k in sorted(plan.parallelism.items()):
         pattern = fn if "/" in fn else f"public/default/{fn}"
         lines.append(f"    - {{pattern: {pattern}, min: {max(1, math.floor(k * floor_share))}, max: {k}}}")

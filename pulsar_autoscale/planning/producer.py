@@ -35,9 +35,11 @@ def _pace(service_url: str, topic: str, rate, acked, stop, share: float, batchin
     """One producer loop (a thread or a process): `rate` (shared, source messages/s of all producers)
     times `share` is this one's; `acked` counts messages the broker acknowledged."""
     import pulsar
+
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    producer = client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True,
-                                      max_pending_messages=10000, batching_max_publish_delay_ms=1)
+    producer = client.create_producer(
+        topic, batching_enabled=batching, block_if_queue_full=True, max_pending_messages=10000, batching_max_publish_delay_ms=1
+    )
 
     def done(res, _msg_id):
         if res == pulsar.Result.Ok:

@@ -32,23 +32,23 @@ CURVE_FAMILIES = ("linear", "log", "sqrt", "power", "rate-cost")
 @dataclass(frozen=True)
 class ProfilePoint:
     parallelism: int
-    capacity: float              # input messages/s the function sustained (MST x its gain)
-    source_mst: float            # the deployment's MST, source messages/s
-    true_rate: float | None      # per instance, messages per busy second, at the highest passing run
+    capacity: float  # input messages/s the function sustained (MST x its gain)
+    source_mst: float  # the deployment's MST, source messages/s
+    true_rate: float | None  # per instance, messages per busy second, at the highest passing run
     cpu_per_msg_s: float | None  # CPU seconds per message
-    hot_share: float             # the busiest instance's share of the input
+    hot_share: float  # the busiest instance's share of the input
     runs: int
     testbed_s: float
-    own: bool = True             # this function fell behind first (False: another did; the point is only a lower bound)
+    own: bool = True  # this function fell behind first (False: another did; the point is only a lower bound)
 
 
 @dataclass(frozen=True)
 class FunctionProfile:
     name: str
-    gain: float                                    # messages reaching it per source message
+    gain: float  # messages reaching it per source message
     points: tuple[ProfilePoint, ...]
     key_group_weights: tuple[float, ...] | None = None
-    fit: Fit | None = None                         # the chosen curve (of hot-instance rate, if keyed)
+    fit: Fit | None = None  # the chosen curve (of hot-instance rate, if keyed)
     candidates: tuple[Fit, ...] = ()
 
     def hot_share(self, k: int) -> float:
@@ -77,10 +77,13 @@ class FunctionProfile:
         return p.capacity * (self.hot_share(p.parallelism) if self.key_group_weights else 1.0)
 
     def to_json(self) -> dict:
-        return {"gain": self.gain, "keyed": self.key_group_weights is not None,
-                "points": [p.__dict__ for p in self.points],
-                "curve": self.fit.to_json() if self.fit else None,
-                "candidates": [c.to_json() for c in self.candidates]}
+        return {
+            "gain": self.gain,
+            "keyed": self.key_group_weights is not None,
+            "points": [p.__dict__ for p in self.points],
+            "curve": self.fit.to_json() if self.fit else None,
+            "candidates": [c.to_json() for c in self.candidates],
+        }
 
 
 def _checkpoints(k: int) -> list[int]:
@@ -91,13 +94,13 @@ def _checkpoints(k: int) -> list[int]:
 @dataclass(frozen=True)
 class AppProfile:
     testbed: str
-    baseline: MstResult                      # every function at parallelism 1
+    baseline: MstResult  # every function at parallelism 1
     functions: Mapping[str, FunctionProfile]
     runs: int
     testbed_s: float
-    workers: WorkerCeiling | None = None     # a per-worker ceiling the probe found (None: none binds)
+    workers: WorkerCeiling | None = None  # a per-worker ceiling the probe found (None: none binds)
     probe: tuple[ProbePoint, ...] = ()
-    bursts: Mapping[str, float] = field(default_factory=dict)   # function: the window whose bursts reach it (s)
+    bursts: Mapping[str, float] = field(default_factory=dict)  # function: the window whose bursts reach it (s)
 
     def curves(self) -> dict[str, Callable[[int], float]]:
         return {n: fp.capacity for n, fp in self.functions.items()}
@@ -110,8 +113,9 @@ class AppProfile:
         gains = self.gains()
         return bounded_path(self.curves(), gains, budget, lambda k: workers.rate(k, gains)[0], bounds)
 
-    def allocation(self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None,
-                   path: list[Allocation] | None = None) -> Allocation:
+    def allocation(
+        self, budget: int, bounds: Mapping[str, tuple[int, int]] | None = None, path: list[Allocation] | None = None
+    ) -> Allocation:
         """The allocation for `budget`: greedy over the curves, or with a per-worker ceiling the best
         allocation of at most `budget` instances (`path`: a precomputed path at least that long)."""
         if self.workers is None:
@@ -122,11 +126,16 @@ class AppProfile:
         return {n: fp.gain for n, fp in self.functions.items()}
 
     def to_json(self) -> dict:
-        return {"testbed": self.testbed, "runs": self.runs, "testbed_s": self.testbed_s,
-                "baseline_mst": self.baseline.mst,
-                "functions": {n: fp.to_json() for n, fp in self.functions.items()},
-                "worker_ceiling": self.workers.to_json() if self.workers else None,
-                "probe": [{**p.__dict__, "bound": p.bound} for p in self.probe], "bursts": dict(self.bursts)}
+        return {
+            "testbed": self.testbed,
+            "runs": self.runs,
+            "testbed_s": self.testbed_s,
+            "baseline_mst": self.baseline.mst,
+            "functions": {n: fp.to_json() for n, fp in self.functions.items()},
+            "worker_ceiling": self.workers.to_json() if self.workers else None,
+            "probe": [{**p.__dict__, "bound": p.bound} for p in self.probe],
+            "bursts": dict(self.bursts),
+        }
 
 
 def gains_of(run: RunResult) -> dict[str, float]:
@@ -135,8 +144,16 @@ def gains_of(run: RunResult) -> dict[str, float]:
     return {n: fm.arrival_rate / inj for n, fm in run.functions.items()}
 
 
-def measure_point(testbed: Testbed, fn: str, k: int, others: dict[str, int], gain: float,
-                  settings: MstSettings, retries: int = 2, spread: bool = False) -> tuple[ProfilePoint, dict[str, int]]:
+def measure_point(
+    testbed: Testbed,
+    fn: str,
+    k: int,
+    others: dict[str, int],
+    gain: float,
+    settings: MstSettings,
+    retries: int = 2,
+    spread: bool = False,
+) -> tuple[ProfilePoint, dict[str, int]]:
     """MST with `fn` at k and the others at `others`; if another function fell behind, double it and
     measure again (the point must be this function's). `spread`: one instance per worker (the
     function's own scaling, without a worker's shared lock)."""
@@ -154,12 +171,18 @@ def measure_point(testbed: Testbed, fn: str, k: int, others: dict[str, int], gai
     last = res.last
     fm = last.functions[fn] if last is not None else None
     processed = sum(i.processed for i in fm.instances) if fm else 0.0
-    hot = max((i.arrived for i in fm.instances), default=0.0) / max(sum(i.arrived for i in fm.instances), 1e-12) \
-        if fm else 1.0
-    point = ProfilePoint(parallelism=k, capacity=res.mst * gain, source_mst=res.mst,
-                         true_rate=fm.true_rate if fm else None,
-                         cpu_per_msg_s=(fm.cpu_s / processed) if fm and processed > 0 else None,
-                         hot_share=hot, runs=runs, testbed_s=spent, own=b in (fn, None))
+    hot = max((i.arrived for i in fm.instances), default=0.0) / max(sum(i.arrived for i in fm.instances), 1e-12) if fm else 1.0
+    point = ProfilePoint(
+        parallelism=k,
+        capacity=res.mst * gain,
+        source_mst=res.mst,
+        true_rate=fm.true_rate if fm else None,
+        cpu_per_msg_s=(fm.cpu_s / processed) if fm and processed > 0 else None,
+        hot_share=hot,
+        runs=runs,
+        testbed_s=spent,
+        own=b in (fn, None),
+    )
     return point, par
 
 
@@ -171,15 +194,16 @@ def ladder(max_parallelism: int) -> list[int]:
     return out
 
 
-def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSettings = MstSettings(),
-                headroom: float = 2.0, probe: bool = True) -> AppProfile:
+def profile_app(
+    testbed: Testbed, max_parallelism: int = 8, settings: MstSettings = MstSettings(), headroom: float = 2.0, probe: bool = True
+) -> AppProfile:
     """Baseline MST (all at 1); where the testbed places instances on workers of `slots_per_worker`,
     the worker probe (workers.py); then each function at 1, 2, 4, ... up to max_parallelism, one
     instance per worker if the probe found a per-worker ceiling."""
     fns = testbed.functions()
     base = measure_mst(testbed, TestConfig({f: 1 for f in fns}), settings)
     runs, spent = base.runs, base.testbed_s
-    ref = cast(RunResult, base.last or base.failing)   # measure_mst runs at least once: one of them is set
+    ref = cast(RunResult, base.last or base.failing)  # measure_mst runs at least once: one of them is set
     gains = gains_of(ref)
     tr = {f: (ref.functions[f].true_rate or 1.0) for f in fns}
     ceiling: WorkerCeiling | None = None
@@ -194,7 +218,7 @@ def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSetting
         points = []
         counts = None
         for k in ladder(max_parallelism):
-            need = headroom * k * tr[f] / max(gains[f], 1e-12)   # source rate f might reach at k
+            need = headroom * k * tr[f] / max(gains[f], 1e-12)  # source rate f might reach at k
             others = {o: max(1, math.ceil(need * gains[o] / tr[o])) for o in fns if o != f}
             p, _ = measure_point(testbed, f, k, others, gains[f], settings, spread=ceiling is not None)
             points.append(p)
@@ -208,8 +232,9 @@ def profile_app(testbed: Testbed, max_parallelism: int = 8, settings: MstSetting
     return AppProfile(testbed.name, base, profiles, runs, spent, ceiling, probed, bursts)
 
 
-def fit_profile(name: str, gain: float, points: Sequence[ProfilePoint],
-                key_group_counts: np.ndarray | None = None) -> FunctionProfile:
+def fit_profile(
+    name: str, gain: float, points: Sequence[ProfilePoint], key_group_counts: np.ndarray | None = None
+) -> FunctionProfile:
     """Choose the curve family by held-out error; keyed functions are fitted on the hot instance."""
     weights = None
     if key_group_counts is not None and key_group_counts.sum() > 0:
@@ -218,7 +243,7 @@ def fit_profile(name: str, gain: float, points: Sequence[ProfilePoint],
     own = [p for p in points if p.own] or list(points)
     xs = [p.parallelism for p in own]
     ys = [proto._hot_rate(p) for p in own]
-    families = ("linear",) if weights else CURVE_FAMILIES   # a hot instance's own rate: flat or linear
+    families = ("linear",) if weights else CURVE_FAMILIES  # a hot instance's own rate: flat or linear
     if len(own) == 1:
         best = select(xs, ys, ("linear",))[0]
         return FunctionProfile(name, gain, tuple(points), weights, best, (best,))

@@ -42,31 +42,31 @@ LN100 = math.log(100.0)
 @dataclass(frozen=True)
 class SimFn:
     name: str
-    upstream: tuple[str, ...] = ()   # functions whose outputs feed this one
-    source_share: float = 0.0        # share of the injected source rate published to its input
-    selectivity: float = 1.0         # outputs per input
-    cpu_s: float = 0.001             # Python CPU per message (holds the interpreter lock)
-    wait_s: float = 0.0              # per message with the lock released (I/O, a model server, native code)
-    overhead_s: float = 0.0002       # the runtime's per-message CPU (receive, deserialize, ack), under the lock
-    key_groups: int = 0              # > 0: keyed, keys Zipf over this many key groups
+    upstream: tuple[str, ...] = ()  # functions whose outputs feed this one
+    source_share: float = 0.0  # share of the injected source rate published to its input
+    selectivity: float = 1.0  # outputs per input
+    cpu_s: float = 0.001  # Python CPU per message (holds the interpreter lock)
+    wait_s: float = 0.0  # per message with the lock released (I/O, a model server, native code)
+    overhead_s: float = 0.0002  # the runtime's per-message CPU (receive, deserialize, ack), under the lock
+    key_groups: int = 0  # > 0: keyed, keys Zipf over this many key groups
     zipf_s: float = 0.0
-    window_s: float = 0.0            # > 0: windowed, emits every window_s
-    window_keys: int = 0             # keys held in a window's state (over all instances)
-    emit_cost_s: float = 0.0         # CPU per key at a window's end
-    join_with: str | None = None     # a fan-in join: matched against this function's outputs over join_window_s
+    window_s: float = 0.0  # > 0: windowed, emits every window_s
+    window_keys: int = 0  # keys held in a window's state (over all instances)
+    emit_cost_s: float = 0.0  # CPU per key at a window's end
+    join_with: str | None = None  # a fan-in join: matched against this function's outputs over join_window_s
     join_window_s: float = 0.0
-    join_cost_s: float = 0.0         # CPU per match
+    join_cost_s: float = 0.0  # CPU per match
 
 
 @dataclass(frozen=True)
 class SimCluster:
-    runtime: str = "process"          # thread: one interpreter lock per worker; process: none
+    runtime: str = "process"  # thread: one interpreter lock per worker; process: none
     cores_per_worker: int = 4
-    slots_per_worker: int = 4         # instances per worker: workers = ceil(instances / slots)
-    lock_contention: float = 0.05     # extra lock hand-off cost per additional thread on a worker
-    producer_max_rate: float = 1e9    # the load generator's own limit, source messages/s
-    noise: float = 0.004              # relative run-to-run variation of capacity and readings
-    buffer_msgs: float = 2000.0       # what empty prefetch queues absorb at first (warm-up overshoot)
+    slots_per_worker: int = 4  # instances per worker: workers = ceil(instances / slots)
+    lock_contention: float = 0.05  # extra lock hand-off cost per additional thread on a worker
+    producer_max_rate: float = 1e9  # the load generator's own limit, source messages/s
+    noise: float = 0.004  # relative run-to-run variation of capacity and readings
+    buffer_msgs: float = 2000.0  # what empty prefetch queues absorb at first (warm-up overshoot)
 
     def __post_init__(self):
         if self.runtime not in ("thread", "process"):
@@ -83,10 +83,10 @@ class SimPlanApp:
 
 @dataclass(frozen=True)
 class _Layout:
-    fn: np.ndarray        # per instance: function index
-    share: np.ndarray     # per instance: share of its function's input
-    worker: np.ndarray    # per instance: worker index
-    threads: np.ndarray   # per worker: instances on it
+    fn: np.ndarray  # per instance: function index
+    share: np.ndarray  # per instance: share of its function's input
+    worker: np.ndarray  # per instance: worker index
+    threads: np.ndarray  # per worker: instances on it
     workers: int
 
 
@@ -146,8 +146,7 @@ class SimTestbed:
     def run(self, rate: float, config: TestConfig, phases: Phases = Phases()) -> RunResult:
         self.runs += 1
         self.testbed_s += phases.total_s
-        return self._run(rate, config, phases, phases.observe_s, phases.total_s,
-                         phase0=phases.cooldown_s + phases.ramp_s)
+        return self._run(rate, config, phases, phases.observe_s, phases.total_s, phase0=phases.cooldown_s + phases.ramp_s)
 
     def warmup(self, rate: float, config: TestConfig, seconds: float) -> RunResult:
         """Empty buffers absorb more than the MST at first: the observed rate overshoots by what the
@@ -155,8 +154,7 @@ class SimTestbed:
         self.testbed_s += seconds
         r = self._run(rate, config, Phases(0, 0, seconds), seconds, seconds, phase0=0.0)
         absorbed = min(r.injected_rate, r.processed_rate + self.app.cluster.buffer_msgs / max(seconds, 1.0))
-        return RunResult(r.target_rate, r.injected_rate, absorbed, r.p99_s, seconds, seconds, r.functions,
-                         r.workers, "warm-up")
+        return RunResult(r.target_rate, r.injected_rate, absorbed, r.p99_s, seconds, seconds, r.functions, r.workers, "warm-up")
 
     # ---- the model -----------------------------------------------------------------------------------
     def workers_for(self, config: TestConfig) -> int:
@@ -261,8 +259,9 @@ class SimTestbed:
     def _rng(self, rate: float, config: TestConfig, observe_s: float) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(repr((config.key(), round(rate, 6), observe_s)).encode())])
 
-    def _run(self, rate: float, config: TestConfig, phases: Phases, observe_s: float, duration_s: float,
-             phase0: float) -> RunResult:
+    def _run(
+        self, rate: float, config: TestConfig, phases: Phases, observe_s: float, duration_s: float, phase0: float
+    ) -> RunResult:
         cl = self.app.cluster
         rng = self._rng(rate, config, observe_s)
         noise = cl.noise
@@ -289,9 +288,15 @@ class SimTestbed:
             k = int(sel.sum())
             jitter = 1 + rng.normal(0, noise / 4)
             processed = lam_x[j] * jitter
-            insts = tuple(InstanceMeasure(processed=float(xi * observe_s * jitter), busy_s=float(b),
-                                          cpu_s=float(c * observe_s), arrived=float(xi * observe_s))
-                          for xi, b, c in zip(x[sel], busy_s[sel], lock[sel]))
+            insts = tuple(
+                InstanceMeasure(
+                    processed=float(xi * observe_s * jitter),
+                    busy_s=float(b),
+                    cpu_s=float(c * observe_s),
+                    arrived=float(xi * observe_s),
+                )
+                for xi, b, c in zip(x[sel], busy_s[sel], lock[sel])
+            )
             counts = None
             if f.name in self._weights:
                 counts = tuple(float(c) for c in rng.poisson(self._weights[f.name] * lam_x[j] * observe_s))
@@ -302,15 +307,27 @@ class SimTestbed:
                 backlog1 += _residual(burst, drain, (phase0 + observe_s) % window)
             base = abs(rng.normal(0, 2.0))
             functions[f.name] = FunctionMeasure(
-                parallelism=k, arrival_rate=float(lam_seen[j] if grow[j] == 0 else lam_in[j]),
-                processed_rate=float(processed), output_rate=float(processed * f.selectivity),
-                backlog_start=backlog0 + base, backlog_end=backlog1 + base + float(grow[j]) + abs(rng.normal(0, 2.0)),
-                instances=insts, key_group_counts=counts)
+                parallelism=k,
+                arrival_rate=float(lam_seen[j] if grow[j] == 0 else lam_in[j]),
+                processed_rate=float(processed),
+                output_rate=float(processed * f.selectivity),
+                backlog_start=backlog0 + base,
+                backlog_end=backlog1 + base + float(grow[j]) + abs(rng.normal(0, 2.0)),
+                instances=insts,
+                key_group_counts=counts,
+            )
         path = self._longest_path(p99)
         processed_rate = kept * (1 + rng.normal(0, noise / 4))
-        return RunResult(target_rate=rate, injected_rate=float(injected), processed_rate=float(processed_rate),
-                         p99_s=float(observe_s if injected > cap else path), observe_s=observe_s,
-                         duration_s=duration_s, functions=functions, workers=lay.workers)
+        return RunResult(
+            target_rate=rate,
+            injected_rate=float(injected),
+            processed_rate=float(processed_rate),
+            p99_s=float(observe_s if injected > cap else path),
+            observe_s=observe_s,
+            duration_s=duration_s,
+            functions=functions,
+            workers=lay.workers,
+        )
 
     def _bursts(self, j: int, lam_x: np.ndarray, out_x: np.ndarray, hot: float) -> list[tuple[float, float, float]]:
         """(messages, seconds to drain them, window) of each burst a windowed upstream sends function j at
@@ -323,8 +340,17 @@ class SimTestbed:
                 out.append((burst, burst / max(lam_x[j] / max(hot, 1e-9), 1e-9), window))
         return out
 
-    def _p99(self, j: int, lay: _Layout, busy: np.ndarray, time_s: np.ndarray, wait: np.ndarray,
-             lam_x: np.ndarray, out_x: np.ndarray, horizon_s: float) -> tuple[float, list[tuple[float, float, float]]]:
+    def _p99(
+        self,
+        j: int,
+        lay: _Layout,
+        busy: np.ndarray,
+        time_s: np.ndarray,
+        wait: np.ndarray,
+        lam_x: np.ndarray,
+        out_x: np.ndarray,
+        horizon_s: float,
+    ) -> tuple[float, list[tuple[float, float, float]]]:
         """Function j's p99: an M/M/1 wait at its hottest instance's utilization (`horizon_s` once it cannot
         keep up), plus the drain of the bursts it receives; and those bursts (`_bursts`)."""
         sel = lay.fn == j
@@ -339,8 +365,9 @@ class SimTestbed:
         lay = self._layout(config)
         lam_x, out_x = self.rates(rate)
         _, _, _, _, busy, _, _, time_s, wait = self._demands(rate, lay)
-        return self._longest_path({j: self._p99(j, lay, busy, time_s, wait, lam_x, out_x, horizon_s)[0]
-                                   for j in range(len(self._order))})
+        return self._longest_path(
+            {j: self._p99(j, lay, busy, time_s, wait, lam_x, out_x, horizon_s)[0] for j in range(len(self._order))}
+        )
 
     def _downstream(self, j: int) -> set[int]:
         name = self._order[j]
@@ -368,7 +395,7 @@ def _lock_waits(x: np.ndarray, hold: np.ndarray, lay: _Layout) -> np.ndarray:
     for _ in range(200):
         held = np.minimum(1.0, x * hold)
         waiting = np.minimum(1.0 - held, x * wait)
-        ahead = held * hold / 2 + waiting * hold   # the holder's remaining half, each waiter's whole hold
+        ahead = held * hold / 2 + waiting * hold  # the holder's remaining half, each waiter's whole hold
         others = np.bincount(lay.worker, weights=ahead, minlength=lay.workers)[lay.worker] - ahead
         if np.allclose(others, wait, rtol=1e-6, atol=1e-9):
             break
@@ -386,37 +413,72 @@ def _residual(burst: float, drain_s: float, phase: float) -> float:
 # ---- five apps that do not scale the same way -------------------------------------------------------------
 
 APPS: dict[str, SimPlanApp] = {
-    "linear": SimPlanApp("linear", (
-        SimFn("ingest", source_share=1.0, cpu_s=0.0008, wait_s=0.0010),
-        SimFn("enrich", ("ingest",), cpu_s=0.0010, wait_s=0.0040),
-        SimFn("store", ("enrich",), cpu_s=0.0005, wait_s=0.0030),
-    ), SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
-        about="control: process runtime, cores to spare, no keys: scales linearly"),
-    "interpreter": SimPlanApp("interpreter", (
-        SimFn("decode", source_share=1.0, cpu_s=0.0015, wait_s=0.0010),
-        SimFn("score", ("decode",), cpu_s=0.0020, wait_s=0.0150),
-        SimFn("publish", ("score",), cpu_s=0.0010, wait_s=0.0020),
-    ), SimCluster(runtime="thread", cores_per_worker=4, slots_per_worker=8, lock_contention=0.06),
-        about="thread runtime: one interpreter lock per worker caps what its threads do"),
-    "zipf": SimPlanApp("zipf", (
-        SimFn("parse", source_share=1.0, cpu_s=0.0005, wait_s=0.0005),
-        SimFn("count", ("parse",), cpu_s=0.0020, wait_s=0.0060, key_groups=1024, zipf_s=0.8),
-    ), SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
-        about="keys Zipf over 1024 key groups: the instance with the hot group caps count"),
-    "windowed": SimPlanApp("windowed", (
-        SimFn("ingest", source_share=1.0, cpu_s=0.0005, wait_s=0.0005),
-        SimFn("aggregate", ("ingest",), selectivity=0.2, cpu_s=0.0010, wait_s=0.0005,
-              window_s=10.0, window_keys=200_000, emit_cost_s=0.00003),
-        SimFn("alert", ("aggregate",), cpu_s=0.0010, wait_s=0.0080),
-    ), SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
-        about="a 10 s window over 200k keys: emission stalls shrink with parallelism; bursts downstream"),
-    "fanin": SimPlanApp("fanin", (
-        SimFn("clicks", source_share=0.7, cpu_s=0.0005, wait_s=0.0010),
-        SimFn("impressions", source_share=0.3, cpu_s=0.0005, wait_s=0.0010),
-        SimFn("join", ("clicks", "impressions"), cpu_s=0.0010, wait_s=0.0010,
-              join_with="impressions", join_window_s=2.0, join_cost_s=0.000002),
-    ), SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
-        about="a fan-in join matched against the impressions of the last 2 s: cost per message grows with rate"),
+    "linear": SimPlanApp(
+        "linear",
+        (
+            SimFn("ingest", source_share=1.0, cpu_s=0.0008, wait_s=0.0010),
+            SimFn("enrich", ("ingest",), cpu_s=0.0010, wait_s=0.0040),
+            SimFn("store", ("enrich",), cpu_s=0.0005, wait_s=0.0030),
+        ),
+        SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
+        about="control: process runtime, cores to spare, no keys: scales linearly",
+    ),
+    "interpreter": SimPlanApp(
+        "interpreter",
+        (
+            SimFn("decode", source_share=1.0, cpu_s=0.0015, wait_s=0.0010),
+            SimFn("score", ("decode",), cpu_s=0.0020, wait_s=0.0150),
+            SimFn("publish", ("score",), cpu_s=0.0010, wait_s=0.0020),
+        ),
+        SimCluster(runtime="thread", cores_per_worker=4, slots_per_worker=8, lock_contention=0.06),
+        about="thread runtime: one interpreter lock per worker caps what its threads do",
+    ),
+    "zipf": SimPlanApp(
+        "zipf",
+        (
+            SimFn("parse", source_share=1.0, cpu_s=0.0005, wait_s=0.0005),
+            SimFn("count", ("parse",), cpu_s=0.0020, wait_s=0.0060, key_groups=1024, zipf_s=0.8),
+        ),
+        SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
+        about="keys Zipf over 1024 key groups: the instance with the hot group caps count",
+    ),
+    "windowed": SimPlanApp(
+        "windowed",
+        (
+            SimFn("ingest", source_share=1.0, cpu_s=0.0005, wait_s=0.0005),
+            SimFn(
+                "aggregate",
+                ("ingest",),
+                selectivity=0.2,
+                cpu_s=0.0010,
+                wait_s=0.0005,
+                window_s=10.0,
+                window_keys=200_000,
+                emit_cost_s=0.00003,
+            ),
+            SimFn("alert", ("aggregate",), cpu_s=0.0010, wait_s=0.0080),
+        ),
+        SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
+        about="a 10 s window over 200k keys: emission stalls shrink with parallelism; bursts downstream",
+    ),
+    "fanin": SimPlanApp(
+        "fanin",
+        (
+            SimFn("clicks", source_share=0.7, cpu_s=0.0005, wait_s=0.0010),
+            SimFn("impressions", source_share=0.3, cpu_s=0.0005, wait_s=0.0010),
+            SimFn(
+                "join",
+                ("clicks", "impressions"),
+                cpu_s=0.0010,
+                wait_s=0.0010,
+                join_with="impressions",
+                join_window_s=2.0,
+                join_cost_s=0.000002,
+            ),
+        ),
+        SimCluster(runtime="process", cores_per_worker=8, slots_per_worker=4),
+        about="a fan-in join matched against the impressions of the last 2 s: cost per message grows with rate",
+    ),
 }
 
 

@@ -38,21 +38,21 @@ class SustainRow:
     app: str
     seed: int
     factor: float
-    machine_mst: float          # MST of the largest budget the small testbed measured
+    machine_mst: float  # MST of the largest budget the small testbed measured
     target: float
-    instances: int              # the plan's
+    instances: int  # the plan's
     workers: int
     predicted: float
-    true_mst: float             # the simulator's exact MST of the plan (ground truth)
+    true_mst: float  # the simulator's exact MST of the plan (ground truth)
     exhaustive_min: int | None  # fewest instances whose true MST covers target x (1 + headroom); None: none does
-    allowed: int | None         # exhaustive_min + max(functions, 10%)
+    allowed: int | None  # exhaustive_min + max(functions, 10%)
     refused: str | None
-    sustained: bool             # 100%: kept up, p99 under the SLO
+    sustained: bool  # 100%: kept up, p99 under the SLO
     p99_s: float | None
     reason: str
-    overload_failed: bool       # 115%: fell behind (or broke the SLO)
+    overload_failed: bool  # 115%: fell behind (or broke the SLO)
     overload_reason: str
-    bare: int | None = None     # the plan's `without_headroom` instances: what covers the target alone
+    bare: int | None = None  # the plan's `without_headroom` instances: what covers the target alone
 
     @property
     def within_allowance(self) -> bool:
@@ -67,8 +67,13 @@ class SustainRow:
         return self.sustained and self.overload_failed and self.within_allowance
 
 
-def exhaustive_min(testbed: SimTestbed, need: float, start: dict[str, int] | None = None,
-                   limit: int = 4096, slo: tuple[float, float] | None = None) -> int | None:
+def exhaustive_min(
+    testbed: SimTestbed,
+    need: float,
+    start: dict[str, int] | None = None,
+    limit: int = 4096,
+    slo: tuple[float, float] | None = None,
+) -> int | None:
     """The fewest instances over every allocation whose true MST is at least `need` (the testbed's
     own workers rule) and, with `slo` = (rate, p99 seconds), whose p99 at that rate is under it; None if
     no function count up to `limit` does. Each function's lower bound is the fewest instances with which
@@ -76,11 +81,11 @@ def exhaustive_min(testbed: SimTestbed, need: float, start: dict[str, int] | Non
     fns = testbed.functions()
     big = max(64, 4 * sum((start or {}).values()))
 
-    def keeps_up(par: dict[str, int]) -> bool:   # true MST >= need (and the SLO), without the bisection
+    def keeps_up(par: dict[str, int]) -> bool:  # true MST >= need (and the SLO), without the bisection
         cfg = TestConfig(par)
         return testbed.utilization(need, cfg)[0] < 1.0 and (slo is None or testbed.p99(slo[0], cfg) <= slo[1])
 
-    def alone(f: str) -> int | None:   # f's fewest instances when every other function has plenty
+    def alone(f: str) -> int | None:  # f's fewest instances when every other function has plenty
         return fewest(lambda k: keeps_up({**{g: big for g in fns}, f: k}), limit)
 
     lower = {}
@@ -111,9 +116,17 @@ def _compositions(total: int, parts: int):
         yield out
 
 
-def sustain_app(name: str, seed: int, factor: float, largest: int = 16, profile_parallelism: int = 8,
-                headroom: float = 0.10, slo_p99_s: float = SLO_P99_S, observe_s: float = OBSERVE_S,
-                settings: MstSettings = MstSettings()) -> SustainRow:
+def sustain_app(
+    name: str,
+    seed: int,
+    factor: float,
+    largest: int = 16,
+    profile_parallelism: int = 8,
+    headroom: float = 0.10,
+    slo_p99_s: float = SLO_P99_S,
+    observe_s: float = OBSERVE_S,
+    settings: MstSettings = MstSettings(),
+) -> SustainRow:
     testbed = SimTestbed(APPS[name], seed=seed)
     profile = profile_app(testbed, profile_parallelism, settings)
     model = build_model(testbed, profile, default_budgets(len(testbed.functions()), largest), settings)
@@ -124,9 +137,25 @@ def sustain_app(name: str, seed: int, factor: float, largest: int = 16, profile_
     least = exhaustive_min(check, target * (1 + headroom), plan.parallelism, slo=(target, slo_p99_s))
     allowed = None if least is None else least + max(len(plan.parallelism), math.ceil(0.1 * least))
     if plan.refused:
-        return SustainRow(name, seed, factor, machine, target, sum(plan.parallelism.values()), plan.workers,
-                          plan.predicted_mst, math.nan, least, allowed, plan.refused, False, None, "refused",
-                          False, "refused")
+        return SustainRow(
+            name,
+            seed,
+            factor,
+            machine,
+            target,
+            sum(plan.parallelism.values()),
+            plan.workers,
+            plan.predicted_mst,
+            math.nan,
+            least,
+            allowed,
+            plan.refused,
+            False,
+            None,
+            "refused",
+            False,
+            "refused",
+        )
     cfg = TestConfig(dict(plan.parallelism))
     phases = Phases(settings.phases.cooldown_s, settings.phases.ramp_s, observe_s)
     slo = MstSettings(slo_p99_s=slo_p99_s, phases=phases)
@@ -134,39 +163,66 @@ def sustain_app(name: str, seed: int, factor: float, largest: int = 16, profile_
     over = check.run(target * OVERLOAD, cfg, phases)
     ok, reason = judge(at, slo)
     over_ok, over_reason = judge(over, slo)
-    return SustainRow(name, seed, factor, machine, target, sum(plan.parallelism.values()), plan.workers,
-                      plan.predicted_mst, check.true_mst(cfg), least, allowed, None, ok, at.p99_s, reason,
-                      not over_ok, over_reason, plan.bare.budget if plan.bare else None)
+    return SustainRow(
+        name,
+        seed,
+        factor,
+        machine,
+        target,
+        sum(plan.parallelism.values()),
+        plan.workers,
+        plan.predicted_mst,
+        check.true_mst(cfg),
+        least,
+        allowed,
+        None,
+        ok,
+        at.p99_s,
+        reason,
+        not over_ok,
+        over_reason,
+        plan.bare.budget if plan.bare else None,
+    )
 
 
-def sustain(apps: Sequence[str] = tuple(APPS), seeds: Sequence[int] = SEEDS, factors: Sequence[float] = FACTORS,
-            **kw) -> dict:
+def sustain(apps: Sequence[str] = tuple(APPS), seeds: Sequence[int] = SEEDS, factors: Sequence[float] = FACTORS, **kw) -> dict:
     rows = [sustain_app(a, s, f, **kw) for a in apps for s in seeds for f in factors]
     ok = all(r.passed for r in rows)
-    return {"rows": [asdict(r) | {"within_allowance": r.within_allowance, "passed": r.passed} for r in rows],
-            "passed": ok,
-            "slo_p99_s": kw.get("slo_p99_s", SLO_P99_S), "observe_s": kw.get("observe_s", OBSERVE_S),
-            "overload": OVERLOAD}
+    return {
+        "rows": [asdict(r) | {"within_allowance": r.within_allowance, "passed": r.passed} for r in rows],
+        "passed": ok,
+        "slo_p99_s": kw.get("slo_p99_s", SLO_P99_S),
+        "observe_s": kw.get("observe_s", OBSERVE_S),
+        "overload": OVERLOAD,
+    }
 
 
 def format_sustain(result: dict) -> str:
-    head = (f"{'app':<12}{'seed':>5}{'x':>4}{'machine':>9}{'target':>9}{'inst':>6}{'min':>5}{'wkrs':>5}"
-            f"{'pred':>9}{'true':>9}{'100%':>6}{'p99 s':>7}{'115%':>7}{'bare':>6}")
+    head = (
+        f"{'app':<12}{'seed':>5}{'x':>4}{'machine':>9}{'target':>9}{'inst':>6}{'min':>5}{'wkrs':>5}"
+        f"{'pred':>9}{'true':>9}{'100%':>6}{'p99 s':>7}{'115%':>7}{'bare':>6}"
+    )
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
         p99 = f"{r['p99_s']:.2f}" if r["p99_s"] is not None else "-"
         if r["refused"]:
             least = "none" if r["exhaustive_min"] is None else str(r["exhaustive_min"])
-            lines.append(f"{r['app']:<12}{r['seed']:>5}{r['factor']:>4g}{r['machine_mst']:>9.0f}{r['target']:>9.0f}"
-                         f"  refused ({'right' if r['passed'] else 'WRONG'}: exhaustive minimum {least}): "
-                         f"{r['refused'][:60]}")
+            lines.append(
+                f"{r['app']:<12}{r['seed']:>5}{r['factor']:>4g}{r['machine_mst']:>9.0f}{r['target']:>9.0f}"
+                f"  refused ({'right' if r['passed'] else 'WRONG'}: exhaustive minimum {least}): "
+                f"{r['refused'][:60]}"
+            )
             continue
-        lines.append(f"{r['app']:<12}{r['seed']:>5}{r['factor']:>4g}{r['machine_mst']:>9.0f}{r['target']:>9.0f}"
-                     f"{r['instances']:>6}{r['exhaustive_min'] or '-':>5}{r['workers']:>5}{r['predicted']:>9.0f}"
-                     f"{r['true_mst']:>9.0f}{'ok' if r['sustained'] else 'FAIL':>6}{p99:>7}"
-                     f"{'fails' if r['overload_failed'] else 'KEPT':>7}{r.get('bare') or '-':>6}")
-    lines.append(f"100%: sustained with p99 <= {result['slo_p99_s']} s over {result['observe_s']:.0f} s; "
-                 f"{result['overload']:.0%}: falls behind; instances <= exhaustive minimum + max(1 per function, 10%): "
-                 f"{'PASSED' if result['passed'] else 'FAILED'}; bare: the plan's instances for the target "
-                 "without headroom")
+        lines.append(
+            f"{r['app']:<12}{r['seed']:>5}{r['factor']:>4g}{r['machine_mst']:>9.0f}{r['target']:>9.0f}"
+            f"{r['instances']:>6}{r['exhaustive_min'] or '-':>5}{r['workers']:>5}{r['predicted']:>9.0f}"
+            f"{r['true_mst']:>9.0f}{'ok' if r['sustained'] else 'FAIL':>6}{p99:>7}"
+            f"{'fails' if r['overload_failed'] else 'KEPT':>7}{r.get('bare') or '-':>6}"
+        )
+    lines.append(
+        f"100%: sustained with p99 <= {result['slo_p99_s']} s over {result['observe_s']:.0f} s; "
+        f"{result['overload']:.0%}: falls behind; instances <= exhaustive minimum + max(1 per function, 10%): "
+        f"{'PASSED' if result['passed'] else 'FAILED'}; bare: the plan's instances for the target "
+        "without headroom"
+    )
     return "\n".join(lines)

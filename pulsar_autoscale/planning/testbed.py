@@ -16,7 +16,7 @@ class TestConfig:
     """A deployment to test: parallelism per function and the number of workers (None: the testbed's
     own rule for how many workers a number of instances gets)."""
 
-    __test__ = False   # not a pytest class
+    __test__ = False  # not a pytest class
 
     parallelism: Mapping[str, int]
     workers: int | None = None
@@ -42,7 +42,7 @@ class Phases:
     cooldown_s: float = 15.0
     ramp_s: float = 30.0
     observe_s: float = 60.0
-    cooldown_rate: float | None = None   # None: 10% of the target rate
+    cooldown_rate: float | None = None  # None: 10% of the target rate
 
     @property
     def total_s(self) -> float:
@@ -51,23 +51,23 @@ class Phases:
 
 @dataclass(frozen=True)
 class InstanceMeasure:
-    processed: float          # messages processed in the observation
-    busy_s: float             # time spent inside process() (useful time; includes waiting for a lock)
-    cpu_s: float              # CPU time the instance used
-    arrived: float            # messages routed to this instance (its share of the function's input)
+    processed: float  # messages processed in the observation
+    busy_s: float  # time spent inside process() (useful time; includes waiting for a lock)
+    cpu_s: float  # CPU time the instance used
+    arrived: float  # messages routed to this instance (its share of the function's input)
 
 
 @dataclass(frozen=True)
 class FunctionMeasure:
     parallelism: int
-    arrival_rate: float       # messages/s arriving on the function's inputs
-    processed_rate: float     # messages/s processed by all instances
-    output_rate: float        # messages/s emitted
-    backlog_start: float      # messages waiting at the start of the observation
-    backlog_end: float        # ... and at its end
+    arrival_rate: float  # messages/s arriving on the function's inputs
+    processed_rate: float  # messages/s processed by all instances
+    output_rate: float  # messages/s emitted
+    backlog_start: float  # messages waiting at the start of the observation
+    backlog_end: float  # ... and at its end
     instances: tuple[InstanceMeasure, ...] = ()
-    key_group_counts: tuple[float, ...] | None = None   # messages per key group (keyed functions)
-    backlog_noise: float = 0.0   # std of the backlog about its trend over the observation (messages)
+    key_group_counts: tuple[float, ...] | None = None  # messages per key group (keyed functions)
+    backlog_noise: float = 0.0  # std of the backlog about its trend over the observation (messages)
 
     def backlog_growth_rate(self, observe_s: float) -> float:
         return (self.backlog_end - self.backlog_start) / observe_s if observe_s > 0 else 0.0
@@ -98,12 +98,12 @@ class RunResult:
     processed_rate: float
     p99_s: float | None
     observe_s: float
-    duration_s: float                       # testbed time the run took (cooldown + ramp + observe)
+    duration_s: float  # testbed time the run took (cooldown + ramp + observe)
     functions: Mapping[str, FunctionMeasure] = field(default_factory=dict)
     workers: int = 1
     note: str = ""
 
-    PRODUCER_TOLERANCE = 0.005   # a producer more than 0.5% short of its target makes the run invalid
+    PRODUCER_TOLERANCE = 0.005  # a producer more than 0.5% short of its target makes the run invalid
 
     @property
     def valid(self) -> bool:
@@ -119,7 +119,7 @@ class Testbed(Protocol):
     """A place to run the app under test at a controlled rate."""
 
     name: str
-    max_rate: float    # what the producer sends at full speed (the warm-up's rate)
+    max_rate: float  # what the producer sends at full speed (the warm-up's rate)
 
     def functions(self) -> tuple[str, ...]:
         """The app's functions, upstream first."""

@@ -32,16 +32,16 @@ import numpy as np
 from pulsar_autoscale.planning.mst import MstSettings, measure_mst
 from pulsar_autoscale.planning.testbed import RunResult, Testbed, TestConfig
 
-BOUND_MARGIN = 0.05      # one worker more than this share below t workers: the worker bound it
+BOUND_MARGIN = 0.05  # one worker more than this share below t workers: the worker bound it
 
 
 @dataclass(frozen=True)
 class ProbePoint:
     threads: int
     parallelism: dict[str, int]
-    one_worker: float        # MST, every instance on one worker
-    across: float            # MST, one instance per worker
-    demand: float            # CPU seconds per source message on that worker (all its instances)
+    one_worker: float  # MST, every instance on one worker
+    across: float  # MST, one instance per worker
+    demand: float  # CPU seconds per source message on that worker (all its instances)
     runs: int
     testbed_s: float
 
@@ -57,10 +57,10 @@ class ProbePoint:
 
 @dataclass(frozen=True)
 class WorkerCeiling:
-    slots: int                              # instances per worker: workers = ceil(instances / slots)
-    order: tuple[str, ...]                  # the functions in placement order
-    cpu_per_msg: Mapping[str, float]        # CPU seconds per message of the function's input
-    a: float                                # 1 / ceiling(t) = a + b t
+    slots: int  # instances per worker: workers = ceil(instances / slots)
+    order: tuple[str, ...]  # the functions in placement order
+    cpu_per_msg: Mapping[str, float]  # CPU seconds per message of the function's input
+    a: float  # 1 / ceiling(t) = a + b t
     b: float
     points: tuple[ProbePoint, ...] = field(default=())
 
@@ -96,9 +96,13 @@ class WorkerCeiling:
         return float(per[j]), j
 
     def to_json(self) -> dict:
-        return {"slots": self.slots, "cpu_per_msg": dict(self.cpu_per_msg), "inverse_ceiling": [self.a, self.b],
-                "ceiling_by_threads": {t: self.ceiling(t) for t in range(1, self.slots + 1)},
-                "probe": [{**p.__dict__, "bound": p.bound, "ceiling": p.ceiling} for p in self.points]}
+        return {
+            "slots": self.slots,
+            "cpu_per_msg": dict(self.cpu_per_msg),
+            "inverse_ceiling": [self.a, self.b],
+            "ceiling_by_threads": {t: self.ceiling(t) for t in range(1, self.slots + 1)},
+            "probe": [{**p.__dict__, "bound": p.bound, "ceiling": p.ceiling} for p in self.points],
+        }
 
 
 def balanced(threads: int, gains: Mapping[str, float], rates: Mapping[str, float], order: Sequence[str]) -> dict[str, int]:
@@ -134,8 +138,9 @@ def fit_inverse(points: Sequence[ProbePoint]) -> tuple[float, float]:
     return float(inv.mean()), 0.0
 
 
-def probe_workers(testbed: Testbed, slots: int, gains: Mapping[str, float], rates: Mapping[str, float],
-                  settings: MstSettings = MstSettings()) -> tuple[WorkerCeiling | None, tuple[ProbePoint, ...]]:
+def probe_workers(
+    testbed: Testbed, slots: int, gains: Mapping[str, float], rates: Mapping[str, float], settings: MstSettings = MstSettings()
+) -> tuple[WorkerCeiling | None, tuple[ProbePoint, ...]]:
     """One worker against t workers for t = functions .. slots; the ceiling if a worker bound any."""
     order = testbed.functions()
     points: list[ProbePoint] = []
@@ -150,13 +155,16 @@ def probe_workers(testbed: Testbed, slots: int, gains: Mapping[str, float], rate
             return None, tuple(points)
         cpu.append(per_msg)
         demand = sum(per_msg[f] * gains[f] for f in order)
-        points.append(ProbePoint(t, par, one.mst, across.mst, demand, one.runs + across.runs,
-                                 one.testbed_s + across.testbed_s))
+        points.append(ProbePoint(t, par, one.mst, across.mst, demand, one.runs + across.runs, one.testbed_s + across.testbed_s))
     if not any(p.bound for p in points):
         return None, tuple(points)
     per_msg = {f: float(np.median([c[f] for c in cpu])) for f in order}
     # each point's ceiling in the same units as the model's load (the median CPU per message)
-    points = [ProbePoint(p.threads, p.parallelism, p.one_worker, p.across,
-                         sum(per_msg[f] * gains[f] for f in order), p.runs, p.testbed_s) for p in points]
+    points = [
+        ProbePoint(
+            p.threads, p.parallelism, p.one_worker, p.across, sum(per_msg[f] * gains[f] for f in order), p.runs, p.testbed_s
+        )
+        for p in points
+    ]
     a, b = fit_inverse(points)
     return WorkerCeiling(slots, tuple(order), per_msg, a, b, tuple(points)), tuple(points)

@@ -39,13 +39,15 @@ class AccessPolicy:
 
     validator: TokenValidator
     superuser_roles: frozenset[str] = frozenset()
-    tenant_admins: Mapping[str, frozenset[str]] = field(default_factory=dict)   # tenant -> admin roles
-    controller_roles: frozenset[str] = frozenset()   # may send the epoch header; empty: the superusers
+    tenant_admins: Mapping[str, frozenset[str]] = field(default_factory=dict)  # tenant -> admin roles
+    controller_roles: frozenset[str] = frozenset()  # may send the epoch header; empty: the superusers
 
     def __post_init__(self):
         if not self.superuser_roles and not any(self.tenant_admins.values()):
-            raise ConfigError("token authentication is on but no role may administer anything: "
-                              "give --superuser-roles and/or --tenant-admin TENANT=ROLE")
+            raise ConfigError(
+                "token authentication is on but no role may administer anything: "
+                "give --superuser-roles and/or --tenant-admin TENANT=ROLE"
+            )
 
     def may_administer(self, role: str, tenant: str | None) -> bool:
         return role in self.superuser_roles or (tenant is not None and role in self.tenant_admins.get(tenant, ()))
@@ -90,7 +92,7 @@ def install_guard(app: Flask, policy: AccessPolicy) -> None:
         try:
             role = policy.validator.role(token)
         except InvalidToken as exc:
-            log.info("401 on %s %r from %s: %s", request.method, request.path, request.remote_addr, exc)   # %r: no forged lines
+            log.info("401 on %s %r from %s: %s", request.method, request.path, request.remote_addr, exc)  # %r: no forged lines
             return _deny(401, f"authentication failed: {exc}")
         g.role = role
         if request.path in AUTHENTICATED_PATHS:
@@ -106,8 +108,7 @@ def install_guard(app: Flask, policy: AccessPolicy) -> None:
 def tenant_admin_caller() -> bool:
     """Whether tenant admins are configured and the request's role is not a superuser (its code is untrusted)."""
     policy: AccessPolicy | None = current_app.extensions.get(_EXTENSION)
-    return (policy is not None and any(policy.tenant_admins.values())
-            and g.get("role") not in policy.superuser_roles)
+    return policy is not None and any(policy.tenant_admins.values()) and g.get("role") not in policy.superuser_roles
 
 
 def trusted_epoch() -> int | None:

@@ -24,27 +24,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pulsar_autoscale.http")
 
-DRAIN_LIMIT = 64 << 10        # unread request body a keep-alive connection may still drain after the response
-LINGER_S = 2.0                # past it, reading (and discarding) what the client still sends after a refusal
-MAX_HEAD_BYTES = 64 << 10     # request line and headers
+DRAIN_LIMIT = 64 << 10  # unread request body a keep-alive connection may still drain after the response
+LINGER_S = 2.0  # past it, reading (and discarding) what the client still sends after a refusal
+MAX_HEAD_BYTES = 64 << 10  # request line and headers
 REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
 @dataclass(frozen=True)
 class ServerLimits:
     """How long and how many: the defaults suit a worker or controller facing untrusted networks."""
-    threads: int = 16                     # the pool that runs the WSGI app (fixed size)
-    queue: int = 128                      # complete requests waiting for a thread; past it: 503
-    idle_timeout_s: float = 30.0          # a new or keep-alive connection that sends no request
-    handshake_timeout_s: float = 10.0     # the whole TLS handshake
-    head_timeout_s: float = 10.0          # the request line and headers, from their first byte
-    body_timeout_s: float = 30.0          # a buffered body, from the end of the head
-    read_timeout_s: float = 10.0          # each socket read or write in a pool thread
-    stream_timeout_s: float = 300.0       # a streamed (large or chunked) body, read by the app
-    buffered_body_bytes: int = 64 << 10   # bodies up to this are read by the gate
-    per_client_connections: int = 64      # open connections per client address
-    max_connections: int = 1000           # open connections in all
-    shutdown_timeout_s: float = 1.0       # stop(): how long requests in progress may finish
+
+    threads: int = 16  # the pool that runs the WSGI app (fixed size)
+    queue: int = 128  # complete requests waiting for a thread; past it: 503
+    idle_timeout_s: float = 30.0  # a new or keep-alive connection that sends no request
+    handshake_timeout_s: float = 10.0  # the whole TLS handshake
+    head_timeout_s: float = 10.0  # the request line and headers, from their first byte
+    body_timeout_s: float = 30.0  # a buffered body, from the end of the head
+    read_timeout_s: float = 10.0  # each socket read or write in a pool thread
+    stream_timeout_s: float = 300.0  # a streamed (large or chunked) body, read by the app
+    buffered_body_bytes: int = 64 << 10  # bodies up to this are read by the gate
+    per_client_connections: int = 64  # open connections per client address
+    max_connections: int = 1000  # open connections in all
+    shutdown_timeout_s: float = 1.0  # stop(): how long requests in progress may finish
 
 
 class _Reader:
@@ -55,17 +56,17 @@ class _Reader:
         self.read_timeout_s = read_timeout_s
         self.buf = bytearray()
         self.pos = 0
-        self.deadline: float | None = None     # set when the connection goes to a pool thread
+        self.deadline: float | None = None  # set when the connection goes to a pool thread
         self.bytes_read = 0
         self.closed = False
         self.eof = False
 
     def pending(self) -> bytes:
-        return bytes(self.buf[self.pos:])
+        return bytes(self.buf[self.pos :])
 
     def feed(self, data: bytes) -> None:
         if self.pos > 65536:
-            del self.buf[:self.pos]
+            del self.buf[: self.pos]
             self.pos = 0
         self.buf += data
 
@@ -87,7 +88,7 @@ class _Reader:
         return True
 
     def _take(self, n: int) -> bytes:
-        out = bytes(self.buf[self.pos:self.pos + n])
+        out = bytes(self.buf[self.pos : self.pos + n])
         self.pos += len(out)
         self.bytes_read += len(out)
         return out
@@ -184,12 +185,12 @@ class RequestGate:
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, data=self._wake_r)
         self._returned: collections.deque[tuple[GatedConnection, bool]] = collections.deque()
-        self._conns: set[GatedConnection] = set()          # connections the gate holds (selector thread only)
+        self._conns: set[GatedConnection] = set()  # connections the gate holds (selector thread only)
         self._lock = threading.Lock()
         self._per_client: dict[str, int] = {}
         self._open = 0
         self._stop = threading.Event()
-        self._running = threading.Event()      # run() is in its loop
+        self._running = threading.Event()  # run() is in its loop
         self._stopped = threading.Event()
         self.refused = 0
 
@@ -219,7 +220,7 @@ class RequestGate:
 
     @property
     def can_add_keepalive_connection(self) -> bool:
-        return True      # every connection is already counted against the caps
+        return True  # every connection is already counted against the caps
 
     @property
     def _num_connections(self) -> int:
@@ -275,7 +276,7 @@ class RequestGate:
         try:
             self._wake_w.send(b"\0")
         except OSError:
-            pass    # the pipe is full (a wake-up is pending anyway) or closed (stopping)
+            pass  # the pipe is full (a wake-up is pending anyway) or closed (stopping)
 
     def _drain_wake(self) -> None:
         try:
@@ -285,12 +286,12 @@ class RequestGate:
             pass
 
     def _accept(self) -> None:
-        for _ in range(64):          # a burst, then back to the other connections
+        for _ in range(64):  # a burst, then back to the other connections
             try:
                 sock, addr = self.server.socket.accept()
             except (BlockingIOError, InterruptedError, TimeoutError):
                 return
-            except OSError as exc:   # out of file descriptors, a connection reset before accept
+            except OSError as exc:  # out of file descriptors, a connection reset before accept
                 log.warning("accept failed: %s", exc)
                 return
             client = addr[0] if isinstance(addr, tuple) else str(addr)
@@ -303,16 +304,18 @@ class RequestGate:
                 if self.server.nodelay and sock.family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if self.server.ssl_adapter is not None:
-                    sock = self.server.ssl_adapter.context.wrap_socket(sock, server_side=True,
-                                                                       do_handshake_on_connect=False)
+                    sock = self.server.ssl_adapter.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 conn = GatedConnection(self.server, sock, addr)
             except OSError:
                 self.release(client)
                 _abort(sock)
                 continue
             now = time.monotonic()
-            conn.deadline = now + (self.limits.idle_timeout_s if conn.handshaken
-                                   else min(self.limits.idle_timeout_s, self.limits.handshake_timeout_s))
+            conn.deadline = now + (
+                self.limits.idle_timeout_s
+                if conn.handshaken
+                else min(self.limits.idle_timeout_s, self.limits.handshake_timeout_s)
+            )
             self._watch(conn, selectors.EVENT_READ)
 
     def _watch(self, conn: GatedConnection, events: int) -> None:
@@ -355,14 +358,14 @@ class RequestGate:
         conn.deadline = time.monotonic() + self.limits.idle_timeout_s
         self._watch(conn, selectors.EVENT_READ)
         tls_pending = isinstance(conn.socket, ssl.SSLSocket) and conn.socket.pending()
-        if conn.rfile.has_data() or tls_pending:     # a pipelined request, already read: select would not say
+        if conn.rfile.has_data() or tls_pending:  # a pipelined request, already read: select would not say
             self._step(conn)
 
     def _expire(self, now: float) -> None:
         for conn in [c for c in self._conns if c.deadline <= now]:
             log.debug("closing a connection from %s: timed out", conn.client)
             if conn.head_started and not conn.draining:
-                with contextlib.suppress(OSError):     # best effort: the socket does not block
+                with contextlib.suppress(OSError):  # best effort: the socket does not block
                     conn.socket.send(REQUEST_TIMEOUT)
             self._drop(conn)
 
@@ -397,7 +400,7 @@ class RequestGate:
             except OSError:
                 self._drop(conn)
                 return
-            if not data:      # the client closed, between or in the middle of a request
+            if not data:  # the client closed, between or in the middle of a request
                 self._drop(conn)
                 return
             reader.feed(data)
@@ -422,7 +425,7 @@ class RequestGate:
         view = reader.buf
         now = time.monotonic()
         start = reader.pos
-        while view.startswith(b"\r\n", start):      # blank lines before a request line are allowed
+        while view.startswith(b"\r\n", start):  # blank lines before a request line are allowed
             start += 2
         if start >= len(view):
             return
@@ -432,7 +435,7 @@ class RequestGate:
         end = view.find(b"\r\n\r\n", start)
         if end < 0:
             if len(view) - start > MAX_HEAD_BYTES:
-                self._dispatch(conn, now + self.limits.read_timeout_s)   # cheroot answers 413/414
+                self._dispatch(conn, now + self.limits.read_timeout_s)  # cheroot answers 413/414
             return
         length, streamed = _body_of(bytes(view[start:end]), self.limits.buffered_body_bytes)
         if streamed:
@@ -466,7 +469,7 @@ def _body_of(head: bytes, buffered: int) -> tuple[int, bool]:
             try:
                 length = int(value.strip())
             except ValueError:
-                return 0, True        # cheroot answers 400
+                return 0, True  # cheroot answers 400
     return length, length > buffered
 
 

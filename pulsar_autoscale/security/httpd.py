@@ -55,15 +55,26 @@ class HTTPServer(wsgi.Server):
 
     ConnectionClass = GatedConnection
 
-    def __init__(self, host: str, port: int, app, limits: ServerLimits | None = None,
-                 tls: tuple[str, str] | None = None):
+    def __init__(self, host: str, port: int, app, limits: ServerLimits | None = None, tls: tuple[str, str] | None = None):
         self.limits = limits or ServerLimits()
-        super().__init__((host, port), app, numthreads=self.limits.threads, max=self.limits.threads,
-                         request_queue_size=128, timeout=math.ceil(self.limits.idle_timeout_s),
-                         shutdown_timeout=math.ceil(self.limits.shutdown_timeout_s),
-                         accepted_queue_size=self.limits.queue, accepted_queue_timeout=0)
-        self.requests = _DaemonThreadPool(self, min=self.limits.threads, max=self.limits.threads,
-                                          accepted_queue_size=self.limits.queue, accepted_queue_timeout=0)
+        super().__init__(
+            (host, port),
+            app,
+            numthreads=self.limits.threads,
+            max=self.limits.threads,
+            request_queue_size=128,
+            timeout=math.ceil(self.limits.idle_timeout_s),
+            shutdown_timeout=math.ceil(self.limits.shutdown_timeout_s),
+            accepted_queue_size=self.limits.queue,
+            accepted_queue_timeout=0,
+        )
+        self.requests = _DaemonThreadPool(
+            self,
+            min=self.limits.threads,
+            max=self.limits.threads,
+            accepted_queue_size=self.limits.queue,
+            accepted_queue_timeout=0,
+        )
         self.max_request_header_size = MAX_HEAD_BYTES
         if tls is not None:
             self.ssl_adapter = BuiltinSSLAdapter(*tls)
@@ -73,7 +84,7 @@ class HTTPServer(wsgi.Server):
 
     def prepare(self):
         super().prepare()
-        self._connections._selector.close()      # cheroot's own manager, replaced before it ever ran
+        self._connections._selector.close()  # cheroot's own manager, replaced before it ever ran
         self.socket.setblocking(False)
         self._connections = RequestGate(self)
 

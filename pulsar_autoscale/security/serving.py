@@ -21,8 +21,8 @@ from .guard import AccessPolicy, install_guard
 from .httpd import HTTPServer, ServerLimits
 from .tokens import TokenValidator
 
-DEFAULT_MAX_REQUEST_MB = 64       # a function's .py and its config; anything larger is refused with 413
-MAX_FORM_FIELD_BYTES = 1 << 20    # a functionConfig (or any other non-file form field) above 1 MiB: 413
+DEFAULT_MAX_REQUEST_MB = 64  # a function's .py and its config; anything larger is refused with 413
+MAX_FORM_FIELD_BYTES = 1 << 20  # a functionConfig (or any other non-file form field) above 1 MiB: 413
 
 
 def form_text(name: str) -> str | None:
@@ -50,12 +50,12 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True)
 class ServerSecurity:
-    access: AccessPolicy | None = None          # None: no authentication (loopback only, or insecure_no_auth)
+    access: AccessPolicy | None = None  # None: no authentication (loopback only, or insecure_no_auth)
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_MB << 20
-    insecure_no_auth: bool = False              # allow a non-loopback bind without authentication
-    limits: ServerLimits = ServerLimits()       # timeouts, thread pool, connection caps
+    insecure_no_auth: bool = False  # allow a non-loopback bind without authentication
+    limits: ServerLimits = ServerLimits()  # timeouts, thread pool, connection caps
 
     def __post_init__(self):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -69,8 +69,9 @@ class ServerSecurity:
 
     def describe(self) -> str:
         """For a start-up banner: whether callers must authenticate and whether the API is served over TLS."""
-        return (f"authentication {'on (tokens)' if self.access is not None else 'off'}, "
-                f"TLS {'on' if self.tls_cert_file else 'off'}")
+        return (
+            f"authentication {'on (tokens)' if self.access is not None else 'off'}, TLS {'on' if self.tls_cert_file else 'off'}"
+        )
 
     @property
     def scheme(self) -> str:
@@ -78,9 +79,11 @@ class ServerSecurity:
 
     def check_bind(self, host: str) -> None:
         if self.access is None and not self.insecure_no_auth and not is_loopback(host):
-            raise ConfigError(f"refusing to serve on {host} without authentication: anyone who reaches it could "
-                              f"run code. Give --token-secret-key or --token-public-key (docs/security.md), bind "
-                              f"127.0.0.1, or pass --insecure-no-auth")
+            raise ConfigError(
+                f"refusing to serve on {host} without authentication: anyone who reaches it could "
+                f"run code. Give --token-secret-key or --token-public-key (docs/security.md), bind "
+                f"127.0.0.1, or pass --insecure-no-auth"
+            )
 
     def make_server(self, host: str, port: int, app: Flask) -> HTTPServer:
         """Bound on return (port 0: a free one, in ``server_port``); ``serve_forever()`` in a thread, ``shutdown()``."""
@@ -97,15 +100,22 @@ class ServerSecurity:
     def from_args(cls, args: argparse.Namespace) -> "ServerSecurity":
         access = None
         if args.token_secret_key or args.token_public_key:
-            validator = TokenValidator.from_settings(args.token_secret_key, args.token_public_key,
-                                                     args.token_public_alg, args.token_auth_claim,
-                                                     args.token_audience, args.token_audience_claim)
-            access = AccessPolicy(validator, _roles(args.superuser_roles), _tenant_admins(args.tenant_admin),
-                                  _roles(args.controller_roles))
+            validator = TokenValidator.from_settings(
+                args.token_secret_key,
+                args.token_public_key,
+                args.token_public_alg,
+                args.token_auth_claim,
+                args.token_audience,
+                args.token_audience_claim,
+            )
+            access = AccessPolicy(
+                validator, _roles(args.superuser_roles), _tenant_admins(args.tenant_admin), _roles(args.controller_roles)
+            )
         elif args.superuser_roles or args.tenant_admin or args.controller_roles:
             raise ConfigError("roles were given but no token key: add --token-secret-key or --token-public-key")
-        return cls(access, args.tls_cert_file, args.tls_key_file, int(args.max_request_size_mb * (1 << 20)),
-                   args.insecure_no_auth)
+        return cls(
+            access, args.tls_cert_file, args.tls_key_file, int(args.max_request_size_mb * (1 << 20)), args.insecure_no_auth
+        )
 
 
 def _roles(text: str | None) -> frozenset[str]:
@@ -125,24 +135,42 @@ def _tenant_admins(entries: list[str] | None) -> dict[str, frozenset[str]]:
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
     """Authentication, authorization and TLS of an HTTP server (Pulsar's broker.conf names, as flags)."""
     g = p.add_argument_group("security (docs/security.md)")
-    g.add_argument("--token-secret-key", default=os.environ.get("PULSAR_AUTOSCALE_TOKEN_SECRET_KEY"),
-                   help="validate HS256 tokens with this key: file:///path, data:;base64,... or env:VAR "
-                        "(Pulsar's tokenSecretKey; env PULSAR_AUTOSCALE_TOKEN_SECRET_KEY)")
-    g.add_argument("--token-public-key", default=os.environ.get("PULSAR_AUTOSCALE_TOKEN_PUBLIC_KEY"),
-                   help="validate RS256/ES256 tokens with this public key (Pulsar's tokenPublicKey; "
-                        "env PULSAR_AUTOSCALE_TOKEN_PUBLIC_KEY)")
+    g.add_argument(
+        "--token-secret-key",
+        default=os.environ.get("PULSAR_AUTOSCALE_TOKEN_SECRET_KEY"),
+        help="validate HS256 tokens with this key: file:///path, data:;base64,... or env:VAR "
+        "(Pulsar's tokenSecretKey; env PULSAR_AUTOSCALE_TOKEN_SECRET_KEY)",
+    )
+    g.add_argument(
+        "--token-public-key",
+        default=os.environ.get("PULSAR_AUTOSCALE_TOKEN_PUBLIC_KEY"),
+        help="validate RS256/ES256 tokens with this public key (Pulsar's tokenPublicKey; env PULSAR_AUTOSCALE_TOKEN_PUBLIC_KEY)",
+    )
     g.add_argument("--token-public-alg", default=None, help="only this algorithm with the public key (e.g. RS256)")
     g.add_argument("--token-auth-claim", default="sub", help="claim holding the role (Pulsar's tokenAuthClaim)")
     g.add_argument("--token-audience", default=None, help="required audience (Pulsar's tokenAudience)")
     g.add_argument("--token-audience-claim", default="aud", help="claim holding the audience (default aud)")
     g.add_argument("--superuser-roles", default=None, help="comma-separated roles that may do anything")
-    g.add_argument("--tenant-admin", action="append", default=None, metavar="TENANT=ROLE[,ROLE]",
-                   help="roles that administer a tenant's functions (repeat per tenant)")
-    g.add_argument("--controller-roles", default=None,
-                   help="roles whose leader-epoch header is honoured (default: the superuser roles)")
+    g.add_argument(
+        "--tenant-admin",
+        action="append",
+        default=None,
+        metavar="TENANT=ROLE[,ROLE]",
+        help="roles that administer a tenant's functions (repeat per tenant)",
+    )
+    g.add_argument(
+        "--controller-roles", default=None, help="roles whose leader-epoch header is honoured (default: the superuser roles)"
+    )
     g.add_argument("--tls-cert-file", default=None, help="serve HTTPS with this certificate (PEM) ...")
     g.add_argument("--tls-key-file", default=None, help="... and its private key (PEM)")
-    g.add_argument("--max-request-size-mb", type=float, default=DEFAULT_MAX_REQUEST_MB,
-                   help=f"refuse larger requests with 413 (default {DEFAULT_MAX_REQUEST_MB})")
-    g.add_argument("--insecure-no-auth", action="store_true",
-                   help="allow binding a non-loopback address without authentication (never on a shared network)")
+    g.add_argument(
+        "--max-request-size-mb",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_MB,
+        help=f"refuse larger requests with 413 (default {DEFAULT_MAX_REQUEST_MB})",
+    )
+    g.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow binding a non-loopback address without authentication (never on a shared network)",
+    )

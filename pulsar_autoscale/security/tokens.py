@@ -51,20 +51,21 @@ def read_key(spec: str) -> bytes:
             raise ConfigError("a data: key must be data:[<mediatype>][;base64],<data>")
         return _b64(data, "the data: key") if header.endswith(";base64") else unquote(data).encode()
     if spec.startswith("env:"):
-        name = spec[len("env:"):]
+        name = spec[len("env:") :]
         if name not in os.environ:
             raise ConfigError(f"environment variable {name} (key setting env:{name}) is not set")
         return _b64(os.environ[name], f"environment variable {name}")
     if spec.startswith("file:"):
-        path = unquote(urlsplit(spec).path) if spec.startswith("file://") else spec[len("file:"):]
+        path = unquote(urlsplit(spec).path) if spec.startswith("file://") else spec[len("file:") :]
         return _read_file(path)
     if os.path.exists(spec):
         return _read_file(spec)
     try:
         return base64.b64decode(spec, validate=True)
     except binascii.Error:
-        raise ConfigError("key file does not exist and the setting is not base64 key text "
-                          "(use file:///path or data:;base64,...)") from None
+        raise ConfigError(
+            "key file does not exist and the setting is not base64 key text (use file:///path or data:;base64,...)"
+        ) from None
 
 
 def _b64(text: str, what: str) -> bytes:
@@ -102,8 +103,10 @@ def create_key_pair(algorithm: str = "RS256") -> tuple[bytes, bytes]:
     else:
         raise ConfigError(f"key pairs are for {', '.join(PAIR_ALGORITHMS)}, not {algorithm}")
     der = serialization.Encoding.DER
-    return (private.private_bytes(der, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-            private.public_key().public_bytes(der, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return (
+        private.private_bytes(der, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        private.public_key().public_bytes(der, serialization.PublicFormat.SubjectPublicKeyInfo),
+    )
 
 
 def load_private_key(data: bytes):
@@ -141,8 +144,15 @@ def parse_duration(text: str) -> int:
     return int(m.group(1)) * _UNIT_S[m.group(2)]
 
 
-def create_token(subject: str, *, secret_key: bytes | None = None, private_key: bytes | None = None,
-                 algorithm: str | None = None, expires_in_s: int | None = None, now: float | None = None) -> str:
+def create_token(
+    subject: str,
+    *,
+    secret_key: bytes | None = None,
+    private_key: bytes | None = None,
+    algorithm: str | None = None,
+    expires_in_s: int | None = None,
+    now: float | None = None,
+) -> str:
     """A token as Pulsar's AuthTokenUtils.createToken makes it: header {"alg"}, claims {"sub"[, "exp"]}."""
     if not subject:
         raise ConfigError("a token needs a subject (the role)")
@@ -157,7 +167,7 @@ def create_token(subject: str, *, secret_key: bytes | None = None, private_key: 
             raise ConfigError(f"a secret key signs {', '.join(SECRET_ALGORITHMS)}, not {algorithm}")
         key = secret_key
     else:
-        key = load_private_key(cast(bytes, private_key))   # not None: exactly one key is given
+        key = load_private_key(cast(bytes, private_key))  # not None: exactly one key is given
         algorithm = algorithm or _pair_algorithms(key)[0]
         if algorithm not in _pair_algorithms(key):
             raise ConfigError(f"a {type(key).__name__} cannot sign {algorithm}")
@@ -179,24 +189,30 @@ class TokenValidator:
 
     key: bytes | rsa.RSAPublicKey | ec.EllipticCurvePublicKey
     algorithms: tuple[str, ...]
-    role_claim: str = "sub"                   # Pulsar's tokenAuthClaim
-    audience: str | None = None               # Pulsar's tokenAudience: required in ...
-    audience_claim: str = "aud"               # ... this claim (tokenAudienceClaim)
+    role_claim: str = "sub"  # Pulsar's tokenAuthClaim
+    audience: str | None = None  # Pulsar's tokenAudience: required in ...
+    audience_claim: str = "aud"  # ... this claim (tokenAudienceClaim)
 
     def __repr__(self) -> str:
         return f"TokenValidator(algorithms={self.algorithms}, role_claim={self.role_claim!r})"
 
     @classmethod
-    def from_settings(cls, secret_key: str | None = None, public_key: str | None = None,
-                      public_alg: str | None = None, role_claim: str = "sub", audience: str | None = None,
-                      audience_claim: str = "aud") -> "TokenValidator":
+    def from_settings(
+        cls,
+        secret_key: str | None = None,
+        public_key: str | None = None,
+        public_alg: str | None = None,
+        role_claim: str = "sub",
+        audience: str | None = None,
+        audience_claim: str = "aud",
+    ) -> "TokenValidator":
         if (secret_key is None) == (public_key is None):
             raise ConfigError("token authentication needs exactly one of a secret key and a public key")
         algorithms: tuple[str, ...]
         if secret_key is not None:
             key, algorithms = read_key(secret_key), SECRET_ALGORITHMS
         else:
-            key = load_public_key(read_key(cast(str, public_key)))   # not None: exactly one key is given
+            key = load_public_key(read_key(cast(str, public_key)))  # not None: exactly one key is given
             algorithms = _pair_algorithms(key)
             if public_alg:
                 if public_alg not in algorithms:
@@ -206,8 +222,7 @@ class TokenValidator:
 
     def role(self, token: str) -> str:
         try:
-            claims = jwt.decode(token, self.key, algorithms=list(self.algorithms),
-                                options={"verify_aud": False, "require": []})
+            claims = jwt.decode(token, self.key, algorithms=list(self.algorithms), options={"verify_aud": False, "require": []})
         except jwt.ExpiredSignatureError:
             raise InvalidToken("the token has expired") from None
         except jwt.InvalidSignatureError:

@@ -35,8 +35,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         elif action == "create":
             a.add_argument("-s", "--subject", required=True, help="the role the token authenticates")
             a.add_argument("-e", "--expiry-time", default=None, help="e.g. 30m, 12h, 7d, 1y (default: never)")
-            a.add_argument("-a", "--signature-algorithm", default=None,
-                           help="default HS256 with a secret key, RS256/ES256 with a private key")
+            a.add_argument(
+                "-a",
+                "--signature-algorithm",
+                default=None,
+                help="default HS256 with a secret key, RS256/ES256 with a private key",
+            )
             _key_flags(a, "-sk", "--secret-key", "-pk", "--private-key", "signs")
         else:
             a.add_argument("token", nargs="?", default=None, help="the token")
@@ -57,8 +61,8 @@ def _write(path: str | None, data: bytes) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)   # a key: readable by its owner only
-    os.fchmod(fd, 0o600)   # the mode above applies only to a new file: an existing one keeps its own otherwise
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a key: readable by its owner only
+    os.fchmod(fd, 0o600)  # the mode above applies only to a new file: an existing one keeps its own otherwise
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
 
@@ -90,9 +94,15 @@ def run(args: argparse.Namespace) -> int:
     elif args.action == "create":
         expiry = tokens.parse_duration(args.expiry_time) if args.expiry_time else None
         key = tokens.read_key(args.secret_key or args.private_key)
-        print(tokens.create_token(args.subject, secret_key=key if args.secret_key else None,
-                                  private_key=None if args.secret_key else key,
-                                  algorithm=args.signature_algorithm, expires_in_s=expiry))
+        print(
+            tokens.create_token(
+                args.subject,
+                secret_key=key if args.secret_key else None,
+                private_key=None if args.secret_key else key,
+                algorithm=args.signature_algorithm,
+                expires_in_s=expiry,
+            )
+        )
     elif args.action == "show":
         print(tokens.describe(_read_token(args)))
     else:

@@ -58,14 +58,14 @@ class ServiceTime:
         if self.kind == "deterministic":
             return np.full(n, self.mean)
         if self.kind == "lognormal":
-            sigma2 = np.log1p(self.cv ** 2)
+            sigma2 = np.log1p(self.cv**2)
             return rng.lognormal(np.log(self.mean) - sigma2 / 2, np.sqrt(sigma2), n)
         return rng.choice(np.asarray(self.samples, dtype=float), n)
 
 
 @dataclass(frozen=True)
 class SimFunction:
-    name: str                     # fully qualified, tenant/namespace/name, as the live monitor names it
+    name: str  # fully qualified, tenant/namespace/name, as the live monitor names it
     inputs: tuple[str, ...]
     output: str | None
     service: ServiceTime
@@ -74,7 +74,7 @@ class SimFunction:
 @dataclass(frozen=True)
 class SimApp:
     name: str
-    sources: tuple[str, ...]      # topics the workload publishes to
+    sources: tuple[str, ...]  # topics the workload publishes to
     functions: tuple[SimFunction, ...]
 
 
@@ -87,25 +87,37 @@ def lognormal(mean_s: float, cv: float = 0.5) -> ServiceTime:
 
 
 APPS: dict[str, SimApp] = {
-    "paper-image": SimApp("paper-image", (topic("images"),), (
-        _fn("resize-store", ("images",), "stored", lognormal(0.020)),
-        _fn("resize-recognize", ("images",), "resized", lognormal(0.020)),
-        _fn("recognize", ("resized",), "labels", lognormal(0.250)),
-    )),
+    "paper-image": SimApp(
+        "paper-image",
+        (topic("images"),),
+        (
+            _fn("resize-store", ("images",), "stored", lognormal(0.020)),
+            _fn("resize-recognize", ("images",), "resized", lognormal(0.020)),
+            _fn("recognize", ("resized",), "labels", lognormal(0.250)),
+        ),
+    ),
     # The live demo's application (pulsar_autoscale/cli/demo.py), for validating the simulator against it.
-    "demo-image": SimApp("demo-image", (topic("images"),), (
-        _fn("resize-store", ("images",), "stored", lognormal(0.020, 0.5)),
-        _fn("resize-recognize", ("images",), "resized", lognormal(0.020, 0.5)),
-        _fn("recognize", ("resized",), "labels", lognormal(0.150, 1.0)),
-    )),
-    "dag6": SimApp("dag6", (topic("events"),), (
-        _fn("ingest", ("events",), "raw", ServiceTime("exponential", mean=0.010)),
-        _fn("parse", ("raw",), "parsed", lognormal(0.040)),
-        _fn("geo", ("raw",), "located", lognormal(0.120, 0.8)),
-        _fn("score", ("parsed", "located"), "scored", lognormal(0.060)),
-        _fn("alert", ("scored",), "alerts", ServiceTime("deterministic", mean=0.015)),
-        _fn("archive", ("parsed",), None, ServiceTime("exponential", mean=0.030)),
-    )),
+    "demo-image": SimApp(
+        "demo-image",
+        (topic("images"),),
+        (
+            _fn("resize-store", ("images",), "stored", lognormal(0.020, 0.5)),
+            _fn("resize-recognize", ("images",), "resized", lognormal(0.020, 0.5)),
+            _fn("recognize", ("resized",), "labels", lognormal(0.150, 1.0)),
+        ),
+    ),
+    "dag6": SimApp(
+        "dag6",
+        (topic("events"),),
+        (
+            _fn("ingest", ("events",), "raw", ServiceTime("exponential", mean=0.010)),
+            _fn("parse", ("raw",), "parsed", lognormal(0.040)),
+            _fn("geo", ("raw",), "located", lognormal(0.120, 0.8)),
+            _fn("score", ("parsed", "located"), "scored", lognormal(0.060)),
+            _fn("alert", ("scored",), "alerts", ServiceTime("deterministic", mean=0.015)),
+            _fn("archive", ("parsed",), None, ServiceTime("exponential", mean=0.030)),
+        ),
+    ),
 }
 
 

@@ -40,7 +40,7 @@ from pulsar_autoscale.sim.apps import SimApp
 from pulsar_autoscale.sim.workloads import BurstWorkload, StepWorkload, Workload
 from pulsar_autoscale.snapshot import Snapshot
 
-LEAD_MARGIN_S = 0.5     # start this much earlier than the start latency strictly needs
+LEAD_MARGIN_S = 0.5  # start this much earlier than the start latency strictly needs
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,14 @@ class Interval:
 class ClairvoyantConfig:
     # (start, end, ((function, k), ...)): held from start - lead_s to end (drain included)
     schedule: tuple[tuple[float, float, tuple[tuple[str, int], ...]], ...] = ()
-    lead_s: float = 1.0 + LEAD_MARGIN_S     # start instances this long before the rate steps up
+    lead_s: float = 1.0 + LEAD_MARGIN_S  # start instances this long before the rate steps up
     max_parallelism: int = 15
 
 
 class ClairvoyantPolicy(Policy):
     name = "clairvoyant"
     Config = ClairvoyantConfig
-    fast = False    # it needs no signal
+    fast = False  # it needs no signal
 
     def _at(self, t: float) -> dict[str, int]:
         """The most instances any interval held at t asks for."""
@@ -79,8 +79,11 @@ class ClairvoyantPolicy(Policy):
     def decide(self, graph: AppGraph, snapshot: Snapshot, current: Mapping[str, int], state: Any) -> Proposal:
         want = self._at(snapshot.time)
         targets = {fn: min(want.get(fn, k), self.config.max_parallelism) for fn, k in current.items()}
-        return Proposal(targets, {fn: f"clairvoyant: k {k} for the intervals held at t={snapshot.time:.0f}s"
-                                  for fn, k in targets.items()}, state)
+        return Proposal(
+            targets,
+            {fn: f"clairvoyant: k {k} for the intervals held at t={snapshot.time:.0f}s" for fn, k in targets.items()},
+            state,
+        )
 
 
 def intervals(workload: Workload, slot_s: float = 60.0) -> list[Interval]:
@@ -92,8 +95,7 @@ def intervals(workload: Workload, slot_s: float = 60.0) -> list[Interval]:
             t += length
         return out
     if isinstance(workload, BurstWorkload):
-        edges = sorted({0.0, workload.duration_s, *(b[0] for b in workload.bursts),
-                        *(b[0] + b[1] for b in workload.bursts)})
+        edges = sorted({0.0, workload.duration_s, *(b[0] for b in workload.bursts), *(b[0] + b[1] for b in workload.bursts)})
         edges = [e for e in edges if e <= workload.duration_s]
         return [Interval(a, b, float(workload.rate_at(np.array([a]))[0])) for a, b in zip(edges, edges[1:])]
     n = max(1, math.ceil(workload.duration_s / slot_s))
@@ -112,8 +114,7 @@ def _tree(app: SimApp) -> tuple[AppGraph, dict[str, str | None]]:
         ups = list(graph.upstream(f.name))
         from_source = any(t in app.sources for t in f.inputs)
         if len(ups) + from_source != 1:
-            raise ConfigError(f"clairvoyant: {f.name} has fan-in; only apps whose functions each read one "
-                              f"upstream are supported")
+            raise ConfigError(f"clairvoyant: {f.name} has fan-in; only apps whose functions each read one upstream are supported")
         parent[f.name] = ups[0] if ups else None
     return graph, parent
 
@@ -130,22 +131,21 @@ def _station(arrivals: np.ndarray, service: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def evaluate(app: SimApp, rate: float, length_s: float, k: Mapping[str, int], replications: int = 5,
-             seed: int = 12345) -> float:
+def evaluate(app: SimApp, rate: float, length_s: float, k: Mapping[str, int], replications: int = 5, seed: int = 12345) -> float:
     """The highest p99 response time (s) over the replications of `app` at `rate` for `length_s` from
     empty, with parallelism `k`."""
     return _evaluate(app, rate, length_s, tuple(sorted(k.items())), replications, seed)[0]
 
 
-def drain_time(app: SimApp, rate: float, length_s: float, k: Mapping[str, int], replications: int = 5,
-               seed: int = 12345) -> float:
+def drain_time(
+    app: SimApp, rate: float, length_s: float, k: Mapping[str, int], replications: int = 5, seed: int = 12345
+) -> float:
     """How long after the interval its last message is done (the longest over the replications)."""
     return _evaluate(app, rate, length_s, tuple(sorted(k.items())), replications, seed)[1]
 
 
 @lru_cache(maxsize=4096)
-def _evaluate(app: SimApp, rate: float, length_s: float, k: tuple, replications: int,
-              seed: int) -> tuple[float, float]:
+def _evaluate(app: SimApp, rate: float, length_s: float, k: tuple, replications: int, seed: int) -> tuple[float, float]:
     graph, parent = _tree(app)
     ks = dict(k)
     services = {f.name: f.service for f in app.functions}
@@ -169,8 +169,9 @@ def _evaluate(app: SimApp, rate: float, length_s: float, k: tuple, replications:
     return p99, drain
 
 
-def minimal_parallelism(app: SimApp, rate: float, length_s: float, slo_s: float, k_max: int = 15,
-                        replications: int = 5) -> dict[str, int]:
+def minimal_parallelism(
+    app: SimApp, rate: float, length_s: float, slo_s: float, k_max: int = 15, replications: int = 5
+) -> dict[str, int]:
     """The fewest instances per function whose p99 over the interval meets `slo_s` (see the module text)."""
     k = {f.name: min(max(1, math.floor(rate * f.service.expected) + 1), k_max) for f in app.functions}
 
@@ -180,7 +181,7 @@ def minimal_parallelism(app: SimApp, rate: float, length_s: float, slo_s: float,
     while p99(k) > slo_s:
         options = [(p99({**k, fn: k[fn] + 1}), fn) for fn in k if k[fn] < k_max]
         if not options:
-            break   # the SLO cannot be met within k_max: the bound runs at the maximum
+            break  # the SLO cannot be met within k_max: the bound runs at the maximum
         k[min(options)[1]] += 1
     for fn in sorted(k, key=lambda f: -k[f]):
         while k[fn] > 1 and p99({**k, fn: k[fn] - 1}) <= slo_s:
@@ -188,18 +189,17 @@ def minimal_parallelism(app: SimApp, rate: float, length_s: float, slo_s: float,
     return k
 
 
-def plan(app: SimApp, workload: Workload, slo_s: float, k_max: int = 15,
-         replications: int = 5) -> tuple[tuple[float, float, tuple[tuple[str, int], ...]], ...]:
+def plan(
+    app: SimApp, workload: Workload, slo_s: float, k_max: int = 15, replications: int = 5
+) -> tuple[tuple[float, float, tuple[tuple[str, int], ...]], ...]:
     """The clairvoyant schedule: each interval's minimal allocation, from its start to its drain's end."""
     schedule = []
     for iv in intervals(workload):
         length = iv.end - iv.start
         k = minimal_parallelism(app, iv.rate, length, slo_s, k_max, replications)
-        schedule.append((iv.start, iv.end + drain_time(app, iv.rate, length, k, replications),
-                         tuple(sorted(k.items()))))
+        schedule.append((iv.start, iv.end + drain_time(app, iv.rate, length, k, replications), tuple(sorted(k.items()))))
     return tuple(schedule)
 
 
-def clairvoyant_policy(app: SimApp, workload: Workload, slo_s: float, start_s: float,
-                       k_max: int = 15) -> ClairvoyantPolicy:
+def clairvoyant_policy(app: SimApp, workload: Workload, slo_s: float, start_s: float, k_max: int = 15) -> ClairvoyantPolicy:
     return ClairvoyantPolicy(ClairvoyantConfig(plan(app, workload, slo_s, k_max), start_s + LEAD_MARGIN_S, k_max))

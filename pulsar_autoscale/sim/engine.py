@@ -58,18 +58,18 @@ _DRAW_BLOCK = 4096
 
 @dataclass(frozen=True)
 class SimConfig:
-    period_s: float = 30.0          # MAPE period and metrics window (paper: 30 s)
-    start_s: float = 1.0            # a new instance's start latency (our runtime)
-    restart_s: float = 0.0          # > 0: stock Pulsar, every update stops all instances for this long
+    period_s: float = 30.0  # MAPE period and metrics window (paper: 30 s)
+    start_s: float = 1.0  # a new instance's start latency (our runtime)
+    restart_s: float = 0.0  # > 0: stock Pulsar, every update stops all instances for this long
     initial_parallelism: int = 1
-    slo_s: float = 1.0              # R_max for the SLO violation share (paper: 1 s)
-    drain_limit_s: float = 3600.0   # after the workload ends, at most this long to drain the backlogs
+    slo_s: float = 1.0  # R_max for the SLO violation share (paper: 1 s)
+    drain_limit_s: float = 3600.0  # after the workload ends, at most this long to drain the backlogs
     # > 0: the broker's figures (arrivals, backlog) are gauges refreshed this often, as pulsar-lite's
     # are (about 5 s); the worker's counters stay exact. 0: the monitor reads exact counts.
     gauge_refresh_s: float = 0.0
-    warm_pool: int = 0              # standby instances per function (0: none)
-    warm_start_s: float = 0.05      # a standby's start latency when a scale-out takes it
-    standby_weight: float = 0.25    # a standby's cost as a share of a running instance
+    warm_pool: int = 0  # standby instances per function (0: none)
+    warm_start_s: float = 0.05  # a standby's start latency when a scale-out takes it
+    standby_weight: float = 0.25  # a standby's cost as a share of a running instance
     seed: int = 0
 
 
@@ -78,13 +78,13 @@ class SimSeries:
     """Per-period figures (index = period) and per-message response times, for plots."""
 
     time: list[float] = field(default_factory=list)
-    arrival_rate: list[float] = field(default_factory=list)             # source msg/s over the period
+    arrival_rate: list[float] = field(default_factory=list)  # source msg/s over the period
     parallelism: dict[str, list[int]] = field(default_factory=dict)
     running: dict[str, list[int]] = field(default_factory=dict)
     backlog: dict[str, list[float]] = field(default_factory=dict)
     actions: list[tuple[float, str, str]] = field(default_factory=list)  # (time, "period"/"fast", function)
-    rt_time: np.ndarray = field(default_factory=lambda: np.empty(0))    # completion times
-    rt: np.ndarray = field(default_factory=lambda: np.empty(0))         # response times, same order
+    rt_time: np.ndarray = field(default_factory=lambda: np.empty(0))  # completion times
+    rt: np.ndarray = field(default_factory=lambda: np.empty(0))  # response times, same order
 
 
 @dataclass
@@ -98,20 +98,37 @@ class SimResult:
     instance_seconds: float
     efficiency: float
     scaling_actions: int
-    fast_actions: int               # of scaling_actions, those the fast path took
+    fast_actions: int  # of scaling_actions, those the fast path took
     standby_instance_seconds: float  # warm-pool standbys, weighted (included in instance_seconds)
     lost: int
-    produced: int                   # source messages
-    completed: int                  # source messages that left the DAG
-    redelivered: int                # in-flight messages handed back by restarts
-    drained: bool                   # every backlog emptied before drain_limit_s
-    sim_time_s: float               # workload plus drain
+    produced: int  # source messages
+    completed: int  # source messages that left the DAG
+    redelivered: int  # in-flight messages handed back by restarts
+    drained: bool  # every backlog emptied before drain_limit_s
+    sim_time_s: float  # workload plus drain
     policy_errors: int
     series: SimSeries = field(repr=False, default_factory=SimSeries)
 
-    SCALARS = ("mean_rt_s", "p95_rt_s", "p99_rt_s", "max_rt_s", "slo_violation_share", "avg_instances",
-               "instance_seconds", "efficiency", "scaling_actions", "fast_actions", "standby_instance_seconds",
-               "lost", "produced", "completed", "redelivered", "drained", "sim_time_s", "policy_errors")
+    SCALARS = (
+        "mean_rt_s",
+        "p95_rt_s",
+        "p99_rt_s",
+        "max_rt_s",
+        "slo_violation_share",
+        "avg_instances",
+        "instance_seconds",
+        "efficiency",
+        "scaling_actions",
+        "fast_actions",
+        "standby_instance_seconds",
+        "lost",
+        "produced",
+        "completed",
+        "redelivered",
+        "drained",
+        "sim_time_s",
+        "policy_errors",
+    )
 
     def summary(self) -> dict:
         return {k: getattr(self, k) for k in self.SCALARS}
@@ -142,7 +159,7 @@ class _Station:
         self.sim, self.env, self.fn, self.rng = sim, sim.env, fn, rng
         self.queue: deque = deque()
         self.idle: list[_Instance] = []
-        self.instances: list[_Instance] = []   # alive (starting, running or draining), oldest first
+        self.instances: list[_Instance] = []  # alive (starting, running or draining), oldest first
         self.parallelism = parallelism
         self.downstream: list[_Station] = []
         self.draws = np.empty(0)
@@ -294,10 +311,19 @@ class _Station:
 
     def counters(self, now: float) -> FunctionCounters:
         return FunctionCounters(
-            time=now, arrived=float(self.arrived), received=float(self.received), processed=float(self.processed),
-            outputs=float(self.processed if self.fn.output else 0), busy_s=self.busy, busy_sq_s2=self.busy_sq,
-            interarrival_n=float(self.ia_n), interarrival_s=self.ia_s, interarrival_sq_s2=self.ia_sq,
-            wait_s=self.wait_s, newest_publish_s=self.newest_publish)
+            time=now,
+            arrived=float(self.arrived),
+            received=float(self.received),
+            processed=float(self.processed),
+            outputs=float(self.processed if self.fn.output else 0),
+            busy_s=self.busy,
+            busy_sq_s2=self.busy_sq,
+            interarrival_n=float(self.ia_n),
+            interarrival_s=self.ia_s,
+            interarrival_sq_s2=self.ia_sq,
+            wait_s=self.wait_s,
+            newest_publish_s=self.newest_publish,
+        )
 
 
 class Simulation:
@@ -309,8 +335,10 @@ class Simulation:
         seeds = np.random.SeedSequence(config.seed).spawn(len(app.functions) + 1)
         self.arrival_rng = np.random.default_rng(seeds[0])
         self.graph = AppGraph.build(FunctionNode(f.name, f.inputs, f.output) for f in app.functions)
-        self.stations = {f.name: _Station(self, f, np.random.default_rng(s), config.initial_parallelism)
-                         for f, s in zip(app.functions, seeds[1:])}
+        self.stations = {
+            f.name: _Station(self, f, np.random.default_rng(s), config.initial_parallelism)
+            for f, s in zip(app.functions, seeds[1:])
+        }
         self.sources: list[_Station] = []
         for st in self.stations.values():
             st.downstream = [self.stations[g] for g in self.graph.downstream(st.fn.name)]
@@ -322,8 +350,11 @@ class Simulation:
         self.drained = self.env.event()
         self.rt_time: list[float] = []
         self.rt: list[float] = []
-        self.series = SimSeries(parallelism={n: [] for n in self.stations}, running={n: [] for n in self.stations},
-                                backlog={n: [] for n in self.stations})
+        self.series = SimSeries(
+            parallelism={n: [] for n in self.stations},
+            running={n: [] for n in self.stations},
+            backlog={n: [] for n in self.stations},
+        )
         self.scaling_actions = 0
         self.fast_actions = 0
         self.policy_errors = 0
@@ -381,14 +412,13 @@ class Simulation:
         for name, st in self.stations.items():
             cur = st.counters(now)
             backlog = float(len(st.queue) + st.in_flight)
-            prev = cast(FunctionCounters, st.prev)   # set by _mape before the first period
+            prev = cast(FunctionCounters, st.prev)  # set by _mape before the first period
             # the simulator always counts arrivals (FunctionCounters allows None for the live monitor)
             lam = (cast(float, cur.arrived) - cast(float, prev.arrived)) / period
             seen, seen_backlog = cur, backlog
             if self.config.gauge_refresh_s > 0:
                 seen, seen_backlog = replace(cur, arrived=st.gauge[0]), st.gauge[1]
-            functions[name] = window_snapshot(name, st.parallelism, st.prev_seen, seen, seen_backlog,
-                                              st.running, age_s=0.0)
+            functions[name] = window_snapshot(name, st.parallelism, st.prev_seen, seen, seen_backlog, st.running, age_s=0.0)
             mu = 1.0 / st.fn.service.expected
             self.lower_bound_instance_s += max(1, math.ceil(lam / mu - 1e-9)) * period
             if st in self.sources:
@@ -425,11 +455,11 @@ class Simulation:
             now = self.env.now
             functions = {}
             for name, st in self.stations.items():
-                functions[name] = window_readings(name, st.parallelism, history[name], st.counters(now), st.running,
-                                                  fast)
-                if topics is not None:   # stock mode: the broker's topic stats of the input
-                    reading = InputReading(now, rate_in=st.arrived / now, in_counter=float(st.arrived),
-                                           backlog=float(len(st.queue) + st.in_flight))
+                functions[name] = window_readings(name, st.parallelism, history[name], st.counters(now), st.running, fast)
+                if topics is not None:  # stock mode: the broker's topic stats of the input
+                    reading = InputReading(
+                        now, rate_in=st.arrived / now, in_counter=float(st.arrived), backlog=float(len(st.queue) + st.in_flight)
+                    )
                     functions[name] = topic_window(functions[name], topics[name], reading, now, fast)
             if abs(now / period - round(now / period)) > 1e-9:
                 self._check(Snapshot(time=now, window_s=fast.window_s, functions=functions, check="fast"))
@@ -454,8 +484,7 @@ class Simulation:
         if self.config.gauge_refresh_s > 0:
             self.env.process(self._gauges())
         limit = self.env.timeout(self.workload.duration_s + self.config.drain_limit_s)
-        self.env.run(until=self.env.all_of([self.drained, self.env.timeout(self.workload.duration_s)])
-                     | limit)
+        self.env.run(until=self.env.all_of([self.drained, self.env.timeout(self.workload.duration_s)]) | limit)
         return self._result()
 
     def _result(self) -> SimResult:

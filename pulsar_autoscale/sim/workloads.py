@@ -43,7 +43,8 @@ class Workload(Protocol):
 class _RateSchedule:
     """Poisson arrivals for any rate function, by thinning a homogeneous process at the peak rate."""
 
-    if TYPE_CHECKING:   # a field of some subclasses, a property of others
+    if TYPE_CHECKING:  # a field of some subclasses, a property of others
+
         @property
         def duration_s(self) -> float: ...
 
@@ -158,7 +159,7 @@ PRESETS: dict[str, Workload] = {
 def load_workload(spec: str) -> Workload:
     """A preset name or `trace:FILE`."""
     if spec.startswith("trace:"):
-        return load_trace(Path(spec[len("trace:"):]))
+        return load_trace(Path(spec[len("trace:") :]))
     try:
         return PRESETS[spec]
     except KeyError:

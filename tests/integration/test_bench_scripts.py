@@ -19,6 +19,5 @@ def test_the_benchmarks_are_found():
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_bench_script_help(script):
-    out = subprocess.run([sys.executable, str(script), "--help"], cwd=BENCH.parent, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, str(script), "--help"], cwd=BENCH.parent, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "usage:" in out.stdout, f"{script.name} --help:\n{out.stdout}\n{out.stderr[-2000:]}"

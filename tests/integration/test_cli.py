@@ -26,8 +26,11 @@ def cli(*args, check=True) -> subprocess.CompletedProcess:
 
 def test_broker_command_serves_and_stops_on_sigterm(tmp_path):
     port, metrics = free_port(), free_port()
-    proc = subprocess.Popen(CLI + ["broker", "--port", str(port), "--metrics-port", str(metrics),
-                                   "--data-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        CLI + ["broker", "--port", str(port), "--metrics-port", str(metrics), "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert f"pulsar://127.0.0.1:{port}" in line, line
@@ -40,16 +43,29 @@ def test_broker_command_serves_and_stops_on_sigterm(tmp_path):
 
 @pytest.fixture(scope="module")
 def worker(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("w")),
-                      metrics_url=broker.metrics_url) as w:
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("w")), metrics_url=broker.metrics_url) as w:
         yield w
 
 
 def test_functions_commands_round_trip(worker):
     url = ["--admin-url", worker.url]
-    cli("functions", *url, "create", "--name", "cli-ex", "--py", str(EXAMPLES / "exclaim.py"),
-        "--classname", "exclaim.Exclaim", "--inputs", "cli-in", "--output", "cli-out",
-        "--user-config", '{"k": "v"}')
+    cli(
+        "functions",
+        *url,
+        "create",
+        "--name",
+        "cli-ex",
+        "--py",
+        str(EXAMPLES / "exclaim.py"),
+        "--classname",
+        "exclaim.Exclaim",
+        "--inputs",
+        "cli-in",
+        "--output",
+        "cli-out",
+        "--user-config",
+        '{"k": "v"}',
+    )
     assert json.loads(cli("functions", *url, "list").stdout) == ["cli-ex"]
     got = json.loads(cli("functions", *url, "get", "--name", "cli-ex").stdout)
     assert got["userConfig"] == {"k": "v"} and got["output"] == "persistent://public/default/cli-out"
@@ -71,9 +87,11 @@ def test_cli_errors_are_one_line(worker):
 def test_stages_and_burst_commands_name_the_problem(worker, tmp_path):
     url = ["--admin-url", worker.url]
     assert json.loads(cli("stages", *url, "list").stdout) == []
-    for args, needle in ((("stages", *url, "get", "--name", "ghost"), "Stateful stage public/default/ghost doesn't exist"),
-                         (("stages", *url, "create", "--stage-config-file", str(tmp_path / "none.yaml")), "cannot read"),
-                         (("functions", *url, "burst", "--name", "ghost", "--messages", "10"), "doesn't exist")):
+    for args, needle in (
+        (("stages", *url, "get", "--name", "ghost"), "Stateful stage public/default/ghost doesn't exist"),
+        (("stages", *url, "create", "--stage-config-file", str(tmp_path / "none.yaml")), "cannot read"),
+        (("functions", *url, "burst", "--name", "ghost", "--messages", "10"), "doesn't exist"),
+    ):
         proc = cli(*args, check=False)
         assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     bad = tmp_path / "stage.yaml"
@@ -84,24 +102,46 @@ def test_stages_and_burst_commands_name_the_problem(worker, tmp_path):
 
 def test_worker_refuses_a_web_service_url_that_is_no_admin_address(broker, tmp_path):
     for bad in ("pulsar://127.0.0.1:6650", "http://", "http://broker:8080/admin/v2"):
-        proc = cli("worker", "--service-url", broker.service_url, "--port", "0", "--data-dir", str(tmp_path),
-                   "--web-service-url", bad, check=False)
-        assert proc.returncode == 2 and "--web-service-url" in proc.stderr and "Traceback" not in proc.stderr, \
-            proc.stderr
+        proc = cli(
+            "worker",
+            "--service-url",
+            broker.service_url,
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path),
+            "--web-service-url",
+            bad,
+            check=False,
+        )
+        assert proc.returncode == 2 and "--web-service-url" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_a_worker_on_a_port_in_use_says_so_in_one_line(broker, tmp_path):
     """The operator's second worker on the first one's port: exit 2 with one line naming the port, before it
     connects or joins (before, a traceback and a C++ abort, its cluster membership left behind)."""
     import socket
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        proc = cli("worker", "--service-url", broker.service_url, "--port", str(port), "--data-dir", str(tmp_path),
-                   "--cluster", "c-port", check=False)
+        proc = cli(
+            "worker",
+            "--service-url",
+            broker.service_url,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path),
+            "--cluster",
+            "c-port",
+            check=False,
+        )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot serve the worker's REST API on "
-                                                           f"127.0.0.1:{port}: Address already in use"), proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: cannot serve the worker's REST API on 127.0.0.1:{port}: Address already in use")
+    ), proc.stderr
     assert "Traceback" not in proc.stderr and "Fatal Python error" not in proc.stderr, proc.stderr
-

@@ -34,15 +34,27 @@ def test_produce_without_a_broker_fails_in_one_line_within_seconds():
 def test_a_reader_that_goes_away_ends_the_command_quietly(worker):
     for argv in (["functions", "list", "--admin-url", worker.url], ["tokens", "create-secret-key"]):
         proc = subprocess.Popen(CLI + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        proc.stdout.close()   # as `| head -1` does once it has its line
+        proc.stdout.close()  # as `| head -1` does once it has its line
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=60) in (0, 1), err
         assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 def test_connection_options_after_the_action_and_a_failing_create_exits_non_zero(worker, tmp_path):
-    create = ["functions", "create", "--name", "grammar-ex", "--py", str(EXAMPLES / "exclaim.py"),
-              "--classname", "exclaim.Exclaim", "--inputs", "grammar-in", "--admin-url", worker.url]
+    create = [
+        "functions",
+        "create",
+        "--name",
+        "grammar-ex",
+        "--py",
+        str(EXAMPLES / "exclaim.py"),
+        "--classname",
+        "exclaim.Exclaim",
+        "--inputs",
+        "grammar-in",
+        "--admin-url",
+        worker.url,
+    ]
     assert cli(*create).returncode == 0
     try:
         again = cli(*create)

@@ -43,8 +43,10 @@ FNS = "/admin/v3/functions"
 def pulsar_style_hs256(subject: str, key: bytes) -> str:
     """A token built byte by byte as Pulsar's AuthTokenUtils.createToken (JJWT) builds it, without PyJWT:
     header {"alg":"HS256"}, claims {"sub":...}, base64url without padding, HMAC-SHA256."""
+
     def b64(raw: bytes) -> str:
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
     signing_input = b64(b'{"alg":"HS256"}') + "." + b64(json.dumps({"sub": subject}, separators=(",", ":")).encode())
     return signing_input + "." + b64(hmac.new(key, signing_input.encode(), hashlib.sha256).digest())
 
@@ -53,7 +55,7 @@ def pulsar_style_hs256(subject: str, key: bytes) -> str:
 def keys(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     secret = tokens.create_secret_key()
-    (d / "secret.key").write_bytes(secret)   # Pulsar's create-secret-key file: the raw key bytes
+    (d / "secret.key").write_bytes(secret)  # Pulsar's create-secret-key file: the raw key bytes
     private, public = tokens.create_key_pair("RS256")
     (d / "private.key").write_bytes(private)
     (d / "public.key").write_bytes(public)
@@ -61,8 +63,15 @@ def keys(tmp_path_factory):
     cert = ca.issue_cert("127.0.0.1", "localhost")
     cert.private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
     ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    return {"dir": d, "secret": secret, "secret_spec": f"file://{d / 'secret.key'}", "private": private,
-            "public_spec": f"file://{d / 'public.key'}", "ca": str(d / "ca.pem"), "pem": str(d / "server.pem")}
+    return {
+        "dir": d,
+        "secret": secret,
+        "secret_spec": f"file://{d / 'secret.key'}",
+        "private": private,
+        "public_spec": f"file://{d / 'public.key'}",
+        "ca": str(d / "ca.pem"),
+        "pem": str(d / "server.pem"),
+    }
 
 
 def token(keys, role: str, **kw) -> str:
@@ -71,12 +80,19 @@ def token(keys, role: str, **kw) -> str:
 
 @pytest.fixture(scope="module")
 def worker(broker, keys, tmp_path_factory):
-    policy = AccessPolicy(tokens.TokenValidator.from_settings(secret_key=keys["secret_spec"]),
-                          superuser_roles=frozenset({SUPERUSER, CONTROLLER}),
-                          tenant_admins={"acme": frozenset({ACME_ADMIN})}, controller_roles=frozenset({CONTROLLER}))
+    policy = AccessPolicy(
+        tokens.TokenValidator.from_settings(secret_key=keys["secret_spec"]),
+        superuser_roles=frozenset({SUPERUSER, CONTROLLER}),
+        tenant_admins={"acme": frozenset({ACME_ADMIN})},
+        controller_roles=frozenset({CONTROLLER}),
+    )
     security = ServerSecurity(policy, tls_cert_file=keys["pem"], tls_key_file=keys["pem"], max_request_bytes=1 << 20)
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("secure-worker")),
-                      metrics_url=broker.metrics_url, security=security) as w:
+    with WorkerServer(
+        broker.service_url,
+        data_dir=str(tmp_path_factory.mktemp("secure-worker")),
+        metrics_url=broker.metrics_url,
+        security=security,
+    ) as w:
         yield w
 
 
@@ -93,23 +109,40 @@ def admin_as(worker, keys, role: str) -> FunctionsAdmin:
 
 
 def function(tenant: str, name: str, **extra) -> dict:
-    return {"tenant": tenant, "namespace": "ns", "name": name, "className": "exclaim.Exclaim",
-            "inputs": [f"persistent://{tenant}/ns/{name}-in"], "parallelism": 1, **extra}
+    return {
+        "tenant": tenant,
+        "namespace": "ns",
+        "name": name,
+        "className": "exclaim.Exclaim",
+        "inputs": [f"persistent://{tenant}/ns/{name}-in"],
+        "parallelism": 1,
+        **extra,
+    }
 
 
 # ---- authentication and authorization ---------------------------------------------------------------------
 def test_without_or_with_a_bad_token_every_endpoint_answers_401(worker, keys):
     other_key = tokens.create_secret_key()
-    bad = {"none": None, "garbage": "not-a-jwt", "other key": tokens.create_token(SUPERUSER, secret_key=other_key),
-           "expired": token(keys, SUPERUSER, expires_in_s=1, now=time.time() - 3600),
-           "no role": jwt.encode({"name": "x"}, keys["secret"], algorithm="HS256")}
-    for path in (f"{FNS}/public/default", f"{FNS}/public/default/f/status", "/admin/v2/worker/cluster",
-                 "/admin/v3/stages/public/default", "/metrics", "/no/such/path"):
+    bad = {
+        "none": None,
+        "garbage": "not-a-jwt",
+        "other key": tokens.create_token(SUPERUSER, secret_key=other_key),
+        "expired": token(keys, SUPERUSER, expires_in_s=1, now=time.time() - 3600),
+        "no role": jwt.encode({"name": "x"}, keys["secret"], algorithm="HS256"),
+    }
+    for path in (
+        f"{FNS}/public/default",
+        f"{FNS}/public/default/f/status",
+        "/admin/v2/worker/cluster",
+        "/admin/v3/stages/public/default",
+        "/metrics",
+        "/no/such/path",
+    ):
         for what, bearer in bad.items():
             r = call(worker, keys, "GET", path, bearer=bearer)
             assert r.status_code == 401, (path, what, r.status_code, r.text)
             assert "reason" in r.json() and r.headers["WWW-Authenticate"].startswith("Bearer")
-    assert call(worker, keys, "GET", "/healthz").status_code == 200    # the one open path (liveness probes)
+    assert call(worker, keys, "GET", "/healthz").status_code == 200  # the one open path (liveness probes)
 
 
 def test_tenant_admin_gets_403_outside_its_tenant_and_superuser_works(worker, keys):
@@ -118,17 +151,23 @@ def test_tenant_admin_gets_403_outside_its_tenant_and_superuser_works(worker, ke
         r = call(worker, keys, "GET", path, ACME_ADMIN)
         assert r.status_code == 403 and ACME_ADMIN in r.json()["reason"], (path, r.text)
     assert call(worker, keys, "GET", f"{FNS}/acme/ns", STRANGER).status_code == 403
-    r = call(worker, keys, "POST", f"{FNS}/public/default/evil", STRANGER,
-             files={"functionConfig": (None, json.dumps(function("public", "evil", className="os.system")))})
+    r = call(
+        worker,
+        keys,
+        "POST",
+        f"{FNS}/public/default/evil",
+        STRANGER,
+        files={"functionConfig": (None, json.dumps(function("public", "evil", className="os.system")))},
+    )
     assert r.status_code == 403
     for path in (f"{FNS}/public/default", f"{FNS}/acme/ns", "/admin/v2/worker/cluster"):
         assert call(worker, keys, "GET", path, SUPERUSER).status_code == 200, path
-    assert call(worker, keys, "GET", "/metrics", STRANGER).status_code == 200   # any authenticated role
+    assert call(worker, keys, "GET", "/metrics", STRANGER).status_code == 200  # any authenticated role
 
 
 def test_a_token_made_as_pulsar_makes_it_authenticates(worker, keys):
     made = pulsar_style_hs256(SUPERUSER, keys["secret"])
-    assert made == token(keys, SUPERUSER)     # ours are byte-identical to Pulsar's
+    assert made == token(keys, SUPERUSER)  # ours are byte-identical to Pulsar's
     assert call(worker, keys, "GET", f"{FNS}/public/default", bearer=made).status_code == 200
     # Pulsar's other spellings of the same key: data:;base64,... and the base64 text itself
     b64 = base64.b64encode(keys["secret"]).decode()
@@ -141,34 +180,44 @@ def test_rs256_with_a_public_key_der_or_pem_and_a_custom_role_claim(keys, tmp_pa
     assert tokens.decode_unverified(signed)[0] == {"alg": "RS256"}
     assert tokens.TokenValidator.from_settings(public_key=keys["public_spec"]).role(signed) == "bob"
     pem = tokens.load_public_key((keys["dir"] / "public.key").read_bytes()).public_bytes(
-        tokens.serialization.Encoding.PEM, tokens.serialization.PublicFormat.SubjectPublicKeyInfo)
+        tokens.serialization.Encoding.PEM, tokens.serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     (tmp_path / "public.pem").write_bytes(pem)
     validator = tokens.TokenValidator.from_settings(public_key=str(tmp_path / "public.pem"))
     assert validator.role(signed) == "bob"
-    with pytest.raises(tokens.InvalidToken, match="not signed with"):   # no HS256 with the public key as secret
-        validator.role(pulsar_style_hs256("bob", pem))   # the algorithm-confusion attack
-    custom = tokens.TokenValidator.from_settings(public_key=keys["public_spec"], role_claim="role",
-                                                 audience="pulsar")
-    other = jwt.encode({"sub": "x", "role": "carol", "aud": "pulsar"},
-                       tokens.load_private_key(keys["private"]), algorithm="RS256")
+    with pytest.raises(tokens.InvalidToken, match="not signed with"):  # no HS256 with the public key as secret
+        validator.role(pulsar_style_hs256("bob", pem))  # the algorithm-confusion attack
+    custom = tokens.TokenValidator.from_settings(public_key=keys["public_spec"], role_claim="role", audience="pulsar")
+    other = jwt.encode(
+        {"sub": "x", "role": "carol", "aud": "pulsar"}, tokens.load_private_key(keys["private"]), algorithm="RS256"
+    )
     assert custom.role(other) == "carol"
     with pytest.raises(tokens.InvalidToken, match="audience"):
-        custom.role(jwt.encode({"role": "carol", "aud": "elsewhere"}, tokens.load_private_key(keys["private"]),
-                               algorithm="RS256"))
+        custom.role(
+            jwt.encode({"role": "carol", "aud": "elsewhere"}, tokens.load_private_key(keys["private"]), algorithm="RS256")
+        )
 
 
 def test_controller_endpoints_need_a_token_and_a_superuser(broker, keys):
-    policy = AccessPolicy(tokens.TokenValidator.from_settings(public_key=keys["public_spec"]),
-                          superuser_roles=frozenset({SUPERUSER}), tenant_admins={"acme": frozenset({ACME_ADMIN})})
-    config = ControllerConfig(service_url=broker.service_url, admin_url="http://127.0.0.1:9", http_port=0,
-                              decision_log=None, lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}")
+    policy = AccessPolicy(
+        tokens.TokenValidator.from_settings(public_key=keys["public_spec"]),
+        superuser_roles=frozenset({SUPERUSER}),
+        tenant_admins={"acme": frozenset({ACME_ADMIN})},
+    )
+    config = ControllerConfig(
+        service_url=broker.service_url,
+        admin_url="http://127.0.0.1:9",
+        http_port=0,
+        decision_log=None,
+        lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+    )
     controller = Controller(config, security=ServerSecurity(policy)).start()
     try:
         url = f"http://127.0.0.1:{controller.http_port}"
         rs = {role: f"Bearer {tokens.create_token(role, private_key=keys['private'])}" for role in (SUPERUSER, ACME_ADMIN)}
         assert requests.get(url + "/status", timeout=10).status_code == 401
         assert requests.get(url + "/metrics", timeout=10).status_code == 401
-        hs = f"Bearer {token(keys, SUPERUSER)}"   # an HS256 token where RS256 is expected
+        hs = f"Bearer {token(keys, SUPERUSER)}"  # an HS256 token where RS256 is expected
         assert requests.get(url + "/status", headers={"Authorization": hs}, timeout=10).status_code == 401
         assert requests.get(url + "/status", headers={"Authorization": rs[ACME_ADMIN]}, timeout=10).status_code == 403
         assert requests.get(url + "/status", headers={"Authorization": rs[SUPERUSER]}, timeout=10).status_code == 200
@@ -184,10 +233,10 @@ def test_epoch_header_is_honoured_only_from_a_controller_role_and_secrets_are_ma
     acme.create(function("acme", name, secrets={"db": "hunter2"}, instanceRuntime="process"), str(EXAMPLES / "exclaim.py"))
     wait_until(lambda: acme.status("acme", "ns", name)["numRunning"] == 1, 30, "1 running instance")
     # a tenant admin sends a huge epoch: ignored (its update still applies), the controller is not locked out
-    acme.set_parallelism("acme", "ns", name, 2, epoch=10 ** 18)
+    acme.set_parallelism("acme", "ns", name, 2, epoch=10**18)
     controller = admin_as(worker, keys, CONTROLLER)
     controller.set_parallelism("acme", "ns", name, 1, epoch=7)
-    with pytest.raises(AdminError) as stale:                 # the controller's own epochs still fence
+    with pytest.raises(AdminError) as stale:  # the controller's own epochs still fence
         controller.set_parallelism("acme", "ns", name, 2, epoch=6)
     assert stale.value.status == 409
     # secrets: masked in GET; a GET-modify-PUT round trip keeps the stored value
@@ -208,7 +257,7 @@ def test_oversize_requests_get_413_before_the_body_is_read(worker, keys):
         conn.putheader("Content-Length", str(big))
         if role:
             conn.putheader("Authorization", f"Bearer {token(keys, role)}")
-        conn.endheaders(b"--x\r\n")   # 4 bytes of the announced 400 MB: the answer must not wait for the rest
+        conn.endheaders(b"--x\r\n")  # 4 bytes of the announced 400 MB: the answer must not wait for the rest
         resp = conn.getresponse()
         assert resp.status == expected, resp.read()
         conn.close()
@@ -221,9 +270,9 @@ def test_oversize_requests_get_413_before_the_body_is_read(worker, keys):
 # ---- TLS -------------------------------------------------------------------------------------------------
 def test_tls_serves_https_with_the_given_certificate(worker, keys):
     assert worker.url.startswith("https://")
-    with pytest.raises(requests.exceptions.SSLError):      # the system trust store does not know trustme's CA
+    with pytest.raises(requests.exceptions.SSLError):  # the system trust store does not know trustme's CA
         requests.get(worker.url + "/healthz", timeout=10)
-    with pytest.raises(requests.ConnectionError):          # plain HTTP on the TLS port
+    with pytest.raises(requests.ConnectionError):  # plain HTTP on the TLS port
         requests.get(worker.url.replace("https", "http") + "/healthz", timeout=10)
     untrusting = FunctionsAdmin(worker.url, session=ClientSettings(worker.url, "token", "token:x").http_session())
     with pytest.raises(AdminError, match="TLS handshake failed"):
@@ -236,7 +285,7 @@ def test_a_session_with_its_trust_in_memory_needs_no_ca_file(worker, keys, monke
     the worker's (requests' own CA bundle sits in a virtualenv that may be 0700): the trust read before the drop
     is all it verifies with, and it still refuses a server its CA did not sign."""
     trusting = ClientSettings(worker.url, tls_trust_certs_file_path=keys["ca"]).trust_loaded_now()
-    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):   # an instance's environment has neither
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # an instance's environment has neither
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(requests.adapters, "DEFAULT_CA_BUNDLE_PATH", "/nonexistent/cacert.pem")
     assert trusting.get(worker.url + "/healthz", timeout=10).status_code == 200
@@ -249,11 +298,29 @@ def test_a_session_with_its_trust_in_memory_needs_no_ca_file(worker, keys, monke
 
 def test_cli_passes_pulsar_admin_auth_flags(worker, keys, tmp_path):
     (tmp_path / "tok").write_text(token(keys, SUPERUSER))
-    base = [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions", "--admin-url", worker.url,
-            "--tls-trust-cert-path", keys["ca"]]
-    ok = subprocess.run(base + ["--auth-plugin", "org.apache.pulsar.client.impl.auth.AuthenticationToken",
-                                "--auth-params", f"file://{tmp_path / 'tok'}", "list"],
-                        capture_output=True, text=True, timeout=60)
+    base = [
+        sys.executable,
+        "-m",
+        "pulsar_autoscale.cli.main",
+        "functions",
+        "--admin-url",
+        worker.url,
+        "--tls-trust-cert-path",
+        keys["ca"],
+    ]
+    ok = subprocess.run(
+        base
+        + [
+            "--auth-plugin",
+            "org.apache.pulsar.client.impl.auth.AuthenticationToken",
+            "--auth-params",
+            f"file://{tmp_path / 'tok'}",
+            "list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0 and ok.stdout.strip() == "[]", ok.stderr
     denied = subprocess.run(base + ["list"], capture_output=True, text=True, timeout=60)
     assert denied.returncode == 2 and "401" in denied.stderr
@@ -263,29 +330,54 @@ def test_cli_passes_pulsar_admin_auth_flags(worker, keys, tmp_path):
 def test_non_loopback_bind_without_auth_is_refused(broker, tmp_path):
     with pytest.raises(ConfigError, match="refusing to serve on 0.0.0.0 without authentication"):
         WorkerServer(broker.service_url, host="0.0.0.0", data_dir=str(tmp_path))
-    assert not (tmp_path / "functions").exists()            # refused before the worker started
+    assert not (tmp_path / "functions").exists()  # refused before the worker started
     ServerSecurity(insecure_no_auth=True).check_bind("0.0.0.0")
     ServerSecurity().check_bind("127.0.0.1")
     ServerSecurity().check_bind("::1")
-    config = ControllerConfig(service_url=broker.service_url, admin_url="http://127.0.0.1:9", http_host="0.0.0.0",
-                              decision_log=None)
+    config = ControllerConfig(
+        service_url=broker.service_url, admin_url="http://127.0.0.1:9", http_host="0.0.0.0", decision_log=None
+    )
     with pytest.raises(ConfigError, match="--insecure-no-auth"):
         Controller(config)
-    cli = subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", broker.service_url,
-                          "--host", "0.0.0.0", "--data-dir", str(tmp_path / "cli")], capture_output=True, text=True,
-                         timeout=60)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pulsar_autoscale.cli.main",
+            "worker",
+            "--service-url",
+            broker.service_url,
+            "--host",
+            "0.0.0.0",
+            "--data-dir",
+            str(tmp_path / "cli"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 2 and "refusing to serve on 0.0.0.0" in cli.stderr
 
 
 def test_credentials_stay_out_of_errors_logs_and_status(broker, worker, keys, caplog):
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(ConfigError) as number:               # a token written as a YAML number
-        ControllerConfig.from_mapping({"service_url": broker.service_url, "admin_url": "http://127.0.0.1:9",
-                                       "auth": {"mode": "bearer", "token": 918273645546372819}})
+    with pytest.raises(ConfigError) as number:  # a token written as a YAML number
+        ControllerConfig.from_mapping(
+            {
+                "service_url": broker.service_url,
+                "admin_url": "http://127.0.0.1:9",
+                "auth": {"mode": "bearer", "token": 918273645546372819},
+            }
+        )
     assert "918273645546372819" not in str(number.value) and "token" in str(number.value)
     with pytest.raises(ConfigError) as params:
-        ControllerConfig.from_mapping({"service_url": broker.service_url, "admin_url": "http://127.0.0.1:9",
-                                       "client": {"auth_plugin": "token", "auth_params": 5550123}})
+        ControllerConfig.from_mapping(
+            {
+                "service_url": broker.service_url,
+                "admin_url": "http://127.0.0.1:9",
+                "client": {"auth_plugin": "token", "auth_params": 5550123},
+            }
+        )
     assert "5550123" not in str(params.value)
     with pytest.raises(ConfigError) as userinfo:
         ControllerConfig(service_url=broker.service_url, admin_url="http://ops:pa55word@127.0.0.1:9")
@@ -298,9 +390,10 @@ def test_credentials_stay_out_of_errors_logs_and_status(broker, worker, keys, ca
     call(worker, keys, "GET", f"{FNS}/public/default", bearer=secret_token + "x")
     assert secret_token not in caplog.text and "pa55word" not in caplog.text
     assert repr(ClientSettings(broker.service_url, "token", f"token:{secret_token}")).count(secret_token) == 0
-    controller = Controller(ControllerConfig(service_url=broker.service_url, admin_url="http://127.0.0.1:9",
-                                             decision_log=None, http_port=0),
-                            admin=FunctionsAdmin("http://ops:pa55word@127.0.0.1:9"))
+    controller = Controller(
+        ControllerConfig(service_url=broker.service_url, admin_url="http://127.0.0.1:9", decision_log=None, http_port=0),
+        admin=FunctionsAdmin("http://ops:pa55word@127.0.0.1:9"),
+    )
     try:
         lead(controller.elector)
         controller.iterate()
@@ -326,8 +419,11 @@ def test_clients_configured_with_a_token_still_work_on_pulsar_lite(broker, keys)
         assert lead(elector).holder == "with-token"
     finally:
         elector.release()
-    config = ControllerConfig(service_url=broker.service_url, admin_url="http://127.0.0.1:9",
-                              client={"auth_plugin": "token", "auth_params": "token:abc"})
+    config = ControllerConfig(
+        service_url=broker.service_url,
+        admin_url="http://127.0.0.1:9",
+        client={"auth_plugin": "token", "auth_params": "token:abc"},
+    )
     assert config.client_settings().authentication() is not None
     with pytest.raises(ConfigError, match="not supported"):
         ClientSettings(broker.service_url, "basic", "x").authentication()
@@ -337,20 +433,26 @@ def test_clients_configured_with_a_token_still_work_on_pulsar_lite(broker, keys)
 # ---- tokens CLI --------------------------------------------------------------------------------------------
 def test_tokens_cli_like_bin_pulsar_tokens(tmp_path):
     def cli(*argv, **kw):
-        return subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", "tokens", *argv], capture_output=True,
-                              text=True, timeout=60, **kw)
+        return subprocess.run(
+            [sys.executable, "-m", "pulsar_autoscale.cli.main", "tokens", *argv], capture_output=True, text=True, timeout=60, **kw
+        )
+
     assert cli("create-secret-key", "--output", str(tmp_path / "s.key")).returncode == 0
-    assert len((tmp_path / "s.key").read_bytes()) == 32          # raw bytes, as Pulsar writes them
+    assert len((tmp_path / "s.key").read_bytes()) == 32  # raw bytes, as Pulsar writes them
     b64 = cli("create-secret-key", "--base64").stdout.strip()
     assert len(base64.b64decode(b64)) == 32
     made = cli("create", "--secret-key", f"file://{tmp_path / 's.key'}", "--subject", "alice", "-e", "1h").stdout.strip()
     assert cli("validate", "-sk", f"file://{tmp_path / 's.key'}", made).stdout.strip() == "alice"
-    assert cli("validate", "-sk", f"data:;base64,{b64}", made).returncode == 2   # another key
+    assert cli("validate", "-sk", f"data:;base64,{b64}", made).returncode == 2  # another key
     header, claims = cli("show", made).stdout.strip().splitlines()
     assert json.loads(header) == {"alg": "HS256"} and json.loads(claims)["sub"] == "alice"
-    assert cli("create-key-pair", "--output-private-key", str(tmp_path / "p.key"),
-               "--output-public-key", str(tmp_path / "pub.key")).returncode == 0
-    assert (tmp_path / "p.key").stat().st_mode & 0o077 == 0                    # the private key is private
+    assert (
+        cli(
+            "create-key-pair", "--output-private-key", str(tmp_path / "p.key"), "--output-public-key", str(tmp_path / "pub.key")
+        ).returncode
+        == 0
+    )
+    assert (tmp_path / "p.key").stat().st_mode & 0o077 == 0  # the private key is private
     rs = cli("create", "-pk", str(tmp_path / "p.key"), "-s", "bob").stdout.strip()
     assert cli("validate", "-pk", str(tmp_path / "pub.key"), "-i", input=rs).stdout.strip() == "bob"
     assert "expiry time" in cli("create", "-sk", str(tmp_path / "s.key"), "-s", "x", "-e", "soon").stderr

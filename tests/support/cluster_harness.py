@@ -49,9 +49,9 @@ class WorkerCluster:
     name: str = field(default_factory=lambda: f"c{uuid.uuid4().hex[:8]}")
     workers: list[WorkerProc] = field(default_factory=list)
     extra_args: tuple[str, ...] = ()
-    cluster: bool = True   # False: plain single workers (no --cluster), today's one-machine default
-    token: str | None = None   # the workers check tokens (extra_args): wait_ready's calls carry this one
-    ca: str | None = None      # the workers serve HTTPS (extra_args: --tls-cert-file ...): URLs https, checked by it
+    cluster: bool = True  # False: plain single workers (no --cluster), today's one-machine default
+    token: str | None = None  # the workers check tokens (extra_args): wait_ready's calls carry this one
+    ca: str | None = None  # the workers serve HTTPS (extra_args: --tls-cert-file ...): URLs https, checked by it
 
     def add(self) -> WorkerProc:
         port = free_port()
@@ -68,14 +68,31 @@ class WorkerCluster:
 
     def _launch(self, wid: str, port: int) -> WorkerProc:
         log_path = self.base_dir / f"{wid}.log"
-        cmd = [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", self.service_url,
-               "--metrics-url", self.metrics_url, "--port", str(port), "--data-dir", str(self.base_dir / wid),
-               "--worker-id", wid, "--runtime", self.runtime, *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pulsar_autoscale.cli.main",
+            "worker",
+            "--service-url",
+            self.service_url,
+            "--metrics-url",
+            self.metrics_url,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(self.base_dir / wid),
+            "--worker-id",
+            wid,
+            "--runtime",
+            self.runtime,
+            *self.extra_args,
+        ]
         if self.cluster:
             cmd += ["--cluster", self.name, "--heartbeat-timeout", str(self.heartbeat_timeout_s)]
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
         return WorkerProc(wid, port, proc, log_path, "https" if self.ca else "http")
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -86,11 +103,18 @@ class WorkerCluster:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         while time.monotonic() < deadline:
             try:
-                views = [{m["workerId"] for m in requests.get(w.url + "/admin/v2/worker/cluster", headers=headers,
-                                                              timeout=2, verify=self.ca or True).json()}
-                         for w in self.live()]
-                leader = requests.get(self.live()[0].url + "/admin/v2/worker/cluster/leader", headers=headers,
-                                      timeout=2, verify=self.ca or True)
+                views = [
+                    {
+                        m["workerId"]
+                        for m in requests.get(
+                            w.url + "/admin/v2/worker/cluster", headers=headers, timeout=2, verify=self.ca or True
+                        ).json()
+                    }
+                    for w in self.live()
+                ]
+                leader = requests.get(
+                    self.live()[0].url + "/admin/v2/worker/cluster/leader", headers=headers, timeout=2, verify=self.ca or True
+                )
                 if all(v == want for v in views) and leader.status_code == 200:
                     return
                 last = views
@@ -104,9 +128,10 @@ class WorkerCluster:
 
     def log_tails(self, lines: int = 80) -> str:
         """The end of every worker's log (a failed test shows them: CI keeps no temporary directory)."""
-        return "\n".join(f"==== {p.name} (last {lines} lines)\n"
-                         + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
-                         for p in sorted(self.base_dir.glob("*.log")))
+        return "\n".join(
+            f"==== {p.name} (last {lines} lines)\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+            for p in sorted(self.base_dir.glob("*.log"))
+        )
 
     def live(self) -> list[WorkerProc]:
         return [w for w in self.workers if w.alive()]
@@ -117,8 +142,12 @@ class WorkerCluster:
         out: dict[int, str] = {}
         for w in self.live():
             try:
-                resp = requests.get(f"{w.url}/admin/v3/functions/public/default/{name}/status",
-                                    params={"scope": "local"}, timeout=3, verify=self.ca or True)
+                resp = requests.get(
+                    f"{w.url}/admin/v3/functions/public/default/{name}/status",
+                    params={"scope": "local"},
+                    timeout=3,
+                    verify=self.ca or True,
+                )
             except requests.RequestException:
                 continue
             if resp.status_code == 200:
@@ -146,9 +175,9 @@ class WorkerCluster:
         try:
             for _ in range(self.n):
                 self.add()
-            if self.workers:   # n=0: the test adds them
+            if self.workers:  # n=0: the test adds them
                 self.wait_ready()
-        except BaseException:   # no __exit__ for a failed __enter__: stop what was started
+        except BaseException:  # no __exit__ for a failed __enter__: stop what was started
             self.__exit__()
             raise
         return self
@@ -177,6 +206,6 @@ def key_counts(cluster: WorkerCluster, name: str, keys: int) -> dict[str, int]:
             try:
                 out[f"k{k}"] = FunctionsAdmin(w.url).get_state("public", "default", name, f"k{k}")["numberValue"]
                 break
-            except (AdminError, requests.RequestException):   # another worker holds the key, or this one starts
+            except (AdminError, requests.RequestException):  # another worker holds the key, or this one starts
                 continue
     return out

@@ -51,11 +51,20 @@ class Flow:
         return self.admins[i % len(self.admins)]
 
     def create(self, via: int = 0) -> None:
-        self.admin(via).create({"tenant": "public", "namespace": "default", "name": self.name,
-                                "className": "sleepy.Sleepy", "inputs": [self.src], "output": self.dst,
-                                "parallelism": self.parallelism, "receiverQueueSize": RECEIVER_QUEUE,
-                                "userConfig": {"service_ms": self.service_ms, "dist": "deterministic"}},
-                               str(EXAMPLES / "sleepy.py"))
+        self.admin(via).create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": self.name,
+                "className": "sleepy.Sleepy",
+                "inputs": [self.src],
+                "output": self.dst,
+                "parallelism": self.parallelism,
+                "receiverQueueSize": RECEIVER_QUEUE,
+                "userConfig": {"service_ms": self.service_ms, "dist": "deterministic"},
+            },
+            str(EXAMPLES / "sleepy.py"),
+        )
 
     def status(self, via: int = 0) -> dict:
         return self.admin(via).status("public", "default", self.name)
@@ -67,14 +76,19 @@ class Flow:
         def ok():
             st = self.status(via)
             return st if st["numInstances"] == n and st["numRunning"] == n else None
+
         return wait_until(ok, timeout_s, f"{n} running instances of {self.name}", interval_s=0.1)
 
     def start_producing(self, messages: int) -> None:
         # Batches no larger than the receiver queue: pulsar-lite stalls a Shared subscription on larger ones once a
         # second consumer (a burst drain) stops receiving (docs/spark-burst.md; CI: the drain took 0, 676 lost).
-        self._producer = self.client.create_producer(self.src, batching_enabled=self.batching,
-                                                     batching_max_publish_delay_ms=5,
-                                                     batching_max_messages=RECEIVER_QUEUE, block_if_queue_full=True)
+        self._producer = self.client.create_producer(
+            self.src,
+            batching_enabled=self.batching,
+            batching_max_publish_delay_ms=5,
+            batching_max_messages=RECEIVER_QUEUE,
+            block_if_queue_full=True,
+        )
 
         def produce():
             t0 = time.monotonic()
@@ -93,9 +107,12 @@ class Flow:
         """(lost, duplicates) once every input produced an output or the timeout passed."""
         self._sender.join(timeout_s)
         try:
-            wait_until(lambda: self.collector.distinct() >= messages, timeout_s,
-                       lambda: f"all {messages} outputs of {self.name} (got {self.collector.distinct()})",
-                       interval_s=0.1)
+            wait_until(
+                lambda: self.collector.distinct() >= messages,
+                timeout_s,
+                lambda: f"all {messages} outputs of {self.name} (got {self.collector.distinct()})",
+                interval_s=0.1,
+            )
         except AssertionError:
             pass
         return messages - self.collector.distinct(), self.collector.duplicates()

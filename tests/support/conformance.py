@@ -40,8 +40,9 @@ def produce(client_: pulsar.Client, topic: str, n: int, batching: bool = False, 
 
     block_if_queue_full: without it send_async silently drops past 1000 pending messages.
     """
-    producer = client_.create_producer(topic, batching_enabled=batching, block_if_queue_full=True,
-                                       batching_max_publish_delay_ms=5)
+    producer = client_.create_producer(
+        topic, batching_enabled=batching, block_if_queue_full=True, batching_max_publish_delay_ms=5
+    )
     ids: list[pulsar.MessageId | None] = [None] * n
     errors: list[object] = []
 
@@ -51,6 +52,7 @@ def produce(client_: pulsar.Client, topic: str, n: int, batching: bool = False, 
                 ids[i] = mid
             else:
                 errors.append(res)
+
         return callback
 
     try:
@@ -64,8 +66,9 @@ def produce(client_: pulsar.Client, topic: str, n: int, batching: bool = False, 
     return ids
 
 
-def drain(consumer, idle_ms: int = 500, ack: bool = True, limit: int | None = None,
-          first_ms: int | None = None) -> list[pulsar.Message]:
+def drain(
+    consumer, idle_ms: int = 500, ack: bool = True, limit: int | None = None, first_ms: int | None = None
+) -> list[pulsar.Message]:
     """Receive until nothing arrives for idle_ms (or limit messages), acking unless told not to. first_ms: how
     long to wait for the first message (Apache Pulsar starts a new Failover consumer after
     activeConsumerFailoverDelayTimeMillis, 1 s by default)."""
@@ -100,6 +103,7 @@ def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str, interva
 
 # ---------------------------------------------------------------- /metrics
 
+
 def scrape(metrics_url: str) -> dict[tuple[str, frozenset], float]:
     """Parse the Prometheus text page into {(name, labels): value}."""
     import requests
@@ -131,12 +135,14 @@ def metric(samples: dict, name: str, topic: str, subscription: str | None = None
 
 # ---------------------------------------------------------------- child processes
 
+
 class Child:
     """A helper process (this file run as a script) that reports on stdout, one word per line."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, text=True
+        )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 

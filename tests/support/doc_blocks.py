@@ -23,8 +23,8 @@ SHELL_OPERATORS = {"|", "||", "&", "&&", ";", "(", ")", ">", ">>", "<", "2>&1", 
 @dataclass(frozen=True)
 class Block:
     doc: Path
-    line: int          # the line of the opening fence
-    info: str          # the fence's language tag
+    line: int  # the line of the opening fence
+    info: str  # the fence's language tag
     text: str
 
     def where(self, offset: int = 0) -> str:
@@ -34,6 +34,7 @@ class Block:
 @dataclass(frozen=True)
 class Command:
     """One simple command of a block: argv after `pulsar-autoscale` (or the program for others)."""
+
     where: str
     program: str
     argv: list[str]
@@ -41,14 +42,16 @@ class Command:
 
 def blocks(doc: Path) -> list[Block]:
     text = doc.read_text()
-    return [Block(doc, text.count("\n", 0, m.start()), m.group(1), m.group(2))
-            for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
+    return [
+        Block(doc, text.count("\n", 0, m.start()), m.group(1), m.group(2))
+        for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)
+    ]
 
 
 def block(doc: str, heading: str) -> str:
     """The first fenced block after `heading` in `doc` (relative to the checkout)."""
     text = (ROOT / doc).read_text()
-    section = text[text.index(heading):]
+    section = text[text.index(heading) :]
     return re.search(r"```\n(.*?)```", section, re.S).group(1)
 
 
@@ -84,27 +87,27 @@ def commands(b: Block) -> list[Command]:
         return []
     found, variables = [], {}
     for offset, line in _logical_lines(b):
-        line = re.sub(r"(?<=\s)\d?>&\d|(?<=\s)\d(?=>)", " ", line)     # 2>&1, 2>/dev/null: redirections
+        line = re.sub(r"(?<=\s)\d?>&\d|(?<=\s)\d(?=>)", " ", line)  # 2>&1, 2>/dev/null: redirections
         lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()<>")
         lexer.whitespace_split = True
         lexer.commenters = "#"
         try:
             tokens = list(lexer)
-        except ValueError:      # an unbalanced quote: not a command line (output, a synopsis)
+        except ValueError:  # an unbalanced quote: not a command line (output, a synopsis)
             continue
         words: list[str] = []
         for token in [*tokens, ";"]:
             if token in SHELL_OPERATORS or set(token) <= set(";&|()<>"):
                 assignments = []
-                while words and re.fullmatch(r"\w+=.*", words[0]):    # VAR=value before the program
+                while words and re.fullmatch(r"\w+=.*", words[0]):  # VAR=value before the program
                     assignments.append(words.pop(0).split("=", 1))
                 if words:
                     argv = [w for word in words[1:] for w in _expanded(word, variables)]
                     found.append(Command(b.where(offset), words[0], argv))
                     if words[0] == "for" and argv[1:2] == ["in"] and len(argv) > 2:
-                        variables[argv[0]] = argv[2]        # the loop's first value stands for all
+                        variables[argv[0]] = argv[2]  # the loop's first value stands for all
                 else:
-                    variables.update(assignments)       # a line of assignments only: the block's variables
+                    variables.update(assignments)  # a line of assignments only: the block's variables
                 words = []
             elif words and words[-1] in (">", ">>"):
                 continue
@@ -135,8 +138,9 @@ def run_script(script: str, cwd: Path, env: dict, out_dir: Path, timeout_s: floa
     # Its own process group: whatever the block started in the background goes when the run ends.
     # Output to files: background jobs would hold a pipe open after the shell is done.
     with open(out_dir / "out", "w") as out_f, open(out_dir / "err", "w") as err_f:
-        proc = subprocess.Popen(["bash", "-e", "-c", script], cwd=cwd, env=env, stdout=out_f, stderr=err_f,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-e", "-c", script], cwd=cwd, env=env, stdout=out_f, stderr=err_f, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout_s)
         finally:

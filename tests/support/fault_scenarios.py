@@ -43,7 +43,7 @@ class Outcome:
     sent: int
     lost: int
     duplicates: int
-    killed_at: int            # outputs seen when the fault struck
+    killed_at: int  # outputs seen when the fault struck
     recovery_s: float | None  # from the restart (or the broker's port open again) to the next new output
     status_seen: list[str] = field(default_factory=list)  # broker-stop: each change of `status` during the pause
     outage_s: float | None = None  # broker-kill: from the kill to the restarted broker's port open
@@ -129,12 +129,28 @@ def start_producer(service_url: str, topic: str, n: int, rate: float) -> subproc
     return subprocess.Popen([sys.executable, "-c", PRODUCER, service_url, topic, str(n), str(rate)])
 
 
-def start_worker(service_url: str, metrics_url: str, port: int, data_dir: str, runtime: str,
-                 log_path: Path) -> subprocess.Popen:
+def start_worker(service_url: str, metrics_url: str, port: int, data_dir: str, runtime: str, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", service_url,
-                             "--metrics-url", metrics_url, "--port", str(port), "--data-dir", data_dir,
-                             "--runtime", runtime], stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pulsar_autoscale.cli.main",
+            "worker",
+            "--service-url",
+            service_url,
+            "--metrics-url",
+            metrics_url,
+            "--port",
+            str(port),
+            "--data-dir",
+            data_dir,
+            "--runtime",
+            runtime,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def start_broker(port: int, metrics_port: int, data_dir: str, kind: str = "lite") -> subprocess.Popen:
@@ -142,11 +158,27 @@ def start_broker(port: int, metrics_port: int, data_dir: str, kind: str = "lite"
     ready, with `port_open_at` set: when its service port first accepted a connection (clients are served from
     then on; Apache Pulsar's standalone says ready seconds later, once its own functions worker leads). On Apache,
     metrics_port is the standalone's web port (its /metrics)."""
-    errors = Path(f"{data_dir}.stderr")   # why a broker that never said ready gave up (its last lines)
+    errors = Path(f"{data_dir}.stderr")  # why a broker that never said ready gave up (its last lines)
     with errors.open("ab") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli.main", "broker", "--port", str(port),
-                                 "--metrics-port", str(metrics_port), "--data-dir", data_dir, "--kind", kind],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pulsar_autoscale.cli.main",
+                "broker",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics_port),
+                "--data-dir",
+                data_dir,
+                "--kind",
+                kind,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     wait_for_port("127.0.0.1", port, 180, alive=lambda: proc.poll() is None)
     proc.port_open_at = time.monotonic()
     line = proc.stdout.readline()
@@ -178,21 +210,41 @@ def _deploy_exclaim(url: str, name: str, src: str, dst: str, parallelism: int) -
     """exclaim.py at `parallelism` on the worker at `url`, once its API answers; returns once every instance runs."""
     wait(lambda: _reachable(url), 30, "the worker's API")
     admin = FunctionsAdmin(url)
-    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
-                  "inputs": [src], "output": dst, "parallelism": parallelism}, str(EXAMPLES / "exclaim.py"))
+    admin.create(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "exclaim.Exclaim",
+            "inputs": [src],
+            "output": dst,
+            "parallelism": parallelism,
+        },
+        str(EXAMPLES / "exclaim.py"),
+    )
     wait(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 30, "the instances to run")
     return admin
 
 
-def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
-                down_s: float = 2.0, parallelism: int = 3, relay: bool = True, kind: str = "lite",
-                broker=None) -> Outcome:
+def worker_kill(
+    runtime: str = "thread",
+    n: int = 5000,
+    rate: float = 500.0,
+    kill_at: int = 2500,
+    down_s: float = 2.0,
+    parallelism: int = 3,
+    relay: bool = True,
+    kind: str = "lite",
+    broker=None,
+) -> Outcome:
     """The worker kill -9 scenario of docs/reliability.md: exclaim at parallelism 3, n messages at `rate` from a producer process,
     the worker killed with -9 at about `kill_at` outputs and restarted `down_s` later on the same
     port and data dir. relay=False: clients reach pulsar-lite directly (B10 unfenced, for comparison). `broker`: a
     running one to use (a test session's) instead of one of its own of `kind`; nothing here stops or kills it."""
-    with tempfile.TemporaryDirectory(prefix="fault-") as tmp, \
-            _given_or_own(broker, kind, **({} if kind == "apache" else {"relay": relay})) as broker:
+    with (
+        tempfile.TemporaryDirectory(prefix="fault-") as tmp,
+        _given_or_own(broker, kind, **({} if kind == "apache" else {"relay": relay})) as broker,
+    ):
         name = f"exclaim-{int(time.time() * 1000) % 10**8}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
         port, data_dir, log_path = free_port(), str(Path(tmp, "worker")), Path(tmp, "worker.log")
@@ -220,17 +272,30 @@ def worker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
             except AssertionError:
                 pass
             time.sleep(1.0)  # late duplicates
-            return Outcome("worker-kill", runtime, n, n - len(collector.counts),
-                           sum(c - 1 for c in collector.counts.values()), killed_at,
-                           collector.first_output_after(restarted))
+            return Outcome(
+                "worker-kill",
+                runtime,
+                n,
+                n - len(collector.counts),
+                sum(c - 1 for c in collector.counts.values()),
+                killed_at,
+                collector.first_output_after(restarted),
+            )
         finally:
             if collector is not None:
                 collector.close()
             stop(worker)
 
 
-def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kill_at: int = 2500,
-                down_s: float = 2.0, parallelism: int = 3, kind: str = "lite") -> Outcome:
+def broker_kill(
+    runtime: str = "thread",
+    n: int = 5000,
+    rate: float = 500.0,
+    kill_at: int = 2500,
+    down_s: float = 2.0,
+    parallelism: int = 3,
+    kind: str = "lite",
+) -> Outcome:
     """The broker (`pulsar-autoscale broker`) killed with -9 at about `kill_at` outputs and restarted on
     its port and data dir `down_s` later; the worker and the producer stay up."""
     with tempfile.TemporaryDirectory(prefix="fault-") as tmp:
@@ -239,8 +304,7 @@ def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
         name = f"exclaim-{int(time.time() * 1000) % 10**8}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
         broker = start_broker(port, metrics_port, str(Path(tmp, "broker")), kind)
-        worker = start_worker(service_url, metrics_url, worker_port, str(Path(tmp, "worker")), runtime,
-                              Path(tmp, "worker.log"))
+        worker = start_worker(service_url, metrics_url, worker_port, str(Path(tmp, "worker")), runtime, Path(tmp, "worker.log"))
         url, collector, producer = f"http://127.0.0.1:{worker_port}", None, None
         try:
             _deploy_exclaim(url, name, src, dst, parallelism)
@@ -259,9 +323,16 @@ def broker_kill(runtime: str = "thread", n: int = 5000, rate: float = 500.0, kil
             except AssertionError:
                 pass
             time.sleep(1.0)
-            return Outcome("broker-kill", runtime, n, n - len(collector.counts),
-                           sum(c - 1 for c in collector.counts.values()), killed_at,
-                           collector.first_output_after(back), outage_s=back - killed)
+            return Outcome(
+                "broker-kill",
+                runtime,
+                n,
+                n - len(collector.counts),
+                sum(c - 1 for c in collector.counts.values()),
+                killed_at,
+                collector.first_output_after(back),
+                outage_s=back - killed,
+            )
         finally:
             if collector is not None:
                 collector.close()
@@ -289,8 +360,15 @@ def _status_line(admin: FunctionsAdmin, name: str) -> str:
     return f"numRunning={st['numRunning']}" + (f" error={errors}" if errors else "")
 
 
-def broker_stop(runtime: str = "thread", n: int = 10000, rate: float = 400.0, stop_at: int = 2000,
-                pause_s: float = 30.0, parallelism: int = 3, kind: str = "lite") -> Outcome:
+def broker_stop(
+    runtime: str = "thread",
+    n: int = 10000,
+    rate: float = 400.0,
+    stop_at: int = 2000,
+    pause_s: float = 30.0,
+    parallelism: int = 3,
+    kind: str = "lite",
+) -> Outcome:
     """The broker (pulsar-lite itself, not the relay or the wrapper; or Apache Pulsar's JVM) stopped with SIGSTOP at about
     `stop_at` outputs and continued `pause_s` later; the worker and the producer stay up. Samples the
     worker's `status` every 0.5 s during the pause and records each change (seconds after SIGSTOP)."""
@@ -298,8 +376,7 @@ def broker_stop(runtime: str = "thread", n: int = 10000, rate: float = 400.0, st
         name = f"exclaim-{int(time.time() * 1000) % 10**8}"
         src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
         port, log_path = free_port(), Path(tmp, "worker.log")
-        worker = start_worker(broker.service_url, broker.metrics_url, port, str(Path(tmp, "worker")), runtime,
-                              log_path)
+        worker = start_worker(broker.service_url, broker.metrics_url, port, str(Path(tmp, "worker")), runtime, log_path)
         url, collector, producer, lite_pid = f"http://127.0.0.1:{port}", None, None, None
         try:
             admin = _deploy_exclaim(url, name, src, dst, parallelism)
@@ -325,9 +402,16 @@ def broker_stop(runtime: str = "thread", n: int = 10000, rate: float = 400.0, st
                 pass
             time.sleep(1.0)  # late duplicates
             seen.append(f"at the end {_status_line(admin, name)}")
-            return Outcome("broker-stop", runtime, n, n - len(collector.counts),
-                           sum(c - 1 for c in collector.counts.values()), stopped_at,
-                           collector.first_output_after(resumed), seen)
+            return Outcome(
+                "broker-stop",
+                runtime,
+                n,
+                n - len(collector.counts),
+                sum(c - 1 for c in collector.counts.values()),
+                stopped_at,
+                collector.first_output_after(resumed),
+                seen,
+            )
         finally:
             if lite_pid is not None:  # never leave the broker we stopped frozen
                 os.kill(lite_pid, signal.SIGCONT)

@@ -1,13 +1,13 @@
 """Child process of test_incarnations.py: one client on a Shared subscription, printing each message it acks (payload and message id).
 
-    consume URL TOPIC 0          a plain client (ids from 0), runs until killed
-    hold URL TOPIC N             a plain client that acks N messages, then holds what it prefetched until killed
-    publish-big URL TOPIC 0      a plain client that holds what it prefetched from TOPIC and publishes 512 KB
-                                 messages to TOPIC-big until killed (a kill lands in the middle of a frame)
-    incarnation URL TOPIC IDLE_S KIND
-                                 a lite.incarnation.incarnation_client for broker KIND (lite pads its consumer
-                                 ids; apache's is a plain client); prints FLOOR n, exits after IDLE_S without a
-                                 message or on SIGTERM (closing its client cleanly)
+consume URL TOPIC 0          a plain client (ids from 0), runs until killed
+hold URL TOPIC N             a plain client that acks N messages, then holds what it prefetched until killed
+publish-big URL TOPIC 0      a plain client that holds what it prefetched from TOPIC and publishes 512 KB
+                             messages to TOPIC-big until killed (a kill lands in the middle of a frame)
+incarnation URL TOPIC IDLE_S KIND
+                             a lite.incarnation.incarnation_client for broker KIND (lite pads its consumer
+                             ids; apache's is a plain client); prints FLOOR n, exits after IDLE_S without a
+                             message or on SIGTERM (closing its client cleanly)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pulsar
 
 
 def main(mode: str, url: str, topic: str, idle_s: str, kind: str = "lite") -> None:
-    terminated: list[int] = []   # a handler that takes no lock (pulsar_autoscale/stop_signals.py says why)
+    terminated: list[int] = []  # a handler that takes no lock (pulsar_autoscale/stop_signals.py says why)
     signal.signal(signal.SIGTERM, lambda *_: terminated.append(1))
     if mode == "incarnation":
         from pulsar_autoscale.broker.lite.incarnation import incarnation_client

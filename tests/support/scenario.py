@@ -39,8 +39,7 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02)
 def lead(elector, timeout_s: float = 30):
     """Make a lone elector leader. One try can fail on a loaded machine (the lock client's subscribe has a
     1 s operation timeout), so tests that only need leadership retry until the lock is theirs."""
-    return wait_until(elector.try_acquire, timeout_s, f"{elector.identity} to take the free leader lock",
-                      interval_s=0.1)
+    return wait_until(elector.try_acquire, timeout_s, f"{elector.identity} to take the free leader lock", interval_s=0.1)
 
 
 def keyed_settled(view: dict, groups: dict[str, int]) -> bool:
@@ -55,12 +54,15 @@ class OutputCollector:
     def __init__(self, client: pulsar.Client, topic: str):
         self.counts: dict[bytes, int] = {}
         self.properties: list[dict] = []
-        self.times: list[float] = []   # time.monotonic() of each arrival (gaps in processing)
-        self.lags_ms: list[int] = []   # each arrival's wall-clock ms after its event time (end-to-end latency)
+        self.times: list[float] = []  # time.monotonic() of each arrival (gaps in processing)
+        self.lags_ms: list[int] = []  # each arrival's wall-clock ms after its event time (end-to-end latency)
         # Shared, not the default Exclusive: pulsar-lite duplicates deliveries on Exclusive (B1).
-        self._consumer = client.subscribe(topic, f"collector-{uuid.uuid4().hex[:8]}",
-                                          consumer_type=pulsar.ConsumerType.Shared,
-                                          initial_position=pulsar.InitialPosition.Earliest)
+        self._consumer = client.subscribe(
+            topic,
+            f"collector-{uuid.uuid4().hex[:8]}",
+            consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -100,25 +102,42 @@ class ScalingResult:
     lost: int
     duplicates: int
     steps: list[int]
-    scale_out_latency_ms: dict[int, float] = field(default_factory=dict)   # target -> first message after PUT
+    scale_out_latency_ms: dict[int, float] = field(default_factory=dict)  # target -> first message after PUT
     instance0_restarts: int = 0
     instance0_start_changed: bool = False
     seconds: float = 0.0
 
 
-def run_scaling(service_url: str, admin_url: str, runtime: str, messages: int = 5000,
-                steps: tuple[int, ...] = (4, 8, 2, 1), rate: float = 1000.0, service_ms: float = 2.0,
-                timeout_s: float = 120.0) -> ScalingResult:
+def run_scaling(
+    service_url: str,
+    admin_url: str,
+    runtime: str,
+    messages: int = 5000,
+    steps: tuple[int, ...] = (4, 8, 2, 1),
+    rate: float = 1000.0,
+    service_ms: float = 2.0,
+    timeout_s: float = 120.0,
+) -> ScalingResult:
     """Produce `messages` at `rate`/s through a sleepy function while PUTting each parallelism in `steps`."""
     admin = FunctionsAdmin(admin_url)
     name = f"scale-{runtime}-{uuid.uuid4().hex[:6]}"
     src, dst = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     collector = OutputCollector(client, dst)
-    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy",
-                  "inputs": [src], "output": dst, "parallelism": 1, "instanceRuntime": runtime,
-                  "userConfig": {"service_ms": service_ms, "dist": "deterministic"}},
-                 str(EXAMPLES / "sleepy.py"))
+    admin.create(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "sleepy.Sleepy",
+            "inputs": [src],
+            "output": dst,
+            "parallelism": 1,
+            "instanceRuntime": runtime,
+            "userConfig": {"service_ms": service_ms, "dist": "deterministic"},
+        },
+        str(EXAMPLES / "sleepy.py"),
+    )
     started = time.monotonic()
 
     def status():
@@ -126,8 +145,7 @@ def run_scaling(service_url: str, admin_url: str, runtime: str, messages: int = 
 
     wait_until(lambda: status()["numRunning"] == 1, 30, f"{name} instance 0 running")
     start0 = status()["instances"][0]["status"]["instanceStartTimeMs"]
-    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                      block_if_queue_full=True)
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5, block_if_queue_full=True)
 
     def produce():
         t0 = time.monotonic()
@@ -149,14 +167,21 @@ def run_scaling(service_url: str, admin_url: str, runtime: str, messages: int = 
         put_ms = time.time() * 1000
         if target > current:
             first = wait_until(
-                lambda: min((s["status"].get("firstProcessedTimeMs") or 0 for s in status()["instances"][current:]),
-                            default=0), 60, f"new instances of {name} to process a message")
+                lambda: min((s["status"].get("firstProcessedTimeMs") or 0 for s in status()["instances"][current:]), default=0),
+                60,
+                f"new instances of {name} to process a message",
+            )
             result.scale_out_latency_ms[target] = max(first - put_ms, 0.0)
         current = target
     sender.join(timeout_s)
-    wait_until(lambda: collector.distinct() >= messages, timeout_s,
-               lambda: f"all {messages} outputs of {name} (got {collector.distinct()} distinct; "
-                       f"function stats {admin.stats('public', 'default', name)['autoscale']})")
+    wait_until(
+        lambda: collector.distinct() >= messages,
+        timeout_s,
+        lambda: (
+            f"all {messages} outputs of {name} (got {collector.distinct()} distinct; "
+            f"function stats {admin.stats('public', 'default', name)['autoscale']})"
+        ),
+    )
     final = status()["instances"][0]["status"]
     result.lost = messages - collector.distinct()
     result.duplicates = collector.duplicates()
@@ -209,6 +234,8 @@ class KeyedLoad(subprocess.Popen):
 def start_keyed_load(service_url: str, topic: str, n: int, keys: int, rate: float, batched: bool) -> KeyedLoad:
     """`n` records keyed k0..k{keys-1} in turn at `rate`/s, from a process of their own (a fault test kills workers,
     not its load)."""
-    return KeyedLoad([sys.executable, "-c", _KEYED_LOAD, service_url, topic, str(n), str(keys), str(rate),
-                      "1" if batched else "0"], stdout=subprocess.PIPE, text=True)
-
+    return KeyedLoad(
+        [sys.executable, "-c", _KEYED_LOAD, service_url, topic, str(n), str(keys), str(rate), "1" if batched else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )

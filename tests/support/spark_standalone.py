@@ -19,8 +19,13 @@ HOST = "127.0.0.1"
 
 def spark_env(work: Path) -> dict:
     """Loopback only, logs and scratch under `work`."""
-    return {**os.environ, "SPARK_LOCAL_IP": HOST, "SPARK_LOG_DIR": str(work / "logs"),
-            "SPARK_WORKER_DIR": str(work / "work"), "SPARK_NO_DAEMONIZE": "1"}
+    return {
+        **os.environ,
+        "SPARK_LOCAL_IP": HOST,
+        "SPARK_LOG_DIR": str(work / "logs"),
+        "SPARK_WORKER_DIR": str(work / "work"),
+        "SPARK_NO_DAEMONIZE": "1",
+    }
 
 
 class StandaloneSpark:
@@ -39,8 +44,11 @@ class StandaloneSpark:
     def _launch(self, name: str, *args: str) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         log = open(self.work / f"{name}.log", "w")
-        self.procs.append(subprocess.Popen([self.spark_class, *args], env=spark_env(self.work), stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                [self.spark_class, *args], env=spark_env(self.work), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
 
     def state(self) -> dict:
         """The master's view (its web UI's /json/): workers, cores used, applications."""
@@ -48,12 +56,32 @@ class StandaloneSpark:
             return json.load(resp)
 
     def start(self, timeout_s: float = 240) -> "StandaloneSpark":
-        self._launch("master", "org.apache.spark.deploy.master.Master", "--host", HOST, "--port", str(self.port),
-                     "--webui-port", str(self.web_port))
+        self._launch(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.web_port),
+        )
         for i in range(self.workers):
-            self._launch(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", HOST,
-                         "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port(HOST)),
-                         "--work-dir", str(self.work / f"work{i}"))
+            self._launch(
+                f"worker{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                self.master_url,
+                "--host",
+                HOST,
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--webui-port",
+                str(free_port(HOST)),
+                "--work-dir",
+                str(self.work / f"work{i}"),
+            )
         deadline = time.monotonic() + timeout_s
         alive = 0
         while time.monotonic() < deadline:
@@ -69,8 +97,7 @@ class StandaloneSpark:
                 return self
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"{alive} of {self.workers} Spark workers registered within {timeout_s:.0f}s; "
-                           f"logs in {self.work}")
+        raise RuntimeError(f"{alive} of {self.workers} Spark workers registered within {timeout_s:.0f}s; logs in {self.work}")
 
     def stop(self) -> None:
         for p in reversed(self.procs):  # workers first: each takes its executors down

@@ -26,21 +26,24 @@ from tests.support.cluster_harness import WorkerCluster
 from tests.support.scenario import EXAMPLES, start_keyed_load, wait_until
 
 KEYS, PER_KEY = 40, 50
-RATE = 100.0            # messages per second (up to 2,000 over 20 s): the faults land while records flow
-STOP_S = 15.0           # how long a SIGSTOPped worker stays frozen
+RATE = 100.0  # messages per second (up to 2,000 over 20 s): the faults land while records flow
+STOP_S = 15.0  # how long a SIGSTOPped worker stays frozen
 FAULTS = ("kill9", "sigterm", "sigstop")
+
 
 @dataclass(frozen=True)
 class Cell:
     keyed: bool
-    guarantee: str      # ATLEAST_ONCE | EFFECTIVELY_ONCE
-    runtime: str        # thread | process
-    fault: str          # kill9 | sigterm | sigstop
+    guarantee: str  # ATLEAST_ONCE | EFFECTIVELY_ONCE
+    runtime: str  # thread | process
+    fault: str  # kill9 | sigterm | sigstop
 
     @property
     def id(self) -> str:
-        return f"{'keyed' if self.keyed else 'plain'}-{'eo' if self.guarantee == 'EFFECTIVELY_ONCE' else 'alo'}-" \
-               f"{self.runtime}-{self.fault}"
+        return (
+            f"{'keyed' if self.keyed else 'plain'}-{'eo' if self.guarantee == 'EFFECTIVELY_ONCE' else 'alo'}-"
+            f"{self.runtime}-{self.fault}"
+        )
 
     @property
     def once(self) -> bool:
@@ -48,19 +51,24 @@ class Cell:
 
 
 def all_cells() -> list[Cell]:
-    return [Cell(k, g, r, f) for k in (True, False) for g in ("ATLEAST_ONCE", "EFFECTIVELY_ONCE")
-            for r in ("thread", "process") for f in FAULTS]
+    return [
+        Cell(k, g, r, f)
+        for k in (True, False)
+        for g in ("ATLEAST_ONCE", "EFFECTIVELY_ONCE")
+        for r in ("thread", "process")
+        for f in FAULTS
+    ]
 
 
 @dataclass
 class CellResult:
     cell: Cell
     seconds: float = 0.0
-    counts: dict[str, dict[str, int | str]] = field(default_factory=dict)   # worker -> key -> count (or error)
-    outputs: Counter = field(default_factory=Counter)                      # key -> outputs received
-    payloads: Counter = field(default_factory=Counter)                     # each output (key:count:instance)
+    counts: dict[str, dict[str, int | str]] = field(default_factory=dict)  # worker -> key -> count (or error)
+    outputs: Counter = field(default_factory=Counter)  # key -> outputs received
+    payloads: Counter = field(default_factory=Counter)  # each output (key:count:instance)
     victim: str = ""
-    per_key: int = PER_KEY   # records sent per key: the load ends once the cell's changes are made
+    per_key: int = PER_KEY  # records sent per key: the load ends once the cell's changes are made
 
     def exact_keys(self) -> int:
         """Keys whose count is exactly `per_key` on every live worker."""
@@ -95,13 +103,17 @@ class CellResult:
 
     def row(self) -> str:
         verdict = f"{self.exact_keys()}/{KEYS} exact" if self.cell.once else f"{self.processed_keys()}/{KEYS} processed"
-        return (f"| {self.cell.id} | {verdict} | {self.counted_twice()} | {self.duplicates()} | {self.lost()} | "
-                f"{self.seconds:.0f} s |")
+        return (
+            f"| {self.cell.id} | {verdict} | {self.counted_twice()} | {self.duplicates()} | {self.lost()} | "
+            f"{self.seconds:.0f} s |"
+        )
 
     def summary(self) -> str:
-        split = {k: {w: c.get(k) for w, c in self.counts.items()} for k in (f"k{i}" for i in range(KEYS))
-                 if len({c.get(k) for c in self.counts.values()}) > 1 or
-                 any(c.get(k) != self.per_key for c in self.counts.values())}
+        split = {
+            k: {w: c.get(k) for w, c in self.counts.items()}
+            for k in (f"k{i}" for i in range(KEYS))
+            if len({c.get(k) for c in self.counts.values()}) > 1 or any(c.get(k) != self.per_key for c in self.counts.values())
+        }
         return f"{self.row()} victim {self.victim}; keys not exact on every worker: {dict(list(split.items())[:6])}"
 
 
@@ -168,14 +180,15 @@ def fault(cluster: WorkerCluster, victim_id: str, kind: str) -> None:
     else:
         os.kill(victim.pid, signal.SIGSTOP)
         try:
-            time.sleep(STOP_S)   # the fault's length, not synchronisation: the worker is frozen meanwhile
+            time.sleep(STOP_S)  # the fault's length, not synchronisation: the worker is frozen meanwhile
         finally:
             os.kill(victim.pid, signal.SIGCONT)
     cluster.wait_ready(90)
 
 
-def run_cell(cell: Cell, service_url: str, metrics_url: str, client: pulsar.Client, base_dir: Path,
-             workers: int = 3) -> CellResult:
+def run_cell(
+    cell: Cell, service_url: str, metrics_url: str, client: pulsar.Client, base_dir: Path, workers: int = 3
+) -> CellResult:
     """The cell's run; the caller asserts on the result (CellResult)."""
     name = f"fm-{cell.id}-{uuid.uuid4().hex[:4]}"
     src, out = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-out"
@@ -195,21 +208,39 @@ def run_cell(cell: Cell, service_url: str, metrics_url: str, client: pulsar.Clie
     return result
 
 
-def _run(cell: Cell, cluster: WorkerCluster, name: str, src: str, out: str, service_url: str,
-         consumer: pulsar.Consumer, result: CellResult) -> None:
+def _run(
+    cell: Cell,
+    cluster: WorkerCluster,
+    name: str,
+    src: str,
+    out: str,
+    service_url: str,
+    consumer: pulsar.Consumer,
+    result: CellResult,
+) -> None:
     FunctionsAdmin(cluster.live()[0].url).create(
-        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-         "inputs": [src], "output": out, "parallelism": 2, "keyedState": cell.keyed,
-         "processingGuarantees": cell.guarantee, "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "output": out,
+            "parallelism": 2,
+            "keyedState": cell.keyed,
+            "processingGuarantees": cell.guarantee,
+            "subscriptionPosition": "Earliest",
+        },
+        str(EXAMPLES / "keyed_count.py"),
+    )
     wait_until(lambda: _running(cluster, name, 2), 90, f"{name} running 2 instances")
     producer = start_keyed_load(service_url, src, KEYS * PER_KEY, KEYS, RATE, batched=False)
     try:
-        wait_until(lambda: _drain(consumer, result) >= 0 and sum(result.outputs.values()) > 200, 90,
-                   "the first outputs")
-        _scale(cluster, name, 3, via=1)                     # the scale change before the fault
+        wait_until(lambda: _drain(consumer, result) >= 0 and sum(result.outputs.values()) > 200, 90, "the first outputs")
+        _scale(cluster, name, 3, via=1)  # the scale change before the fault
         result.victim = wait_until(lambda: _instance0_worker(cluster, name), 30, "the worker assigned instance 0")
         fault(cluster, result.victim, cell.fault)
-        _scale(cluster, name, 2, via=2)                     # and after it
+        _scale(cluster, name, 2, via=2)  # and after it
         result.per_key = producer.finish(120) // KEYS
     finally:
         if producer.poll() is None:
@@ -220,9 +251,10 @@ def _run(cell: Cell, cluster: WorkerCluster, name: str, src: str, out: str, serv
         _drain(consumer, result)
         result.counts = every_workers_counts(cluster, name)
         return (result.exact_keys() == KEYS) if cell.once else (result.processed_keys() == KEYS)
+
     try:
         wait_until(settled, 150, lambda: "every worker's querystate settled")
-    except AssertionError:   # the result says what is missing; the workers' logs say why
+    except AssertionError:  # the result says what is missing; the workers' logs say why
         print(cluster.log_tails(60), file=sys.stderr)
         return
     # the last outputs: every key output at least per_key times, then what else comes within the drain's quiet time

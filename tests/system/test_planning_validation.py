@@ -50,12 +50,12 @@ def test_without_the_worker_probe_the_lock_app_is_refused_not_mispredicted():
 def test_plan_for_three_times_the_small_testbed(app):
     row = sustain_app(app, seed=0, factor=3.0)
     assert row.refused is None
-    assert row.true_mst >= row.target                # the plan keeps up at 100%
+    assert row.true_mst >= row.target  # the plan keeps up at 100%
     assert not row.overload_failed or row.true_mst < row.target * 1.15
-    assert row.within_allowance                      # at most the exhaustive minimum + max(1 per function, 10%)
-    assert row.bare is not None and row.bare <= row.instances   # what the target needs without the headroom
+    assert row.within_allowance  # at most the exhaustive minimum + max(1 per function, 10%)
+    assert row.bare is not None and row.bare <= row.instances  # what the target needs without the headroom
 
 
 def test_plan_is_refused_where_no_allocation_reaches_the_target():
-    row = sustain_app("zipf", seed=0, factor=2.0)    # a hot key group caps count below 2x
+    row = sustain_app("zipf", seed=0, factor=2.0)  # a hot key group caps count below 2x
     assert row.refused and row.exhaustive_min is None and row.passed

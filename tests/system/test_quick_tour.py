@@ -24,11 +24,13 @@ def substituted(script: str, ports: dict[str, str], scratch: Path, config: Path)
         script = script.replace(old, new)
     script = script.replace("/tmp/pa-tour", str(scratch))
     # The tour relies on the default admin and service URLs: those ports are substituted too.
-    script = script.replace("pulsar-autoscale functions ",
-                            f"pulsar-autoscale functions --admin-url http://127.0.0.1:{ports['6750']} ")
+    script = script.replace(
+        "pulsar-autoscale functions ", f"pulsar-autoscale functions --admin-url http://127.0.0.1:{ports['6750']} "
+    )
     for command in ("produce", "consume"):
-        script = script.replace(f"pulsar-autoscale {command} ",
-                                f"pulsar-autoscale {command} --service-url pulsar://127.0.0.1:{ports['6650']} ")
+        script = script.replace(
+            f"pulsar-autoscale {command} ", f"pulsar-autoscale {command} --service-url pulsar://127.0.0.1:{ports['6650']} "
+        )
     return script.replace("examples/tour-controller.yaml", str(config))
 
 
@@ -39,9 +41,10 @@ def check_comments(script: str, output: str, ports: dict[str, str]) -> None:
     # The policy answers the service rate it measures: on a machine loaded by other work one instance more or
     # less than the comment's figure is the same behaviour; the status and the gauge must then say that number.
     # The fast check may act on the load's first seconds, before the rate is all in: then a second step follows.
-    out = [b for _, b in steps[:next((i for i, (a, b) in enumerate(steps) if b < a), len(steps))]]
-    assert steps and steps[0][0] == int(start) and len(out) <= 2 and abs(max(out) - int(target)) <= 1, \
+    out = [b for _, b in steps[: next((i for i, (a, b) in enumerate(steps) if b < a), len(steps))]]
+    assert steps and steps[0][0] == int(start) and len(out) <= 2 and abs(max(out) - int(target)) <= 1, (
         f"the comment promises 'scaled {fn} {start} -> {target}', or in two steps:\n{output}"
+    )
     instances = re.search(r'# "numInstances": (\d+)', script).group(1)
     shown = re.findall(r'"numInstances": (\d+),', output)
     assert instances == target and shown and abs(int(shown[-1]) - int(target)) <= 1, output
@@ -49,13 +52,13 @@ def check_comments(script: str, output: str, ports: dict[str, str]) -> None:
     gauge = re.search(r"target_parallelism\S*\s+# \.\.\. ([\d.]+)", script).group(1)
     # The gauge is read after the status: it says the status's number, or the target of a step the controller's
     # log shows it took in between (the second of two steps).
-    later = out[out.index(got) + 1:] if got in out else []
+    later = out[out.index(got) + 1 :] if got in out else []
     read = re.search(r'^pulsar_autoscale_target_parallelism\{function="public/default/slow"\} (\d+)\.0$', output, re.M)
-    assert read and int(read.group(1)) in {got, *later}, \
-        f"the gauge should say {got} (or a later step's {later}):\n{output}"
+    assert read and int(read.group(1)) in {got, *later}, f"the gauge should say {got} (or a later step's {later}):\n{output}"
     assert float(gauge) == int(instances)
-    n, rate, secs, rate_c, per_instance = map(float, re.search(
-        r"-n (\d+) --rate (\d+) &\s+# (\d+) s at (\d+) msg/s; 1 instance does (\d+)/s", script).groups())
+    n, rate, secs, rate_c, per_instance = map(
+        float, re.search(r"-n (\d+) --rate (\d+) &\s+# (\d+) s at (\d+) msg/s; 1 instance does (\d+)/s", script).groups()
+    )
     service_ms = float(re.search(r'"service_ms": (\d+)', script).group(1))
     assert (n / rate, rate) == (secs, rate_c) and 1000 / service_ms == per_instance
     tries, pause = re.search(r"seq (\d+)\); do pulsar-autoscale functions .*?list.*?sleep ([\d.]+)", script).groups()
@@ -74,8 +77,7 @@ def _tour(tmp_path: Path):
     for old, new in ports.items():
         config = config.replace(old, new)
     (tmp_path / "tour-controller.yaml").write_text(config)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "XDG_DATA_HOME": str(tmp_path / "xdg")}
     return clone, ports, env
 
 
@@ -103,8 +105,7 @@ def test_quick_tour_from_a_fresh_clone_twice_then_secured(tmp_path):
     assert "authentication on (tokens)" in output and "-> 401: authentication required" in output, output
     check_comments(secured, output, ports)
 
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True,
-                            check=True).stdout
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True).stdout
     assert status == "", f"the tour left files in the checkout:\n{status}"
 
 
@@ -120,8 +121,7 @@ def test_quick_tour_on_apache_pulsar(tmp_path, broker_kind):
     start = next(i for i, line in enumerate(tour) if line.startswith("pulsar-autoscale broker "))
     apache = block("docs/apache-pulsar.md", "## The quick tour on Apache Pulsar").splitlines(keepends=True)
     assert len(apache) == 2 and tour[start + 1].startswith("for i in"), "the doc replaces the broker and its wait"
-    script = substituted("".join(tour[:start] + apache + tour[start + 2:]), ports, scratch,
-                         tmp_path / "tour-controller.yaml")
+    script = substituted("".join(tour[:start] + apache + tour[start + 2 :]), ports, scratch, tmp_path / "tour-controller.yaml")
     output = run(script, clone, env, tmp_path / "apache", timeout_s=420)
     assert "apache pulsar" in output and " ready: service-url pulsar://127.0.0.1:" + ports["6650"] in output, output
     _check_run(script, output, ports, scratch, tmp_path)

@@ -25,7 +25,7 @@ from tests.support.scenario import lead, wait_until
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "pulsar-autoscale"
 N = 400
-SERVICE_MS = 50          # 20 messages/s per instance: one instance needs 20 s for the backlog
+SERVICE_MS = 50  # 20 messages/s per instance: one instance needs 20 s for the backlog
 
 
 @pytest.fixture(autouse=True)
@@ -36,11 +36,27 @@ def _apache_only(broker_kind):
 
 def deploy(broker, name: str, parallelism: int = 1) -> None:
     """`pulsar-autoscale functions create` against the standalone's own functions worker."""
-    cmd = [str(CLI), "functions", "create", "--admin-url", broker.admin_url, "--name", name,
-           "--py", str(REPO / "functions" / "examples" / "sleepy.py"), "--classname", "sleepy.Sleepy",
-           "-i", f"persistent://public/default/{name}-in", "-o", f"persistent://public/default/{name}-out",
-           "--parallelism", str(parallelism),
-           "--user-config", json.dumps({"service_ms": SERVICE_MS, "dist": "deterministic"})]
+    cmd = [
+        str(CLI),
+        "functions",
+        "create",
+        "--admin-url",
+        broker.admin_url,
+        "--name",
+        name,
+        "--py",
+        str(REPO / "functions" / "examples" / "sleepy.py"),
+        "--classname",
+        "sleepy.Sleepy",
+        "-i",
+        f"persistent://public/default/{name}-in",
+        "-o",
+        f"persistent://public/default/{name}-out",
+        "--parallelism",
+        str(parallelism),
+        "--user-config",
+        json.dumps({"service_ms": SERVICE_MS, "dist": "deterministic"}),
+    ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"functions create failed: {done.stdout}{done.stderr}"
 
@@ -48,7 +64,7 @@ def deploy(broker, name: str, parallelism: int = 1) -> None:
 def running(admin: StockPulsarAdmin, name: str) -> int:
     try:
         return admin.status("public", "default", name).get("numRunning", 0)
-    except Exception:   # noqa: BLE001 - the worker answers 4xx/5xx while it (re)schedules instances
+    except Exception:  # noqa: BLE001 - the worker answers 4xx/5xx while it (re)schedules instances
         return 0
 
 
@@ -61,8 +77,9 @@ def wait_running(admin: StockPulsarAdmin, name: str, n: int, what: str) -> None:
     def status() -> str:
         try:
             return str(admin.status("public", "default", name))[:1500]
-        except Exception as exc:   # noqa: BLE001 - what the worker answered is the message
+        except Exception as exc:  # noqa: BLE001 - what the worker answered is the message
             return f"{type(exc).__name__}: {exc}"
+
     wait_until(lambda: running(admin, name) == n, START_S, lambda: f"{what}; last status: {status()}")
 
 
@@ -73,21 +90,32 @@ def test_controller_scales_a_stock_function_up_under_load_and_loses_nothing(brok
     admin = StockPulsarAdmin(broker.admin_url, timeout_s=30)
     deploy(broker, name)
     wait_running(admin, name, 1, "the instance running (python process runtime)")
-    client = pulsar.Client(broker.service_url, operation_timeout_seconds=30,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    client = pulsar.Client(
+        broker.service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
     try:
-        out = client.subscribe(f"persistent://public/default/{name}-out", "check",
-                               initial_position=pulsar.InitialPosition.Earliest)
-        producer = client.create_producer(f"persistent://public/default/{name}-in", batching_enabled=False,
-                                          block_if_queue_full=True)
+        out = client.subscribe(
+            f"persistent://public/default/{name}-out", "check", initial_position=pulsar.InitialPosition.Earliest
+        )
+        producer = client.create_producer(
+            f"persistent://public/default/{name}-in", batching_enabled=False, block_if_queue_full=True
+        )
         for i in range(N):
             producer.send_async(str(i).encode(), None)
         producer.flush()
-        config = ControllerConfig.from_mapping({
-            "service_url": broker.service_url, "mode": "stock", "admin_url": broker.admin_url,
-            "policy": "threshold", "period_s": 10.0, "window_s": 10.0, "http_port": 0,
-            "lock_topic": f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
-            "decision_log": str(tmp_path / "decisions.jsonl")})
+        config = ControllerConfig.from_mapping(
+            {
+                "service_url": broker.service_url,
+                "mode": "stock",
+                "admin_url": broker.admin_url,
+                "policy": "threshold",
+                "period_s": 10.0,
+                "window_s": 10.0,
+                "http_port": 0,
+                "lock_topic": f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+                "decision_log": str(tmp_path / "decisions.jsonl"),
+            }
+        )
         controller = Controller(config)
         lead(controller.elector)
         t0 = time.monotonic()
@@ -102,7 +130,7 @@ def test_controller_scales_a_stock_function_up_under_load_and_loses_nothing(brok
             controller.elector.release()
         assert decision is not None, "the controller did not scale the function under a backlog of 400"
         assert decision["old"] == 1 and decision["new"] > 1, decision
-        assert "restart_cost_s" in decision          # stock mode records what the restart costs
+        assert "restart_cost_s" in decision  # stock mode records what the restart costs
         assert admin.get("public", "default", name)["parallelism"] == decision["new"]
         wait_running(admin, name, decision["new"], "the new instances running")
         counts: dict[bytes, int] = {}
@@ -116,14 +144,20 @@ def test_controller_scales_a_stock_function_up_under_load_and_loses_nothing(brok
             out.acknowledge(msg)
         lost = N - len(counts)
         duplicates = sum(c - 1 for c in counts.values())
-        print(f"\nstock mode on apache: parallelism {decision['old']} -> {decision['new']} after "
-              f"{decision['time'] - it.time + time.monotonic() - t0:.0f}s of control, reason {decision['reason']!r}, "
-              f"restart_cost_s {decision['restart_cost_s']}, lost {lost}, duplicates {duplicates}")
+        print(
+            f"\nstock mode on apache: parallelism {decision['old']} -> {decision['new']} after "
+            f"{decision['time'] - it.time + time.monotonic() - t0:.0f}s of control, reason {decision['reason']!r}, "
+            f"restart_cost_s {decision['restart_cost_s']}, lost {lost}, duplicates {duplicates}"
+        )
         assert lost == 0, f"lost {lost} of {N} (e.g. {sorted(set(str(i).encode() for i in range(N)) - set(counts))[:5]})"
     finally:
         client.close()
-        subprocess.run([str(CLI), "functions", "delete", "--admin-url", broker.admin_url, "--name", name],
-                       cwd=REPO, capture_output=True, timeout=60)
+        subprocess.run(
+            [str(CLI), "functions", "delete", "--admin-url", broker.admin_url, "--name", name],
+            cwd=REPO,
+            capture_output=True,
+            timeout=60,
+        )
 
 
 def test_stock_adapter_against_the_live_rest_api(broker):
@@ -140,9 +174,11 @@ def test_stock_adapter_against_the_live_rest_api(broker):
         functions = Contract(functions_doc(), "functions")
         stats = admin.stats("public", "default", name)
         status = admin.status("public", "default", name)
-        problems = (functions.check({"$ref": "#/definitions/FunctionConfig"}, config, "get")
-                    + functions.check({"$ref": "#/definitions/FunctionStatus"}, status, "status")
-                    + functions.check({"$ref": "#/definitions/FunctionStatsImpl"}, stats, "stats"))
+        problems = (
+            functions.check({"$ref": "#/definitions/FunctionConfig"}, config, "get")
+            + functions.check({"$ref": "#/definitions/FunctionStatus"}, status, "status")
+            + functions.check({"$ref": "#/definitions/FunctionStatsImpl"}, stats, "stats")
+        )
         # Where the live server differs from the published documents: userConfig values are any JSON (published
         # as objects), and an instance that has processed nothing reports null latencies and times
         errata = [p for p in problems if "(at userConfig/" in p or p.split(": ", 1)[1].startswith("None is not of type")]
@@ -152,16 +188,18 @@ def test_stock_adapter_against_the_live_rest_api(broker):
         assert reported == 2 and counters.processed == 0
         topic = f"persistent://public/default/{name}-in"
         assert admin.partitions(topic) == 0
-        wait_until(lambda: admin.topic_stats(topic).backlog_of(f"public/default/{name}") is not None, 30,
-                   "the function's subscription in the topic stats")
+        wait_until(
+            lambda: admin.topic_stats(topic).backlog_of(f"public/default/{name}") is not None,
+            30,
+            "the function's subscription in the topic stats",
+        )
         raw = admin._call("GET", admin._topic_url(topic, "stats"))
         topic_problems = Contract(broker_doc(), "broker").check({"$ref": "#/definitions/TopicStats"}, raw, "topic stats")
         print(f"topic stats outside the published document: {topic_problems}")
         # chunkedMessageRate: published as an integer, served as a rate (0.0)
-        assert [p for p in topic_problems if "(at subscriptions/" not in p or "chunkedMessageRate" not in p] == [], \
-            topic_problems
-        assert admin.max_useful_parallelism(config) is None           # Shared: no cap
-        admin.set_parallelism("public", "default", name, 2)            # "Update contains no change": a no-op
+        assert [p for p in topic_problems if "(at subscriptions/" not in p or "chunkedMessageRate" not in p] == [], topic_problems
+        assert admin.max_useful_parallelism(config) is None  # Shared: no cap
+        admin.set_parallelism("public", "default", name, 2)  # "Update contains no change": a no-op
         admin.set_parallelism("public", "default", name, 3)
         assert admin.get("public", "default", name)["parallelism"] == 3
         wait_running(admin, name, 3, "three instances running after the update")
@@ -169,8 +207,12 @@ def test_stock_adapter_against_the_live_rest_api(broker):
         assert cost is None or cost > 0
         print(f"\nrestart_cost_s from the worker's metrics: {cost}")
     finally:
-        subprocess.run([str(CLI), "functions", "delete", "--admin-url", broker.admin_url, "--name", name],
-                       cwd=REPO, capture_output=True, timeout=60)
+        subprocess.run(
+            [str(CLI), "functions", "delete", "--admin-url", broker.admin_url, "--name", name],
+            cwd=REPO,
+            capture_output=True,
+            timeout=60,
+        )
 
 
 def test_a_batched_backlog_reads_in_messages(broker):
@@ -184,15 +226,20 @@ def test_a_batched_backlog_reads_in_messages(broker):
         for batched in (True, False):
             topic = f"persistent://public/default/backlog-{name}-{'batched' if batched else 'single'}"
             consumer = c.subscribe(topic, "sub", receiver_queue_size=1)
-            producer = c.create_producer(topic, batching_enabled=batched, batching_max_messages=10,
-                                         batching_max_publish_delay_ms=1000)
+            producer = c.create_producer(
+                topic, batching_enabled=batched, batching_max_messages=10, batching_max_publish_delay_ms=1000
+            )
             for i in range(100):
                 producer.send_async(f"m{i}".encode(), None)
             producer.flush()
-            consumer.receive(10_000)   # a dispatch gives the consumer its messages-per-entry figure; nothing acked
-            wait_until(lambda t=topic: admin.topic_stats(t).backlog_of("sub") == 100, 30,
-                       lambda t=topic, b=batched: f"batched={b}: a backlog of 100 messages, read "
-                                                  f"{admin.topic_stats(t).backlog_of('sub')}")
+            consumer.receive(10_000)  # a dispatch gives the consumer its messages-per-entry figure; nothing acked
+            wait_until(
+                lambda t=topic: admin.topic_stats(t).backlog_of("sub") == 100,
+                30,
+                lambda t=topic, b=batched: (
+                    f"batched={b}: a backlog of 100 messages, read {admin.topic_stats(t).backlog_of('sub')}"
+                ),
+            )
             raw = admin._call("GET", admin._topic_url(topic, "stats"))
             readings[batched] = raw["subscriptions"]["sub"]["msgBacklog"]
     finally:

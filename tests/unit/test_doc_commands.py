@@ -19,8 +19,19 @@ OURS = [c for c in COMMANDS if c.program.endswith("pulsar-autoscale") and not is
 
 def test_the_docs_show_commands_of_every_kind():
     assert len(OURS) >= 70, len(OURS)
-    assert {c.argv[0] for c in OURS} >= {"broker", "worker", "functions", "functions-worker", "produce", "consume",
-                                         "controller", "autoscaler", "tokens", "simulate", "plan"}
+    assert {c.argv[0] for c in OURS} >= {
+        "broker",
+        "worker",
+        "functions",
+        "functions-worker",
+        "produce",
+        "consume",
+        "controller",
+        "autoscaler",
+        "tokens",
+        "simulate",
+        "plan",
+    }
 
 
 @pytest.mark.parametrize("command", OURS, ids=lambda c: f"{c.where} {' '.join(c.argv[:2])}")

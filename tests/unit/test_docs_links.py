@@ -34,7 +34,7 @@ def _prose_lines(text: str):
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: markup and punctuation dropped, lower case, spaces to hyphens."""
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)   # a link in a heading keeps its text
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
     text = re.sub(r"<[^>]+>", "", text).replace("`", "").lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
@@ -62,7 +62,7 @@ def dead_links(paths: list[Path] | None = None) -> list[str]:
             for m in LINK.finditer(line):
                 target = m.group(1)
                 if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
-                    continue   # https:, mailto: ...: not checked (no network)
+                    continue  # https:, mailto: ...: not checked (no network)
                 where, _, fragment = target.partition("#")
                 dest = (doc.parent / unquote(where)).resolve() if where else doc
                 name = f"{doc.relative_to(ROOT)}:{n}: {target}"
@@ -83,9 +83,11 @@ def test_every_relative_link_in_the_docs_resolves():
 def test_the_checker_finds_a_dead_file_and_a_dead_anchor(tmp_path):
     (tmp_path / "a.md").write_text("# Title\n\n## Per-function controls (live)\n\ntext\n")
     doc = tmp_path / "b.md"
-    doc.write_text("[ok](a.md) [ok](a.md#per-function-controls-live) [self](#b)\n"
-                   "[gone](missing.md) [bad](a.md#nope)\n```\n[in code](nowhere.md)\n```\n"
-                   "`[span](nowhere.md)` [web](https://example.org/x)\n\n# B\n")
+    doc.write_text(
+        "[ok](a.md) [ok](a.md#per-function-controls-live) [self](#b)\n"
+        "[gone](missing.md) [bad](a.md#nope)\n```\n[in code](nowhere.md)\n```\n"
+        "`[span](nowhere.md)` [web](https://example.org/x)\n\n# B\n"
+    )
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:

@@ -10,8 +10,14 @@ from pulsar_autoscale.graph import AppGraph, FunctionNode, GraphError
 
 def diamond() -> AppGraph:
     # src -> a -> x -> {b, c}; b -> y, c -> z; d reads y and z (fan-out at a, fan-in at d)
-    return AppGraph.build([FunctionNode("d", ("y", "z"), None), FunctionNode("c", ("x",), "z"),
-                           FunctionNode("b", ("x",), "y"), FunctionNode("a", ("src",), "x")])
+    return AppGraph.build(
+        [
+            FunctionNode("d", ("y", "z"), None),
+            FunctionNode("c", ("x",), "z"),
+            FunctionNode("b", ("x",), "y"),
+            FunctionNode("a", ("src",), "x"),
+        ]
+    )
 
 
 def test_fan_out_fan_in():
@@ -29,14 +35,19 @@ def test_topological_order_puts_every_function_after_its_upstream():
     assert sorted(order) == ["a", "b", "c", "d"]
     for f in order:
         assert all(order.index(u) < order.index(f) for u in g.upstream(f))
-    assert order == ("a", "b", "c", "d")   # ties in name order: reproducible
+    assert order == ("a", "b", "c", "d")  # ties in name order: reproducible
 
 
 def test_the_papers_application_has_two_paths():
     # images -> resize1 -> store (sink, no output); images -> resize2 -> recognize
-    g = AppGraph.build([FunctionNode("resize1", ("images",), "small"), FunctionNode("store", ("small",)),
-                        FunctionNode("resize2", ("images",), "medium"),
-                        FunctionNode("recognize", ("medium",), "labels")])
+    g = AppGraph.build(
+        [
+            FunctionNode("resize1", ("images",), "small"),
+            FunctionNode("store", ("small",)),
+            FunctionNode("resize2", ("images",), "medium"),
+            FunctionNode("recognize", ("medium",), "labels"),
+        ]
+    )
     assert g.source_topics == {"images"}
     # a function whose output nobody consumes is a sink, as is one without an output
     assert set(g.sinks) == {"store", "recognize"}
@@ -55,13 +66,24 @@ def test_topics_are_compared_as_given():
     assert g.downstream("a") == () and g.source_topics == {"src", "t/n/x"}
 
 
-@pytest.mark.parametrize("nodes, message", [
-    ([FunctionNode("a", ("x",), "y"), FunctionNode("b", ("y",), "x")], "cycle: a -> b -> a"),
-    ([FunctionNode("a", ("x",), "x")], "cycle: a -> a"),
-    # a cycle b -> c -> d -> b behind a source function, with a sink e hanging off it
-    ([FunctionNode("a", ("src",), "t1"), FunctionNode("b", ("t1", "t4"), "t2"), FunctionNode("c", ("t2",), "t3"),
-      FunctionNode("d", ("t3",), "t4"), FunctionNode("e", ("t3",), None)], "cycle: b -> c -> d -> b"),
-])
+@pytest.mark.parametrize(
+    "nodes, message",
+    [
+        ([FunctionNode("a", ("x",), "y"), FunctionNode("b", ("y",), "x")], "cycle: a -> b -> a"),
+        ([FunctionNode("a", ("x",), "x")], "cycle: a -> a"),
+        # a cycle b -> c -> d -> b behind a source function, with a sink e hanging off it
+        (
+            [
+                FunctionNode("a", ("src",), "t1"),
+                FunctionNode("b", ("t1", "t4"), "t2"),
+                FunctionNode("c", ("t2",), "t3"),
+                FunctionNode("d", ("t3",), "t4"),
+                FunctionNode("e", ("t3",), None),
+            ],
+            "cycle: b -> c -> d -> b",
+        ),
+    ],
+)
 def test_a_cycle_is_rejected_and_named(nodes, message):
     with pytest.raises(GraphError) as err:
         AppGraph.build(nodes)
@@ -77,8 +99,11 @@ def test_a_duplicated_function_is_rejected():
 def test_large_layered_graph_builds_without_enumerating_paths():
     # 100 layers of 2 functions, each reading both of the layer before: 2^99 paths, but
     # build() and topological order must not enumerate them
-    nodes = [FunctionNode(f"f{layer}.{i}", ("src",) if layer == 0 else (f"t{layer - 1}.0", f"t{layer - 1}.1"),
-                          f"t{layer}.{i}") for layer in range(100) for i in range(2)]
+    nodes = [
+        FunctionNode(f"f{layer}.{i}", ("src",) if layer == 0 else (f"t{layer - 1}.0", f"t{layer - 1}.1"), f"t{layer}.{i}")
+        for layer in range(100)
+        for i in range(2)
+    ]
     g = AppGraph.build(nodes)
     assert len(g) == 200 and g.sinks == ("f99.0", "f99.1")
     assert g.topological_order()[:2] == ("f0.0", "f0.1")

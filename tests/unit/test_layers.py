@@ -15,8 +15,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where each part of the pulsar_autoscale namespace lives (pyproject's package-dir).
-SOURCES = {"pulsar_autoscale": "pulsar_autoscale", "pulsar_autoscale.functions": "functions",
-           "pulsar_autoscale.policies": "policies", "pulsar_autoscale.spark_bridge": "spark_bridge"}
+SOURCES = {
+    "pulsar_autoscale": "pulsar_autoscale",
+    "pulsar_autoscale.functions": "functions",
+    "pulsar_autoscale.policies": "policies",
+    "pulsar_autoscale.spark_bridge": "spark_bridge",
+}
 # Highest first. The model (the top package's own modules: errors, graph, snapshot, topics, ...) is below all.
 PACKAGE_LAYERS = [
     {"pulsar_autoscale.cli"},
@@ -39,14 +43,18 @@ def _module_files():
                 rel = rel[:-1]
             name = ".".join((package, *rel))
             if package == "pulsar_autoscale" and rel and rel[0] in ("functions", "policies", "spark_bridge"):
-                continue   # a symlinked checkout: counted under its own directory
+                continue  # a symlinked checkout: counted under its own directory
             yield name, path, path.name == "__init__.py"
 
 
 def _imports(name: str, path: Path, is_package: bool) -> set[str]:
     tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree)
-               if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -56,7 +64,7 @@ def _imports(name: str, path: Path, is_package: bool) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -67,8 +75,10 @@ def _imports(name: str, path: Path, is_package: bool) -> set[str]:
 
 def _graph(depth: int) -> dict[str, dict[str, set[str]]]:
     """package -> imported package -> the modules that import it."""
+
     def cut(module: str) -> str:
         return ".".join(module.split(".")[:depth])
+
     edges: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for name, path, is_package in _module_files():
         for target in _imports(name, path, is_package):
@@ -88,15 +98,16 @@ def _violations(edges, layers) -> list[str]:
         for target, via in targets.items():
             j = _rank(layers, target)
             if i is not None and j is not None and j <= i:
-                out.append(f"{source} imports {target} ({', '.join(sorted(via))}): "
-                           f"{'same layer' if i == j else 'a higher layer'}")
+                out.append(
+                    f"{source} imports {target} ({', '.join(sorted(via))}): {'same layer' if i == j else 'a higher layer'}"
+                )
     return sorted(out)
 
 
 def _is_package(name: str) -> bool:
     for package, directory in sorted(SOURCES.items(), key=lambda kv: -len(kv[0])):
         if name == package or name.startswith(package + "."):
-            rest = name[len(package):].lstrip(".")
+            rest = name[len(package) :].lstrip(".")
             return (ROOT / directory / rest.replace(".", "/") / "__init__.py").exists()
     return False
 
@@ -115,8 +126,11 @@ def test_the_model_imports_no_wing():
     bad = []
     for name, path, is_package in _module_files():
         if name in model:
-            bad += [f"{name} imports {t}" for t in _imports(name, path, is_package)
-                    if _rank(PACKAGE_LAYERS, ".".join(t.split(".")[:2])) is not None]
+            bad += [
+                f"{name} imports {t}"
+                for t in _imports(name, path, is_package)
+                if _rank(PACKAGE_LAYERS, ".".join(t.split(".")[:2])) is not None
+            ]
     assert bad == []
 
 
@@ -131,7 +145,7 @@ def test_no_cycles(depth):
         seen[node] = 1
         for nxt in edges.get(node, {}):
             if seen.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in seen:
                 visit(nxt, stack + [nxt])
         seen[node] = 2

@@ -20,13 +20,14 @@ def usr1():
 
 
 def test_wait_returns_once_the_count_has_arrived(usr1):
-    def send_two() -> None:   # one at a time: a signal sent while the same one is pending merges with it
+    def send_two() -> None:  # one at a time: a signal sent while the same one is pending merges with it
         os.kill(os.getpid(), signal.SIGUSR1)
         counted = threading.Event()
         while not counted.wait(0.01):
             if usr1.count >= 1:
                 counted.set()
         os.kill(os.getpid(), signal.SIGUSR1)
+
     threading.Thread(target=send_two, daemon=True).start()
     assert usr1.wait(2, timeout_s=10)
     assert usr1.count == 2

@@ -21,14 +21,20 @@ def check_function(cfg, broker: BrokerProfile) -> None:
     if not broker.function_limits:
         return
     if cfg.topicsPattern:
-        raise ConfigError("topicsPattern is not supported on pulsar-lite (it cannot list a namespace's topics, "
-                          "defect B9 in docs/dev/pulsar-lite-defects.md): list the topics in inputs, or run on Apache Pulsar")
+        raise ConfigError(
+            "topicsPattern is not supported on pulsar-lite (it cannot list a namespace's topics, "
+            "defect B9 in docs/dev/pulsar-lite-defects.md): list the topics in inputs, or run on Apache Pulsar"
+        )
     if cfg.skipToLatest:
-        raise ConfigError("skipToLatest is not supported on pulsar-lite (it ignores seek, defect B5 in "
-                          "docs/dev/pulsar-lite-defects.md): run on Apache Pulsar")
+        raise ConfigError(
+            "skipToLatest is not supported on pulsar-lite (it ignores seek, defect B5 in "
+            "docs/dev/pulsar-lite-defects.md): run on Apache Pulsar"
+        )
     if cfg.subscription_type == "KEY_SHARED" and not cfg.keyedState and cfg.parallelism > 1:
-        raise ConfigError(f"retainKeyOrdering at parallelism {cfg.parallelism} is not supported on pulsar-lite without "
-                          "keyedState: it subscribes Key_Shared, which strands messages when a consumer closes "
-                          "(defect B4) and loses keys of pipelined producers (defect B11, docs/dev/pulsar-lite-defects.md)"
-                          ": set keyedState true (per-key order through the worker's router), keep parallelism 1, "
-                          "or run on Apache Pulsar")
+        raise ConfigError(
+            f"retainKeyOrdering at parallelism {cfg.parallelism} is not supported on pulsar-lite without "
+            "keyedState: it subscribes Key_Shared, which strands messages when a consumer closes "
+            "(defect B4) and loses keys of pipelined producers (defect B11, docs/dev/pulsar-lite-defects.md)"
+            ": set keyedState true (per-key order through the worker's router), keep parallelism 1, "
+            "or run on Apache Pulsar"
+        )

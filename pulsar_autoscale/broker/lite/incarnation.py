@@ -55,8 +55,9 @@ class _SlotLock:
         self.slot = slot
         self._client = open_client(settings, operation_timeout_seconds=1)
         try:
-            self._client.subscribe(SLOT_TOPIC.format(slot), SLOT_SUBSCRIPTION,
-                                   consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=1)
+            self._client.subscribe(
+                SLOT_TOPIC.format(slot), SLOT_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=1
+            )
         except pulsar.PulsarException:
             self._client.close()
             raise
@@ -99,9 +100,11 @@ def _take_slot(settings: ClientSettings | str) -> _SlotLock:
                 extra.release()
             threading.Thread(target=_release_late, args=(results, PROBE_BATCH - answered), daemon=True).start()
             return got[0]
-    raise LiteJoinError(f"no consumer-id floor could be taken: all {MAX_SLOTS} slot locks "
-                        f"({SLOT_TOPIC.format('*')}) refused or did not answer within 1 s (held by live clients, "
-                        "or the broker is that slow)")
+    raise LiteJoinError(
+        f"no consumer-id floor could be taken: all {MAX_SLOTS} slot locks "
+        f"({SLOT_TOPIC.format('*')}) refused or did not answer within 1 s (held by live clients, "
+        "or the broker is that slow)"
+    )
 
 
 def _release_late(results: queue.Queue, pending: int) -> None:
@@ -152,9 +155,11 @@ def incarnation_client(settings: ClientSettings | str, broker: BrokerProfile, **
             _pad_consumer_ids(client, client.floor, subscription)
         except pulsar.PulsarException as exc:
             client.close()
-            raise LiteJoinError(f"moving this client's consumer ids to its floor {client.floor} (slot {slot.slot}: "
-                                f"subscribes as {subscription} on {PAD_TOPIC.format('*')}) failed: "
-                                f"{type(exc).__name__} {exc}") from exc
+            raise LiteJoinError(
+                f"moving this client's consumer ids to its floor {client.floor} (slot {slot.slot}: "
+                f"subscribes as {subscription} on {PAD_TOPIC.format('*')}) failed: "
+                f"{type(exc).__name__} {exc}"
+            ) from exc
         except Exception:
             client.close()
             raise
@@ -162,9 +167,13 @@ def incarnation_client(settings: ClientSettings | str, broker: BrokerProfile, **
     return client
 
 
-def join_shared_subscription(settings: ClientSettings | str, subscribe: Callable[[pulsar.Client], pulsar.Consumer],
-                             what: str, operation_timeout_s: int = JOIN_OPERATION_TIMEOUT_S,
-                             attempts: int = JOIN_ATTEMPTS) -> tuple[pulsar.Client, pulsar.Consumer]:
+def join_shared_subscription(
+    settings: ClientSettings | str,
+    subscribe: Callable[[pulsar.Client], pulsar.Consumer],
+    what: str,
+    operation_timeout_s: int = JOIN_OPERATION_TIMEOUT_S,
+    attempts: int = JOIN_ATTEMPTS,
+) -> tuple[pulsar.Client, pulsar.Consumer]:
     """A second client on a Shared subscription (the burst drain's driver) on pulsar-lite: an
     incarnation client, so its consumer ids differ from every other live client's. Returns
     (client, consumer); closing the client frees its floor. `what` names the subscription in errors.
@@ -184,15 +193,15 @@ def join_shared_subscription(settings: ClientSettings | str, subscribe: Callable
             try:
                 return client, subscribe(client)
             except pulsar.Timeout as exc:
-                error = LiteJoinError(f"subscribing (consumer ids from {client.floor}) timed out after "
-                                      f"{operation_timeout_s} s ({exc})")
+                error = LiteJoinError(
+                    f"subscribing (consumer ids from {client.floor}) timed out after {operation_timeout_s} s ({exc})"
+                )
                 client.close()
             except Exception:
                 client.close()
                 raise
         if attempt < attempts:
-            log.warning("pulsar-lite: %s, attempt %d of %d: %s; retrying on a fresh client", what, attempt,
-                        attempts, error)
+            log.warning("pulsar-lite: %s, attempt %d of %d: %s; retrying on a fresh client", what, attempt, attempts, error)
     raise LiteJoinError(f"pulsar-lite: {what}: {attempts} attempts failed, the last: {error}")
 
 
@@ -213,8 +222,9 @@ def _pad_consumer_ids(client: pulsar.Client, count: int, subscription: str, chun
     done = 0
     while done < count:
         n = min(chunk, count - done)
-        pad = client.subscribe([PAD_TOPIC.format(i) for i in range(n)], subscription,
-                               consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1)
+        pad = client.subscribe(
+            [PAD_TOPIC.format(i) for i in range(n)], subscription, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1
+        )
         try:
             pad.unsubscribe()
         except pulsar.PulsarException:

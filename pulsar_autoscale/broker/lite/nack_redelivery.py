@@ -20,8 +20,15 @@ from pulsar_autoscale.broker.profile import BrokerProfile
 DLQ_REAL_TOPIC, DLQ_ORIGIN_MESSAGE_ID = "REAL_TOPIC", "ORIGIN_MESSAGE_ID"
 
 
-def fence_nacks(consumer, cfg, client: pulsar.Client, broker: BrokerProfile, redelivery_delay_s: float,
-                subscription_type: str | None = None, dead_letter_topic: str | None = None):
+def fence_nacks(
+    consumer,
+    cfg,
+    client: pulsar.Client,
+    broker: BrokerProfile,
+    redelivery_delay_s: float,
+    subscription_type: str | None = None,
+    dead_letter_topic: str | None = None,
+):
     """A consumer whose nacks count against maxMessageRetries as Pulsar's DeadLetterPolicy counts them: where
     the broker does not count a FAILOVER consumer's redeliveries (B13; Apache Pulsar, see profile.APACHE) the
     consumer counts them itself, elsewhere it is returned as it is. `subscription_type`: the consumer's, when it
@@ -38,16 +45,15 @@ class NackRedelivery:
     DeadLetterPolicy does with the broker's redelivery count (docs/dev/pulsar-lite-defects.md B13). The message never
     leaves this consumer's unacked set meanwhile, so a consumer that closes leaves it to the broker."""
 
-    def __init__(self, consumer, cfg, client: pulsar.Client, redelivery_delay_s: float,
-                 dead_letter_topic: str | None = None):
+    def __init__(self, consumer, cfg, client: pulsar.Client, redelivery_delay_s: float, dead_letter_topic: str | None = None):
         self._consumer = consumer
         self._client = client
         self._delay_s = redelivery_delay_s
         self._max = cfg.maxMessageRetries
         self._dead_letter_topic = dead_letter_topic or cfg.deadLetterTopic
         self._subscription = cfg.subscription_name
-        self._due: deque = deque()              # (due time, message), in nack order: one delay for all
-        self._nacks: dict[str, int] = {}        # message id -> redeliveries so far
+        self._due: deque = deque()  # (due time, message), in nack order: one delay for all
+        self._nacks: dict[str, int] = {}  # message id -> redeliveries so far
         self._producers: dict[str, pulsar.Producer] = {}
         self.redelivered = 0
         self.dead_lettered = 0
@@ -90,5 +96,5 @@ class NackRedelivery:
             producer.close()
         self._consumer.close()
 
-    def __getattr__(self, name):   # is_connected, unsubscribe, ...: the consumer's own
+    def __getattr__(self, name):  # is_connected, unsubscribe, ...: the consumer's own
         return getattr(self._consumer, name)

@@ -38,9 +38,9 @@ class SharedInput:
         self._consumer: pulsar.Consumer | None = None
         self._users = 0
         self._lock = threading.Lock()
-        self._wanted = threading.Condition(self._lock)   # the pump waits here until someone receives
-        self._receivers: list[_Receiver] = []             # waiting receives, oldest first
-        self._held: deque = deque()                       # received after its receiver had timed out
+        self._wanted = threading.Condition(self._lock)  # the pump waits here until someone receives
+        self._receivers: list[_Receiver] = []  # waiting receives, oldest first
+        self._held: deque = deque()  # received after its receiver had timed out
         self._pump_stop = threading.Event()
 
     def lease(self) -> "InputLease":
@@ -48,8 +48,9 @@ class SharedInput:
             if self._consumer is None:
                 self._consumer = self._open()
                 self._pump_stop = threading.Event()
-                threading.Thread(target=self._pump, args=(self._consumer, self._pump_stop), daemon=True,
-                                 name="shared-input").start()
+                threading.Thread(
+                    target=self._pump, args=(self._consumer, self._pump_stop), daemon=True, name="shared-input"
+                ).start()
             self._users += 1
             return InputLease(self, self._consumer)
 
@@ -59,7 +60,7 @@ class SharedInput:
             if self._users == 0 and self._consumer is not None:
                 self._pump_stop.set()
                 self._wanted.notify_all()
-                self._held.clear()    # unacknowledged: the broker redelivers them once the consumer closes
+                self._held.clear()  # unacknowledged: the broker redelivers them once the consumer closes
                 self._consumer.close()
                 self._consumer = None
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STALL_IDLE_S = 10.0        # waited in receive() with nothing this long before the broker is asked
+STALL_IDLE_S = 10.0  # waited in receive() with nothing this long before the broker is asked
 STALL_MAX_CHECK_S = 300.0  # an idle input asks again after 1, 2, 4, ... times STALL_IDLE_S, at most this
 STALL_METRICS_TTL_S = 2.0  # one /metrics read answers every fenced input of those topics this long
 
@@ -39,9 +39,9 @@ class StallFence:
         self.metrics_url = metrics_url
         self.idle_s = idle_s
         self.reopens: dict[tuple[str, str], int] = {}
-        self._failures: dict[tuple[str, str], str] = {}   # (topic, subscription) -> why its input is stuck
+        self._failures: dict[tuple[str, str], str] = {}  # (topic, subscription) -> why its input is stuck
         self._lock = threading.Lock()
-        self._readings: dict[tuple[str, ...], tuple[float, BrokerMetrics]] = {}   # topics -> (read at, reading)
+        self._readings: dict[tuple[str, ...], tuple[float, BrokerMetrics]] = {}  # topics -> (read at, reading)
 
     @classmethod
     def for_broker(cls, broker: BrokerProfile, metrics_url: str | None) -> "StallFence | None":
@@ -59,7 +59,7 @@ class StallFence:
 
         with self._lock:
             read_at, reading = self._readings.get(topics, (float("-inf"), None))
-            if reading is None or time.monotonic() - read_at > STALL_METRICS_TTL_S:   # None: never read (-inf)
+            if reading is None or time.monotonic() - read_at > STALL_METRICS_TTL_S:  # None: never read (-inf)
                 reading = fetch(self.metrics_url, time.time(), topics=topics)
                 self._readings[topics] = (time.monotonic(), reading)
         for topic in topics:
@@ -99,16 +99,17 @@ class StalledInputWatch:
     It reopens only when the broker holds no unacked message on the subscription, so no message this
     consumer handed out is left to ack on the consumer it replaces."""
 
-    def __init__(self, fence: StallFence, open_consumer: Callable[[], pulsar.Consumer], topics: tuple[str, ...],
-                 subscription: str):
+    def __init__(
+        self, fence: StallFence, open_consumer: Callable[[], pulsar.Consumer], topics: tuple[str, ...], subscription: str
+    ):
         self._fence = fence
         self._open = open_consumer
         self.topics = topics
         self.subscription = subscription
         self._consumer = open_consumer()
-        self._waited = 0.0                  # seconds spent in receive() with nothing since the last message
-        self._check_after = fence.idle_s    # the next broker check, in seconds waited
-        self._reopened = False              # reopened since the last message: a stall now means the reopen failed
+        self._waited = 0.0  # seconds spent in receive() with nothing since the last message
+        self._check_after = fence.idle_s  # the next broker check, in seconds waited
+        self._reopened = False  # reopened since the last message: a stall now means the reopen failed
 
     def receive(self, timeout_millis: int):
         t0 = time.monotonic()
@@ -129,18 +130,23 @@ class StalledInputWatch:
         self._check_after = min(self._check_after * 2, self._waited + STALL_MAX_CHECK_S)
         try:
             stalled = self._fence.stalled_topic(self.topics, self.subscription)
-        except PulsarAutoscaleError as exc:   # metrics unreadable: the input goes on as it is
+        except PulsarAutoscaleError as exc:  # metrics unreadable: the input goes on as it is
             log.debug("stall fence: %s", exc)
             return
         if stalled is None:
             return
         topic, backlog = stalled
         if self._reopened:
-            self._fence.fail(topic, self.subscription, (
-                f"stalled: pulsar-lite B12: the broker holds a backlog of {backlog:.0f} entries on subscription "
-                f"{self.subscription!r} of {topic} and dispatches none of it; reopening the input delivered nothing "
-                f"({self._fence.reopens.get((topic, self.subscription), 0)} reopen(s) on this worker, "
-                "docs/dev/pulsar-lite-defects.md B12)"))
+            self._fence.fail(
+                topic,
+                self.subscription,
+                (
+                    f"stalled: pulsar-lite B12: the broker holds a backlog of {backlog:.0f} entries on subscription "
+                    f"{self.subscription!r} of {topic} and dispatches none of it; reopening the input delivered nothing "
+                    f"({self._fence.reopens.get((topic, self.subscription), 0)} reopen(s) on this worker, "
+                    "docs/dev/pulsar-lite-defects.md B12)"
+                ),
+            )
         fresh = self._open()
         old, self._consumer = self._consumer, fresh
         try:
@@ -148,9 +154,16 @@ class StalledInputWatch:
         except pulsar.PulsarException as exc:
             log.debug("stall fence: closing the stalled consumer: %s", exc)
         n = self._fence.count(topic, self.subscription)
-        log.warning("pulsar-lite B12: the input on subscription %r of %s received nothing for %.0f s while the broker "
-                    "reports a backlog of %d entries and nothing unacknowledged; reopened its consumer (reopen %d of "
-                    "this subscription on this worker)", self.subscription, topic, self._waited, backlog, n)
+        log.warning(
+            "pulsar-lite B12: the input on subscription %r of %s received nothing for %.0f s while the broker "
+            "reports a backlog of %d entries and nothing unacknowledged; reopened its consumer (reopen %d of "
+            "this subscription on this worker)",
+            self.subscription,
+            topic,
+            self._waited,
+            backlog,
+            n,
+        )
         self._waited, self._check_after, self._reopened = 0.0, self._fence.idle_s, True
 
     def acknowledge(self, msg) -> None:
@@ -163,5 +176,5 @@ class StalledInputWatch:
         self._fence.recovered(self.topics, self.subscription)
         self._consumer.close()
 
-    def __getattr__(self, name):   # is_connected, unsubscribe, seek, ...: the current consumer's own
+    def __getattr__(self, name):  # is_connected, unsubscribe, seek, ...: the current consumer's own
         return getattr(self._consumer, name)

@@ -11,7 +11,7 @@ from tests.support.conformance import client, produce
 
 @pytest.mark.lite_defect(reason="pulsar-lite B7: no admin REST API (topic stats, functions); only /metrics")
 def test_topic_stats_over_the_admin_api(broker, topic):
-    with client(broker.service_url) as c:   # a real broker answers 404 for a topic never created
+    with client(broker.service_url) as c:  # a real broker answers 404 for a topic never created
         produce(c, topic, 3)
     base = broker.metrics_url.rsplit("/metrics", 1)[0]
     path = topic.replace("persistent://", "")

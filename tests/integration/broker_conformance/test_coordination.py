@@ -55,8 +55,10 @@ def test_exclusive_subscription_frees_after_kill9_of_the_holder_process(broker, 
         c.close()
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B3: a command error (here: refused Exclusive subscribe) closes the "
-                                       "whole connection, so the client's other consumers are dropped and re-subscribed")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B3: a command error (here: refused Exclusive subscribe) closes the "
+    "whole connection, so the client's other consumers are dropped and re-subscribed"
+)
 def test_refused_command_leaves_other_consumers_of_the_client_alone(broker, topic):
     lock = topic + "-lock"
     holder = _try_lock(broker.service_url, lock)

@@ -31,8 +31,9 @@ CHILD = "tests/support/incarnation_child.py"
 
 
 def _child(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        [sys.executable, CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True
+    )
 
 
 class _Lines:
@@ -66,6 +67,7 @@ def _produce_paced(url: str, topic: str, n: int, rate: float) -> threading.Threa
                     time.sleep(delay)
             p.flush()
             p.close()
+
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
@@ -122,8 +124,10 @@ def test_a_killed_client_s_messages_reach_the_next_client_through_the_relay(brok
     assert lost == 0, f"{lost} messages stuck with the killed client's consumers ({recovered} recovered)"
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B10: a reset connection skips the broker's cleanup; the killed "
-                                       "client's consumers keep the messages dispatched to them")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B10: a reset connection skips the broker's cleanup; the killed "
+    "client's consumers keep the messages dispatched to them"
+)
 def test_a_killed_client_s_messages_reach_the_next_client(broker, topic):
     """Up to three kills on fresh topics, until one strands messages: under load the broker may have
     dispatched nothing more to the stopped child, and its kill is then a clean close (one CI run saw
@@ -138,7 +142,7 @@ class _CuttingProxy:
     as a client killed while writing one does. Lookup answers are rewritten to the proxy, so
     the client stays on it; after cut() it refuses new connections."""
 
-    HALF_FRAME = (64).to_bytes(4, "big") + bytes(15)   # a frame announced as 64 bytes; 15 of them arrive
+    HALF_FRAME = (64).to_bytes(4, "big") + bytes(15)  # a frame announced as 64 bytes; 15 of them arrive
 
     def __init__(self, upstream_port: int):
         self.port, self._upstream = free_port(), upstream_port
@@ -177,12 +181,13 @@ class _CuttingProxy:
                 pending += data
                 ends = frame_ends(pending)
                 client_w.write(b"".join(rewrite_lookup(bytes(pending[a:b]), url) for a, b in zip([0, *ends], ends)))
-                del pending[:ends[-1] if ends else 0]
+                del pending[: ends[-1] if ends else 0]
 
         await asyncio.gather(upward(), downward(), return_exceptions=True)
 
     def cut(self) -> None:
         """Every upstream stream gets half a frame, then its end; every client is cut off."""
+
         async def cut_all():
             self._cut = True
             for up_w, client_w in self._streams:
@@ -190,6 +195,7 @@ class _CuttingProxy:
                 await up_w.drain()
                 up_w.write_eof()
                 client_w.transport.abort()
+
         asyncio.run_coroutine_threadsafe(cut_all(), self._loop).result(5)
 
     def close(self) -> None:
@@ -223,8 +229,10 @@ def test_a_stream_ending_inside_a_frame_through_the_relay_loses_nothing(broker, 
     assert lost == 0, f"{lost} messages stuck with the cut-off client's consumer ({recovered} recovered)"
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B10: a stream that ends inside a frame ('bytes remaining on "
-                                       "stream') skips the broker's cleanup; the client's consumers keep their messages")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B10: a stream that ends inside a frame ('bytes remaining on "
+    "stream') skips the broker's cleanup; the client's consumers keep their messages"
+)
 def test_a_stream_ending_inside_a_frame_loses_nothing(broker, topic):
     lost, recovered = _stream_ends_mid_frame_then_recover(broker, topic, int(_direct_url(broker).rsplit(":", 1)[1]))
     assert lost == 0, f"{lost} messages stuck with the cut-off client's consumer ({recovered} recovered)"
@@ -254,6 +262,7 @@ def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(brok
     a third joins mid-stream, the first leaves and a fourth joins (on pulsar-lite taking the freed floor).
     Every message is counted: none lost, and on pulsar-lite none delivered twice."""
     n = 6000
+
     def joiner() -> _Lines:
         return _Lines(_child("incarnation", broker.service_url, topic, "6", broker_kind))
 
@@ -277,8 +286,9 @@ def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(brok
         c.join(30)  # each exits after 6 s without a message
     # A message delivered twice has one message id; a payload under two ids is the producer's resend
     # after a reconnect (no deduplication on the topic), two messages each delivered once.
-    deliveries = [(int(x.split()[1]), x.split()[2], k) for k, c in enumerate(everyone) for x in list(c.lines)
-                  if x.startswith("GOT ")]
+    deliveries = [
+        (int(x.split()[1]), x.split()[2], k) for k, c in enumerate(everyone) for x in list(c.lines) if x.startswith("GOT ")
+    ]
     by_id: dict[str, list[int]] = {}
     for payload, message_id, k in deliveries:
         by_id.setdefault(message_id, []).append(k)
@@ -286,10 +296,12 @@ def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(brok
     lost = n - len({payload for payload, _, _ in deliveries})
     resent = len(by_id) - (n - lost)
     floors = [next(int(x.split()[1]) for x in c.lines if x.startswith("FLOOR")) for c in everyone]
-    print(f"\nincarnations: floors {floors}, took {[len(c.got()) for c in everyone]}, lost {lost}, "
-          f"delivered twice {len(twice)} {dict(list(twice.items())[:10])} (message id: incarnations), "
-          f"resent by the producer {resent}")
-    if broker_kind == "lite":   # consumer id floors are pulsar-lite's fence (B2); Apache Pulsar needs none
+    print(
+        f"\nincarnations: floors {floors}, took {[len(c.got()) for c in everyone]}, lost {lost}, "
+        f"delivered twice {len(twice)} {dict(list(twice.items())[:10])} (message id: incarnations), "
+        f"resent by the producer {resent}"
+    )
+    if broker_kind == "lite":  # consumer id floors are pulsar-lite's fence (B2); Apache Pulsar needs none
         assert len(set(floors[1:])) == 3, f"live incarnations shared a floor: {floors}"
     assert first[0].got() and third.got(), "the first or the mid-stream joiner received nothing"
     assert lost == 0, f"{lost} lost"
@@ -302,6 +314,7 @@ def test_processes_joining_and_leaving_with_incarnation_floors_lose_nothing(brok
 
 # ---- lite.incarnation.join_shared_subscription: what a join leaves behind, what a failed one says ---------------
 
+
 @pytest.mark.lite_only("the padding of consumer ids is pulsar-lite's B2 fence")
 def test_joins_pad_consumer_ids_on_one_subscription_per_slot(broker, topic):
     """B14: a fresh padding subscription per join left 256 series on the scratch topics each time and
@@ -313,13 +326,13 @@ def test_joins_pad_consumer_ids_on_one_subscription_per_slot(broker, topic):
     try:
         zero = _SlotLock(broker.service_url, 0)
     except pulsar.PulsarException:
-        zero = None   # a live client of this session holds slot 0: the joins pad all the same
+        zero = None  # a live client of this session holds slot 0: the joins pad all the same
     floors = []
     try:
         for i in range(3):
             c, consumer = join_shared_subscription(
-                broker.service_url, lambda c: c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared),
-                f"join {i}")
+                broker.service_url, lambda c: c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared), f"join {i}"
+            )
             floors.append(c.floor)
             consumer.close()
             c.close()
@@ -328,11 +341,15 @@ def test_joins_pad_consumer_ids_on_one_subscription_per_slot(broker, topic):
             zero.release()
     assert all(f >= 1024 for f in floors), f"a join took slot 0 and padded nothing: floors {floors}"
     scratch = topic_label(PAD_TOPIC.format(0))
-    subs = {dict(labels)["subscription"] for (name, labels) in scrape(broker.metrics_url)
-            if name == "pulsar_subscription_back_log" and dict(labels).get("topic") == scratch}
+    subs = {
+        dict(labels)["subscription"]
+        for (name, labels) in scrape(broker.metrics_url)
+        if name == "pulsar_subscription_back_log" and dict(labels).get("topic") == scratch
+    }
     assert f"__idpad-slot{floors[0] // 1024}" in subs, subs
-    assert len(subs) <= MAX_SLOTS and all(s.startswith("__idpad-slot") for s in subs), \
+    assert len(subs) <= MAX_SLOTS and all(s.startswith("__idpad-slot") for s in subs), (
         f"paddings left subscriptions of their own on {scratch}: {sorted(subs)}"
+    )
 
 
 def test_a_join_that_times_out_says_what_timed_out(broker):
@@ -346,7 +363,10 @@ def test_a_join_that_times_out_says_what_timed_out(broker):
         calls.append(client.floor)
         raise pulsar.Timeout()
 
-    with pytest.raises(LiteJoinError, match=r"pulsar-lite: joining 'fn' of t: 2 attempts failed, the last: "
-                                            r"subscribing \(consumer ids from \d+\) timed out after 30 s"):
+    with pytest.raises(
+        LiteJoinError,
+        match=r"pulsar-lite: joining 'fn' of t: 2 attempts failed, the last: "
+        r"subscribing \(consumer ids from \d+\) timed out after 30 s",
+    ):
         join_shared_subscription(broker.service_url, times_out, "joining 'fn' of t", attempts=2)
     assert len(calls) == 2

@@ -27,8 +27,9 @@ def _keyed(c, topic: str, n: int) -> None:
     Key-based batching, as Key_Shared producers should use; unbatched sends showed a rare
     duplicate delivery (about 1 in 3000 messages), which would make this test flaky.
     """
-    producer = c.create_producer(topic, block_if_queue_full=True, batching_max_publish_delay_ms=5,
-                                 batching_type=pulsar.BatchingType.KeyBased)
+    producer = c.create_producer(
+        topic, block_if_queue_full=True, batching_max_publish_delay_ms=5, batching_type=pulsar.BatchingType.KeyBased
+    )
     for i in range(n):
         producer.send_async(b"%d" % i, None, partition_key=f"k{i % KEYS}")
     producer.flush()
@@ -61,8 +62,11 @@ def test_key_shared_keeps_per_key_order_within_one_client(broker, topic):
     assert len(set(owner.values())) >= 2, f"all keys went to one consumer: {owner}"
 
 
-@pytest.mark.lite_defect(strict=False, reason="pulsar-lite, like B1: Key_Shared sometimes delivers a message twice to the "
-                                        "same consumer (1-4 of 500 in about half the runs), too rare to xfail strictly")
+@pytest.mark.lite_defect(
+    strict=False,
+    reason="pulsar-lite, like B1: Key_Shared sometimes delivers a message twice to the "
+    "same consumer (1-4 of 500 in about half the runs), too rare to xfail strictly",
+)
 def test_key_shared_delivers_each_message_once(broker, topic):
     n = 500
     counts = collections.Counter(p for msgs in _receive_keyed(broker, topic, n) for p in payloads(msgs))
@@ -88,15 +92,21 @@ def test_key_shared_unacked_messages_of_a_closed_consumer_go_to_the_survivors(br
 def _murmur_slot(key: str) -> int:
     """Pulsar's Key_Shared hash of a key: Murmur3_32 (seed 0) & 0x7fffffff, mod 65536."""
     import mmh3
+
     return (mmh3.hash(key.encode(), 0, signed=True) & 0x7FFFFFFF) % 65536
 
 
-def _sticky_receive(broker, topic: str, n: int, ranges, pipelined: bool = True, **producer_kw
-                   ) -> list[list[pulsar.Message]]:
+def _sticky_receive(broker, topic: str, n: int, ranges, pipelined: bool = True, **producer_kw) -> list[list[pulsar.Message]]:
     with client(broker.service_url) as c:
-        subs = [c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.KeyShared,
-                            key_shared_policy=pulsar.ConsumerKeySharedPolicy(
-                                key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=r)) for r in ranges]
+        subs = [
+            c.subscribe(
+                topic,
+                "fn",
+                consumer_type=pulsar.ConsumerType.KeyShared,
+                key_shared_policy=pulsar.ConsumerKeySharedPolicy(key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=r),
+            )
+            for r in ranges
+        ]
         producer = c.create_producer(topic, block_if_queue_full=True, **producer_kw)
         for i in range(n):
             if pipelined:
@@ -111,7 +121,7 @@ def _check_sticky(received, ranges, n: int) -> None:
     got = sorted(p for msgs in received for p in payloads(msgs))
     assert sorted(set(got)) == list(range(n)), f"lost {n - len(set(got))} of {n} messages"
     for idx, msgs in enumerate(received):
-        (start, end), = ranges[idx]
+        ((start, end),) = ranges[idx]
         wrong = [m.partition_key() for m in msgs if not start <= _murmur_slot(m.partition_key()) <= end]
         assert not wrong, f"consumer {idx} ({start}-{end}) got keys outside its range: {wrong[:5]}"
 
@@ -125,14 +135,19 @@ def test_key_shared_sticky_ranges_give_each_consumer_exactly_its_hash_ranges(bro
     _check_sticky(_sticky_receive(broker, topic, 400, STICKY, pipelined=False, batching_enabled=False), STICKY, 400)
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B11: sticky Key_Shared consumers lose messages of pipelined "
-                                       "producers (105-361 of 400 never delivered, batched by key or unbatched)")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B11: sticky Key_Shared consumers lose messages of pipelined "
+    "producers (105-361 of 400 never delivered, batched by key or unbatched)"
+)
 @pytest.mark.parametrize("batching", ["none", "key-based"])
 def test_key_shared_sticky_ranges_with_pipelined_producers(broker, topic, batching):
     """The loss shows in 7-8 of 10 rounds of 400 messages (idle machine), not in all: one round alone
     passed 3 of 10 times, which made the strict xfail flaky. Ten rounds, each on its own topic, miss the
     defect with a probability of about 0.3**10, so an XPASS here means lite was fixed."""
-    kw = {"batching_enabled": False} if batching == "none" else {
-        "batching_type": pulsar.BatchingType.KeyBased, "batching_max_publish_delay_ms": 5}
+    kw = (
+        {"batching_enabled": False}
+        if batching == "none"
+        else {"batching_type": pulsar.BatchingType.KeyBased, "batching_max_publish_delay_ms": 5}
+    )
     for round_ in range(10):
         _check_sticky(_sticky_receive(broker, f"{topic}-{round_}", 400, STICKY, **kw), STICKY, 400)

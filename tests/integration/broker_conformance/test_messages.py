@@ -21,8 +21,7 @@ def test_key_properties_and_timestamps_propagate(broker, topic):
     with client(broker.service_url) as c:
         consumer = c.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
         before_ms = int(time.time() * 1000)
-        produce(c, topic, 3, properties={"origin": "conformance", "n": "1"},
-                partition_key="user-42", event_timestamp=1_234_567)
+        produce(c, topic, 3, properties={"origin": "conformance", "n": "1"}, partition_key="user-42", event_timestamp=1_234_567)
         msgs = drain(consumer)
     assert payloads(msgs) == [0, 1, 2]
     for m in msgs:
@@ -46,9 +45,14 @@ def test_batched_producer_is_unbatched_in_order_for_the_consumer(broker, topic):
     assert any(m.message_id().batch_index() > 0 for m in msgs), "nothing was batched: the test did not test batching"
 
 
-NACKED_REDELIVERED = [pytest.param(pulsar.ConsumerType.Shared, id="Shared"),
-                      pytest.param(pulsar.ConsumerType.Failover, id="Failover", marks=pytest.mark.lite_defect(reason="pulsar-lite B13: a nacked message of a Failover subscription is "
-                                              "never redelivered"))]
+NACKED_REDELIVERED = [
+    pytest.param(pulsar.ConsumerType.Shared, id="Shared"),
+    pytest.param(
+        pulsar.ConsumerType.Failover,
+        id="Failover",
+        marks=pytest.mark.lite_defect(reason="pulsar-lite B13: a nacked message of a Failover subscription is never redelivered"),
+    ),
+]
 
 
 @pytest.mark.parametrize("kind", NACKED_REDELIVERED)

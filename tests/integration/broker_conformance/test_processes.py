@@ -37,8 +37,10 @@ def test_second_process_joins_shared_subscription_with_throwaway_consumers(broke
     assert mine and theirs, f"load not split across processes: {len(mine)} here, {len(theirs)} in the child"
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B2: a second client's consumer 0 collides with the first's "
-                                       "('Consumer 0 already exists'); its subscribe times out")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B2: a second client's consumer 0 collides with the first's "
+    "('Consumer 0 already exists'); its subscribe times out"
+)
 def test_second_process_joins_shared_subscription(broker, topic):
     verdict, _, _ = _join_from_another_process(broker, topic, pad=0)
     assert verdict == "JOINED", f"second process could not subscribe: {verdict}"

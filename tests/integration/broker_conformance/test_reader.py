@@ -57,9 +57,12 @@ def test_reader_from_a_batched_message_id(broker, topic):
     assert [p for p in got if p > inside] == list(range(inside + 1, 100))
 
 
-@pytest.mark.xfail(strict=True, reason="B16 is not pulsar-lite's alone: the Python (C++) client's reader with a "
-                   "receiver queue of 1 from a message id gets nothing on Apache Pulsar 4.0.8 too; "
-                   "lite.readers.reader_queue (never under 2) fences it on every broker")
+@pytest.mark.xfail(
+    strict=True,
+    reason="B16 is not pulsar-lite's alone: the Python (C++) client's reader with a "
+    "receiver queue of 1 from a message id gets nothing on Apache Pulsar 4.0.8 too; "
+    "lite.readers.reader_queue (never under 2) fences it on every broker",
+)
 def test_a_reader_with_a_receiver_queue_of_one_from_a_message_id_reads_the_rest(broker, topic):
     with client(broker.service_url) as c:
         ids = produce(c, topic, N)

@@ -20,8 +20,7 @@ from tests.support.conformance import client, drain, payloads, produce
 def test_shared_consumers_in_one_client_split_the_load(broker, topic):
     n = 600
     with client(broker.service_url) as c:
-        consumers = [c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=50)
-                     for _ in range(3)]
+        consumers = [c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=50) for _ in range(3)]
         produce(c, topic, n)
         per_consumer = [[] for _ in consumers]
         while got := [drain(cons, idle_ms=200, limit=25) for cons in consumers]:
@@ -36,7 +35,7 @@ def test_shared_consumers_in_one_client_split_the_load(broker, topic):
 
 
 SMALL_QUEUE = 10
-LAG_LIMIT = 2 * SMALL_QUEUE   # the most messages a trickle may leave waiting while consumers with permits idle
+LAG_LIMIT = 2 * SMALL_QUEUE  # the most messages a trickle may leave waiting while consumers with permits idle
 
 
 def trickle_lag(service_url: str, topic: str, receiver_queue: int, n: int = 160, rate: float = 40.0) -> int:
@@ -44,8 +43,10 @@ def trickle_lag(service_url: str, topic: str, receiver_queue: int, n: int = 160,
     one client, each taking 50 ms per message (together 60/s: enough for the load, one alone is not)."""
     processed = [0, 0, 0]
     with client(service_url) as c:
-        consumers = [c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared,
-                                 receiver_queue_size=receiver_queue) for _ in range(3)]
+        consumers = [
+            c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=receiver_queue)
+            for _ in range(3)
+        ]
 
         def work(i: int) -> None:
             while sum(processed) < n:
@@ -53,9 +54,10 @@ def trickle_lag(service_url: str, topic: str, receiver_queue: int, n: int = 160,
                     msg = consumers[i].receive(100)
                 except pulsar.Timeout:
                     continue
-                time.sleep(0.05)   # the function's work
+                time.sleep(0.05)  # the function's work
                 consumers[i].acknowledge(msg)
                 processed[i] += 1
+
         threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(3)]
         for t in threads:
             t.start()
@@ -71,8 +73,10 @@ def trickle_lag(service_url: str, topic: str, receiver_queue: int, n: int = 160,
     return lag
 
 
-@pytest.mark.lite_defect(reason="pulsar-lite B18: a Shared subscription fills one consumer's permits before "
-                                "the next one's (a lag of 46 of 160 messages with receiver queues of 100)")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B18: a Shared subscription fills one consumer's permits before "
+    "the next one's (a lag of 46 of 160 messages with receiver queues of 100)"
+)
 def test_a_trickle_goes_to_idle_shared_consumers_with_permits(broker, topic):
     """Instances of a slow function each hold permits for a receiver queue; a trickle must reach the idle ones,
     not queue behind one busy instance (added instances would add latency and no capacity until the first one's
@@ -103,13 +107,17 @@ def test_unacked_messages_of_a_closed_consumer_go_to_the_survivors(broker, topic
         leaving.close()
         survived = drain(staying, idle_ms=1500)
     counts = collections.Counter(payloads(survived))
-    assert set(counts) == set(range(n)), f"{n - len(counts)} messages never reached the survivor, e.g. {sorted(set(range(n)) - set(counts))[:5]}"
+    assert set(counts) == set(range(n)), (
+        f"{n - len(counts)} messages never reached the survivor, e.g. {sorted(set(range(n)) - set(counts))[:5]}"
+    )
     assert all(counts[p] == 1 for p in payloads(held)), "a message the leaver held came back more than once"
 
 
 @pytest.mark.parametrize("sub_type", ["Exclusive", "Failover"])
-@pytest.mark.lite_defect(reason="pulsar-lite B1: duplicate deliveries on Exclusive/Failover with the default "
-                                       "receiver queue (2000 unbatched async sends: 40-140% extra, 16 of 16 runs)")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B1: duplicate deliveries on Exclusive/Failover with the default "
+    "receiver queue (2000 unbatched async sends: 40-140% extra, 16 of 16 runs)"
+)
 def test_single_active_consumer_gets_each_message_once(broker, topic, sub_type):
     """Why the runtime never uses Exclusive for data, and why retainOrdering (Failover) is fenced on lite."""
     n = 2000
@@ -122,10 +130,8 @@ def test_single_active_consumer_gets_each_message_once(broker, topic, sub_type):
     assert dups == 0, f"{dups} duplicate deliveries out of {n} ({100 * dups / n:.0f}%)"
 
 
-
 @pytest.mark.parametrize("sub_type", ["Exclusive", "Failover"])
-def test_single_active_consumer_with_a_small_receiver_queue_gets_each_message_once(broker, broker_kind, topic,
-                                                                                  sub_type):
+def test_single_active_consumer_with_a_small_receiver_queue_gets_each_message_once(broker, broker_kind, topic, sub_type):
     """B1's fence (BrokerProfile.input_receiver_queue): with a receiver queue of 1 the duplicates (40-140% with the
     default queue) all but stop on pulsar-lite: none in 8 runs on an idle machine, 1 of 2,000 once in a full CI run
     on 2 loaded cores. So pulsar-lite may deliver a few of 2,000 twice (the function sees them twice; state under
@@ -154,9 +160,9 @@ def test_a_new_lone_consumer_gets_a_closed_ones_unacked_messages_first_in_order(
         assert payloads(got) == list(range(acked + held)), payloads(got)
         for m in got[:acked]:
             first.acknowledge(m)
-        first.close()                       # dies with `held` received, unacked
+        first.close()  # dies with `held` received, unacked
         producer = new.create_producer(topic, batching_enabled=False)
-        for i in range(n // 2, n):          # arrive while no consumer is there
+        for i in range(n // 2, n):  # arrive while no consumer is there
             producer.send(b"%d" % i)
         second = new.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100)
         order = payloads(drain(second, idle_ms=1500))

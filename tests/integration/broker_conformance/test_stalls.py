@@ -20,7 +20,7 @@ def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(brok
     n = 200
     fence = StallFence(broker.metrics_url, idle_s=1.0)
     with client(broker.service_url) as c:
-        c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()   # the subscription exists
+        c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()  # the subscription exists
         opened = []
 
         def open_consumer():
@@ -29,7 +29,7 @@ def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(brok
             return c.subscribe(topic + "-nothing" if stalled else topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
 
         watched = fence_stalls(open_consumer, [topic], "fn", fence)
-        idle_until = time.monotonic() + 3.0    # no backlog yet: waiting alone reopens nothing
+        idle_until = time.monotonic() + 3.0  # no backlog yet: waiting alone reopens nothing
         while time.monotonic() < idle_until:
             assert drain(watched, idle_ms=200) == []
         assert fence.reopens == {} and opened == [True], "the fence reopened an input without a backlog"

@@ -16,8 +16,10 @@ from tests.support.scenario import wait_until
 
 
 @pytest.mark.lite_only("starts pulsar-lite's own binary: nothing of the session broker is tested")
-@pytest.mark.lite_defect(reason="pulsar-lite B15 (docs/dev/pulsar-lite-defects.md): with its metrics port taken it logs "
-                                       "'Metrics server terminated' and runs on without /metrics")
+@pytest.mark.lite_defect(
+    reason="pulsar-lite B15 (docs/dev/pulsar-lite-defects.md): with its metrics port taken it logs "
+    "'Metrics server terminated' and runs on without /metrics"
+)
 def test_a_broker_whose_metrics_port_is_taken_does_not_run(tmp_path):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
@@ -29,9 +31,12 @@ def test_a_broker_whose_metrics_port_is_taken_does_not_run(tmp_path):
         with open(log, "ab") as out:
             proc = subprocess.Popen([find_binary(), "--config", str(conf)], stdout=out, stderr=subprocess.STDOUT)
         try:
-            wait_until(lambda: proc.poll() is not None or metrics_server_lost(log.read_text()), 20,
-                       "pulsar-lite to exit or to report its metrics server lost")
-            assert wait_for_port("127.0.0.1", port, 5, alive=lambda: proc.poll() is None)   # serving clients
+            wait_until(
+                lambda: proc.poll() is not None or metrics_server_lost(log.read_text()),
+                20,
+                "pulsar-lite to exit or to report its metrics server lost",
+            )
+            assert wait_for_port("127.0.0.1", port, 5, alive=lambda: proc.poll() is None)  # serving clients
             assert proc.poll() is not None, f"pulsar-lite runs without metrics: {log.read_text().strip()}"
         finally:
             proc.kill()

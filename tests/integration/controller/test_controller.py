@@ -45,10 +45,17 @@ def worker(broker, tmp_path):
 
 def make_function(worker, service_ms: float) -> str:
     name = f"ctl-{uuid.uuid4().hex[:6]}"
-    FunctionsAdmin(worker.url).create({
-        "tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
-        "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy", "receiverQueueSize": 5,
-        "userConfig": {"service_ms": service_ms, "dist": "deterministic"}})
+    FunctionsAdmin(worker.url).create(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "inputs": [f"{name}-in"],
+            "className": "pulsar_autoscale.functions.examples.sleepy.Sleepy",
+            "receiverQueueSize": 5,
+            "userConfig": {"service_ms": service_ms, "dist": "deterministic"},
+        }
+    )
     return name
 
 
@@ -62,16 +69,24 @@ def load(broker, topic: str, rate: float, stop: threading.Event) -> None:
 
 
 def config(broker, worker, tmp_path, **overrides) -> ControllerConfig:
-    base = dict(service_url=broker.service_url, admin_url=worker.url, metrics_url=broker.metrics_url,
-                policy="queueing", period_s=2.0, window_s=4.0, http_port=0,
-                lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
-                decision_log=str(tmp_path / "decisions.jsonl"), plan={"max_parallelism": 6})
+    base = dict(
+        service_url=broker.service_url,
+        admin_url=worker.url,
+        metrics_url=broker.metrics_url,
+        policy="queueing",
+        period_s=2.0,
+        window_s=4.0,
+        http_port=0,
+        lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+        decision_log=str(tmp_path / "decisions.jsonl"),
+        plan={"max_parallelism": 6},
+    )
     return ControllerConfig(**{**base, **overrides})
 
 
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_controller_scales_out_a_loaded_function(broker, worker, tmp_path, dry_run):
-    name = make_function(worker, service_ms=50)          # mu = 20/s per instance
+    name = make_function(worker, service_ms=50)  # mu = 20/s per instance
     stop = threading.Event()
     producer = threading.Thread(target=load, args=(broker, f"{name}-in", 40.0, stop), daemon=True)  # rho = 2 at k=1
     producer.start()
@@ -79,8 +94,10 @@ def test_controller_scales_out_a_loaded_function(broker, worker, tmp_path, dry_r
     admin = FunctionsAdmin(worker.url)
     fqfn = f"public/default/{name}"
     try:
+
         def decided():
             return [r for r in controller.log.read() if r["function"] == fqfn and r["new"] > r["old"]]
+
         records = wait_until(decided, 40, f"a scale-out decision for {fqfn} in the decision log")
         first = records[0]
         assert first["epoch"] == 1 and first["inputs"]["arrival_rate"] > 20
@@ -90,8 +107,11 @@ def test_controller_scales_out_a_loaded_function(broker, worker, tmp_path, dry_r
         if dry_run:
             assert parallelism == 1, "dry run changed the function"
         else:
-            wait_until(lambda: admin.get("public", "default", name)["parallelism"] == decided()[-1]["new"], 10,
-                       "the worker to run what the controller applied")
+            wait_until(
+                lambda: admin.get("public", "default", name)["parallelism"] == decided()[-1]["new"],
+                10,
+                "the worker to run what the controller applied",
+            )
         status = requests.get(f"http://127.0.0.1:{controller.http_port}/status", timeout=5).json()
         assert status["leader"] and status["epoch"] == 1
         metrics = requests.get(f"http://127.0.0.1:{controller.http_port}/metrics", timeout=5).text
@@ -105,16 +125,17 @@ def test_controller_scales_out_a_loaded_function(broker, worker, tmp_path, dry_r
 
 def test_policy_errors_are_counted_and_the_loop_goes_on(broker, worker, tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from pulsar_autoscale.policies import Policy\n"
-                   "class Bad(Policy):\n    name = 'bad'\n"
-                   "    def decide(self, graph, snapshot, current, state):\n        return {f: -1 for f in current}\n")
+    bad.write_text(
+        "from pulsar_autoscale.policies import Policy\n"
+        "class Bad(Policy):\n    name = 'bad'\n"
+        "    def decide(self, graph, snapshot, current, state):\n        return {f: -1 for f in current}\n"
+    )
     make_function(worker, service_ms=1)
     controller = Controller(config(broker, worker, tmp_path, policy=str(bad), period_s=0.5)).start()
     try:
-        wait_until(lambda: len([i for i in controller.history if i.errors]) >= 2, 30,
-                   "two periods with a contained policy error")
+        wait_until(lambda: len([i for i in controller.history if i.errors]) >= 2, 30, "two periods with a contained policy error")
         assert "returned dict, not a Proposal" in controller.history[-1].errors[-1]
-        records = controller.log.read()   # every evaluation is logged, a failed one with its error
+        records = controller.log.read()  # every evaluation is logged, a failed one with its error
         assert records and all(r["error"] and not r["applied"] and r["new"] == r["old"] for r in records)
     finally:
         controller.stop()
@@ -125,8 +146,12 @@ def test_config_errors_name_the_field(tmp_path):
     path.write_text("service_url: pulsar://127.0.0.1:1\nadmin_url: http://127.0.0.1:2\nperiod: 5\n")
     with pytest.raises(ConfigError, match="unknown option\\(s\\) period; valid options: service_url"):
         ControllerConfig.from_file(path)
-    proc = subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", "controller", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pulsar_autoscale.cli.main", "controller", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "unknown option(s) period" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -140,18 +165,34 @@ def test_kill_9_of_the_leader_hands_over_without_double_execution(broker, worker
     for ident in ("A", "B"):
         ports[ident] = free_port()
         cfg = tmp_path / f"{ident}.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "service_url": broker.service_url, "admin_url": worker.url, "metrics_url": broker.metrics_url,
-            "policy": str(policy), "period_s": 1.0, "window_s": 2.0, "lock_topic": lock, "identity": ident,
-            "http_port": ports[ident], "decision_log": str(tmp_path / f"{ident}.jsonl")}))
-        procs[ident] = subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli.main", "controller", "--config",
-                                         str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if ident == "A":   # A first, so A leads
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "service_url": broker.service_url,
+                    "admin_url": worker.url,
+                    "metrics_url": broker.metrics_url,
+                    "policy": str(policy),
+                    "period_s": 1.0,
+                    "window_s": 2.0,
+                    "lock_topic": lock,
+                    "identity": ident,
+                    "http_port": ports[ident],
+                    "decision_log": str(tmp_path / f"{ident}.jsonl"),
+                }
+            )
+        )
+        procs[ident] = subprocess.Popen(
+            [sys.executable, "-m", "pulsar_autoscale.cli.main", "controller", "--config", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if ident == "A":  # A first, so A leads
             wait_until(lambda: _status(ports["A"]).get("leader"), 30, "A to lead")
 
     def records(ident):
         path = tmp_path / f"{ident}.jsonl"
         return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
     try:
         wait_until(lambda: len(records("A")) >= 3, 30, "A to make 3 decisions")
         assert not _status(ports["B"]).get("leader"), "two leaders"

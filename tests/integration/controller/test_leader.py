@@ -57,7 +57,7 @@ class _EpochTopicTimesOut(LeaderElector):
 
 def test_a_replica_that_cannot_record_its_term_lets_the_lock_go(broker, topic):
     a = _EpochTopicTimesOut(broker.service_url, topic, identity="a")
-    assert a.try_acquire() is None and not a.is_leader()   # no exception out of the attempt, no term
+    assert a.try_acquire() is None and not a.is_leader()  # no exception out of the attempt, no term
     b = LeaderElector(broker.service_url, topic, identity="b")
     term_b = wait_until(b.try_acquire, 10, "b to take the lock that a could not use")
     assert term_b.epoch == 1
@@ -67,8 +67,7 @@ def test_a_replica_that_cannot_record_its_term_lets_the_lock_go(broker, topic):
 
 
 def test_standby_takes_over_after_kill_9(broker, topic):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, broker.service_url, topic], stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, broker.service_url, topic], stdout=subprocess.PIPE, text=True)
     try:
         line = holder.stdout.readline()
         assert line.startswith("LEADER 1"), f"holder did not become leader: {line!r}"
@@ -89,10 +88,18 @@ def test_standby_takes_over_after_kill_9(broker, topic):
 def test_worker_refuses_a_deposed_leaders_epoch(broker, tmp_path):
     with WorkerServer(broker.service_url, data_dir=str(tmp_path), metrics_url=broker.metrics_url) as w:
         admin = FunctionsAdmin(w.url)
-        admin.create({"tenant": "public", "namespace": "default", "name": "fenced", "className": "exclaim.Exclaim",
-                      "inputs": ["fenced-in"]}, str(EXAMPLES / "exclaim.py"))
-        admin.set_parallelism("public", "default", "fenced", 2, epoch=3)   # the new leader acts
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": "fenced",
+                "className": "exclaim.Exclaim",
+                "inputs": ["fenced-in"],
+            },
+            str(EXAMPLES / "exclaim.py"),
+        )
+        admin.set_parallelism("public", "default", "fenced", 2, epoch=3)  # the new leader acts
         with pytest.raises(AdminError, match="stale leader epoch 2 < 3") as stale:
-            admin.set_parallelism("public", "default", "fenced", 1, epoch=2)   # the old one wakes up late
+            admin.set_parallelism("public", "default", "fenced", 1, epoch=2)  # the old one wakes up late
         assert stale.value.status == 409
         assert admin.get("public", "default", "fenced")["parallelism"] == 2

@@ -25,9 +25,18 @@ def worker(broker, tmp_path_factory):
 
 
 def _create(worker: Worker, name: str, src: str, dst: str, parallelism: int) -> FunctionConfig:
-    cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
-                                    "className": "keyed_count.KeyedCount", "inputs": [src], "output": dst,
-                                    "parallelism": parallelism, "keyedState": True})
+    cfg = FunctionConfig.from_dict(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "output": dst,
+            "parallelism": parallelism,
+            "keyedState": True,
+        }
+    )
     return worker.create(cfg, (EXAMPLES / "keyed_count.py").read_bytes(), "keyed_count.py")
 
 
@@ -38,8 +47,7 @@ def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, w
     cfg = _create(worker, name, src, dst, 2)
     fn = worker._functions[cfg.fqfn]
     wait_until(lambda: fn.keyed.router.attached() == {0, 1}, 30, "2 keyed instances attached")
-    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2,
-                                      block_if_queue_full=True)
+    producer = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=2, block_if_queue_full=True)
     sent = 0
     stop = threading.Event()
 
@@ -49,7 +57,7 @@ def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, w
             for k in KEYS:
                 producer.send_async(b"x", None, partition_key=k)
                 sent += 1
-            time.sleep(0.2)   # 1,000 records/s
+            time.sleep(0.2)  # 1,000 records/s
         producer.flush()
 
     sender = threading.Thread(target=produce, daemon=True)
@@ -61,17 +69,19 @@ def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, w
             assert fn.keyed.idle(60), f"migration to {target} did not finish: {fn.keyed.failure}"
             assert not fn.keyed.failure
             before = collector.distinct()
-            wait_until(lambda: collector.distinct() > before + 500, 30,
-                       lambda: f"outputs after the change to {target} (router {fn.keyed.router.counters})")
+            wait_until(
+                lambda: collector.distinct() > before + 500,
+                30,
+                lambda: f"outputs after the change to {target} (router {fn.keyed.router.counters})",
+            )
     finally:
         stop.set()
         sender.join(10)
-    wait_until(lambda: sum(1 for _ in collector.counts) >= sent, 60,
-               lambda: f"all {sent} outputs (got {collector.distinct()})")
+    wait_until(lambda: sum(1 for _ in collector.counts) >= sent, 60, lambda: f"all {sent} outputs (got {collector.distinct()})")
     reports = [r for r in fn.keyed.reports if r.moved_groups]
     # 128 groups, 2 -> 3: 42 groups move (128/3 rounded), 3 -> 2: the 42 of instance 2 move back.
     assert [r.moved_groups for r in reports] == [42, 42]
-    assert all(r.subscales == 11 for r in reports)   # ceil(42 / 4)
+    assert all(r.subscales == 11 for r in reports)  # ceil(42 / 4)
     per_key: dict[str, list[tuple[int, int]]] = {}
     for payload in collector.counts:
         key, count, instance = payload.decode().split(":")
@@ -87,8 +97,10 @@ def test_scale_out_and_in_moves_only_what_must_move_and_counts_exactly(broker, w
     assert view["groupsPerInstance"] == {"0": 64, "1": 64} and not view["migrating"] and "failure" not in view
     assert view["lastMigration"]["movedGroups"] == 42
     stats = fn.keyed.router.counters
-    print(f"\nsent {sent}, reports {[(r.moved_groups, r.subscales, round(r.duration_s, 3)) for r in reports]}, "
-          f"held {stats.held}, rerouted {stats.rerouted}, longest hold {stats.max_hold_s * 1000:.1f} ms")
+    print(
+        f"\nsent {sent}, reports {[(r.moved_groups, r.subscales, round(r.duration_s, 3)) for r in reports]}, "
+        f"held {stats.held}, rerouted {stats.rerouted}, longest hold {stats.max_hold_s * 1000:.1f} ms"
+    )
     collector.close()
     producer.close()
     worker.delete(cfg.fqfn)
@@ -103,21 +115,36 @@ def test_a_backlog_stays_on_the_broker_not_in_the_mailboxes(broker, worker, clie
     for i in range(1000):
         producer.send_async(b"x", None, partition_key=f"k{i % 50}")
     producer.flush()
-    cfg = worker.create(FunctionConfig.from_dict(
-        {"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy", "inputs": [src],
-         "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest",
-         "inputSpecs": {src: {"receiverQueueSize": 50}}, "userConfig": {"service_ms": 5, "dist": "deterministic"}}),
-        (EXAMPLES / "sleepy.py").read_bytes(), "sleepy.py")
+    cfg = worker.create(
+        FunctionConfig.from_dict(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "sleepy.Sleepy",
+                "inputs": [src],
+                "parallelism": 2,
+                "keyedState": True,
+                "subscriptionPosition": "Earliest",
+                "inputSpecs": {src: {"receiverQueueSize": 50}},
+                "userConfig": {"service_ms": 5, "dist": "deterministic"},
+            }
+        ),
+        (EXAMPLES / "sleepy.py").read_bytes(),
+        "sleepy.py",
+    )
     fn = worker._functions[cfg.fqfn]
     router = fn.keyed.router
     processed = lambda: sum(h.figures().processed for h in list(fn.instances.values()))  # noqa: E731
     peak, deadline = 0, time.monotonic() + 60
-    while processed() < 1000:   # sampled while the 1,000 records (2.5 s of work for 2 instances) are processed
+    while processed() < 1000:  # sampled while the 1,000 records (2.5 s of work for 2 instances) are processed
         assert time.monotonic() < deadline, f"only {processed()} of 1000 processed within 60 s"
         with router._cond:
             peak = max(peak, sum(len(b.items) for b in router._boxes.values()))
-        assert peak <= 2 * 50, (f"{peak} records in the mailboxes of 2 instances with receiverQueueSize 50 "
-                                f"({router.counters.received} of 1000 received): the backlog came in")
+        assert peak <= 2 * 50, (
+            f"{peak} records in the mailboxes of 2 instances with receiverQueueSize 50 "
+            f"({router.counters.received} of 1000 received): the backlog came in"
+        )
         time.sleep(0.02)
     assert peak >= 50, f"the mailboxes never filled ({peak}): the test saw no backlog"
     producer.close()
@@ -130,15 +157,29 @@ def test_a_stopped_instances_records_wait_in_the_worker_only_up_to_a_bound(broke
     on the broker (before, a stopped instance's records came into the worker's memory without end). Status says
     how many wait; started again, the instance takes them all and every count is exact."""
     from pulsar_autoscale.functions.keyed.routing import STOPPED_WAIT_FACTOR
+
     name = f"ks-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     queue, keys, per_key = 2, 40, 50
     bound = STOPPED_WAIT_FACTOR * queue
-    cfg = worker.create(FunctionConfig.from_dict(
-        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-         "inputs": [src], "parallelism": 2, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-         "subscriptionPosition": "Earliest", "inputSpecs": {src: {"receiverQueueSize": queue}}}),
-        (EXAMPLES / "keyed_count.py").read_bytes(), "keyed_count.py")
+    cfg = worker.create(
+        FunctionConfig.from_dict(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "keyed_count.KeyedCount",
+                "inputs": [src],
+                "parallelism": 2,
+                "keyedState": True,
+                "processingGuarantees": "EFFECTIVELY_ONCE",
+                "subscriptionPosition": "Earliest",
+                "inputSpecs": {src: {"receiverQueueSize": queue}},
+            }
+        ),
+        (EXAMPLES / "keyed_count.py").read_bytes(),
+        "keyed_count.py",
+    )
     fn = worker._functions[cfg.fqfn]
     router = fn.keyed.router
     wait_until(lambda: router.attached() == {0, 1}, 30, "2 keyed instances attached")
@@ -160,13 +201,17 @@ def test_a_stopped_instances_records_wait_in_the_worker_only_up_to_a_bound(broke
         seen.append(router.counters.received)
         return waiting() == bound and seen[-1] == seen[-2]
 
-    wait_until(stopped_receiving, 10, lambda: f"the router to stop receiving at {bound} held (received {seen[-1]})",
-               interval_s=0.5)
+    wait_until(
+        stopped_receiving, 10, lambda: f"the router to stop receiving at {bound} held (received {seen[-1]})", interval_s=0.5
+    )
     assert seen[-1] < keys * per_key, "the whole backlog came into the worker"
     worker.set_running(cfg.fqfn, True, 1)
     state = lambda k: worker.state_store(cfg.fqfn, k).get_counter(k)  # noqa: E731
-    wait_until(lambda: all(state(f"k{k}") == per_key for k in range(keys)), 60,
-               lambda: f"{per_key} per key: {({f'k{k}': state(f'k{k}') for k in range(keys)})}")
+    wait_until(
+        lambda: all(state(f"k{k}") == per_key for k in range(keys)),
+        60,
+        lambda: f"{per_key} per key: { ({f'k{k}': state(f'k{k}') for k in range(keys)}) }",
+    )
     assert "waitingForStoppedInstances" not in fn.keyed.view()
     producer.close()
     worker.delete(cfg.fqfn)

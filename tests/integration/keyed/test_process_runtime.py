@@ -30,8 +30,7 @@ PROCESS = {"instanceRuntime": "process"}
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
 def test_process_instances_scale_live_with_exact_counts(broker, tmp_path, cluster):
     """2 -> 3 -> 2 under load; every record counted once (EFFECTIVELY_ONCE)."""
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2, **PROCESS) as (admin, name, _,
-                                                                                               producer):
+    with _keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2, **PROCESS) as (admin, name, _, producer):
         admin.set_parallelism("public", "default", name, 3)
         _wait_running(admin, name, {0, 1, 2}, "scaled to 3")
         _migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "2 -> 3")
@@ -70,13 +69,20 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
     flag_dir = Path(tempfile.mkdtemp(prefix="pa-flag-"))
     flag_dir.chmod(0o777)
     flag = flag_dir / "crashed"
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kc", parallelism=2, className="crash_once.CrashOnce",
-                                 code=str(code), userConfig={"flag": str(flag)}, **PROCESS) as (admin, name, _,
-                                                                                                producer):
+    with _keyed_count_under_load(
+        broker,
+        tmp_path,
+        cluster,
+        "kc",
+        parallelism=2,
+        className="crash_once.CrashOnce",
+        code=str(code),
+        userConfig={"flag": str(flag)},
+        **PROCESS,
+    ) as (admin, name, _, producer):
         wait_until(flag.exists, 60, "the instance that owns k7 to reach its 50th record")
         _assert_exact(admin, name, producer.finish(90))
-        restarts = {s["instanceId"]: s["status"]["numRestarts"]
-                    for s in admin.status("public", "default", name)["instances"]}
+        restarts = {s["instanceId"]: s["status"]["numRestarts"] for s in admin.status("public", "default", name)["instances"]}
         assert sorted(restarts.values()) == [0, 1], f"one instance restarted once: {restarts}"
         assert _running(admin, name) == {0, 1}
     shutil.rmtree(flag_dir, ignore_errors=True)
@@ -92,12 +98,17 @@ def test_a_process_instance_takes_a_messages_key_group_from_its_ordering_key(bro
     with _admin(broker, tmp_path, cluster=False) as admin:
         _create(admin, name, src, parallelism=2, **PROCESS)
         producer = client.create_producer(src)
-        for i in range(keys * per_key):   # k{n}'s records all carry ordering key o{n}: its count lives in o{n}'s group
+        for i in range(keys * per_key):  # k{n}'s records all carry ordering key o{n}: its count lives in o{n}'s group
             producer.send(b"x", partition_key=f"k{i % keys}", ordering_key=f"o{i % keys}")
         producer.close()
         want = {f"k{k}": per_key for k in range(keys)}
-        wait_until(lambda: _counts(admin, name, keys) == want, 60,
-                   lambda: f"{per_key} per key: {_counts(admin, name, keys)}; instances "
-                           f"{[(i['instanceId'], i['status']['numRestarts'], i['status']['error']) for i in admin.status('public', 'default', name)['instances']]}")
+        wait_until(
+            lambda: _counts(admin, name, keys) == want,
+            60,
+            lambda: (
+                f"{per_key} per key: {_counts(admin, name, keys)}; instances "
+                f"{[(i['instanceId'], i['status']['numRestarts'], i['status']['error']) for i in admin.status('public', 'default', name)['instances']]}"
+            ),
+        )
         restarts = [i["status"]["numRestarts"] for i in admin.status("public", "default", name)["instances"]]
         assert restarts == [0, 0], f"an instance failed and restarted: {restarts}"

@@ -51,18 +51,31 @@ def _keyed_count(worker: Worker, tmp_path, prefix: str) -> tuple[FunctionConfig,
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     code = shutil.copy(EXAMPLES / "keyed_count.py", tmp_path / "keyed_count.py")
-    cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
-                                    "className": "keyed_count.KeyedCount", "inputs": [src], "parallelism": 2,
-                                    "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-                                    "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+    cfg = FunctionConfig.from_dict(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "parallelism": 2,
+            "keyedState": True,
+            "processingGuarantees": "EFFECTIVELY_ONCE",
+            "subscriptionPosition": "Earliest",
+            "numKeyGroups": 16,
+        }
+    )
     worker.host_instances(cfg, str(code), {0, 1}, front=True)
     return cfg, str(code), src
 
 
 def _half_counted(worker: Worker, cfg: FunctionConfig, producer: pulsar.Producer) -> None:
     _send(producer, KEYS * PER_KEY // 2)
-    wait_until(lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2, 30,
-               lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}")
+    wait_until(
+        lambda: sum(_counts(worker, cfg.fqfn).values()) == KEYS * PER_KEY // 2,
+        30,
+        lambda: f"half the records counted: {_counts(worker, cfg.fqfn)}",
+    )
 
 
 def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tmp_path):
@@ -77,24 +90,30 @@ def test_forwarding_dedupe_and_migration_through_route_topics(broker, client, tm
 
         # a front that forwarded a record, died before the input ack and forwarded it again
         forwarded = probe.receive(5000)
-        if forwarded.properties().get(OP) == ANNOUNCE:   # the front's epoch comes first
+        if forwarded.properties().get(OP) == ANNOUNCE:  # the front's epoch comes first
             forwarded = probe.receive(5000)
         assert ORIGINAL_ID in forwarded.properties(), (forwarded.properties(), forwarded.data())
-        client.create_producer(topics.route(1)).send(forwarded.data(), properties=forwarded.properties(),
-                                                      partition_key=forwarded.partition_key())
+        client.create_producer(topics.route(1)).send(
+            forwarded.data(), properties=forwarded.properties(), partition_key=forwarded.partition_key()
+        )
 
-        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2},
-                              front=True)
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2}, front=True)
         wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2 given key groups (OPEN)")
         _send(producer, KEYS * PER_KEY // 2)
-        worker.host_instances(cfg, code, {0, 1, 2}, front=True)   # the surplus stays while it holds groups
+        worker.host_instances(cfg, code, {0, 1, 2}, front=True)  # the surplus stays while it holds groups
         wait_until(lambda: not worker.keyed_holds_groups(cfg.fqfn, 2), 30, "instance 2's groups moved off (RELEASE)")
         worker.host_instances(cfg, code, {0, 1}, front=True)
         expected = {f"k{k}": PER_KEY for k in range(KEYS)}
-        wait_until(lambda: _counts(worker, cfg.fqfn) == expected, 30,
-                   lambda: f"exact counts (the duplicate applied once): {_counts(worker, cfg.fqfn)}")
-        wait_until(lambda: set(getattr(read_assignment(client, topics.assignment), "owners", ())) == {0, 1}, 30,
-                   lambda: f"the saved assignment without instance 2: {read_assignment(client, topics.assignment)}")
+        wait_until(
+            lambda: _counts(worker, cfg.fqfn) == expected,
+            30,
+            lambda: f"exact counts (the duplicate applied once): {_counts(worker, cfg.fqfn)}",
+        )
+        wait_until(
+            lambda: set(getattr(read_assignment(client, topics.assignment), "owners", ())) == {0, 1},
+            30,
+            lambda: f"the saved assignment without instance 2: {read_assignment(client, topics.assignment)}",
+        )
     finally:
         worker.close()
 
@@ -111,16 +130,21 @@ def test_a_front_started_again_while_the_last_one_closes(broker, client, tmp_pat
         cfg, code, src = _keyed_count(worker, tmp_path, "kf")
         producer = client.create_producer(src, block_if_queue_full=True)
         _half_counted(worker, cfg, producer)
-        worker.host_instances(cfg, code, {0, 1}, front=False)   # the front closes, in the background
-        worker.host_instances(cfg, code, {0, 1}, front=True)    # and starts again before it has closed
+        worker.host_instances(cfg, code, {0, 1}, front=False)  # the front closes, in the background
+        worker.host_instances(cfg, code, {0, 1}, front=True)  # and starts again before it has closed
         wait_until(lambda: f"{cfg.name}: the front that ran here closed" in caplog.text, 30, "the first front closed")
-        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2},
-                              front=True)
-        wait_until(lambda: worker.keyed_holds_groups(cfg.fqfn, 2), 30,
-                   "instance 2 given key groups: the new front heard the answers to its markers")
+        worker.host_instances(FunctionConfig.from_dict({**cfg.to_dict(), "parallelism": 3}), code, {0, 1, 2}, front=True)
+        wait_until(
+            lambda: worker.keyed_holds_groups(cfg.fqfn, 2),
+            30,
+            "instance 2 given key groups: the new front heard the answers to its markers",
+        )
         _send(producer, KEYS * PER_KEY // 2)
-        wait_until(lambda: _counts(worker, cfg.fqfn) == {f"k{k}": PER_KEY for k in range(KEYS)}, 30,
-                   lambda: f"exact counts: the new front forwards every record: {_counts(worker, cfg.fqfn)}")
+        wait_until(
+            lambda: _counts(worker, cfg.fqfn) == {f"k{k}": PER_KEY for k in range(KEYS)},
+            30,
+            lambda: f"exact counts: the new front forwards every record: {_counts(worker, cfg.fqfn)}",
+        )
     finally:
         worker.close()
 
@@ -128,6 +152,7 @@ def test_a_front_started_again_while_the_last_one_closes(broker, client, tmp_pat
 @dataclass
 class _Fronted:
     """A spread keyedState function on one worker, half counted: its front's saved assignment and its part."""
+
     worker: Worker
     cfg: FunctionConfig
     topics: KeyedTopics
@@ -174,8 +199,7 @@ def test_a_stale_fronts_markers_and_saves_are_refused(client, fronted):
 
 
 @pytest.mark.parametrize("stale_announcement", [False, True], ids=["release-first", "stale-announcement-first"])
-def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_release(client, fronted,
-                                                                                       stale_announcement):
+def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_release(client, fronted, stale_announcement):
     """An instance that replaced a frozen one may never hear the newer front's announcement (the frozen consumer
     of its route topic holds it). Until it hears one, its first marker is checked against the saved assignment's
     epoch: a newer front's save is enough to refuse the frozen front's RELEASE when it wakes. The first marker may
@@ -183,9 +207,9 @@ def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_r
     the newest."""
     current, keyed = fronted.current, fronted.keyed
     instance1 = next(i for i in keyed._inputs if i._id == 1)
-    instance1._saved_epoch = keyed._saved_epoch   # as if it had opened on another worker than the front's
+    instance1._saved_epoch = keyed._saved_epoch  # as if it had opened on another worker than the front's
     producer = client.create_producer(fronted.topics.assignment)
-    save_assignment(producer, current.assignment, current.epoch + 1)   # a newer front, its announcement lost
+    save_assignment(producer, current.assignment, current.epoch + 1)  # a newer front, its announcement lost
     producer.close()
     if stale_announcement:
         keyed.stores.announce(current.epoch, {1})
@@ -195,8 +219,7 @@ def test_an_input_that_missed_the_announcement_checks_the_saved_epoch_before_a_r
 
 
 @pytest.mark.parametrize("spread", [True, False], ids=["route-topics", "one-worker-mailboxes"])
-def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_message_retries(broker, client, tmp_path,
-                                                                                         spread):
+def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_message_retries(broker, client, tmp_path, spread):
     """On a cluster the front acks the input once a record is forwarded, so retries and the dead-letter topic
     apply on the route topic; on one worker on the input itself, through the router's one consumer. Either way:
     maxMessageRetries redeliveries, then the function's dead-letter topic."""
@@ -206,10 +229,21 @@ def test_a_record_an_instance_keeps_failing_on_is_dead_lettered_after_max_messag
         name = f"kp-{uuid.uuid4().hex[:6]}"
         src, dlq = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-dlq"
         code = shutil.copy(EXAMPLES / "poison.py", tmp_path / "poison.py")
-        cfg = FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
-                                        "className": "poison.Poison", "inputs": [src], "parallelism": 2,
-                                        "keyedState": True, "maxMessageRetries": 2, "deadLetterTopic": dlq,
-                                        "subscriptionPosition": "Earliest", "numKeyGroups": 16})
+        cfg = FunctionConfig.from_dict(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "poison.Poison",
+                "inputs": [src],
+                "parallelism": 2,
+                "keyedState": True,
+                "maxMessageRetries": 2,
+                "deadLetterTopic": dlq,
+                "subscriptionPosition": "Earliest",
+                "numKeyGroups": 16,
+            }
+        )
         dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
         if spread:
             worker.host_instances(cfg, str(code), {0, 1}, front=True)

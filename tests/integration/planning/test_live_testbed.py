@@ -12,7 +12,7 @@ from pulsar_autoscale.planning.testbed import Phases, TestConfig
 
 
 def test_a_chain_well_under_capacity_keeps_up_and_every_stage_sees_the_source_rate(broker, worker):
-    app = sleepy_app(10.0, stages=2)   # deterministic 10 ms per stage: 100/s per instance
+    app = sleepy_app(10.0, stages=2)  # deterministic 10 ms per stage: 100/s per instance
     # 400 messages: a stall of a few messages at either end of the observation (a busy machine's, not the app's)
     # moves the processed share by under 1% (with 200, by 2% in one CI run: 97.91% judged as falling behind)
     tb = LiveTestbed(app, worker.url, broker.service_url, broker.metrics_url, min_messages=400)
@@ -25,8 +25,9 @@ def test_a_chain_well_under_capacity_keeps_up_and_every_stage_sees_the_source_ra
     # 8 s at 20/s is 160 messages: the observation went on until each function had 400.
     assert run.observe_s >= 19.0, f"observed {run.observe_s:.1f} s, {run.injected_rate * run.observe_s:.0f} messages"
     for name, fm in run.functions.items():
-        assert fm.arrival_rate == pytest.approx(run.injected_rate, rel=0.15), \
+        assert fm.arrival_rate == pytest.approx(run.injected_rate, rel=0.15), (
             f"{name} received {fm.arrival_rate:.1f}/s while the source got {run.injected_rate:.1f}/s"
+        )
     passed, reason = judge(run, MstSettings())
     assert passed, reason
     assert run.p99_s is not None and run.p99_s < 5.0, f"end-to-end p99 {run.p99_s}"

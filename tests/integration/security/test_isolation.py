@@ -113,27 +113,57 @@ def attacked(broker):
     """A root worker with a key file (0600, in a directory anyone may enter), the key itself in its
     environment as PULSAR_AUTOSCALE_TOKEN_SECRET_KEY, and other credentials next to it."""
     home = Path(tempfile.mkdtemp(prefix="pa-isolation-"))
-    home.chmod(0o755)          # reachable: what refuses a read below is the worker's own protection
+    home.chmod(0o755)  # reachable: what refuses a read below is the worker's own protection
     secret = tokens.create_secret_key()
     key_file = home / "secret.key"
     key_file.write_bytes(secret)
     key_file.chmod(0o600)
     data_dir = home / "data"
     port = free_port()
-    env = {**os.environ, "PULSAR_AUTOSCALE_TOKEN_SECRET_KEY": "data:;base64," + base64.b64encode(secret).decode(),
-           "DB_PASSWORD": CANARY, "MY_API_TOKEN": CANARY}
+    env = {
+        **os.environ,
+        "PULSAR_AUTOSCALE_TOKEN_SECRET_KEY": "data:;base64," + base64.b64encode(secret).decode(),
+        "DB_PASSWORD": CANARY,
+        "MY_API_TOKEN": CANARY,
+    }
     log = open(home / "worker.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", broker.service_url,
-         "--metrics-url", broker.metrics_url, "--port", str(port), "--data-dir", str(data_dir),
-         "--token-secret-key", f"file://{key_file}", "--superuser-roles", SUPERUSER,
-         "--tenant-admin", f"acme={TENANT_ADMIN}"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "pulsar_autoscale.cli.main",
+            "worker",
+            "--service-url",
+            broker.service_url,
+            "--metrics-url",
+            broker.metrics_url,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--token-secret-key",
+            f"file://{key_file}",
+            "--superuser-roles",
+            SUPERUSER,
+            "--tenant-admin",
+            f"acme={TENANT_ADMIN}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     w = {"url": url, "secret": secret, "home": home, "data_dir": data_dir, "proc": proc}
     try:
         wait_until(lambda: _answers(w), 60, "the worker's API")
-        r = call(w, "POST", "acme/ns/holder", SUPERUSER, {"instanceRuntime": "process", "secrets": {"db": CANARY}},
-                 b"def process(v):\n    return v\n")
+        r = call(
+            w,
+            "POST",
+            "acme/ns/holder",
+            SUPERUSER,
+            {"instanceRuntime": "process", "secrets": {"db": CANARY}},
+            b"def process(v):\n    return v\n",
+        )
         assert r.status_code == 204, r.text
         yield w
     finally:
@@ -161,17 +191,23 @@ def _auth(w, role: str) -> dict:
 def call(w, method: str, fqfn: str, role: str, config: dict, code: bytes | None = None, filename: str = "spy.py"):
     """A create (POST) or update (PUT), retried while the worker is still reaching its broker (503)."""
     tenant, ns, name = fqfn.split("/")
-    cfg = {"tenant": tenant, "namespace": ns, "name": name, "className": f"{Path(filename).stem}.process",
-           "inputs": [f"persistent://{tenant}/{ns}/{name}-in"], **config}
+    cfg = {
+        "tenant": tenant,
+        "namespace": ns,
+        "name": name,
+        "className": f"{Path(filename).stem}.process",
+        "inputs": [f"persistent://{tenant}/{ns}/{name}-in"],
+        **config,
+    }
     files = {"functionConfig": (None, json.dumps(cfg), "application/json")}
     if code is not None:
         files["data"] = (filename, code)
     answers = []
 
     def send():
-        answers.append(requests.request(method, f"{w['url']}{FNS}/{fqfn}", headers=_auth(w, role), files=files,
-                                        timeout=60))
+        answers.append(requests.request(method, f"{w['url']}{FNS}/{fqfn}", headers=_auth(w, role), files=files, timeout=60))
         return answers[-1].status_code != 503
+
     wait_until(send, 60, lambda: f"the worker to reach its broker ({answers[-1].text})", interval_s=0.5)
     return answers[-1]
 
@@ -192,24 +228,30 @@ def assert_nothing_secret(w, report: dict, text: str) -> None:
 
 
 def test_code_that_reads_the_workers_secrets_at_import_gets_a_400_that_holds_none(attacked):
-    r = call(attacked, "POST", "acme/ns/spy_raise", TENANT_ADMIN, {"instanceRuntime": "process"}, SPY.encode(),
-             filename="spy_raise.py")
+    r = call(
+        attacked, "POST", "acme/ns/spy_raise", TENANT_ADMIN, {"instanceRuntime": "process"}, SPY.encode(), filename="spy_raise.py"
+    )
     assert r.status_code == 400, (r.status_code, r.text)
     reason = r.json()["reason"]
-    assert "SPY " in reason, reason[:300]      # the attack ran in the validation child and its report came back
-    report = json.loads(reason[reason.index("SPY ") + 4:reason.rindex("}") + 1])
+    assert "SPY " in reason, reason[:300]  # the attack ran in the validation child and its report came back
+    report = json.loads(reason[reason.index("SPY ") + 4 : reason.rindex("}") + 1])
     assert_nothing_secret(attacked, report, r.text)
 
 
 def test_a_process_instance_that_reads_the_workers_secrets_outputs_none_and_still_works(attacked, broker):
     name = f"spy_{uuid.uuid4().hex[:6]}"
-    r = call(attacked, "POST", f"acme/ns/{name}", TENANT_ADMIN,
-             {"instanceRuntime": "process", "output": f"persistent://acme/ns/{name}-out"}, SPY.encode())
+    r = call(
+        attacked,
+        "POST",
+        f"acme/ns/{name}",
+        TENANT_ADMIN,
+        {"instanceRuntime": "process", "output": f"persistent://acme/ns/{name}-out"},
+        SPY.encode(),
+    )
     assert r.status_code == 204, r.text
     client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     try:
-        consumer = client.subscribe(f"persistent://acme/ns/{name}-out", "check",
-                                    initial_position=pulsar.InitialPosition.Earliest)
+        consumer = client.subscribe(f"persistent://acme/ns/{name}-out", "check", initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(f"persistent://acme/ns/{name}-in")
         producer.send(b"hello")
         msg = consumer.receive(60_000)
@@ -218,12 +260,12 @@ def test_a_process_instance_that_reads_the_workers_secrets_outputs_none_and_stil
     finally:
         client.close()
     result = json.loads(output)
-    assert result["echo"] == "hello"          # the function works: it got its input and its output went out
+    assert result["echo"] == "hello"  # the function works: it got its input and its output went out
     for phase in ("at_import", "at_process"):
         assert_nothing_secret(attacked, result[phase], output)
     # the holder's instance runs as a uid of its own: the spy found it and could not signal it (nor anything else)
     others = result["at_process"]["others"]
-    holder_uid = DEFAULT_UIDS.start   # the worker's first function (the fixture's) got the range's first uid
+    holder_uid = DEFAULT_UIDS.start  # the worker's first function (the fixture's) got the range's first uid
     assert result["at_process"]["uid"] != holder_uid
     holder_pids = [pid for pid in others if _uid_of(pid) == holder_uid]
     assert holder_pids and all(others[pid] == "REFUSED" for pid in holder_pids), others
@@ -239,11 +281,13 @@ def _uid_of(pid: str) -> int | None:
 
 def test_a_tenant_admins_code_is_refused_on_the_thread_runtime(attacked):
     code = b"def process(v):\n    return v\n"
-    for config in ({}, {"instanceRuntime": "thread"}):       # the worker's default runtime is thread
+    for config in ({}, {"instanceRuntime": "thread"}):  # the worker's default runtime is thread
         r = call(attacked, "POST", "acme/ns/in_worker", TENANT_ADMIN, config, code, filename="echo.py")
         assert r.status_code == 400 and "thread runtime" in r.json()["reason"], (r.status_code, r.text)
-    assert requests.get(f"{attacked['url']}{FNS}/acme/ns/in_worker", headers=_auth(attacked, SUPERUSER),
-                        timeout=30).status_code == 404
+    assert (
+        requests.get(f"{attacked['url']}{FNS}/acme/ns/in_worker", headers=_auth(attacked, SUPERUSER), timeout=30).status_code
+        == 404
+    )
     # a superuser's (trusted) code may run there; a tenant admin may not bring new code into it
     r = call(attacked, "POST", "acme/ns/trusted", SUPERUSER, {}, code, filename="echo.py")
     assert r.status_code == 204, r.text
@@ -255,14 +299,14 @@ def test_a_tenant_admins_code_is_refused_on_the_thread_runtime(attacked):
 
 def test_the_worker_keeps_its_data_dir_and_a_functions_config_to_itself(attacked):
     log = (attacked["home"] / "worker.log").read_text(errors="replace")
-    assert "user code runs as a uid and gid of its own per function" in log   # its start-up line says whom
+    assert "user code runs as a uid and gid of its own per function" in log  # its start-up line says whom
     data_dir = attacked["data_dir"]
     assert data_dir.stat().st_mode & 0o777 == 0o700
     holder = data_dir / "functions" / "acme" / "ns" / "holder"
     assert (holder / "config.json").stat().st_mode & 0o777 == 0o600
     code_dirs = list((holder / "code").iterdir())
     assert (holder / "code").stat().st_mode & 0o777 == 0o700 and code_dirs
-    assert code_dirs[0].stat().st_mode & 0o777 == 0o755   # the instance user's working directory
+    assert code_dirs[0].stat().st_mode & 0o777 == 0o755  # the instance user's working directory
 
 
 DROP_THEN_IMPORT = """
@@ -288,6 +332,5 @@ def test_user_code_imports_from_a_checkout_only_root_may_enter(tmp_path):
     for path in (checkout / "pkg", checkout / "pkg" / "__init__.py", checkout / "pkg" / "sub.py"):
         path.chmod(0o755)
     checkout.chmod(0o700)
-    run = subprocess.run([sys.executable, "-c", DROP_THEN_IMPORT, str(checkout)], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run([sys.executable, "-c", DROP_THEN_IMPORT, str(checkout)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "imported as nobody", run.stderr[-2000:]

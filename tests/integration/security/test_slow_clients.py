@@ -29,7 +29,7 @@ from tests.integration.test_security import FNS, SUPERUSER, token
 from tests.support.scenario import wait_until
 
 SHORT = ServerLimits(threads=2, idle_timeout_s=0.5, handshake_timeout_s=0.5, head_timeout_s=0.5, body_timeout_s=0.5)
-PARTIAL_CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01"     # a TLS record header and one byte of a ClientHello
+PARTIAL_CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01"  # a TLS record header and one byte of a ClientHello
 
 
 def timed_get(url: str, ca: str, **kw) -> tuple[requests.Response, float]:
@@ -56,8 +56,9 @@ def test_an_idle_or_half_handshaken_socket_does_not_block_the_tls_worker(worker,
     try:
         r, took = timed_get(worker.url + "/healthz", keys["ca"])
         assert r.status_code == 200 and took < 2, took
-        r, took = timed_get(worker.url + f"{FNS}/public/default", keys["ca"],
-                            headers={"Authorization": f"Bearer {token(keys, SUPERUSER)}"})
+        r, took = timed_get(
+            worker.url + f"{FNS}/public/default", keys["ca"], headers={"Authorization": f"Bearer {token(keys, SUPERUSER)}"}
+        )
         assert r.status_code == 200 and took < 2, took
     finally:
         idle.close()
@@ -65,10 +66,16 @@ def test_an_idle_or_half_handshaken_socket_does_not_block_the_tls_worker(worker,
 
 
 def test_an_idle_socket_does_not_block_the_tls_controller(broker, keys):
-    policy = AccessPolicy(tokens.TokenValidator.from_settings(secret_key=keys["secret_spec"]),
-                          superuser_roles=frozenset({SUPERUSER}))
-    config = ControllerConfig(service_url=broker.service_url, admin_url="http://127.0.0.1:9", http_port=0,
-                              decision_log=None, lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}")
+    policy = AccessPolicy(
+        tokens.TokenValidator.from_settings(secret_key=keys["secret_spec"]), superuser_roles=frozenset({SUPERUSER})
+    )
+    config = ControllerConfig(
+        service_url=broker.service_url,
+        admin_url="http://127.0.0.1:9",
+        http_port=0,
+        decision_log=None,
+        lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+    )
     controller = Controller(config, security=ServerSecurity(policy, keys["pem"], keys["pem"])).start()
     idle = socket.create_connection(("127.0.0.1", controller.http_port))
     try:
@@ -93,8 +100,9 @@ def serve(keys):
         app = Flask("slow-clients")
         app.add_url_rule("/healthz", "healthz", lambda: {"ok": True})
         app.add_url_rule("/echo", "echo", lambda: {"n": len(request.get_data())}, methods=["POST"])
-        security = ServerSecurity(tls_cert_file=keys["pem"] if tls else None, tls_key_file=keys["pem"] if tls else None,
-                                  limits=limits)
+        security = ServerSecurity(
+            tls_cert_file=keys["pem"] if tls else None, tls_key_file=keys["pem"] if tls else None, limits=limits
+        )
         server = security.make_server("127.0.0.1", 0, app)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -115,9 +123,9 @@ def connect(server, tls: bool, keys, source: str = "127.0.0.1") -> socket.socket
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_idle_slow_header_and_slow_body_connections_are_closed_within_their_timeouts(serve, keys, tls):
     server, url = serve(SHORT, tls)
-    bound = SHORT.idle_timeout_s + 1.5     # the timeout, plus the server's check interval (0.5 s) and slack
-    idle_tcp = socket.create_connection(("127.0.0.1", server.server_port))    # not even a TLS handshake
-    idle = connect(server, tls, keys)                                         # between requests
+    bound = SHORT.idle_timeout_s + 1.5  # the timeout, plus the server's check interval (0.5 s) and slack
+    idle_tcp = socket.create_connection(("127.0.0.1", server.server_port))  # not even a TLS handshake
+    idle = connect(server, tls, keys)  # between requests
     slow_head = connect(server, tls, keys)
     slow_head.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
     slow_body = connect(server, tls, keys)
@@ -138,7 +146,7 @@ def test_slow_clients_hold_no_thread_of_the_pool(serve, keys, tls):
     server, url = serve(limits, tls)
     attackers = []
     for _ in range(4 * limits.threads):
-        attackers.append(socket.create_connection(("127.0.0.1", server.server_port)))   # idle
+        attackers.append(socket.create_connection(("127.0.0.1", server.server_port)))  # idle
         slow = connect(server, tls, keys)
         slow.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nx")
         attackers.append(slow)
@@ -161,7 +169,7 @@ def test_a_client_over_the_per_client_cap_is_refused_and_others_are_not(serve, k
     for _ in range(3):
         conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=5)
         conn.request("GET", "/healthz")
-        assert conn.getresponse().read() == b'{"ok":true}\n'      # accepted, served, kept alive
+        assert conn.getresponse().read() == b'{"ok":true}\n'  # accepted, served, kept alive
         held.append(conn)
     over = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
     over.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -169,7 +177,7 @@ def test_a_client_over_the_per_client_cap_is_refused_and_others_are_not(serve, k
     over.close()
     other = socket.create_connection(("127.0.0.1", server.server_port), timeout=5, source_address=("127.0.0.2", 0))
     other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert closed_by_server(other, 5).startswith(b"HTTP/1.1 200")           # another address is served
+    assert closed_by_server(other, 5).startswith(b"HTTP/1.1 200")  # another address is served
     other.close()
     held.pop().close()
     wait_until(lambda: server._connections.connections_of("127.0.0.1") < 3, 5, "the server to see the close")
@@ -196,7 +204,7 @@ def test_stop_is_prompt_with_slow_clients_connected(serve, keys, tls):
     server, url = serve(ServerLimits(), tls)
     socks = [socket.create_connection(("127.0.0.1", server.server_port)) for _ in range(5)]
     slow = connect(server, tls, keys)
-    slow.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n")   # streamed: read in a thread
+    slow.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n")  # streamed: read in a thread
     assert requests.get(url + "/healthz", verify=keys["ca"], timeout=2).status_code == 200
     started = time.monotonic()
     server.shutdown()

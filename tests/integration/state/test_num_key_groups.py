@@ -14,8 +14,11 @@ def test_default_range_and_round_trip():
     assert FunctionConfig.from_dict(BASE).numKeyGroups == 128
     cfg = FunctionConfig.from_dict({**BASE, "numKeyGroups": 65536})
     assert FunctionConfig.from_dict(cfg.to_dict()) == cfg
-    for bad, msg in ((0, "an integer from 1 to 65536, got 0"), (65537, "an integer from 1 to 65536, got 65537"),
-                     ("8", "an integer, got string")):
+    for bad, msg in (
+        (0, "an integer from 1 to 65536, got 0"),
+        (65537, "an integer from 1 to 65536, got 65537"),
+        ("8", "an integer, got string"),
+    ):
         with pytest.raises(ConfigError, match=f"numKeyGroups must be {msg}"):
             FunctionConfig.from_dict({**BASE, "numKeyGroups": bad})
 
@@ -25,5 +28,5 @@ def test_update_refuses_a_change_with_400_naming_it(admin):
     with pytest.raises(AdminError, match="numKeyGroups cannot be altered") as err:
         admin.update({"tenant": "public", "namespace": "default", "name": "kg-upd", "numKeyGroups": 128})
     assert err.value.status == 400
-    admin.set_parallelism("public", "default", "kg-upd", 2)        # other updates keep it
+    admin.set_parallelism("public", "default", "kg-upd", 2)  # other updates keep it
     assert admin.get("public", "default", "kg-upd")["numKeyGroups"] == 64

@@ -37,7 +37,7 @@ def test_state_calls_answer_as_the_store_does(served):
     assert remote.group(1).incr_counter("a", 3) == 5
     remote.group(2).put_state("b", b"\x00bytes")
     assert remote.group(2).get_state("b") == b"\x00bytes"
-    assert store.group(1).get_counter("a") == 5          # the worker's store holds it
+    assert store.group(1).get_counter("a") == 5  # the worker's store holds it
     remote.group(1).del_counter("a")
     assert remote.group(1).get_counter("a") == 0
     assert remote.group(1).group == 1
@@ -48,7 +48,7 @@ def test_effectively_once_skips_a_message_id_applied_already(served):
     assert remote.begin(1, "m-1") is True
     remote.group(1).incr_counter("k", 1)
     remote.commit()
-    assert remote.begin(1, "m-1") is False                # redelivered: skipped
+    assert remote.begin(1, "m-1") is False  # redelivered: skipped
     assert store.group(1).get_counter("k") == 1
 
 
@@ -68,13 +68,13 @@ def test_a_process_gone_between_begin_and_commit_leaves_nothing_and_frees_its_gr
     remote.group(1).incr_counter("k", 1)
     remote.commit()
     remote.begin(1, "m-2")
-    remote.group(1).incr_counter("k", 1)                   # the process dies here: no commit
+    remote.group(1).incr_counter("k", 1)  # the process dies here: no commit
     process_end.close()
     thread.join(5)
     assert not thread.is_alive(), "the serving thread did not end with the pipe"
     took = []
 
-    def again():   # the record comes again, to the instance started in its place
+    def again():  # the record comes again, to the instance started in its place
         took.append(store.begin(1, "m-2"))
         store.commit()
 
@@ -116,8 +116,9 @@ def served_input(tmp_path, client, topic):
 
 
 def subscribe(client, topic):
-    return client.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared,
-                            initial_position=pulsar.InitialPosition.Earliest)
+    return client.subscribe(
+        topic, "fn", consumer_type=pulsar.ConsumerType.Shared, initial_position=pulsar.InitialPosition.Earliest
+    )
 
 
 def redelivered(client, topic) -> list[bytes]:
@@ -151,7 +152,7 @@ def test_a_record_crosses_the_pipe_twice_and_its_ack_follows_its_commit(served_i
     assert counted.sent == 3 and second.data() == b"two"
     assert remote.group(group).get_counter("k") == 1, "the commit did not go with the receive"
     remote.abort()
-    keyed_input.close()            # the second record is taken, not acked: redelivered; the first is acked
+    keyed_input.close()  # the second record is taken, not acked: redelivered; the first is acked
     assert redelivered(client, topic) == [b"two"]
 
 
@@ -162,11 +163,11 @@ def test_a_failed_one_way_call_is_raised_by_the_next_call_and_drops_later_acks(s
     msg = keyed_input.receive(5000)
     remote.begin(state_group(msg, 8, True), msg.message_id())
     remote.commit()
-    remote.send("nack", None, 999)   # no such message: this one-way call fails in the worker
+    remote.send("nack", None, 999)  # no such message: this one-way call fails in the worker
     keyed_input.acknowledge(msg)
     with pytest.raises(KeyError, match="999"):
         remote.group(0).get_counter("k")
-    with pytest.raises(KeyError, match="999"):   # every later call: the instance must fail
+    with pytest.raises(KeyError, match="999"):  # every later call: the instance must fail
         keyed_input.receive(100)
     keyed_input.close()
     assert redelivered(client, topic) == [b"one"], "an ack after a failure was applied"

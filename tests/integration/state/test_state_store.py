@@ -61,7 +61,7 @@ def test_a_restore_from_the_changelog_gives_the_same_state(tmp_path, client, cha
     for i in range(300):
         process(a, f"k{i % 37}", [("incr_counter", f"c{i % 11}", 1 + i % 3), ("put_state", f"s{i % 5}", f"v{i}")])
     process(a, "k1", [("del_counter", "c1")])
-    a.put_state("rest-key", b"\xff\x00")          # a write outside a message (REST putstate)
+    a.put_state("rest-key", b"\xff\x00")  # a write outside a message (REST putstate)
     a.set_counter("rest-counter", 41)
     b = store(tmp_path, client, changelog, "b")
     stats = b.open(set(range(G)))
@@ -81,12 +81,12 @@ def test_release_snapshots_and_open_replays_only_the_tail(tmp_path, client, chan
     assert a.owned() == set(range(G)) - groups
     with pytest.raises(NotOwnedError):
         a.for_key("k7").get_counter("n")
-    b = store(tmp_path, client, changelog, "b", owned=set())       # the new owner: full replay
+    b = store(tmp_path, client, changelog, "b", owned=set())  # the new owner: full replay
     b.open(groups)
     assert {g: b.group(g).get_counter("n") for g in groups} == before
     process(b, "k7", [("incr_counter", "n", 100)])
     b.release(groups)
-    stats = a.open(groups)                                          # back: snapshot + the tail after it
+    stats = a.open(groups)  # back: snapshot + the tail after it
     assert stats.from_snapshot == len(groups) and stats.records == 1
     assert a.for_key("k7").get_counter("n") == before[key_group("k7", G)] + 100
 
@@ -98,16 +98,16 @@ def test_an_open_brings_the_other_pre_copied_groups_up_to_now(tmp_path, client, 
     g1, g2 = key_group("k1", G), key_group("k2", G)
     b = store(tmp_path, client, changelog, "b", owned=set())
     b.prepare({g1, g2}, client, changelog)
-    for i in range(20):                                              # both change after the pre-copy
+    for i in range(20):  # both change after the pre-copy
         process(a, "k1", [("incr_counter", "n", 1)])
         process(a, "k2", [("incr_counter", "n", 1)])
     a.release({g1})
     first = b.open({g1}, refresh={g2})
-    assert first.records == 40, first                                # one read for both groups' tails
+    assert first.records == 40, first  # one read for both groups' tails
     process(a, "k2", [("incr_counter", "n", 5)])
     a.release({g2})
     second = b.open({g2})
-    assert second.from_snapshot == 1 and second.records == 1, second   # only what came after the first open
+    assert second.from_snapshot == 1 and second.records == 1, second  # only what came after the first open
     assert b.for_key("k1").get_counter("n") == 20 and b.for_key("k2").get_counter("n") == 25
 
 
@@ -119,15 +119,15 @@ def test_groups_released_at_different_positions_open_in_one_pass(tmp_path, clien
     assert g1 != g2
     process(a, "k1", [("incr_counter", "n", 1)])
     process(a, "k2", [("put_state", "s", "old")])
-    a.release({g1})                                                  # position P1
+    a.release({g1})  # position P1
     b = store(tmp_path, client, changelog, "b", owned=set())
     b.open({g1})
     process(b, "k1", [("incr_counter", "n", 10)])
     b.release({g1})
     process(a, "k2", [("put_state", "s", "new")])
-    a.release({g2})                                                  # position P3, after P1
+    a.release({g2})  # position P3, after P1
     stats = a.open({g1, g2})
-    assert stats.from_snapshot == 2 and stats.records == 2, stats    # b's change and k2's "new", read once
+    assert stats.from_snapshot == 2 and stats.records == 2, stats  # b's change and k2's "new", read once
     assert a.for_key("k1").get_counter("n") == 11 and a.for_key("k2").get_state("s") == b"new"
 
 
@@ -138,16 +138,16 @@ def test_a_pre_copied_group_opens_from_its_copy_and_replays_only_what_changed_si
     for i in range(300):
         process(a, f"k{i % 50}", [("incr_counter", "n", 1), ("put_state", "s", f"v{i}")], msg_id=f"m{i}")
     groups = {key_group("k7", G), key_group("k8", G)}
-    b = store(tmp_path, client, changelog, "b", owned=set())        # another worker's disk
+    b = store(tmp_path, client, changelog, "b", owned=set())  # another worker's disk
     copied = b.prepare(groups, client, changelog)
     assert copied.records == 2 * in_shards(changelog, groups, [f"k{i % 50}" for i in range(300)]), copied
     assert copied.from_snapshot == 0 and b.owned() == set()
-    process(a, "k7", [("incr_counter", "n", 100)], msg_id="late")    # still served by a after the copy
+    process(a, "k7", [("incr_counter", "n", 100)], msg_id="late")  # still served by a after the copy
     expected = {g: a.group(g).get_counter("n") for g in groups}
     value = a.for_key("k8").get_state("s")
     a.release(groups)
     stats = b.open(groups)
-    assert stats.from_snapshot == len(groups) and stats.records == 1, stats   # the late change only
+    assert stats.from_snapshot == len(groups) and stats.records == 1, stats  # the late change only
     assert {g: b.group(g).get_counter("n") for g in groups} == expected
     assert b.for_key("k8").get_state("s") == value and value, "the copy lost a value"
     assert not process(b, "k7", [("incr_counter", "n", 1)], msg_id="late"), "an applied id was not copied"
@@ -183,7 +183,7 @@ def test_a_pre_copy_reads_the_changelog_no_faster_than_its_rate(tmp_path, client
     for i in range(400):
         process(a, "k7", [("put_state", "s", b"x" * 1000)], msg_id=f"m{i}")
     written_mb_per_s = 0.4 / (time.perf_counter() - t0)
-    rate = 6 * written_mb_per_s   # well over 1 + Pacer.CATCH_UP times the write rate: the rate holds
+    rate = 6 * written_mb_per_s  # well over 1 + Pacer.CATCH_UP times the write rate: the rate holds
     b = store(tmp_path, client, changelog, "b", owned=set())
     copied = b.prepare({key_group("k7", G)}, client, changelog, mb_per_s=rate)
     assert copied.bytes >= 400_000, copied
@@ -217,8 +217,9 @@ def test_a_pre_copy_holds_about_a_megabyte_in_its_readers_queue(tmp_path, client
     groups = {key_group(f"k{i}", G) for i in range(7)}
     for round_ in range(2):
         for i in range(40):
-            process(a, f"k{i % 7}", [("put_state", "s", b"x" * (value_kb * 1000)), ("incr_counter", "n", 1)],
-                    msg_id=f"m{round_}-{i}")
+            process(
+                a, f"k{i % 7}", [("put_state", "s", b"x" * (value_kb * 1000)), ("incr_counter", "n", 1)], msg_id=f"m{round_}-{i}"
+            )
         readers = ReaderQueues(client)
         copied = b.prepare(groups, readers, changelog, mb_per_s=100)
         assert copied.records >= 80 and copied.bytes >= 40 * value_kb * 1000, copied
@@ -251,11 +252,11 @@ def test_a_paced_read_beside_many_shards_reads_on_from_a_position(client):
 def test_effectively_once_skips_an_applied_message_also_after_a_restore(tmp_path, client, changelog):
     a = store(tmp_path, client, changelog)
     assert process(a, "k", [("incr_counter", "n", 1), ("incr_counter", "m", 2)], "(1,1,-1,-1)")
-    assert not process(a, "k", [("incr_counter", "n", 1)], "(1,1,-1,-1)")     # a redelivery
+    assert not process(a, "k", [("incr_counter", "n", 1)], "(1,1,-1,-1)")  # a redelivery
     view = a.for_key("k")
     a.begin(view.group, "(1,2,-1,-1)")
     view.incr_counter("n", 5)
-    a.abort()                                                                     # the function raised
+    a.abort()  # the function raised
     assert (view.get_counter("n"), view.get_counter("m")) == (1, 2)
     b = store(tmp_path, client, changelog, "b")
     b.open(set(range(G)))
@@ -267,8 +268,9 @@ def test_effectively_once_skips_an_applied_message_also_after_a_restore(tmp_path
 def test_a_message_whose_records_did_not_all_arrive_is_not_restored(tmp_path, client, changelog):
     writer = ChangelogWriter(client, changelog)
     g = key_group(NONE_KEY, G)
-    writer.send([Record(g, COUNTER, "n", 1, 1, msg_id="m1", part=0, parts=1),
-                 Record(g, COUNTER, "n", 2, 2, msg_id="m2", part=0, parts=2)])   # m2's second record was lost
+    writer.send(
+        [Record(g, COUNTER, "n", 1, 1, msg_id="m1", part=0, parts=1), Record(g, COUNTER, "n", 2, 2, msg_id="m2", part=0, parts=2)]
+    )  # m2's second record was lost
     writer.flush()
     b = store(tmp_path, client, changelog, "b")
     b.open({g})
@@ -279,9 +281,9 @@ def test_a_message_whose_records_did_not_all_arrive_is_not_restored(tmp_path, cl
 
 def test_rest_reads_find_a_key_in_whichever_group_holds_it(tmp_path, client, changelog):
     a = store(tmp_path, client, changelog)
-    process(a, None, [("incr_counter", "hello", 3)])          # a message without a key: NONE_KEY's group
+    process(a, None, [("incr_counter", "hello", 3)])  # a message without a key: NONE_KEY's group
     assert a.get_counter("hello") == 3 and a.has_counter("hello") and a.counters() == {"hello": 3}
-    a.incr_counter("hello", 1)                                # REST-side writes go where the key lives
+    a.incr_counter("hello", 1)  # REST-side writes go where the key lives
     assert a.for_key(None).get_counter("hello") == 4
 
 
@@ -300,7 +302,7 @@ def test_a_move_between_stores_of_one_worker_copies_nothing(tmp_path, client, ch
     inode = a.group_path(g).stat().st_ino
     a.release({g})
     stats = b.open({g})
-    assert stats.from_snapshot == 1 and stats.records == 0          # the same file, only its (empty) tail read
+    assert stats.from_snapshot == 1 and stats.records == 0  # the same file, only its (empty) tail read
     assert b.group_path(g).stat().st_ino == inode
     process(b, "k", [("incr_counter", "n", 1)])
     assert b.for_key("k").get_counter("n") == 4
@@ -313,14 +315,15 @@ def test_a_file_in_use_when_its_worker_died_is_rebuilt_from_the_changelog(tmp_pa
     a.release({g})
     a.open({g})
     a.begin(g)
-    a.for_key("k").incr_counter("n", 100)        # changed here, never sent: killed before the message's end
+    a.for_key("k").incr_counter("n", 100)  # changed here, never sent: killed before the message's end
     b = shared(tmp_path, client, changelog, "b", set())
-    stats = b.open({g})                          # the file was served after its release: not trusted
+    stats = b.open({g})  # the file was served after its release: not trusted
     assert stats.from_snapshot == 0 and b.for_key("k").get_counter("n") == 3
 
 
 def test_a_group_file_deleted_with_its_function_is_not_the_next_ones_state(tmp_path, client, changelog):
     import shutil
+
     a = store(tmp_path, client, changelog)
     process(a, "k", [("incr_counter", "n", 3)])
     shutil.rmtree(tmp_path / "a")
@@ -333,14 +336,14 @@ def test_an_instance_of_a_deleted_function_never_writes_into_the_next_ones_files
     taking the new function's file at the same path (one-worker CI run: "database is locked", counts 0)."""
     old = store(tmp_path, client, changelog)
     process(old, "k", [("incr_counter", "n", 3)])
-    os.replace(tmp_path / "a", tmp_path / "trash")               # the delete moves the function's files aside
+    os.replace(tmp_path / "a", tmp_path / "trash")  # the delete moves the function's files aside
     new = store(tmp_path, client, changelog)
     process(new, "k", [("incr_counter", "n", 1)])
     process(new, "j", [("incr_counter", "n", 1)])
     with pytest.raises(StateRemovedError, match="was removed"):
-        process(old, "k", [("incr_counter", "n", 1)])            # a group whose file it had
+        process(old, "k", [("incr_counter", "n", 1)])  # a group whose file it had
     with pytest.raises(StateRemovedError, match="was removed"):
-        process(old, "j", [("incr_counter", "n", 1)])            # a group it had not opened yet
+        process(old, "j", [("incr_counter", "n", 1)])  # a group it had not opened yet
     assert new.for_key("k").get_counter("n") == 1 and new.for_key("j").get_counter("n") == 1
 
 

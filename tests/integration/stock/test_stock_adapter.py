@@ -51,9 +51,17 @@ def cluster():
     c.add_host("w1")
     c.add_host("w2", bind=_second_loopback())
     c.add_host("foreign", state=None)
-    c.state.functions[FQFN] = {"tenant": "public", "namespace": "default", "name": "enrich", "className": "enrich.Fn",
-                               "inputs": [IN_TOPIC], "output": "persistent://public/default/enriched",
-                               "parallelism": 2, "runtime": "PYTHON", "py": "enrich.py"}
+    c.state.functions[FQFN] = {
+        "tenant": "public",
+        "namespace": "default",
+        "name": "enrich",
+        "className": "enrich.Fn",
+        "inputs": [IN_TOPIC],
+        "output": "persistent://public/default/enriched",
+        "parallelism": 2,
+        "runtime": "PYTHON",
+        "py": "enrich.py",
+    }
     yield c
     c.close()
 
@@ -63,33 +71,47 @@ def conforms(cluster) -> None:
 
 
 def admin_for(cluster, auth=None, **kw) -> StockPulsarAdmin:
-    return StockPulsarAdmin(cluster.hosts["w1"].url, auth=auth, extra_hosts=(cluster.hosts["w2"].host_port,),
-                            timeout_s=10, **kw)
+    return StockPulsarAdmin(cluster.hosts["w1"].url, auth=auth, extra_hosts=(cluster.hosts["w2"].host_port,), timeout_s=10, **kw)
 
 
 def instance(iid, received, processed, latency_ms=None):
-    m = {"receivedTotal": received, "processedSuccessfullyTotal": processed, "systemExceptionsTotal": 0,
-         "userExceptionsTotal": 0, "lastInvocation": 0, "userMetrics": {}}
+    m = {
+        "receivedTotal": received,
+        "processedSuccessfullyTotal": processed,
+        "systemExceptionsTotal": 0,
+        "userExceptionsTotal": 0,
+        "lastInvocation": 0,
+        "userMetrics": {},
+    }
     if latency_ms is not None:
         m["avgProcessLatency"] = latency_ms
     return {"instanceId": iid, "metrics": {**m, "1min": {"receivedTotal": 0, "processedSuccessfullyTotal": 0}}}
 
 
 def function_stats(*instances):
-    return {"receivedTotal": sum(i["metrics"]["receivedTotal"] for i in instances),
-            "processedSuccessfullyTotal": sum(i["metrics"]["processedSuccessfullyTotal"] for i in instances),
-            "instances": list(instances), "lastInvocation": 0}
+    return {
+        "receivedTotal": sum(i["metrics"]["receivedTotal"] for i in instances),
+        "processedSuccessfullyTotal": sum(i["metrics"]["processedSuccessfullyTotal"] for i in instances),
+        "instances": list(instances),
+        "lastInvocation": 0,
+    }
 
 
 def topic_stats(rate_in, counter, backlogs):
-    return {"msgRateIn": rate_in, "msgRateOut": rate_in, "msgInCounter": counter, "msgOutCounter": counter,
-            "subscriptions": {s: {"msgBacklog": b, "type": "Shared", "consumers": []} for s, b in backlogs.items()}}
+    return {
+        "msgRateIn": rate_in,
+        "msgRateOut": rate_in,
+        "msgInCounter": counter,
+        "msgOutCounter": counter,
+        "subscriptions": {s: {"msgBacklog": b, "type": "Shared", "consumers": []} for s, b in backlogs.items()},
+    }
 
 
 # ---- the documents ------------------------------------------------------------------------------------
 def test_documents_are_the_published_ones_and_valid_with_their_errata():
-    spec_validator = pytest.importorskip("openapi_spec_validator",
-                                         reason="dev dependency openapi-spec-validator checks the documents")
+    spec_validator = pytest.importorskip(
+        "openapi_spec_validator", reason="dev dependency openapi-spec-validator checks the documents"
+    )
     readme = (FUNCTIONS_DOC.parent / "README.md").read_text()
     for doc in (FUNCTIONS_DOC, BROKER_DOC, TOPIC_DELETE_DOC):
         assert hashlib.sha256(doc.read_bytes()).hexdigest() in readme, f"{doc.name} differs from the published copy"
@@ -111,17 +133,17 @@ def test_list_get_status_stats_conform(cluster):
         ("GET", "/admin/v3/functions/public/default"),
         ("GET", "/admin/v3/functions/public/default/enrich"),
         ("GET", "/admin/v3/functions/public/default/enrich/status"),
-        ("GET", "/admin/v3/functions/public/default/enrich/stats")]
+        ("GET", "/admin/v3/functions/public/default/enrich/stats"),
+    ]
     conforms(cluster)
 
 
 def test_set_parallelism_is_a_partial_multipart_put_and_no_change_is_a_noop(cluster):
     admin = admin_for(cluster)
     admin.set_parallelism("public", "default", "enrich", 4, epoch=7)
-    assert cluster.state.updates == [(FQFN, {"tenant": "public", "namespace": "default", "name": "enrich",
-                                             "parallelism": 4})]
+    assert cluster.state.updates == [(FQFN, {"tenant": "public", "namespace": "default", "name": "enrich", "parallelism": 4})]
     assert cluster.state.functions[FQFN]["parallelism"] == 4
-    admin.set_parallelism("public", "default", "enrich", 4)   # Pulsar: 400 "Update contains no change"
+    admin.set_parallelism("public", "default", "enrich", 4)  # Pulsar: 400 "Update contains no change"
     assert len(cluster.state.updates) == 1
     assert [r[1] for r in cluster.state.requests] == ["PUT", "PUT"]
     with pytest.raises(AdminError, match="parallelism must be an integer >= 1"):
@@ -136,8 +158,10 @@ def test_topic_stats_of_a_plain_topic(cluster):
     ts = admin_for(cluster).topic_stats(IN_TOPIC)
     assert ts == TopicStats(IN_TOPIC, 0, 120.5, 120.5, 9000.0, {FQFN: 340.0, "audit": 0.0})
     assert ts.backlog_of(FQFN) == 340 and ts.backlog_of("other") is None
-    assert [r[2] for r in cluster.state.requests] == ["/admin/v2/persistent/public/default/raw/partitions",
-                                                      "/admin/v2/persistent/public/default/raw/stats"]
+    assert [r[2] for r in cluster.state.requests] == [
+        "/admin/v2/persistent/public/default/raw/partitions",
+        "/admin/v2/persistent/public/default/raw/stats",
+    ]
     conforms(cluster)
 
 
@@ -168,7 +192,7 @@ def test_counters_busy_time_from_latency_and_ca2_unknown(cluster):
     snap = window_snapshot(FQFN, 2, first, second, backlog=12.0, running=2)
     assert snap.processing_rate == pytest.approx(600 / 30)
     assert snap.service_rate == pytest.approx(600 / (300 * 0.020 + 300 * 0.040))
-    assert snap.ca2 is None          # Pulsar reports no inter-arrival figures
+    assert snap.ca2 is None  # Pulsar reports no inter-arrival figures
     assert snap.arrival_rate is None  # comes from the broker (topic stats or /metrics)
     conforms(cluster)
 
@@ -178,8 +202,9 @@ def test_counters_carry_over_the_restart_a_stock_update_causes(cluster):
     cluster.state.function_stats[FQFN] = function_stats(instance(0, 500, 480, 10.0), instance(1, 300, 300, 10.0))
     before = admin.counters("public", "default", "enrich", now=0.0)
     # parallelism 2 -> 3: Pulsar restarted every instance, counters start again from zero
-    cluster.state.function_stats[FQFN] = function_stats(instance(0, 20, 20, 10.0), instance(1, 10, 10, 10.0),
-                                                        instance(2, 5, 5, 10.0))
+    cluster.state.function_stats[FQFN] = function_stats(
+        instance(0, 20, 20, 10.0), instance(1, 10, 10, 10.0), instance(2, 5, 5, 10.0)
+    )
     after = admin.counters("public", "default", "enrich", now=30.0)
     assert after.processed == 480 + 300 + 20 + 10 + 5
     assert after.received == 500 + 300 + 20 + 10 + 5
@@ -209,9 +234,10 @@ def test_restart_cost_from_worker_start_and_stop_times(cluster):
     admin = admin_for(cluster)
     cluster.state.worker_metrics = WORKER_METRICS
     assert admin.restart_cost_s() == pytest.approx((6000 / 4 + 1000 / 2) / 1000)
-    cluster.state.worker_metrics = "# TYPE pulsar_function_worker_instance_count gauge\n" \
-                                   "pulsar_function_worker_instance_count{cluster=\"standalone\",} 0.0\n"
-    assert admin.restart_cost_s() is None   # never started an instance: not measured
+    cluster.state.worker_metrics = (
+        '# TYPE pulsar_function_worker_instance_count gauge\npulsar_function_worker_instance_count{cluster="standalone",} 0.0\n'
+    )
+    assert admin.restart_cost_s() is None  # never started an instance: not measured
     cluster.state.worker_metrics = "<html>not metrics</html> {{{\n"
     with pytest.raises(AdminError, match="malformed worker metrics"):
         admin.restart_cost_s()
@@ -221,12 +247,12 @@ def test_max_useful_parallelism_under_failover_is_the_partition_count(cluster):
     admin = admin_for(cluster)
     cluster.state.partitions[IN_TOPIC] = 4
     base = cluster.state.functions[FQFN]
-    assert admin.max_useful_parallelism(base) is None                              # Shared: no cap
+    assert admin.max_useful_parallelism(base) is None  # Shared: no cap
     assert admin.max_useful_parallelism({**base, "retainKeyOrdering": True}) is None  # Key_Shared: no cap
     assert admin.max_useful_parallelism({**base, "retainOrdering": True}) == 4
     assert admin.max_useful_parallelism({**base, "processingGuarantees": "EFFECTIVELY_ONCE"}) == 4
     two = {**base, "retainOrdering": True, "inputs": [IN_TOPIC, "public/default/side"]}
-    assert admin.max_useful_parallelism(two) == 4 + 1                              # a plain topic: one consumer
+    assert admin.max_useful_parallelism(two) == 4 + 1  # a plain topic: one consumer
     conforms(cluster)
 
 
@@ -272,8 +298,11 @@ def test_303_turns_the_call_into_a_get_as_requests_does(cluster):
     path = "/admin/v3/functions/public/default/enrich"
     cluster.state.redirects[("w1", path)] = (303, cluster.hosts["w2"].url)
     session = cluster_session([cluster.hosts["w1"].url], extra_hosts=[cluster.hosts["w2"].host_port])
-    resp = session.request("PUT", cluster.hosts["w1"].url + path,
-                           files={"functionConfig": (None, json.dumps({"parallelism": 3}), "application/json")})
+    resp = session.request(
+        "PUT",
+        cluster.hosts["w1"].url + path,
+        files={"functionConfig": (None, json.dumps({"parallelism": 3}), "application/json")},
+    )
     assert resp.status_code == 200 and resp.json()["name"] == "enrich"
     assert [(r[0], r[1]) for r in cluster.state.requests] == [("w1", "PUT"), ("w2", "GET")]
     assert cluster.state.updates == []
@@ -290,7 +319,7 @@ def test_redirect_to_a_foreign_host_is_refused_without_sending_credentials(clust
     assert isinstance(err.value, AdminError)
     assert foreign.host_port in str(err.value) and "not a host of the configured cluster" in str(err.value)
     assert TOKEN not in str(err.value)
-    assert [r[0] for r in cluster.state.requests] == ["w1"]    # the foreign host never saw a request
+    assert [r[0] for r in cluster.state.requests] == ["w1"]  # the foreign host never saw a request
     with pytest.raises(RedirectRefused, match="no request was sent"):
         admin.session.request("GET", foreign.url + "/metrics")
 
@@ -325,7 +354,7 @@ def test_404_function_and_wrong_admin_url(cluster):
         closed = s.getsockname()[1]
     with pytest.raises(AdminError, match="cannot reach the functions admin API"):
         StockPulsarAdmin(f"http://127.0.0.1:{closed}", timeout_s=5).list("public", "default")
-    issuer = FakeIssuer("id", "secret")          # an HTTP server that is not Pulsar
+    issuer = FakeIssuer("id", "secret")  # an HTTP server that is not Pulsar
     try:
         with pytest.raises(AdminError, match="Pulsar worker or broker"):
             StockPulsarAdmin(issuer.token_url.rsplit("/oauth", 1)[0], timeout_s=5).list("public", "default")
@@ -342,7 +371,8 @@ def test_malformed_bodies_are_errors_not_figures(cluster):
     with pytest.raises(AdminError, match="malformed function stats .*receivedTotal is 'lots'"):
         admin.counters("public", "default", "enrich", now=0.0)
     cluster.state.malformed[stats_path] = json.dumps(
-        {"instances": [{"instanceId": 0, "metrics": {"receivedTotal": 1, "processedSuccessfullyTotal": -4}}]})
+        {"instances": [{"instanceId": 0, "metrics": {"receivedTotal": 1, "processedSuccessfullyTotal": -4}}]}
+    )
     with pytest.raises(AdminError, match="instances\\[0\\].metrics.processedSuccessfullyTotal is -4"):
         admin.stats("public", "default", "enrich")
     cluster.state.malformed[stats_path] = "<html>gateway error</html>"
@@ -353,7 +383,8 @@ def test_malformed_bodies_are_errors_not_figures(cluster):
         admin.list("public", "default")
     cluster.state.malformed["/admin/v2/persistent/public/default/raw/partitions"] = json.dumps({"partitions": 0})
     cluster.state.malformed["/admin/v2/persistent/public/default/raw/stats"] = json.dumps(
-        {"msgRateIn": 1.0, "msgInCounter": 5, "subscriptions": {FQFN: {"msgBacklog": None}}})
+        {"msgRateIn": 1.0, "msgInCounter": 5, "subscriptions": {FQFN: {"msgBacklog": None}}}
+    )
     with pytest.raises(AdminError, match=f"subscriptions.{FQFN}.msgBacklog is None"):
         admin.topic_stats(IN_TOPIC)
     with pytest.raises(AdminError, match="must be a full name"):
@@ -367,7 +398,7 @@ def test_token_file_is_reread_when_it_changes(cluster, tmp_path):
     cluster.state.credentials = {"Bearer first-token"}
     admin = admin_for(cluster, auth={"mode": "bearer", "token_file": str(token_file)})
     admin.list("public", "default")
-    token_file.write_text("second-token-which-is-longer\n")       # rotated (size and mtime change)
+    token_file.write_text("second-token-which-is-longer\n")  # rotated (size and mtime change)
     cluster.state.credentials = {"Bearer second-token-which-is-longer"}
     admin.list("public", "default")
     assert [r[4] for r in cluster.state.requests] == ["Bearer first-token", "Bearer second-token-which-is-longer"]
@@ -378,6 +409,7 @@ def test_token_file_is_reread_when_it_changes(cluster, tmp_path):
 
 def test_basic_auth(cluster):
     import base64
+
     cluster.state.credentials = {"Basic " + base64.b64encode(b"ops:pa55word").decode()}
     admin = admin_for(cluster, auth={"mode": "basic", "username": "ops", "password": "pa55word"})
     assert admin.list("public", "default") == ["enrich"]
@@ -389,8 +421,13 @@ def test_oauth2_client_credentials_cached_until_expiry(cluster):
     short = FakeIssuer("autoscaler", "client-SECRET-9", expires_in=0)
     try:
         cluster.state.credentials = {"Bearer issued-1", "Bearer issued-2"}
-        auth = {"mode": "oauth2", "oauth2_token_url": issuer.token_url, "oauth2_client_id": "autoscaler",
-                "oauth2_client_secret": "client-SECRET-9", "oauth2_audience": "urn:pulsar:cluster"}
+        auth = {
+            "mode": "oauth2",
+            "oauth2_token_url": issuer.token_url,
+            "oauth2_client_id": "autoscaler",
+            "oauth2_client_secret": "client-SECRET-9",
+            "oauth2_audience": "urn:pulsar:cluster",
+        }
         admin = admin_for(cluster, auth=auth)
         for _ in range(3):
             admin.list("public", "default")
@@ -398,7 +435,7 @@ def test_oauth2_client_credentials_cached_until_expiry(cluster):
         admin = admin_for(cluster, auth={**auth, "oauth2_token_url": short.token_url})
         admin.list("public", "default")
         admin.list("public", "default")
-        assert short.issued == ["issued-1", "issued-2"]           # expired at once: fetched again
+        assert short.issued == ["issued-1", "issued-2"]  # expired at once: fetched again
         bad = admin_for(cluster, auth={**auth, "oauth2_client_secret": "wrong"})
         with pytest.raises(AuthError, match="refused client 'autoscaler' \\(401: invalid_client\\)") as err:
             bad.list("public", "default")
@@ -427,9 +464,8 @@ def test_tls_client_certificate_and_ca(tmp_path):
         c.state.functions[FQFN] = {"tenant": "public", "namespace": "default", "name": "enrich", "parallelism": 1}
         auth = {"mode": "tls", "cert_file": str(cert_file), "key_file": str(key_file), "ca_file": str(ca_file)}
         assert StockPulsarAdmin(host.url, auth=auth, timeout_s=10).list("public", "default") == ["enrich"]
-        with pytest.raises(AdminError, match="cannot reach"):   # no client certificate: handshake refused
-            StockPulsarAdmin(host.url, auth={"mode": "none", "ca_file": str(ca_file)}, timeout_s=10).list(
-                "public", "default")
+        with pytest.raises(AdminError, match="cannot reach"):  # no client certificate: handshake refused
+            StockPulsarAdmin(host.url, auth={"mode": "none", "ca_file": str(ca_file)}, timeout_s=10).list("public", "default")
         assert c.state.violations == []
     finally:
         c.close()
@@ -459,10 +495,16 @@ def test_secrets_never_in_repr_str_or_logs(cluster, caplog):
         cluster.state.credentials = {f"Bearer {TOKEN}", "Bearer issued-1"}
         path = "/admin/v3/functions/public/default/enrich/stats"
         cluster.state.redirects[("w1", path)] = (307, cluster.hosts["w2"].url)
-        configs = [{"mode": "bearer", "token": TOKEN},
-                   {"mode": "basic", "username": "ops", "password": "pa55word-SECRET"},
-                   {"mode": "oauth2", "oauth2_token_url": issuer.token_url, "oauth2_client_id": "autoscaler",
-                    "oauth2_client_secret": "client-SECRET-9"}]
+        configs = [
+            {"mode": "bearer", "token": TOKEN},
+            {"mode": "basic", "username": "ops", "password": "pa55word-SECRET"},
+            {
+                "mode": "oauth2",
+                "oauth2_token_url": issuer.token_url,
+                "oauth2_client_id": "autoscaler",
+                "oauth2_client_secret": "client-SECRET-9",
+            },
+        ]
         shown = []
         for auth in configs:
             admin = admin_for(cluster, auth=auth)
@@ -470,15 +512,22 @@ def test_secrets_never_in_repr_str_or_logs(cluster, caplog):
                 admin.stats("public", "default", "enrich")
             except AdminError as exc:
                 shown.append(str(exc))
-            shown += [repr(admin), str(admin), repr(admin.session), repr(admin.session.auth_config),
-                      str(admin.session.auth_config), f"{admin.session.auth_config.token}"]
-        assert len(shown) == 19   # basic is refused by the fake (401): its error message is checked too
+            shown += [
+                repr(admin),
+                str(admin),
+                repr(admin.session),
+                repr(admin.session.auth_config),
+                str(admin.session.auth_config),
+                f"{admin.session.auth_config.token}",
+            ]
+        assert len(shown) == 19  # basic is refused by the fake (401): its error message is checked too
         text = "\n".join(shown) + "\n" + caplog.text
         for secret in (TOKEN, "pa55word-SECRET", "client-SECRET-9", "issued-1", "b3BzOnBhNTV3b3JkLVNFQ1JFVA"):
             assert secret not in text
         assert "Secret('***')" in text
         with pytest.raises(TypeError):
             import pickle
+
             pickle.dumps(Secret("x"))
     finally:
         issuer.close()

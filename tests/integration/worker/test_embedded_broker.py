@@ -26,7 +26,7 @@ def taken():
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["client-port", "metrics-port", "pulsar-lite-port"])
 def test_a_picked_port_taken_meanwhile_is_picked_again(tmp_path, monkeypatch, taken, which):
-    proposals = iter([None] * which + [taken])   # that proposal is taken before the broker binds it
+    proposals = iter([None] * which + [taken])  # that proposal is taken before the broker binds it
     monkeypatch.setattr(embedded, "free_port", lambda: next(proposals, None) or free_port())
     with EmbeddedBroker(data_dir=str(tmp_path)) as broker:
         assert taken not in (broker.port, broker.metrics_port)

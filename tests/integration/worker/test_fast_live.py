@@ -15,11 +15,12 @@ from tests.support.scenario import wait_until
 
 
 def test_fast_check_scales_out_within_seconds(broker, worker, tmp_path):  # noqa: F811
-    name = make_function(worker, service_ms=50)          # mu = 20/s per instance
+    name = make_function(worker, service_ms=50)  # mu = 20/s per instance
     fqfn = f"public/default/{name}"
     # a 600 s period: only the first one (at start) runs during the test
-    controller = Controller(config(broker, worker, tmp_path, period_s=600.0,
-                                   fast={"enabled": True, "period_s": 0.5, "window_s": 1.0}))
+    controller = Controller(
+        config(broker, worker, tmp_path, period_s=600.0, fast={"enabled": True, "period_s": 0.5, "window_s": 1.0})
+    )
     controller.start()
     wait_until(controller.iterate, 20, "leadership and the period that gives the fast path its graph")
     stop = threading.Event()
@@ -27,8 +28,10 @@ def test_fast_check_scales_out_within_seconds(broker, worker, tmp_path):  # noqa
     producer = threading.Thread(target=load, args=(broker, f"{name}-in", 60.0, stop), daemon=True)  # rho 3 at k=1
     producer.start()
     try:
+
         def fast_decisions():
             return [r for r in controller.log.read() if r["function"] == fqfn and r.get("kind") == "fast"]
+
         first = wait_until(fast_decisions, 30, f"a fast decision for {fqfn}")[0]
         assert first["new"] > first["old"] == 1 and first["applied"] and first["epoch"] == 1
         assert first["reason"].startswith("fast:")

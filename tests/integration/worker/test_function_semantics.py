@@ -23,11 +23,9 @@ def unique(prefix: str) -> str:
 
 
 def create(admin, name: str, py: str = POISON, class_name: str = "poison.Poison", **fields) -> dict:
-    cfg = {"tenant": "public", "namespace": "default", "name": name, "className": class_name,
-           "inputs": [f"{name}-in"], **fields}
+    cfg = {"tenant": "public", "namespace": "default", "name": name, "className": class_name, "inputs": [f"{name}-in"], **fields}
     admin.create(cfg, py)
-    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == cfg.get("parallelism", 1), 30,
-               f"{name} running")
+    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == cfg.get("parallelism", 1), 30, f"{name} running")
     return cfg
 
 
@@ -55,8 +53,7 @@ def test_poison_message_is_delivered_three_times_then_dead_lettered(admin, clien
     subscribes itself)."""
     name = unique("poison")
     out, dlq = f"persistent://public/default/{name}-out", f"persistent://public/default/{name}-dlq"
-    create(admin, name, output=out, maxMessageRetries=2, deadLetterTopic=dlq, retainOrdering=ordering,
-           instanceRuntime=runtime)
+    create(admin, name, output=out, maxMessageRetries=2, deadLetterTopic=dlq, retainOrdering=ordering, instanceRuntime=runtime)
     outputs, dead = OutputCollector(client, out), OutputCollector(client, dlq)
     payloads = [f"m{i}" for i in range(10)]
     payloads.insert(3, "poison")
@@ -64,11 +61,14 @@ def test_poison_message_is_delivered_three_times_then_dead_lettered(admin, clien
     wait_until(lambda: dead.distinct() == 1, 30, "the poison message on the dead-letter topic")
     wait_until(lambda: outputs.distinct() == 10, 30, "the 10 other messages processed")
     assert dead.counts == {b"poison": 1}
-    assert deliveries(worker, name, "poison") == 3          # 1 delivery + maxMessageRetries redeliveries
+    assert deliveries(worker, name, "poison") == 3  # 1 delivery + maxMessageRetries redeliveries
     assert set(outputs.counts) == {f"m{i}!".encode() for i in range(10)} and outputs.duplicates() == 0
     # a process instance reports its figures every quarter second: they may lag its outputs
-    wait_until(lambda: status(admin, name)["numUserExceptions"] == 3, 10,
-               lambda: f"3 user exceptions in the status: {status(admin, name)}")
+    wait_until(
+        lambda: status(admin, name)["numUserExceptions"] == 3,
+        10,
+        lambda: f"3 user exceptions in the status: {status(admin, name)}",
+    )
     assert status(admin, name)["numRestarts"] == 0
     outputs.close()
     dead.close()
@@ -81,11 +81,38 @@ def test_localrun_dead_letters_a_poison_message_under_retain_ordering(client, br
     out, dlq = f"persistent://public/default/{name}-out", f"persistent://public/default/{name}-dlq"
     outputs, dead = OutputCollector(client, out), OutputCollector(client, dlq)
     local = subprocess.Popen(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions", "localrun", "--broker-service-url",
-         broker.service_url, "--name", name, "--py", POISON, "--classname", "poison.Poison", "-i", f"{name}-in",
-         "-o", out, "--retain-ordering", "--max-message-retries", "2", "--dead-letter-topic", dlq,
-         "--subs-position", "Earliest", "--state-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pulsar_autoscale.cli.main",
+            "functions",
+            "localrun",
+            "--broker-service-url",
+            broker.service_url,
+            "--name",
+            name,
+            "--py",
+            POISON,
+            "--classname",
+            "poison.Poison",
+            "-i",
+            f"{name}-in",
+            "-o",
+            out,
+            "--retain-ordering",
+            "--max-message-retries",
+            "2",
+            "--dead-letter-topic",
+            dlq,
+            "--subs-position",
+            "Earliest",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert f"localrun public/default/{name}" in local.stdout.readline()
         send(client, f"{name}-in", ["m0", "poison", "m1"])
@@ -94,7 +121,7 @@ def test_localrun_dead_letters_a_poison_message_under_retain_ordering(client, br
         local.send_signal(signal.SIGINT)
         summary, err = local.communicate(timeout=60)
         assert local.returncode == 0, err
-        assert "2 processed, 3 user exceptions" in summary, summary   # 1 delivery + 2 redeliveries
+        assert "2 processed, 3 user exceptions" in summary, summary  # 1 delivery + 2 redeliveries
         assert dead.counts == {b"poison": 1}
     finally:
         if local.poll() is None:
@@ -110,6 +137,7 @@ def test_default_dead_letter_topic_and_unserializable_result(admin, client, work
     name = unique("noser")
     cfg = create(admin, name, output=f"{name}-out", maxMessageRetries=1)
     from pulsar_autoscale.functions.model.config import FunctionConfig
+
     (dlq,) = FunctionConfig.from_dict(cfg).dead_letter_topics()
     assert dlq == f"persistent://public/default/{name}-in-public/default/{name}-DLQ"
     dead, outputs = OutputCollector(client, dlq), OutputCollector(client, f"persistent://public/default/{name}-out")
@@ -133,14 +161,23 @@ def test_subscription_position_earliest_takes_what_was_sent_before(admin, client
 def test_source_properties_forwarded_and_custom_serdes(admin, client, tmp_path):
     name = unique("serde")
     code = tmp_path / "pickler.py"
-    code.write_text("import pickle\n"
-                    "class Upper:\n"
-                    "    def serialize(self, value): return pickle.dumps(value)\n"
-                    "    def deserialize(self, data): return data.decode().upper()\n"
-                    "def echo(value): return {'got': value}\n")
+    code.write_text(
+        "import pickle\n"
+        "class Upper:\n"
+        "    def serialize(self, value): return pickle.dumps(value)\n"
+        "    def deserialize(self, data): return data.decode().upper()\n"
+        "def echo(value): return {'got': value}\n"
+    )
     out = f"persistent://public/default/{name}-out"
-    create(admin, name, py=str(code), class_name="pickler.echo", output=out,
-           customSerdeInputs={f"{name}-in": "pickler.Upper"}, outputSerdeClassName="pickler.Upper")
+    create(
+        admin,
+        name,
+        py=str(code),
+        class_name="pickler.echo",
+        output=out,
+        customSerdeInputs={f"{name}-in": "pickler.Upper"},
+        outputSerdeClassName="pickler.Upper",
+    )
     outputs = OutputCollector(client, out)
     send(client, f"{name}-in", ["hi"], properties={"trace": "t1"})
     wait_until(lambda: outputs.distinct() == 1, 30, "one output")
@@ -152,31 +189,62 @@ def test_source_properties_forwarded_and_custom_serdes(admin, client, tmp_path):
 
 def test_unknown_serde_class_is_refused_at_create(admin):
     with pytest.raises(AdminError, match="poison.Nope. is not a class") as err:
-        admin.create({"tenant": "public", "namespace": "default", "name": unique("bad"), "className": "poison.Poison", "inputs": ["x"],
-                      "outputSerdeClassName": "poison.Nope"}, POISON)
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": unique("bad"),
+                "className": "poison.Poison",
+                "inputs": ["x"],
+                "outputSerdeClassName": "poison.Nope",
+            },
+            POISON,
+        )
     assert err.value.status == 400
 
 
-@pytest.mark.parametrize("fields, needle", [
-    ({"subName": 123}, "subName must be a string, got integer 123"),
-    ({"receiverQueueSize": 2**31}, "receiverQueueSize must be an integer from 1 to 2147483647"),
-    ({"retainOrdering": "false"}, "retainOrdering must be a boolean"),
-    ({"windowConfig": {"windowLengthCount": 3}}, "windowConfig is not supported by this worker"),
-])
+@pytest.mark.parametrize(
+    "fields, needle",
+    [
+        ({"subName": 123}, "subName must be a string, got integer 123"),
+        ({"receiverQueueSize": 2**31}, "receiverQueueSize must be an integer from 1 to 2147483647"),
+        ({"retainOrdering": "false"}, "retainOrdering must be a boolean"),
+        ({"windowConfig": {"windowLengthCount": 3}}, "windowConfig is not supported by this worker"),
+    ],
+)
 def test_bad_types_and_refused_fields_answer_400_naming_the_field(admin, fields, needle):
     with pytest.raises(AdminError, match=needle) as err:
-        admin.create({"tenant": "public", "namespace": "default", "name": unique("bad"), "className": "poison.Poison", "inputs": ["x"], **fields}, POISON)
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": unique("bad"),
+                "className": "poison.Poison",
+                "inputs": ["x"],
+                **fields,
+            },
+            POISON,
+        )
     assert err.value.status == 400
 
 
-@pytest.mark.parametrize("fields, needle", [
-    ({"topicsPattern": "persistent://public/default/x-.*", "inputs": []}, "topicsPattern is not supported on pulsar-lite"),
-    ({"skipToLatest": True}, "skipToLatest is not supported on pulsar-lite"),
-])
+@pytest.mark.parametrize(
+    "fields, needle",
+    [
+        ({"topicsPattern": "persistent://public/default/x-.*", "inputs": []}, "topicsPattern is not supported on pulsar-lite"),
+        ({"skipToLatest": True}, "skipToLatest is not supported on pulsar-lite"),
+    ],
+)
 def test_fields_pulsar_lite_cannot_serve_are_refused_there_only(admin, broker_kind, fields, needle):
     """B5, B9: refused with a 400 naming the field on pulsar-lite; taken on Apache Pulsar."""
-    config = {"tenant": "public", "namespace": "default", "name": unique("lim"), "className": "poison.Poison",
-              "inputs": ["x"], **fields}
+    config = {
+        "tenant": "public",
+        "namespace": "default",
+        "name": unique("lim"),
+        "className": "poison.Poison",
+        "inputs": ["x"],
+        **fields,
+    }
     if broker_kind == "lite":
         with pytest.raises(AdminError, match=needle) as err:
             admin.create(config, POISON)
@@ -208,12 +276,14 @@ def test_auto_ack_false_and_timeout_ms(admin, client, worker, tmp_path):
     (the client's ack timeout, at least 10 s)."""
     name = unique("manual")
     code = tmp_path / "manual.py"
-    code.write_text("from pulsar import Function\n"
-                    "class Manual(Function):\n"
-                    "    def process(self, input, context):\n"
-                    "        context.incr_counter(f'deliveries:{input}', 1)\n"
-                    "        if input == 'ack':\n"
-                    "            context.ack(context.get_message_id(), context.get_current_message_topic_name())\n")
+    code.write_text(
+        "from pulsar import Function\n"
+        "class Manual(Function):\n"
+        "    def process(self, input, context):\n"
+        "        context.incr_counter(f'deliveries:{input}', 1)\n"
+        "        if input == 'ack':\n"
+        "            context.ack(context.get_message_id(), context.get_current_message_topic_name())\n"
+    )
     create(admin, name, py=str(code), class_name="manual.Manual", autoAck=False, timeoutMs=10_000)
     send(client, f"{name}-in", ["keep", "ack"])
     wait_until(lambda: deliveries(worker, name, "keep") == 2, 30, "the unacked message redelivered after timeoutMs")

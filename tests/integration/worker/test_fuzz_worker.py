@@ -23,9 +23,9 @@ from pulsar_autoscale.functions.api.server import WorkerServer
 from tests.support.contracts.published import functions_doc
 from tests.support.scenario import EXAMPLES
 
-pytestmark = pytest.mark.fuzz   # not under pytest-xdist (the marker's description in pyproject.toml)
+pytestmark = pytest.mark.fuzz  # not under pytest-xdist (the marker's description in pyproject.toml)
 MAX_EXAMPLES = 25
-SEEN: Counter = Counter()   # (suite, status class) -> cases
+SEEN: Counter = Counter()  # (suite, status class) -> cases
 
 
 def _json_body_variant() -> dict:
@@ -36,33 +36,42 @@ def _json_body_variant() -> dict:
     for op in doc["paths"]["/functions/{tenant}/{namespace}/{functionName}"].values():
         op["consumes"] = ["application/json"]
         op["parameters"] = [p for p in op["parameters"] if p["in"] == "path"] + [
-            {"name": "body", "in": "body", "required": True, "schema": {"$ref": "#/definitions/FunctionConfig"}}]
+            {"name": "body", "in": "body", "required": True, "schema": {"$ref": "#/definitions/FunctionConfig"}}
+        ]
         op["operationId"] += "Json"
     return copy.deepcopy(doc)
 
 
 def _bounded(doc: dict):
     schema = schemathesis.openapi.from_dict(doc)
-    schema.config.generation.update(max_examples=MAX_EXAMPLES, deterministic=True,
-                                    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+    schema.config.generation.update(
+        max_examples=MAX_EXAMPLES, deterministic=True, modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+    )
     schema.config.phases.update(phases=PHASES)
     return schema
 
 
-PHASES = ["examples", "fuzzing"]   # the "coverage" phase adds ~800 boundary cases per operation: too slow for CI
+PHASES = ["examples", "fuzzing"]  # the "coverage" phase adds ~800 boundary cases per operation: too slow for CI
 published_schema = _bounded(functions_doc())
 json_schema = _bounded(_json_body_variant())
-FUZZ = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
-                phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @pytest.fixture(scope="module")
 def fuzz_worker(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("fuzz")),
-                      metrics_url=broker.metrics_url) as w:
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("fuzz")), metrics_url=broker.metrics_url) as w:
         # One real function, so generated names sometimes reach a function that exists.
-        files = {"functionConfig": (None, '{"className": "exclaim.Exclaim", "inputs": ["fuzz-in"]}'),
-                 "data": ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes())}
+        files = {
+            "functionConfig": (None, '{"className": "exclaim.Exclaim", "inputs": ["fuzz-in"]}'),
+            "data": ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes()),
+        }
         resp = requests.post(f"{w.url}/admin/v3/functions/public/default/fuzz", files=files, timeout=30)
         assert resp.status_code == 204, resp.text
         yield w

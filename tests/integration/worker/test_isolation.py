@@ -18,15 +18,16 @@ from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer
 from tests.support.scenario import EXAMPLES, wait_until
 
-HANGS = "import threading\nfrom pulsar import Function\n\nclass Hang(Function):\n" \
-        "    def process(self, input, context):\n        threading.Event().wait()\n"
+HANGS = (
+    "import threading\nfrom pulsar import Function\n\nclass Hang(Function):\n"
+    "    def process(self, input, context):\n        threading.Event().wait()\n"
+)
 EXITS = "import os\nos._exit(1)\n"
 
 
 @pytest.fixture(scope="module")
 def server(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("iso")),
-                      metrics_url=broker.metrics_url) as w:
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("iso")), metrics_url=broker.metrics_url) as w:
         yield w
 
 
@@ -38,8 +39,9 @@ def url(server, name: str, suffix: str = "", tenant: str = "public", namespace: 
     return f"{server.url}/admin/v3/functions/{tenant}/{namespace}/{name}{suffix}"
 
 
-def send(server, method: str, name: str, cfg: dict | None = None, code: tuple[str, str | bytes] | None = None,
-         timeout: float = 60):
+def send(
+    server, method: str, name: str, cfg: dict | None = None, code: tuple[str, str | bytes] | None = None, timeout: float = 60
+):
     files = {"functionConfig": (None, json.dumps(cfg or {}))}
     if code:
         files["data"] = code
@@ -47,13 +49,13 @@ def send(server, method: str, name: str, cfg: dict | None = None, code: tuple[st
 
 
 def fn_config(name: str, class_name: str, **extra) -> dict:
-    return {"tenant": "public", "namespace": "default", "name": name, "className": class_name,
-            "inputs": [f"{name}-in"], **extra}
+    return {"tenant": "public", "namespace": "default", "name": name, "className": class_name, "inputs": [f"{name}-in"], **extra}
 
 
 def exclaim(server, name: str, **extra):
-    return send(server, "POST", name, fn_config(name, "exclaim.Exclaim", **extra),
-                ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes()))
+    return send(
+        server, "POST", name, fn_config(name, "exclaim.Exclaim", **extra), ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes())
+    )
 
 
 def status(server, name: str) -> dict:
@@ -69,6 +71,7 @@ def fn_dir(server, name: str) -> Path:
 
 
 # ---- validation in a child process ------------------------------------------------------------------
+
 
 def test_code_that_exits_at_import_is_refused_and_leaves_nothing(server):
     name = unique("exits")
@@ -108,8 +111,9 @@ def test_slow_import_does_not_block_the_api(server):
     name = unique("slow")
     code = "import time\ntime.sleep(4)\n\ndef f(x):\n    return x\n"
     result = {}
-    creator = threading.Thread(target=lambda: result.update(
-        resp=send(server, "POST", name, fn_config(name, "slow.f"), ("slow.py", code))))
+    creator = threading.Thread(
+        target=lambda: result.update(resp=send(server, "POST", name, fn_config(name, "slow.f"), ("slow.py", code)))
+    )
     creator.start()
     time.sleep(0.5)  # the create is importing the code in its child now
     started = time.monotonic()
@@ -134,16 +138,22 @@ def test_import_past_the_timeout_is_refused(server):
         server.worker.validate_timeout_s = 30.0
 
 
-@pytest.mark.parametrize("case, cfg, code, needle", [
-    ("os-system", {"className": "os.system"}, None, "allowed installed package"),
-    ("subprocess", {"className": "subprocess.getoutput"}, None, "allowed installed package"),
-    ("etc-passwd", {"className": "passwd.x", "py": "/etc/passwd"}, None, "py may only name uploaded code"),
-    ("host-py", {"className": "exclaim.Exclaim", "py": str(EXAMPLES / "exclaim.py")}, None,
-     "py may only name uploaded code"),
-    ("imported-builtin", {"className": "evil.system"}, ("evil.py", "from os import system\n"), "is not defined in"),
-    ("not-a-function-class", {"className": "evil.C"}, ("evil.py", "class C:\n    def process(self, x):\n"
-                                                                  "        return x\n"), "does not derive"),
-])
+@pytest.mark.parametrize(
+    "case, cfg, code, needle",
+    [
+        ("os-system", {"className": "os.system"}, None, "allowed installed package"),
+        ("subprocess", {"className": "subprocess.getoutput"}, None, "allowed installed package"),
+        ("etc-passwd", {"className": "passwd.x", "py": "/etc/passwd"}, None, "py may only name uploaded code"),
+        ("host-py", {"className": "exclaim.Exclaim", "py": str(EXAMPLES / "exclaim.py")}, None, "py may only name uploaded code"),
+        ("imported-builtin", {"className": "evil.system"}, ("evil.py", "from os import system\n"), "is not defined in"),
+        (
+            "not-a-function-class",
+            {"className": "evil.C"},
+            ("evil.py", "class C:\n    def process(self, x):\n        return x\n"),
+            "does not derive",
+        ),
+    ],
+)
 def test_entry_point_rule(server, case, cfg, code, needle):
     name = unique(case)
     resp = send(server, "POST", name, {**fn_config(name, "x.y"), **cfg}, code)
@@ -154,13 +164,13 @@ def test_entry_point_rule(server, case, cfg, code, needle):
 
 # ---- no request waits on user code -----------------------------------------------------------------
 
+
 def test_hanging_process_does_not_hold_delete_or_scale_in(server, client):
     server.worker.drain_timeout_s = 1.0
     server.worker.stall_after_s = 1.0
     try:
         name = unique("hang")
-        assert send(server, "POST", name, fn_config(name, "hang.Hang", parallelism=2),
-                    ("hang.py", HANGS)).status_code == 204
+        assert send(server, "POST", name, fn_config(name, "hang.Hang", parallelism=2), ("hang.py", HANGS)).status_code == 204
         wait_until(lambda: status(server, name)["numRunning"] == 2, 20, "2 running instances")
         producer = client.create_producer(f"persistent://public/default/{name}-in")
 
@@ -169,6 +179,7 @@ def test_hanging_process_does_not_hold_delete_or_scale_in(server, client):
             # (to the other, which prefetches) still gets one
             producer.send(b"x")
             return status(server, name)["numRunning"] == 0
+
         wait_until(both_stalled, 30, "both instances reported stalled", interval_s=0.25)
         producer.close()
         errors = {i["status"]["error"] for i in status(server, name)["instances"]}
@@ -194,6 +205,7 @@ def test_hanging_process_does_not_hold_delete_or_scale_in(server, client):
 
 # ---- a worker restarts whatever its functions' code does ---------------------------------------------
 
+
 def test_restart_with_code_that_exits_at_import(broker, tmp_path):
     data = tmp_path / "worker"
     name = unique("restored")
@@ -218,26 +230,35 @@ def test_restart_with_code_that_exits_at_import(broker, tmp_path):
 
 # ---- honest errors: 4xx, never 500 -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("body", ["[1]", "null", '"text"'])
 def test_json_body_that_is_not_an_object(server, body):
-    resp = requests.post(url(server, unique("body")), data=body, headers={"Content-Type": "application/json"},
-                         timeout=10)
+    resp = requests.post(url(server, unique("body")), data=body, headers={"Content-Type": "application/json"}, timeout=10)
     assert resp.status_code == 400 and "must be an object" in resp.json()["reason"], resp.text
 
 
-@pytest.mark.parametrize("method, path, expected", [
-    ("POST", "/admin/v3/functions/public/default/" + "n" * 256, 400),
-    ("POST", "/admin/v3/functions/public/default/%2E%2E", 400),
-    ("GET", "/admin/v3/functions/no-such-tenant/no-such-ns", 200),
-    ("GET", "/admin/v3/functions/no-such-tenant/no-such-ns/f/status", 404),
-    ("GET", "/admin/v3/functions/public/default/f/-1/status", 404),
-    ("GET", "/admin/v3/functions/public/default/f/abc/stats", 404),
-    ("PATCH", "/admin/v3/functions/public/default/f", 405),
-    ("POST", "/admin/v3/functions/public/default/f/burst", 400),
-])
+@pytest.mark.parametrize(
+    "method, path, expected",
+    [
+        ("POST", "/admin/v3/functions/public/default/" + "n" * 256, 400),
+        ("POST", "/admin/v3/functions/public/default/%2E%2E", 400),
+        ("GET", "/admin/v3/functions/no-such-tenant/no-such-ns", 200),
+        ("GET", "/admin/v3/functions/no-such-tenant/no-such-ns/f/status", 404),
+        ("GET", "/admin/v3/functions/public/default/f/-1/status", 404),
+        ("GET", "/admin/v3/functions/public/default/f/abc/stats", 404),
+        ("PATCH", "/admin/v3/functions/public/default/f", 405),
+        ("POST", "/admin/v3/functions/public/default/f/burst", 400),
+    ],
+)
 def test_bad_requests_are_4xx(server, method, path, expected):
-    files = {"functionConfig": (None, json.dumps({"className": "exclaim.Exclaim", "inputs": ["a"]})),
-             "data": ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes())} if method == "POST" else None
+    files = (
+        {
+            "functionConfig": (None, json.dumps({"className": "exclaim.Exclaim", "inputs": ["a"]})),
+            "data": ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes()),
+        }
+        if method == "POST"
+        else None
+    )
     resp = requests.request(method, server.url + path, files=files, timeout=10)
     assert resp.status_code == expected, resp.text
     if expected >= 400:
@@ -254,6 +275,7 @@ def test_burst_with_bad_numbers(server):
 
 # ---- honest status: a broker that is gone --------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_status_says_not_running_while_the_broker_is_down(tmp_path):
     b = EmbeddedBroker(data_dir=str(tmp_path / "broker")).start()
@@ -264,8 +286,7 @@ def test_status_says_not_running_while_the_broker_is_down(tmp_path):
             wait_until(lambda: status(w, name)["numRunning"] == 1, 20, "running before the outage")
             os.kill(b._proc.pid, signal.SIGKILL)  # the broker this test started
             b._proc.wait(10)
-            st = wait_until(lambda: (s := status(w, name))["numRunning"] == 0 and s, 15,
-                            "running: false once the broker is gone")
+            st = wait_until(lambda: (s := status(w, name))["numRunning"] == 0 and s, 15, "running: false once the broker is gone")
             assert "not connected to the broker" in st["instances"][0]["status"]["error"]
             assert healthy(w)
             b.stop()  # its relay (pulsar_autoscale.broker.relay) still holds the port

@@ -21,8 +21,15 @@ COUNT = str(EXAMPLES / "keyed_count.py")
 
 def _config(**fields) -> dict:
     name = f"ko-{uuid.uuid4().hex[:6]}"
-    return {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-            "inputs": [f"{name}-in"], "retainKeyOrdering": True, **fields}
+    return {
+        "tenant": "public",
+        "namespace": "default",
+        "name": name,
+        "className": "keyed_count.KeyedCount",
+        "inputs": [f"{name}-in"],
+        "retainKeyOrdering": True,
+        **fields,
+    }
 
 
 def test_key_shared_at_parallelism_above_1_is_refused_on_lite_only(admin, broker_kind):
@@ -34,7 +41,7 @@ def test_key_shared_at_parallelism_above_1_is_refused_on_lite_only(admin, broker
         with pytest.raises(AdminError, match=r"retainKeyOrdering at parallelism 2 .*B4.*B11") as err:
             admin.create(refused, COUNT)
         assert err.value.status == 400
-        with pytest.raises(AdminError):   # nothing was left behind by the refusal
+        with pytest.raises(AdminError):  # nothing was left behind by the refusal
             admin.get("public", "default", refused["name"])
     else:
         admin.create(refused, COUNT)
@@ -66,8 +73,7 @@ def test_a_reopen_that_delivers_nothing_is_reported_as_a_failure(broker, topic):
         stuck = [True]
 
         def open_consumer():
-            return c.subscribe(topic + "-nothing" if stuck[0] else topic, "fn",
-                               consumer_type=pulsar.ConsumerType.Shared)
+            return c.subscribe(topic + "-nothing" if stuck[0] else topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
 
         watched = fence_stalls(open_consumer, [topic], "fn", fence)
         produce(c, topic, 50)
@@ -77,7 +83,7 @@ def test_a_reopen_that_delivers_nothing_is_reported_as_a_failure(broker, topic):
         why = fence.failure([(topic, "fn")])
         assert why.startswith("stalled: pulsar-lite B12") and "'fn'" in why and "backlog of" in why, why
         assert fence.reopens[(topic, "fn")] >= 2, fence.reopens
-        stuck[0] = False   # the next reopen recovers: the failure goes with the first message
+        stuck[0] = False  # the next reopen recovers: the failure goes with the first message
         got = []
         deadline = time.monotonic() + 30
         while len(got) < 50 and time.monotonic() < deadline:

@@ -11,8 +11,7 @@ from tests.support.scenario import run_scaling
 
 @pytest.fixture(scope="module")
 def worker(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
-                      metrics_url=broker.metrics_url) as w:
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")), metrics_url=broker.metrics_url) as w:
         yield w
 
 

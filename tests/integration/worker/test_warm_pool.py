@@ -16,12 +16,20 @@ from tests.system.keyed.test_property import _counts
 
 
 def test_scale_out_takes_a_warm_standby_and_the_pool_refills(broker, tmp_path):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
-                      runtime="process", warm_pool=1) as server:
+    with WorkerServer(
+        broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url, runtime="process", warm_pool=1
+    ) as server:
         admin = FunctionsAdmin(server.url)
         name = f"warm-{uuid.uuid4().hex[:6]}"
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
-                      "className": "pulsar_autoscale.functions.examples.noop.noop"})
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "inputs": [f"{name}-in"],
+                "className": "pulsar_autoscale.functions.examples.noop.noop",
+            }
+        )
         fn = server.worker._functions[f"public/default/{name}"]
         pool = fn.warm_pool
         wait_until(lambda: pool._standbys and pool._standbys[0].ready(), 60, "the standby to warm up")
@@ -38,15 +46,26 @@ def test_scale_out_takes_a_warm_standby_and_the_pool_refills(broker, tmp_path):
 def test_a_keyed_function_scales_out_into_a_warm_standby_with_exact_counts(broker, client, tmp_path):
     """A keyedState process instance's input and state share one pipe (functions/runtimes/remote_state.py), so a standby,
     which has its pipe before it knows its instance id, can be one."""
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
-                      runtime="process", warm_pool=1) as server:
+    with WorkerServer(
+        broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url, runtime="process", warm_pool=1
+    ) as server:
         admin = FunctionsAdmin(server.url)
         name = f"warm-keyed-{uuid.uuid4().hex[:6]}"
         src = f"persistent://public/default/{name}-in"
         producer = client.create_producer(src)
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                      "inputs": [src], "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-                      "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "keyed_count.KeyedCount",
+                "inputs": [src],
+                "keyedState": True,
+                "processingGuarantees": "EFFECTIVELY_ONCE",
+                "subscriptionPosition": "Earliest",
+            },
+            str(EXAMPLES / "keyed_count.py"),
+        )
         fn = server.worker._functions[f"public/default/{name}"]
         pool = fn.warm_pool
         assert pool is not None, "a keyedState process function got no warm pool"
@@ -58,23 +77,33 @@ def test_a_keyed_function_scales_out_into_a_warm_standby_with_exact_counts(broke
         assert fn.instances[1]._proc is standby.proc, "instance 1 did not run in the warm standby"
         for i in range(100):
             producer.send(b"x", partition_key=f"k{i % 10}")
-        wait_until(lambda: admin.status("public", "default", name)["autoscale"]["keyedState"].get("groupsPerInstance")
-                   == {"0": 64, "1": 64}, 60, "half the key groups to move to instance 1")
-        for i in range(100):   # k3, k5, k7, k9 are in groups 64-127, instance 1's now
+        wait_until(
+            lambda: (
+                admin.status("public", "default", name)["autoscale"]["keyedState"].get("groupsPerInstance") == {"0": 64, "1": 64}
+            ),
+            60,
+            "half the key groups to move to instance 1",
+        )
+        for i in range(100):  # k3, k5, k7, k9 are in groups 64-127, instance 1's now
             producer.send(b"x", partition_key=f"k{i % 10}")
-        wait_until(lambda: _counts(admin, name, 10) == {f"k{k}": 30 for k in range(10)}, 60,
-                   lambda: f"30 per key, saw {_counts(admin, name, 10)}")
+        wait_until(
+            lambda: _counts(admin, name, 10) == {f"k{k}": 30 for k in range(10)},
+            60,
+            lambda: f"30 per key, saw {_counts(admin, name, 10)}",
+        )
         status = admin.status("public", "default", name)
         assert [i["status"]["running"] for i in status["instances"]] == [True, True], status
         # a process instance reports its figures every 0.25 s: the counts above can come first
-        wait_until(lambda: admin.status("public", "default", name)["instances"][1]["status"]["numReceived"] > 0, 10,
-                   "instance 1 to report a record processed")
+        wait_until(
+            lambda: admin.status("public", "default", name)["instances"][1]["status"]["numReceived"] > 0,
+            10,
+            "instance 1 to report a record processed",
+        )
 
 
 @pytest.mark.slow
 def test_scaling_with_a_warm_pool_loses_nothing(broker, tmp_path):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
-                      warm_pool=4) as server:
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url, warm_pool=4) as server:
         result = run_scaling(broker.service_url, server.url, "process")
     assert result.lost == 0 and result.instance0_restarts == 0
     assert set(result.scale_out_latency_ms) == {4, 8}

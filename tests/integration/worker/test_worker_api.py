@@ -18,8 +18,12 @@ MAX_PARALLELISM = 16
 
 @pytest.fixture(scope="module")
 def worker(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("worker")),
-                      metrics_url=broker.metrics_url, max_parallelism=MAX_PARALLELISM) as w:
+    with WorkerServer(
+        broker.service_url,
+        data_dir=str(tmp_path_factory.mktemp("worker")),
+        metrics_url=broker.metrics_url,
+        max_parallelism=MAX_PARALLELISM,
+    ) as w:
         yield w
 
 
@@ -28,8 +32,15 @@ def unique(prefix: str) -> str:
 
 
 def config(name: str, class_name: str, inputs, output=None, **extra) -> dict:
-    return {"tenant": "public", "namespace": "default", "name": name, "className": class_name,
-            "inputs": inputs, **({"output": output} if output else {}), **extra}
+    return {
+        "tenant": "public",
+        "namespace": "default",
+        "name": name,
+        "className": class_name,
+        "inputs": inputs,
+        **({"output": output} if output else {}),
+        **extra,
+    }
 
 
 def create(admin, cfg: dict, py: str | None = None) -> None:
@@ -37,8 +48,9 @@ def create(admin, cfg: dict, py: str | None = None) -> None:
     starts at the latest message, so what is sent before it exists is not the function's."""
     admin.create(cfg, py)
     n = cfg.get("parallelism", 1)
-    wait_until(lambda: admin.status("public", "default", cfg["name"])["numRunning"] == n, 30,
-               f"{n} running instance(s) of {cfg['name']}")
+    wait_until(
+        lambda: admin.status("public", "default", cfg["name"])["numRunning"] == n, 30, f"{n} running instance(s) of {cfg['name']}"
+    )
 
 
 def send_all(client, topic: str, payloads):
@@ -65,15 +77,19 @@ def test_word_count_uses_counters(admin, client, worker):
     create(admin, config(name, "word_count.WordCount", [src], parallelism=2), str(EXAMPLES / "word_count.py"))
     send_all(client, src, ["a b a", "b a c"])
     store = worker.worker._functions[f"public/default/{name}"].state
-    wait_until(lambda: store.counters() == {"a": 3, "b": 2, "c": 1}, 30,
-               lambda: f"word counts a=3 b=2 c=1, have {store.counters()}")
+    wait_until(
+        lambda: store.counters() == {"a": 3, "b": 2, "c": 1}, 30, lambda: f"word counts a=3 b=2 c=1, have {store.counters()}"
+    )
 
 
 def test_publish_uses_user_config(admin, client):
     name = unique("pub")
     src, side = f"{name}-in", f"persistent://public/default/{name}-side"
-    create(admin, config(name, "publish_tagged.PublishTagged", [src],
-                        userConfig={"tag": "blue", "publish-topic": side}), str(EXAMPLES / "publish_tagged.py"))
+    create(
+        admin,
+        config(name, "publish_tagged.PublishTagged", [src], userConfig={"tag": "blue", "publish-topic": side}),
+        str(EXAMPLES / "publish_tagged.py"),
+    )
     collector = OutputCollector(client, side)
     send_all(client, src, ["x", "y"])
     wait_until(lambda: collector.distinct() == 2, 30, "2 messages published through context.publish")
@@ -88,8 +104,11 @@ def test_plain_callable_from_installed_module_and_status_fields(admin, client):
     collector = OutputCollector(client, dst)
     send_all(client, src, ["1", "2", "3"])
     wait_until(lambda: collector.distinct() == 3, 30, "3 outputs from noop")
-    status = wait_until(lambda: (s := admin.status("public", "default", name))["instances"][0]["status"]
-                        ["numSuccessfullyProcessed"] == 3 and s, 10, "status to show 3 processed")
+    status = wait_until(
+        lambda: (s := admin.status("public", "default", name))["instances"][0]["status"]["numSuccessfullyProcessed"] == 3 and s,
+        10,
+        "status to show 3 processed",
+    )
     assert status["numInstances"] == 1 and status["numRunning"] == 1
     inst = status["instances"][0]["status"]
     assert inst["numReceived"] == 3 and inst["numRestarts"] == 0 and inst["numUserExceptions"] == 0
@@ -107,8 +126,11 @@ def test_user_exceptions_are_counted_and_kept(admin, client, tmp_path):
     src = f"{name}-in"
     create(admin, config(name, "boom.boom", [src], processingGuarantees="ATMOST_ONCE"), str(code))
     send_all(client, src, ["1"])
-    status = wait_until(lambda: (s := admin.status("public", "default", name))["instances"][0]["status"]
-                        ["numUserExceptions"] >= 1 and s, 30, "a user exception to be counted")
+    status = wait_until(
+        lambda: (s := admin.status("public", "default", name))["instances"][0]["status"]["numUserExceptions"] >= 1 and s,
+        30,
+        "a user exception to be counted",
+    )
     latest = status["instances"][0]["status"]["latestUserExceptions"]
     assert "ValueError: bad 1" in latest[-1]["exceptionString"]
 
@@ -121,9 +143,14 @@ def test_metrics_use_pulsar_names(admin, worker, client):
 
     def processed_line():
         text = requests.get(worker.url + "/metrics", timeout=5).text
-        return [line for line in text.splitlines()
-                if line.startswith("pulsar_function_processed_successfully_total{") and f'fqfn="{fqfn}"' in line
-                and line.endswith(" 1.0")]
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith("pulsar_function_processed_successfully_total{")
+            and f'fqfn="{fqfn}"' in line
+            and line.endswith(" 1.0")
+        ]
+
     wait_until(processed_line, 30, "pulsar_function_processed_successfully_total 1 for the function")
 
 
@@ -136,22 +163,32 @@ def test_worker_cluster_endpoints(worker):
 
 # ---- bad input: a clear 4xx, and the worker keeps serving -----------------------------------------
 
+
 def post_raw(worker, name, function_config: str, files=None):
     url = f"{worker.url}/admin/v3/functions/public/default/{name}"
     return requests.post(url, files={"functionConfig": (None, function_config), **(files or {})}, timeout=10)
 
 
-@pytest.mark.parametrize("case, body, needle", [
-    ("malformed", "{not json", "neither valid JSON nor YAML"),
-    ("missing-inputs", json.dumps({"className": "exclaim.Exclaim"}), "No input topic"),
-    ("parallelism-0", json.dumps({"className": "exclaim.Exclaim", "inputs": ["a"], "parallelism": 0}),
-     "must be a positive number"),
-    ("parallelism-too-high", json.dumps({"className": "exclaim.Exclaim", "inputs": ["a"],
-                                         "parallelism": MAX_PARALLELISM + 1}), "above this worker's limit"),
-    ("runtime-java", json.dumps({"className": "Exclaim", "inputs": ["a"], "runtime": "JAVA"}), "not supported"),
-    ("bad-topic", json.dumps({"className": "exclaim.Exclaim", "inputs": ["a/b"]}), "invalid topic name"),
-    ("unknown-class", json.dumps({"className": "exclaim.Nope", "inputs": ["a"]}), "has no attribute 'Nope'"),
-])
+@pytest.mark.parametrize(
+    "case, body, needle",
+    [
+        ("malformed", "{not json", "neither valid JSON nor YAML"),
+        ("missing-inputs", json.dumps({"className": "exclaim.Exclaim"}), "No input topic"),
+        (
+            "parallelism-0",
+            json.dumps({"className": "exclaim.Exclaim", "inputs": ["a"], "parallelism": 0}),
+            "must be a positive number",
+        ),
+        (
+            "parallelism-too-high",
+            json.dumps({"className": "exclaim.Exclaim", "inputs": ["a"], "parallelism": MAX_PARALLELISM + 1}),
+            "above this worker's limit",
+        ),
+        ("runtime-java", json.dumps({"className": "Exclaim", "inputs": ["a"], "runtime": "JAVA"}), "not supported"),
+        ("bad-topic", json.dumps({"className": "exclaim.Exclaim", "inputs": ["a/b"]}), "invalid topic name"),
+        ("unknown-class", json.dumps({"className": "exclaim.Nope", "inputs": ["a"]}), "has no attribute 'Nope'"),
+    ],
+)
 def test_bad_create_is_a_clear_400(worker, case, body, needle):
     files = {"data": ("exclaim.py", (EXAMPLES / "exclaim.py").read_bytes())}
     resp = post_raw(worker, unique(case), body, files)
@@ -187,8 +224,7 @@ def test_update_rules_follow_pulsar(admin):
     with pytest.raises(AdminError, match="Input Topics cannot be altered"):
         admin.update({"tenant": "public", "namespace": "default", "name": name, "inputs": ["other"]})
     with pytest.raises(AdminError, match="Processing Guarantees cannot be altered"):
-        admin.update({"tenant": "public", "namespace": "default", "name": name,
-                      "processingGuarantees": "ATMOST_ONCE"})
+        admin.update({"tenant": "public", "namespace": "default", "name": name, "processingGuarantees": "ATMOST_ONCE"})
     admin.set_parallelism("public", "default", name, 3)
     assert admin.get("public", "default", name)["parallelism"] == 3
     wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 3, 20, "3 running instances")
@@ -196,8 +232,10 @@ def test_update_rules_follow_pulsar(admin):
 
 def test_log_topic_receives_the_function_log(admin, client, tmp_path):
     code = tmp_path / "chatty.py"
-    code.write_text("from pulsar import Function\n\nclass Chatty(Function):\n"
-                    "    def process(self, input, context):\n        context.get_logger().info('saw %s', input)\n")
+    code.write_text(
+        "from pulsar import Function\n\nclass Chatty(Function):\n"
+        "    def process(self, input, context):\n        context.get_logger().info('saw %s', input)\n"
+    )
     name = unique("chatty")
     logs = f"persistent://public/default/{name}-logs"
     collector = OutputCollector(client, logs)

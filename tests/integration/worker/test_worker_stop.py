@@ -18,7 +18,7 @@ from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.netutil import free_port
 from tests.support.scenario import EXAMPLES, wait_until
 
-DRAIN_TIMEOUT_S = 30   # functions/worker/worker.py: what a stop waits for a busy instance without the bound
+DRAIN_TIMEOUT_S = 30  # functions/worker/worker.py: what a stop waits for a busy instance without the bound
 
 
 class Worker:
@@ -27,10 +27,26 @@ class Worker:
         self.log = tmp_path / "worker.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", broker.service_url,
-                 "--metrics-url", broker.metrics_url, "--port", self.url.rsplit(":", 1)[1], "--data-dir",
-                 str(tmp_path / "data"), "--shutdown-timeout", str(shutdown_timeout_s), *options],
-                stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "pulsar_autoscale.cli.main",
+                    "worker",
+                    "--service-url",
+                    broker.service_url,
+                    "--metrics-url",
+                    broker.metrics_url,
+                    "--port",
+                    self.url.rsplit(":", 1)[1],
+                    "--data-dir",
+                    str(tmp_path / "data"),
+                    "--shutdown-timeout",
+                    str(shutdown_timeout_s),
+                    *options,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         wait_until(self._healthy, 60, lambda: f"the worker to answer; its log: {self.log.read_text()[-2000:]}")
 
     def _healthy(self) -> bool:
@@ -43,15 +59,27 @@ class Worker:
         """A function whose process() takes 10 minutes, with one message in it."""
         admin, name = FunctionsAdmin(self.url), f"stuck-{uuid.uuid4().hex[:6]}"
         src = f"persistent://public/default/{name}-in"
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy",
-                      "inputs": [src], "parallelism": 1, "subscriptionPosition": "Earliest",
-                      "userConfig": {"service_ms": 600_000, "dist": "deterministic"}},
-                     str(EXAMPLES / "sleepy.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "sleepy.Sleepy",
+                "inputs": [src],
+                "parallelism": 1,
+                "subscriptionPosition": "Earliest",
+                "userConfig": {"service_ms": 600_000, "dist": "deterministic"},
+            },
+            str(EXAMPLES / "sleepy.py"),
+        )
         producer = client.create_producer(src)
         producer.send(b"x")
         producer.close()
-        wait_until(lambda: admin.status("public", "default", name)["instances"][0]["status"]["numReceived"] == 1,
-                   30, "the instance to take the message")
+        wait_until(
+            lambda: admin.status("public", "default", name)["instances"][0]["status"]["numReceived"] == 1,
+            30,
+            "the instance to take the message",
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -66,6 +94,7 @@ def worker_factory(broker, tmp_path):
     def start(shutdown_timeout_s: float) -> Worker:
         started.append(Worker(broker, tmp_path, shutdown_timeout_s))
         return started[-1]
+
     yield start
     for w in started:
         w.stop()
@@ -75,11 +104,13 @@ def test_a_stop_that_cannot_drain_ends_after_the_shutdown_timeout(worker_factory
     worker = worker_factory(shutdown_timeout_s=2)
     worker.stuck_in_user_code(client)
     worker.proc.send_signal(signal.SIGTERM)
-    try:   # without the bound the drain alone waits DRAIN_TIMEOUT_S for the instance
+    try:  # without the bound the drain alone waits DRAIN_TIMEOUT_S for the instance
         rc = worker.proc.wait(DRAIN_TIMEOUT_S - 5)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the worker was still stopping {DRAIN_TIMEOUT_S - 5} s after SIGTERM, "
-                    f"with --shutdown-timeout 2: {worker.log.read_text()[-2000:]}")
+        pytest.fail(
+            f"the worker was still stopping {DRAIN_TIMEOUT_S - 5} s after SIGTERM, "
+            f"with --shutdown-timeout 2: {worker.log.read_text()[-2000:]}"
+        )
     log = worker.log.read_text()
     assert rc == 1, log[-2000:]
     assert "not done after 2 s (--shutdown-timeout)" in log and "sleepy.py" in log, log[-3000:]
@@ -106,7 +137,7 @@ def test_a_cluster_worker_stopped_while_the_broker_is_down_exits_with_a_clear_er
     try:
         broker.stop()
         worker.proc.send_signal(signal.SIGTERM)
-        try:   # the client's send timeout (30 s), well before --shutdown-timeout's 600 s
+        try:  # the client's send timeout (30 s), well before --shutdown-timeout's 600 s
             rc = worker.proc.wait(90)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the worker was still stopping 90 s after SIGTERM: {worker.log.read_text()[-2000:]}")

@@ -64,8 +64,10 @@ class Contract:
         full = self.schema(schema)
         if strict:
             full = _strict(full)
-        return [f"{where}: {e.message} (at {'/'.join(map(str, e.absolute_path)) or 'top'})"
-                for e in jsonschema.Draft4Validator(full).iter_errors(value)]
+        return [
+            f"{where}: {e.message} (at {'/'.join(map(str, e.absolute_path)) or 'top'})"
+            for e in jsonschema.Draft4Validator(full).iter_errors(value)
+        ]
 
 
 def _strict(node):
@@ -132,43 +134,52 @@ def validate_request(contract: Contract, op: dict, path_params: dict, req) -> li
 class ClusterState:
     """What the fake cluster holds and what it saw. Tests set it up and read it back."""
 
-    functions: dict = field(default_factory=dict)        # fqfn -> FunctionConfig dict
-    function_stats: dict = field(default_factory=dict)   # fqfn -> FunctionStatsImpl dict (default: zeros)
-    topics: dict = field(default_factory=dict)           # full topic name -> TopicStats dict
-    deleted: list = field(default_factory=list)          # (full topic name, force) of accepted deletes
-    partitions: dict = field(default_factory=dict)       # full topic name -> partition count
-    worker_metrics: str = ""                             # Prometheus text for /metrics
-    credentials: set = field(default_factory=set)        # accepted Authorization values (empty: no auth)
-    forbidden: set = field(default_factory=set)          # authenticated but not authorised (403)
-    redirects: dict = field(default_factory=dict)        # (host name, path) -> (status, target base URL)
-    malformed: dict = field(default_factory=dict)        # path -> raw body answered 200 without validation
-    requests: list = field(default_factory=list)         # (host, method, path, query, Authorization)
+    functions: dict = field(default_factory=dict)  # fqfn -> FunctionConfig dict
+    function_stats: dict = field(default_factory=dict)  # fqfn -> FunctionStatsImpl dict (default: zeros)
+    topics: dict = field(default_factory=dict)  # full topic name -> TopicStats dict
+    deleted: list = field(default_factory=list)  # (full topic name, force) of accepted deletes
+    partitions: dict = field(default_factory=dict)  # full topic name -> partition count
+    worker_metrics: str = ""  # Prometheus text for /metrics
+    credentials: set = field(default_factory=set)  # accepted Authorization values (empty: no auth)
+    forbidden: set = field(default_factory=set)  # authenticated but not authorised (403)
+    redirects: dict = field(default_factory=dict)  # (host name, path) -> (status, target base URL)
+    malformed: dict = field(default_factory=dict)  # path -> raw body answered 200 without validation
+    requests: list = field(default_factory=list)  # (host, method, path, query, Authorization)
     violations: list = field(default_factory=list)
-    updates: list = field(default_factory=list)          # (fqfn, functionConfig part) of accepted PUTs
+    updates: list = field(default_factory=list)  # (fqfn, functionConfig part) of accepted PUTs
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _topic_name(pp: dict) -> str:
     from urllib.parse import unquote
+
     return f"persistent://{pp['tenant']}/{pp['namespace']}/{unquote(pp['topic'])}"
 
 
 def default_function_stats(config: dict) -> dict:
-    zero = {"receivedTotal": 0, "processedSuccessfullyTotal": 0, "systemExceptionsTotal": 0,
-            "userExceptionsTotal": 0}  # Pulsar leaves avgProcessLatency out until a message was processed
-    instances = [{"instanceId": i, "metrics": {**zero, "1min": dict(zero), "lastInvocation": 0, "userMetrics": {}}}
-                 for i in range(int(config.get("parallelism") or 1))]
+    zero = {
+        "receivedTotal": 0,
+        "processedSuccessfullyTotal": 0,
+        "systemExceptionsTotal": 0,
+        "userExceptionsTotal": 0,
+    }  # Pulsar leaves avgProcessLatency out until a message was processed
+    instances = [
+        {"instanceId": i, "metrics": {**zero, "1min": dict(zero), "lastInvocation": 0, "userMetrics": {}}}
+        for i in range(int(config.get("parallelism") or 1))
+    ]
     return {**zero, "1min": dict(zero), "instances": instances, "lastInvocation": 0}
 
 
 class FakeHost:
     """One worker/broker of the fake cluster: a real HTTP(S) server on a loopback port."""
 
-    def __init__(self, state: ClusterState, name: str, bind: str = "127.0.0.1",
-                 ssl_context: ssl.SSLContext | None = None):
+    def __init__(self, state: ClusterState, name: str, bind: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None):
         self.state, self.name = state, name
-        self.contracts = [Contract(functions_doc(), FUNCTIONS_DOC.name), Contract(broker_doc(), BROKER_DOC.name),
-                          Contract(topic_delete_doc(), TOPIC_DELETE_DOC.name)]
+        self.contracts = [
+            Contract(functions_doc(), FUNCTIONS_DOC.name),
+            Contract(broker_doc(), BROKER_DOC.name),
+            Contract(topic_delete_doc(), TOPIC_DELETE_DOC.name),
+        ]
         app = Flask(f"fake-{name}")
         app.add_url_rule("/", "root", self._handle, methods=["GET", "POST", "PUT", "DELETE"])
         app.add_url_rule("/<path:_p>", "any", self._handle, methods=["GET", "POST", "PUT", "DELETE"])
@@ -180,7 +191,7 @@ class FakeHost:
         self._thread.start()
 
     def _serve(self) -> None:
-        self._server.serve_forever(poll_interval=0.05)   # shutdown() waits at most one poll
+        self._server.serve_forever(poll_interval=0.05)  # shutdown() waits at most one poll
 
     def close(self) -> None:
         self._server.shutdown()
@@ -210,8 +221,9 @@ class FakeHost:
             if auth not in st.credentials and auth not in st.forbidden:
                 return Response(json.dumps({"reason": "Authentication required"}), 401, mimetype="application/json")
             if auth in st.forbidden:
-                return Response(json.dumps({"reason": "Unauthorized to perform this operation"}), 403,
-                                mimetype="application/json")
+                return Response(
+                    json.dumps({"reason": "Unauthorized to perform this operation"}), 403, mimetype="application/json"
+                )
         if request.path == "/metrics" and request.method == "GET":
             return Response(st.worker_metrics, mimetype="text/plain; version=0.0.4")
         for contract in self.contracts:
@@ -252,7 +264,7 @@ class FakeHost:
 
     def _op_listFunctions(self, pp):
         prefix = f"{pp['tenant']}/{pp['namespace']}/"
-        return 200, sorted(f[len(prefix):] for f in self.state.functions if f.startswith(prefix))
+        return 200, sorted(f[len(prefix) :] for f in self.state.functions if f.startswith(prefix))
 
     def _op_getFunctionInfo(self, pp):
         fqfn = self._fn(pp)
@@ -282,9 +294,20 @@ class FakeHost:
         if fqfn not in self.state.functions:
             return self._missing(fqfn)
         n = int(self.state.functions[fqfn].get("parallelism") or 1)
-        instances = [{"instanceId": i, "status": {"running": True, "error": "", "numRestarts": 0, "numReceived": 0,
-                                                  "numSuccessfullyProcessed": 0, "workerId": self.name}}
-                     for i in range(n)]
+        instances = [
+            {
+                "instanceId": i,
+                "status": {
+                    "running": True,
+                    "error": "",
+                    "numRestarts": 0,
+                    "numReceived": 0,
+                    "numSuccessfullyProcessed": 0,
+                    "workerId": self.name,
+                },
+            }
+            for i in range(n)
+        ]
         return 200, {"numInstances": n, "numRunning": n, "instances": instances}
 
     def _op_getStats(self, pp):
@@ -337,9 +360,12 @@ class FakeHost:
         if n == 0:
             return 404, {"reason": f"Partitioned Topic not found: {name} is not a partitioned topic"}
         parts = {f"{name}-partition-{i}": self.state.topics[f"{name}-partition-{i}"] for i in range(n)}
-        total = {"msgRateIn": sum(p["msgRateIn"] for p in parts.values()),
-                 "msgInCounter": sum(p["msgInCounter"] for p in parts.values()),
-                 "metadata": {"partitions": n}, "subscriptions": {}}
+        total = {
+            "msgRateIn": sum(p["msgRateIn"] for p in parts.values()),
+            "msgInCounter": sum(p["msgInCounter"] for p in parts.values()),
+            "metadata": {"partitions": n},
+            "subscriptions": {},
+        }
         if request.args.get("perPartition", "true") == "true":
             total["partitions"] = parts
         return 200, total
@@ -352,8 +378,7 @@ class FakeCluster:
         self.state = ClusterState()
         self.hosts: dict[str, FakeHost] = {}
 
-    def add_host(self, name: str, bind: str = "127.0.0.1", ssl_context=None, state: ClusterState | None = None
-                 ) -> FakeHost:
+    def add_host(self, name: str, bind: str = "127.0.0.1", ssl_context=None, state: ClusterState | None = None) -> FakeHost:
         host = FakeHost(state or self.state, name, bind, ssl_context)
         self.hosts[name] = host
         return host
@@ -386,8 +411,10 @@ class FakeIssuer:
             return Response(json.dumps({"error": "invalid_client"}), 401, mimetype="application/json")
         token = f"issued-{len(self.issued) + 1}"
         self.issued.append(token)
-        return Response(json.dumps({"access_token": token, "token_type": "Bearer", "expires_in": self.expires_in}),
-                        mimetype="application/json")
+        return Response(
+            json.dumps({"access_token": token, "token_type": "Bearer", "expires_in": self.expires_in}),
+            mimetype="application/json",
+        )
 
     def _serve(self) -> None:
         self._server.serve_forever(poll_interval=0.05)

@@ -11,7 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 FUNCTIONS_DOC = HERE / "swaggerfunctions.json"
 BROKER_DOC = HERE / "swagger-v2-topic-stats.json"
-TOPIC_DELETE_DOC = HERE / "swagger-v2-topic-delete.json"   # our excerpt of the same v2 document (README.md)
+TOPIC_DELETE_DOC = HERE / "swagger-v2-topic-delete.json"  # our excerpt of the same v2 document (README.md)
 
 # The multipart parts the server reads (@FormDataParam in FunctionsApiV3Resource). The published document
 # lists them as several `in: body` parameters all named `body`, which is not valid Swagger 2.0.
@@ -21,16 +21,19 @@ MULTIPART_PARTS = {
     "FunctionsBase_registerFunction": [
         {"name": "data", "in": "formData", "type": "file", "required": False},
         {"name": "url", "in": "formData", "type": "string", "required": False},
-        {**_JSON_PART, "name": "functionConfig", "x-pulsar-json": "#/definitions/FunctionConfig"}],
+        {**_JSON_PART, "name": "functionConfig", "x-pulsar-json": "#/definitions/FunctionConfig"},
+    ],
     "FunctionsBase_updateFunction": [
         {"name": "data", "in": "formData", "type": "file", "required": False},
         {"name": "url", "in": "formData", "type": "string", "required": False},
         {**_JSON_PART, "name": "functionConfig", "x-pulsar-json": "#/definitions/FunctionConfig"},
-        {**_JSON_PART, "name": "updateOptions", "x-pulsar-json": "#/definitions/UpdateOptions"}],
+        {**_JSON_PART, "name": "updateOptions", "x-pulsar-json": "#/definitions/UpdateOptions"},
+    ],
     "FunctionsBase_triggerFunction": [
         {"name": "data", "in": "formData", "type": "string", "required": False},
         {"name": "dataStream", "in": "formData", "type": "file", "required": False},
-        {"name": "topic", "in": "formData", "type": "string", "required": False}],
+        {"name": "topic", "in": "formData", "type": "string", "required": False},
+    ],
 }
 _INSTANCE_TWINS = {"FunctionsBase_restartFunction", "FunctionsBase_startFunction", "FunctionsBase_stopFunction"}
 

@@ -46,21 +46,28 @@ def test_create_anywhere_scale_anywhere_no_restarts(broker, cluster):
         two = flow.wait_running(2, via=0)
         lost, dups = flow.finish(MESSAGES)
         final = flow.status(via=1)
-        print(f"\nlost {lost}, duplicates {dups}, spread at 6: {spread}, final: "
-              f"{[(s['instanceId'], s['status']['workerId'], s['status']['numRestarts']) for s in final['instances']]}")
+        print(
+            f"\nlost {lost}, duplicates {dups}, spread at 6: {spread}, final: "
+            f"{[(s['instanceId'], s['status']['workerId'], s['status']['numRestarts']) for s in final['instances']]}"
+        )
         assert lost == 0, f"{lost} of {MESSAGES} inputs produced no output"
         assert len(spread) == 3, f"6 instances not spread over the 3 workers: {spread}"
         assert [s["status"]["numRestarts"] for s in final["instances"]] == [0, 0]
         assert final["instances"][0]["status"]["instanceStartTimeMs"] == first["instanceStartTimeMs"]
         assert all(s["status"]["instanceStartTimeMs"] == start_of[s["instanceId"]] for s in two["instances"])
-        listed = {tuple(sorted(requests.get(w.url + "/admin/v3/functions/public/default", timeout=5).json()))
-                  for w in cluster.live()}
+        listed = {
+            tuple(sorted(requests.get(w.url + "/admin/v3/functions/public/default", timeout=5).json())) for w in cluster.live()
+        }
         assert all(flow.name in names for names in listed)
     finally:
         flow.close()
-    wait_until(lambda: all(flow.name not in requests.get(w.url + "/admin/v3/functions/public/default",
-                                                         timeout=5).json() for w in cluster.live()),
-               15, "the delete to reach every worker")
+    wait_until(
+        lambda: all(
+            flow.name not in requests.get(w.url + "/admin/v3/functions/public/default", timeout=5).json() for w in cluster.live()
+        ),
+        15,
+        "the delete to reach every worker",
+    )
 
 
 def test_controller_admin_fails_over_and_reads_the_clusters_capacity(cluster):
@@ -89,11 +96,14 @@ def test_a_burst_drain_runs_on_a_worker_that_hosts_no_instance(broker, cluster):
         url = f"{other.url}/admin/v3/functions/public/default/{flow.name}/burst"
         resp = requests.post(url, json={"messages": n, "partitions": 2, "threadsPerPartition": 8}, timeout=30)
         assert resp.status_code == 202, resp.text
-        report = wait_until(lambda: (r := requests.get(url, timeout=5).json())["finished"] and r, 180,
-                            "the drain to finish")["finished"][-1]
+        report = wait_until(lambda: (r := requests.get(url, timeout=5).json())["finished"] and r, 180, "the drain to finish")[
+            "finished"
+        ][-1]
         lost, dups = flow.finish(n, timeout_s=120)
-        print(f"\nburst on {other.worker_id} (instance on {host}): {report['taken']} taken, {report['processed']} "
-              f"processed, {report['outputs']} outputs; lost {lost}, duplicates {dups}")
+        print(
+            f"\nburst on {other.worker_id} (instance on {host}): {report['taken']} taken, {report['processed']} "
+            f"processed, {report['outputs']} outputs; lost {lost}, duplicates {dups}"
+        )
         assert report["error"] is None and report["failed"] == 0
         assert 0 < report["processed"] == report["taken"] == report["outputs"]
         assert lost == 0

@@ -64,17 +64,19 @@ def test_kill9_moves_instances_within_5s_then_join_moves_nothing_until_rebalance
         def moved_and_processing():
             st = flow.status()["instances"]
             firsts = [st[i]["status"].get("firstProcessedTimeMs") or 0 for i in moved]
-            if all(st[i]["status"]["workerId"] != victim_id and st[i]["status"]["running"] for i in moved) \
-                    and all(f >= kill_ms for f in firsts):
+            if all(st[i]["status"]["workerId"] != victim_id and st[i]["status"]["running"] for i in moved) and all(
+                f >= kill_ms for f in firsts
+            ):
                 return max(firsts)
             return None
 
-        back_ms = wait_until(moved_and_processing, 30, f"instances {moved} of {victim_id} processing elsewhere",
-                             interval_s=0.05)
+        back_ms = wait_until(moved_and_processing, 30, f"instances {moved} of {victim_id} processing elsewhere", interval_s=0.05)
         takeover_s = (back_ms - kill_ms) / 1000
         lost, dups = flow.finish(MESSAGES, timeout_s=30)
-        print(f"\nkill -9 of {victim_id} ({len(moved)} instances {moved}) at {RATE:.0f} msg/s: processing again "
-              f"elsewhere after {takeover_s:.2f} s, lost {lost}, duplicates {dups}")
+        print(
+            f"\nkill -9 of {victim_id} ({len(moved)} instances {moved}) at {RATE:.0f} msg/s: processing again "
+            f"elsewhere after {takeover_s:.2f} s, lost {lost}, duplicates {dups}"
+        )
         assert lost == 0, f"{lost} of {MESSAGES} lost: {flow.missing(MESSAGES)[:50]}"
         assert takeover_s < 5.0, f"takeover took {takeover_s:.2f} s"
 
@@ -89,8 +91,12 @@ def test_kill9_moves_instances_within_5s_then_join_moves_nothing_until_rebalance
         # every instance running (a status read under load can find a peer slow to answer: no start time)
         starts = {s["instanceId"]: s["status"]["instanceStartTimeMs"] for s in flow.wait_running(6)["instances"]}
         # ... until `functions-worker rebalance` asks
-        subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", "functions-worker", "--admin-url",
-                        survivor.url, "rebalance"], check=True, timeout=30)
+        subprocess.run(
+            [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions-worker", "--admin-url", survivor.url, "rebalance"],
+            check=True,
+            timeout=30,
+        )
+
         def balanced():
             s = flow.status()
             return s if sorted(per_worker(s).values()) == [2, 2, 2] and s["numRunning"] == 6 else None
@@ -119,8 +125,10 @@ def test_sigterm_hands_over_before_it_stops(broker, cluster):
         after = flow.wait_running(6)
         lost, dups = flow.finish(MESSAGES)
         gap = flow.collector.longest_gap_s(t0 - 1.0, t0 + stopped_s + 2.0)
-        print(f"\nSIGTERM of {victim.worker_id}: stopped after {stopped_s:.2f} s, lost {lost}, duplicates {dups}, "
-              f"longest gap between outputs {gap * 1000:.0f} ms, now {per_worker(after)}")
+        print(
+            f"\nSIGTERM of {victim.worker_id}: stopped after {stopped_s:.2f} s, lost {lost}, duplicates {dups}, "
+            f"longest gap between outputs {gap * 1000:.0f} ms, now {per_worker(after)}"
+        )
         assert lost == 0
         assert victim.worker_id not in per_worker(after)
         assert gap < 1.0, f"processing paused {gap:.2f} s"
@@ -141,15 +149,16 @@ def test_kill9_of_the_leader_then_scale(broker, cluster):
         time.sleep(2.0)
         t0 = time.monotonic()
         cluster.kill(victim)
-        new = wait_until(lambda: (lid := _leader(survivor.url)) not in (None, old) and lid,
-                         30, "a new leader", interval_s=0.05)
+        new = wait_until(lambda: (lid := _leader(survivor.url)) not in (None, old) and lid, 30, "a new leader", interval_s=0.05)
         elected_s = time.monotonic() - t0
         flow.scale(5)
         st = flow.wait_running(5, timeout_s=30)
         scaled_s = time.monotonic() - t0
         lost, dups = flow.finish(MESSAGES, timeout_s=30)
-        print(f"\nkill -9 of leader {old}: new leader {new} after {elected_s:.2f} s; scale 3 -> 5 running "
-              f"{scaled_s:.2f} s after the kill on {per_worker(st)}; lost {lost}, duplicates {dups}")
+        print(
+            f"\nkill -9 of leader {old}: new leader {new} after {elected_s:.2f} s; scale 3 -> 5 running "
+            f"{scaled_s:.2f} s after the kill on {per_worker(st)}; lost {lost}, duplicates {dups}"
+        )
         assert lost == 0, f"{lost} of {MESSAGES} lost: {flow.missing(MESSAGES)[:50]}"
         assert old not in per_worker(st)
     finally:
@@ -204,9 +213,11 @@ def test_kill9_of_the_leader_in_the_middle_of_a_rebalance_and_a_scale_out(broker
         if moment == "before-it-acts":
             assert _last_snapshot(flow, cluster.name) == placed_before, "the frozen leader published a snapshot"
         else:
+
             def published():
                 placed = _assignment(followers[0].url)
                 return sum(map(len, placed.values())) == 8 and placed.get(joined.worker_id)
+
             wait_until(published, 20, "the leader's assignment with the rebalance and the scale-out", interval_s=0.02)
         cluster.kill(victim)
         killed_s = time.monotonic() - t0
@@ -216,20 +227,21 @@ def test_kill9_of_the_leader_in_the_middle_of_a_rebalance_and_a_scale_out(broker
         snap = _last_snapshot(flow, cluster.name)
         lost, dups = flow.finish(MESSAGES, timeout_s=30)
         now = {s["instanceId"]: s["status"] for s in st["instances"]}
-        stayed = [i for i in before if before[i]["workerId"] != victim.worker_id
-                  and now[i]["workerId"] == before[i]["workerId"]]
-        print(f"\nrebalance + scale 6 -> 8, leader {victim.worker_id} (epoch {old['epoch']}) killed {moment} "
-              f"({killed_s:.2f} s after the requests): new leader {snap.leader} (epoch {snap.epoch}) ran all 8 on "
-              f"{per_worker(st)} {done_s:.2f} s after the requests; lost {lost}, duplicates {dups}; {len(stayed)} "
-              "instances stayed on their worker")
+        stayed = [i for i in before if before[i]["workerId"] != victim.worker_id and now[i]["workerId"] == before[i]["workerId"]]
+        print(
+            f"\nrebalance + scale 6 -> 8, leader {victim.worker_id} (epoch {old['epoch']}) killed {moment} "
+            f"({killed_s:.2f} s after the requests): new leader {snap.leader} (epoch {snap.epoch}) ran all 8 on "
+            f"{per_worker(st)} {done_s:.2f} s after the requests; lost {lost}, duplicates {dups}; {len(stayed)} "
+            "instances stayed on their worker"
+        )
         assert snap.epoch > old["epoch"] and snap.leader != victim.worker_id
         assert request in snap.rebalanced, "the rebalance request is not in the new leader's snapshot"
         assert victim.worker_id not in per_worker(st) and per_worker(st).get(joined.worker_id)
         assert lost == 0, f"{lost} of {MESSAGES} lost: {flow.missing(MESSAGES)[:50]}"
         assert stayed, "every instance moved"
         for i in stayed:
-            assert now[i]["numRestarts"] == 0 and now[i]["instanceStartTimeMs"] == before[i]["instanceStartTimeMs"], \
+            assert now[i]["numRestarts"] == 0 and now[i]["instanceStartTimeMs"] == before[i]["instanceStartTimeMs"], (
                 f"instance {i} restarted on {now[i]['workerId']}"
+            )
     finally:
         flow.close()
-

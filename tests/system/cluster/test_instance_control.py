@@ -27,8 +27,12 @@ def _instances(flow: Flow, via: int = 0) -> dict[int, dict]:
 
 
 def _cli(url: str, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", "functions", *args, "--admin-url", url],
-                   check=True, timeout=60, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions", *args, "--admin-url", url],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
 
 
 def test_start_stop_restart_of_one_instance_through_any_worker(broker, cluster):
@@ -45,8 +49,7 @@ def test_start_stop_restart_of_one_instance_through_any_worker(broker, cluster):
         _cli(other.url, "stop", *name, "--instance-id", "1")
         st = wait_until(lambda: (s := _instances(flow, 2))[1]["running"] is False and s, 20, "instance 1 stopped")
         assert st[1]["error"] == "stopped" and st[1]["workerId"] == owner
-        assert all(st[i]["running"] and st[i]["instanceStartTimeMs"] == before[i]["instanceStartTimeMs"]
-                   for i in (0, 2))
+        assert all(st[i]["running"] and st[i]["instanceStartTimeMs"] == before[i]["instanceStartTimeMs"] for i in (0, 2))
 
         # it stays stopped across a parallelism change; the new instance runs
         flow.scale(4, via=1)
@@ -63,11 +66,13 @@ def test_start_stop_restart_of_one_instance_through_any_worker(broker, cluster):
         st = _instances(flow)
         target = next(w for w in cluster.live() if w.worker_id != st[0]["workerId"])
         _cli(target.url, "restart", *name, "--instance-id", "0")
-        after = wait_until(lambda: (s := _instances(flow))[0]["numRestarts"] == 1 and s[0]["running"] and s, 20,
-                           "instance 0 restarted")
+        after = wait_until(
+            lambda: (s := _instances(flow))[0]["numRestarts"] == 1 and s[0]["running"] and s, 20, "instance 0 restarted"
+        )
         assert after[0]["instanceStartTimeMs"] > st[0]["instanceStartTimeMs"]
-        assert all(after[i]["numRestarts"] == 0 and after[i]["instanceStartTimeMs"] == st[i]["instanceStartTimeMs"]
-                   for i in (1, 2, 3))
+        assert all(
+            after[i]["numRestarts"] == 0 and after[i]["instanceStartTimeMs"] == st[i]["instanceStartTimeMs"] for i in (1, 2, 3)
+        )
 
         # the whole function: stop, then start, through different workers
         _cli(cluster.live()[1].url, "stop", *name)

@@ -41,8 +41,11 @@ def test_a_join_that_times_out_is_tried_again_and_succeeds(stopped_broker, tmp_p
     cluster = _cluster(stopped_broker, tmp_path)
     with cluster:
         w = cluster.add()
-        wait_until(lambda: f"joining again (2 of {JOIN_TRIES})" in w.log_path.read_text(), 60,
-                   lambda: f"the first join to time out: {w.log_path.read_text()[-2000:]}")
+        wait_until(
+            lambda: f"joining again (2 of {JOIN_TRIES})" in w.log_path.read_text(),
+            60,
+            lambda: f"the first join to time out: {w.log_path.read_text()[-2000:]}",
+        )
         os.kill(broker_pid(stopped_broker), signal.SIGCONT)
         cluster.wait_ready(90)
         assert w.alive() and "Traceback" not in w.log_path.read_text(), w.log_path.read_text()[-3000:]
@@ -52,10 +55,15 @@ def test_a_join_that_never_gets_an_answer_ends_with_one_line(stopped_broker, tmp
     cluster = _cluster(stopped_broker, tmp_path)
     with cluster:
         w = cluster.add()
-        rc = w.proc.wait(20 * JOIN_TRIES)   # each try waits 10 s for the broker
+        rc = w.proc.wait(20 * JOIN_TRIES)  # each try waits 10 s for the broker
         log = w.log_path.read_text()
         assert rc == 2, log[-3000:]
-        assert log.rstrip().splitlines()[-1].startswith(
-            f"error: cannot join cluster {cluster.name}: the broker did not open its coordination topics in time "
-            f"({JOIN_TRIES} tries of 10 s; the last: "), log[-3000:]
+        assert (
+            log.rstrip()
+            .splitlines()[-1]
+            .startswith(
+                f"error: cannot join cluster {cluster.name}: the broker did not open its coordination topics in time "
+                f"({JOIN_TRIES} tries of 10 s; the last: "
+            )
+        ), log[-3000:]
         assert "Traceback" not in log, log[-3000:]

@@ -16,7 +16,7 @@ from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.model.errors import Conflict, NotFound
 
-LAG_S = 0.5   # what the lagging worker's reader takes per record (fault injection, not synchronisation)
+LAG_S = 0.5  # what the lagging worker's reader takes per record (fault injection, not synchronisation)
 
 
 @pytest.fixture
@@ -43,9 +43,15 @@ def managers(broker, tmp_path):
 
 
 def _config(name: str) -> FunctionConfig:
-    return FunctionConfig.from_dict({"tenant": "public", "namespace": "default", "name": name,
-                                     "className": "pulsar_autoscale.functions.examples.exclaim.Exclaim",
-                                     "inputs": [f"persistent://public/default/{name}-in"]})
+    return FunctionConfig.from_dict(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "pulsar_autoscale.functions.examples.exclaim.Exclaim",
+            "inputs": [f"persistent://public/default/{name}-in"],
+        }
+    )
 
 
 def test_a_function_created_through_one_worker_is_found_at_once_through_another(managers):

@@ -18,9 +18,18 @@ pytestmark = pytest.mark.slow
 
 
 def _create(admin: FunctionsAdmin, name: str) -> None:
-    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
-                  "inputs": [f"persistent://public/default/{name}-in"], "output": f"persistent://public/default/{name}-out",
-                  "parallelism": 2}, str(EXAMPLES / "exclaim.py"))
+    admin.create(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "exclaim.Exclaim",
+            "inputs": [f"persistent://public/default/{name}-in"],
+            "output": f"persistent://public/default/{name}-out",
+            "parallelism": 2,
+        },
+        str(EXAMPLES / "exclaim.py"),
+    )
 
 
 def _wakes_and_processes(admin: FunctionsAdmin, client, name: str) -> None:
@@ -31,7 +40,7 @@ def _wakes_and_processes(admin: FunctionsAdmin, client, name: str) -> None:
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 60, "1 instance running again")
         wait_until(lambda: collector.distinct() == 1, 30, lambda: f"the message sent while asleep: {collector.counts}")
         assert collector.counts == {b"asleep!": 1}
-    finally:   # a failure must not leave its thread reading after the module's client closes
+    finally:  # a failure must not leave its thread reading after the module's client closes
         collector.close()
 
 

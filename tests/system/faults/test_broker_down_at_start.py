@@ -25,8 +25,18 @@ def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is
     try:
         wait(lambda: _healthy(url), 30, "the worker's API")
         admin = FunctionsAdmin(url)
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "exclaim.Exclaim",
-                      "inputs": [src], "output": dst, "parallelism": 2}, str(EXAMPLES / "exclaim.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "exclaim.Exclaim",
+                "inputs": [src],
+                "output": dst,
+                "parallelism": 2,
+            },
+            str(EXAMPLES / "exclaim.py"),
+        )
         wait(lambda: admin.status("public", "default", name)["numRunning"] == 2, 60, "2 running instances")
         stop(worker)
         stop(broker)
@@ -43,8 +53,11 @@ def test_a_worker_started_while_the_broker_is_down_runs_its_functions_once_it_is
         back = broker.port_open_at
         collector = Collector(service_url, dst)
         try:
-            wait(lambda: admin.status("public", "default", name)["numRunning"] == 2, 30,
-                 "the restored instances to run once the broker is back")
+            wait(
+                lambda: admin.status("public", "default", name)["numRunning"] == 2,
+                30,
+                "the restored instances to run once the broker is back",
+            )
             running_after = time.monotonic() - back
             _send(service_url, src, 200)
             wait(lambda: len(collector.counts) == 200, 30, "200 outputs")

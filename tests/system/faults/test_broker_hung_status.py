@@ -20,20 +20,33 @@ from tests.support.scenario import wait_until
 
 
 def test_status_says_not_running_within_seconds_of_a_hung_broker(tmp_path, broker_kind):
-    with own_broker(broker_kind, data_dir=str(tmp_path / "broker")) as broker, \
-            WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url) as server:
+    with (
+        own_broker(broker_kind, data_dir=str(tmp_path / "broker")) as broker,
+        WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url) as server,
+    ):
         admin, name = FunctionsAdmin(server.url), f"hung-{uuid.uuid4().hex[:6]}"
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "inputs": [f"{name}-in"],
-                      "output": f"{name}-out", "parallelism": 2,
-                      "className": "pulsar_autoscale.functions.examples.exclaim.Exclaim"})
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "inputs": [f"{name}-in"],
+                "output": f"{name}-out",
+                "parallelism": 2,
+                "className": "pulsar_autoscale.functions.examples.exclaim.Exclaim",
+            }
+        )
         status = lambda: admin.status("public", "default", name)  # noqa: E731
         wait_until(lambda: status()["numRunning"] == 2, 30, "2 running instances")
         lite_pid = broker_pid(broker)
         os.kill(lite_pid, signal.SIGSTOP)
         stopped = time.monotonic()
         try:
-            hung = wait_until(lambda: (lambda s: s if s["numRunning"] == 0 else None)(status()), 15,
-                              "status to say no instance runs while the broker is stopped")
+            hung = wait_until(
+                lambda: (lambda s: s if s["numRunning"] == 0 else None)(status()),
+                15,
+                "status to say no instance runs while the broker is stopped",
+            )
             honest_after = time.monotonic() - stopped
         finally:
             os.kill(lite_pid, signal.SIGCONT)

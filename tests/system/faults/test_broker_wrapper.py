@@ -18,8 +18,12 @@ pytestmark = pytest.mark.lite_only("pulsar-lite's own wrapper, relay and data-di
 
 
 def _start(data_dir: str, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pulsar_autoscale.cli.main", "broker", "--port", str(port),
-                             "--data-dir", data_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pulsar_autoscale.cli.main", "broker", "--port", str(port), "--data-dir", data_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _children(pid: int) -> list[int]:

@@ -20,8 +20,9 @@ CHILD = str(Path(__file__).parents[2] / "support" / "leader_child.py")
 
 class _Elector:
     def __init__(self, service_url: str, topic: str, name: str):
-        self.proc = subprocess.Popen([sys.executable, CHILD, service_url, topic, name], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, CHILD, service_url, topic, name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
         self.events: list[tuple[str, ...]] = []
         threading.Thread(target=self._pump, daemon=True).start()
 

@@ -33,17 +33,30 @@ def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str
 
 def _create(cluster: WorkerCluster, url: str, name: str, src: str) -> dict[int, str]:
     FunctionsAdmin(url).create(
-        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-         "inputs": [src], "parallelism": 3, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-         "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "parallelism": 3,
+            "keyedState": True,
+            "processingGuarantees": "EFFECTIVELY_ONCE",
+            "subscriptionPosition": "Earliest",
+        },
+        str(EXAMPLES / "keyed_count.py"),
+    )
     return wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 different workers")
 
 
 def _assert_exact(cluster: WorkerCluster, name: str, sent: int) -> None:
     """Every key counted the `sent // KEYS` records it was sent, once (the load sends whole rounds of keys)."""
     expected = {f"k{k}": sent // KEYS for k in range(KEYS)}
-    wait_until(lambda: _counts(cluster, name) == expected, 120,
-               lambda: f"exact counts {expected['k0']} per key: {_counts(cluster, name)}")
+    wait_until(
+        lambda: _counts(cluster, name) == expected,
+        120,
+        lambda: f"exact counts {expected['k0']} per key: {_counts(cluster, name)}",
+    )
 
 
 def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_path):
@@ -59,32 +72,44 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
             time.sleep(2)
             FunctionsAdmin(a.url).set_parallelism("public", "default", name, 2)
             t0 = time.monotonic()
-            wait_until(lambda: sorted(cluster.placement(name)) == [0, 1], 60,
-                       lambda: f"instance 2 drained once its groups left: {cluster.placement(name)}")
+            wait_until(
+                lambda: sorted(cluster.placement(name)) == [0, 1],
+                60,
+                lambda: f"instance 2 drained once its groups left: {cluster.placement(name)}",
+            )
             timings["scale 3->2 (instance 2 drained)"] = time.monotonic() - t0
             front_view = lambda: FunctionsAdmin(b.url).status("public", "default", name).get("autoscale")  # noqa: E731
-            wait_until(lambda: (front_view() or {}).get("keyedState", {}).get("groupsPerInstance") == {"0": 64, "1": 64},
-                       30, lambda: f"status from the front: 64 groups on each of 2 instances: {front_view()}")
+            wait_until(
+                lambda: (front_view() or {}).get("keyedState", {}).get("groupsPerInstance") == {"0": 64, "1": 64},
+                30,
+                lambda: f"status from the front: 64 groups on each of 2 instances: {front_view()}",
+            )
             assert front_view()["keyedState"]["lastMigration"]["movedGroups"] == 42
             FunctionsAdmin(b.url).set_parallelism("public", "default", name, 3)
             t0 = time.monotonic()
             placed = wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 workers again")
             timings["scale 2->3 (instance 2 running)"] = time.monotonic() - t0
             time.sleep(2)
-            victim = next(w for w in cluster.live() if w.worker_id != placed[0])   # not the front
+            victim = next(w for w in cluster.live() if w.worker_id != placed[0])  # not the front
             lost = {i for i, w in placed.items() if w == victim.worker_id}
             cluster.kill(victim)
             t0 = time.monotonic()
-            placed = wait_until(lambda: _serving_again(cluster, name, lost, victim.worker_id), 60,
-                                f"instances {lost} of killed {victim.worker_id} serving on a survivor")
+            placed = wait_until(
+                lambda: _serving_again(cluster, name, lost, victim.worker_id),
+                60,
+                f"instances {lost} of killed {victim.worker_id} serving on a survivor",
+            )
             timings["kill -9 non-front: groups serve again"] = time.monotonic() - t0
             time.sleep(2)
             front = cluster.by_id(placed[0])
             lost = {i for i, w in placed.items() if w == front.worker_id}
             cluster.kill(front)
             t0 = time.monotonic()
-            wait_until(lambda: _serving_again(cluster, name, lost, front.worker_id), 60,
-                       f"instances {lost} of the killed front {front.worker_id} serving on the survivor")
+            wait_until(
+                lambda: _serving_again(cluster, name, lost, front.worker_id),
+                60,
+                f"instances {lost} of the killed front {front.worker_id} serving on the survivor",
+            )
             timings["kill -9 front: groups serve again"] = time.monotonic() - t0
             sent = producer.finish(90)
         finally:
@@ -106,14 +131,17 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
         producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
         timings = {}
         try:
-            for instance in (1, 0):   # a worker without the front, then the front's
+            for instance in (1, 0):  # a worker without the front, then the front's
                 time.sleep(3)
                 leaving = cluster.by_id(placed[instance])
                 moving = {i for i, w in placed.items() if w == leaving.worker_id}
                 t0 = time.monotonic()
                 cluster.terminate(leaving)
-                placed = wait_until(lambda: _serving_again(cluster, name, moving, leaving.worker_id), 60,
-                                    f"instances {moving} of {leaving.worker_id} (SIGTERM) serving on a survivor")
+                placed = wait_until(
+                    lambda: _serving_again(cluster, name, moving, leaving.worker_id),
+                    60,
+                    f"instances {moving} of {leaving.worker_id} (SIGTERM) serving on a survivor",
+                )
                 timings[f"SIGTERM of instance {instance}'s worker: serving again"] = time.monotonic() - t0
             sent = producer.finish(90)
         finally:
@@ -145,13 +173,23 @@ def _mid_migration(cluster: WorkerCluster, name: str, instance: str, at_least: i
 def _create_paced(cluster: WorkerCluster, name: str, src: str, parallelism: int) -> dict[int, str]:
     """The keyed count with subscales of 1 group paced to a duty of 10%: a migration goes on for many seconds."""
     FunctionsAdmin(cluster.live()[0].url).create(
-        {"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-         "inputs": [src], "parallelism": parallelism, "keyedState": True, "processingGuarantees": "EFFECTIVELY_ONCE",
-         "subscriptionPosition": "Earliest",
-         "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.1}}'},
-        str(EXAMPLES / "keyed_count.py"))
-    return wait_until(lambda: cluster.spread(name, parallelism), 60,
-                      f"{parallelism} instances on {parallelism} different workers")
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "parallelism": parallelism,
+            "keyedState": True,
+            "processingGuarantees": "EFFECTIVELY_ONCE",
+            "subscriptionPosition": "Earliest",
+            "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.1}}',
+        },
+        str(EXAMPLES / "keyed_count.py"),
+    )
+    return wait_until(
+        lambda: cluster.spread(name, parallelism), 60, f"{parallelism} instances on {parallelism} different workers"
+    )
 
 
 @contextmanager
@@ -171,15 +209,17 @@ def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
     FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 2)
     # Paced at a duty of 10%, each 1-group subscale is followed by a pause 9x as long as it took, so on a loaded
     # machine five groups can take half a minute; the migration of 43 lasts far longer.
-    wait_until(lambda: _mid_migration(cluster, name, "2", -38), 150,
-               lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}")
+    wait_until(
+        lambda: _mid_migration(cluster, name, "2", -38),
+        150,
+        lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}",
+    )
 
 
 def _finished(cluster: WorkerCluster, name: str, groups: dict[str, int], what: str) -> None:
     """A paced migration's pauses grow with the time its subscales take: on a machine with every core busy one of
     42 groups took 2.8 s at a duty of 5% (120 s for 42), so the bound is generous."""
-    wait_until(lambda: keyed_settled(_keyed_view(cluster, name), groups), 240,
-               lambda: f"{what}: {_keyed_view(cluster, name)}")
+    wait_until(lambda: keyed_settled(_keyed_view(cluster, name), groups), 240, lambda: f"{what}: {_keyed_view(cluster, name)}")
 
 
 def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker, tmp_path):
@@ -197,14 +237,17 @@ def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker
         with _load(broker, src) as producer:
             time.sleep(2)
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 3)
-            view = wait_until(lambda: _mid_migration(cluster, name, "2", 3), 60,
-                              lambda: f"a 2 -> 3 under way with groups on instance 2: {_keyed_view(cluster, name)}")
+            view = wait_until(
+                lambda: _mid_migration(cluster, name, "2", 3),
+                60,
+                lambda: f"a 2 -> 3 under way with groups on instance 2: {_keyed_view(cluster, name)}",
+            )
             placed = wait_until(lambda: cluster.spread(name, 3), 30, "instance 2 on the third worker")
             assert view["migrating"] and placed[2] != placed[0]
-            cluster.kill(cluster.by_id(placed[0]))   # the front's worker
+            cluster.kill(cluster.by_id(placed[0]))  # the front's worker
             _finished(cluster, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished under a new front")
             _scale_in_to_2_under_way(cluster, name)
-            cluster.kill(cluster.by_id(cluster.placement(name)[2]))   # the surplus instance's worker
+            cluster.kill(cluster.by_id(cluster.placement(name)[2]))  # the surplus instance's worker
             _finished(cluster, name, {"0": 64, "1": 64}, "the 3 -> 2 finished without instance 2's worker")
             sent = producer.finish(90)
         _assert_exact(cluster, name, sent)

@@ -22,7 +22,7 @@ from tests.system.keyed.test_cluster import KEYS, _load
 from tests.system.keyed.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
-AFTER = 200   # records sent after a delete, over keys a0..a9
+AFTER = 200  # records sent after a delete, over keys a0..a9
 LOG_TAIL = 80
 RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records")
 
@@ -41,8 +41,7 @@ def _admin(broker, tmp_path, cluster: bool):
                 yield FunctionsAdmin(worker.url)
     except BaseException:
         for log in sorted(tmp_path.glob("*.log")):
-            print(f"==== {log.name} (last {LOG_TAIL} lines)", *log.read_text(errors="replace").splitlines()[-LOG_TAIL:],
-                  sep="\n")
+            print(f"==== {log.name} (last {LOG_TAIL} lines)", *log.read_text(errors="replace").splitlines()[-LOG_TAIL:], sep="\n")
         raise
 
 
@@ -59,12 +58,22 @@ def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str, **fiel
             yield admin, name, src, producer
 
 
-def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3, code: str | None = None,
-            **fields) -> None:
-    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                  "inputs": [src], "parallelism": parallelism, "keyedState": True,
-                  "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest", **fields},
-                 code or str(EXAMPLES / "keyed_count.py"))
+def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3, code: str | None = None, **fields) -> None:
+    admin.create(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "parallelism": parallelism,
+            "keyedState": True,
+            "processingGuarantees": "EFFECTIVELY_ONCE",
+            "subscriptionPosition": "Earliest",
+            **fields,
+        },
+        code or str(EXAMPLES / "keyed_count.py"),
+    )
     _wait_running(admin, name, set(range(parallelism)), "created")
 
 
@@ -74,8 +83,11 @@ def _running(admin: FunctionsAdmin, name: str) -> set[int]:
 
 def _started(admin: FunctionsAdmin, name: str) -> dict[int, int]:
     """Each running instance's start time (ms): an update's restart shows as a later one."""
-    return {i["instanceId"]: i["status"]["instanceStartTimeMs"]
-            for i in admin.status("public", "default", name)["instances"] if i["status"]["running"]}
+    return {
+        i["instanceId"]: i["status"]["instanceStartTimeMs"]
+        for i in admin.status("public", "default", name)["instances"]
+        if i["status"]["running"]
+    }
 
 
 def _keyed(admin: FunctionsAdmin, name: str) -> dict:
@@ -83,8 +95,7 @@ def _keyed(admin: FunctionsAdmin, name: str) -> dict:
 
 
 def _migrated(admin: FunctionsAdmin, name: str, groups: dict[str, int], why: str) -> None:
-    wait_until(lambda: keyed_settled(_keyed(admin, name), groups), 120,
-               lambda: f"{why}: {groups}, saw {_keyed(admin, name)}")
+    wait_until(lambda: keyed_settled(_keyed(admin, name), groups), 120, lambda: f"{why}: {groups}, saw {_keyed(admin, name)}")
 
 
 def _consumers(broker, topic: str, subscription: str) -> float | None:
@@ -92,15 +103,19 @@ def _consumers(broker, topic: str, subscription: str) -> float | None:
 
 
 def _wait_running(admin: FunctionsAdmin, name: str, ids: set[int], why: str) -> None:
-    wait_until(lambda: _running(admin, name) == ids, 60, lambda: f"{why}: {sorted(ids)} running, "
-                                                                 f"saw {sorted(_running(admin, name))}")
+    wait_until(
+        lambda: _running(admin, name) == ids, 60, lambda: f"{why}: {sorted(ids)} running, saw {sorted(_running(admin, name))}"
+    )
 
 
 def _assert_exact(admin: FunctionsAdmin, name: str, sent: int) -> None:
     """Every key counted the `sent // KEYS` records it was sent, once (the load sends whole rounds of keys)."""
     want = {f"k{k}": sent // KEYS for k in range(KEYS)}
-    wait_until(lambda: _counts(admin, name, KEYS) == want, 120,
-               lambda: f"exact counts {sent // KEYS} per key: {_counts(admin, name, KEYS)}")
+    wait_until(
+        lambda: _counts(admin, name, KEYS) == want,
+        120,
+        lambda: f"exact counts {sent // KEYS} per key: {_counts(admin, name, KEYS)}",
+    )
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -108,27 +123,33 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
     with _keyed_count_under_load(broker, tmp_path, cluster, "kr") as (admin, name, _, producer):
         admin.action("public", "default", name, "restart", 1)
         time.sleep(3)
-        admin.action("public", "default", name, "restart", 0)   # on a cluster the front's instance
+        admin.action("public", "default", name, "restart", 0)  # on a cluster the front's instance
         time.sleep(3)
         admin.action("public", "default", name, "stop", 2)
         _wait_running(admin, name, {0, 1}, "instance 2 stopped")
         before = _counts(admin, name, KEYS)
         time.sleep(3)
         after = _counts(admin, name, KEYS)
-        waiting = {k for k in before if key_group(k, 128) >= 86}   # instance 2's groups of 3 (uniform)
-        if cluster:   # the stopped instance's store went with it (it may start on another worker)
+        waiting = {k for k in before if key_group(k, 128) >= 86}  # instance 2's groups of 3 (uniform)
+        if cluster:  # the stopped instance's store went with it (it may start on another worker)
             with pytest.raises(AdminError, match="404.*instances \\[2\\] are stopped"):
                 admin.get_state("public", "default", name, min(waiting))
-        else:         # its store stays on the worker
+        else:  # its store stays on the worker
             assert waiting and all(after[k] == before[k] for k in waiting), (before, after)
         assert all(after[k] > before[k] for k in set(before) - waiting), (before, after)
         admin.action("public", "default", name, "start", 2)
         _wait_running(admin, name, {0, 1, 2}, "instance 2 started again")
         time.sleep(2)
-        admin.action("public", "default", name, "restart")   # every instance
+        admin.action("public", "default", name, "restart")  # every instance
         time.sleep(3)
-        admin.update({"tenant": "public", "namespace": "default", "name": name,   # restarts them all too
-                      "userConfig": {"version": 2}})
+        admin.update(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,  # restarts them all too
+                "userConfig": {"version": 2},
+            }
+        )
         time.sleep(3)
         admin.action("public", "default", name, "stop")
         _wait_running(admin, name, set(), "every instance stopped")
@@ -145,15 +166,17 @@ def test_a_stopped_instance_0_leaves_the_other_keys_going(broker, tmp_path, clus
     with _keyed_count_under_load(broker, tmp_path, cluster, "k0") as (admin, name, _, producer):
         admin.action("public", "default", name, "stop", 0)
         _wait_running(admin, name, {1, 2}, "instance 0 stopped")
-        time.sleep(1)   # what instance 0 had in hand is counted
+        time.sleep(1)  # what instance 0 had in hand is counted
         before = _counts(admin, name, KEYS) if not cluster else None
-        mine = {f"k{k}" for k in range(KEYS) if key_group(f"k{k}", 128) < 43}   # instance 0's groups of 3 (uniform)
+        mine = {f"k{k}" for k in range(KEYS) if key_group(f"k{k}", 128) < 43}  # instance 0's groups of 3 (uniform)
         others = lambda: {k: v for k, v in _counts(admin, name, KEYS).items() if k not in mine}  # noqa: E731
         first = others()
-        wait_until(lambda: all(v > first[k] for k, v in others().items()), 30,
-                   lambda: f"every key of instances 1 and 2 counted on while instance 0 is stopped: from {first} "
-                           f"to {others()}")
-        if before is not None:   # one worker: instance 0's store stays, its keys' counts stand still
+        wait_until(
+            lambda: all(v > first[k] for k, v in others().items()),
+            30,
+            lambda: f"every key of instances 1 and 2 counted on while instance 0 is stopped: from {first} to {others()}",
+        )
+        if before is not None:  # one worker: instance 0's store stays, its keys' counts stand still
             assert all(_counts(admin, name, KEYS)[k] == before[k] for k in mine)
         admin.action("public", "default", name, "start", 0)
         _wait_running(admin, name, {0, 1, 2}, "instance 0 started again")
@@ -169,9 +192,11 @@ def test_scale_to_zero_and_back(broker, tmp_path, cluster):
         admin.set_parallelism("public", "default", name, 0)
         _wait_running(admin, name, set(), "scaled to zero")
         # asleep for real: nothing receives the input (before, a cluster kept instance 0 and its front running)
-        wait_until(lambda: not _consumers(broker, src, f"public/default/{name}"), 60,
-                   lambda: f"no consumer on {src} at parallelism 0 (consumers: "
-                           f"{_consumers(broker, src, f'public/default/{name}')})")
+        wait_until(
+            lambda: not _consumers(broker, src, f"public/default/{name}"),
+            60,
+            lambda: f"no consumer on {src} at parallelism 0 (consumers: {_consumers(broker, src, f'public/default/{name}')})",
+        )
         time.sleep(2)
         admin.set_parallelism("public", "default", name, 2)
         _wait_running(admin, name, {0, 1}, "back at 2")
@@ -186,18 +211,30 @@ def test_an_update_of_the_retries_reaches_the_keyed_input(broker, client, tmp_pa
     name = f"kd-{uuid.uuid4().hex[:6]}"
     src, dlq = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-dlq"
     with _admin(broker, tmp_path, cluster) as admin:
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "poison.Poison",
-                      "inputs": [src], "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest"},
-                     str(EXAMPLES / "poison.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "poison.Poison",
+                "inputs": [src],
+                "parallelism": 2,
+                "keyedState": True,
+                "subscriptionPosition": "Earliest",
+            },
+            str(EXAMPLES / "poison.py"),
+        )
         _wait_running(admin, name, {0, 1}, "created")
         before = _started(admin, name)
-        admin.update({"tenant": "public", "namespace": "default", "name": name, "maxMessageRetries": 1,
-                      "deadLetterTopic": dlq})
+        admin.update({"tenant": "public", "namespace": "default", "name": name, "maxMessageRetries": 1, "deadLetterTopic": dlq})
         # The update restarts the instances after it returns, as Pulsar's does. A record sent meanwhile can
         # reach the old input and go back to the broker with the restart (a redelivery, counted against the
         # retries): the test's record goes once both instances run again.
-        wait_until(lambda: (now := _started(admin, name)).keys() == {0, 1} and all(now[i] > before[i] for i in now),
-                   60, lambda: f"instances restarted by the update: started {before}, now {_started(admin, name)}")
+        wait_until(
+            lambda: (now := _started(admin, name)).keys() == {0, 1} and all(now[i] > before[i] for i in now),
+            60,
+            lambda: f"instances restarted by the update: started {before}, now {_started(admin, name)}",
+        )
         dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(src)
         producer.send(b"poison", partition_key="p")
@@ -212,20 +249,25 @@ def test_a_delete_in_the_middle_of_a_migration_leaves_nothing_running(broker, tm
     """A delete during a 2 -> 3 stops the migration: nothing of the deleted function goes on receiving its input
     (with cleanupSubscription false what is sent after the delete waits for the next function of that name,
     whole) or writing its files (the new one starts from its own config: 2 instances, 64 groups each)."""
-    slow = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'   # 42 subscales: seconds to delete in
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kx", parallelism=2, cleanupSubscription=False,
-                                 customRuntimeOptions=slow) as (admin, name, src, producer):
+    slow = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'  # 42 subscales: seconds to delete in
+    with _keyed_count_under_load(
+        broker, tmp_path, cluster, "kx", parallelism=2, cleanupSubscription=False, customRuntimeOptions=slow
+    ) as (admin, name, src, producer):
         admin.set_parallelism("public", "default", name, 3)
-        wait_until(lambda: _keyed(admin, name).get("migrating"), 30, lambda: f"a 2 -> 3 under way: "
-                                                                             f"{_keyed(admin, name)}")
+        wait_until(lambda: _keyed(admin, name).get("migrating"), 30, lambda: f"a 2 -> 3 under way: {_keyed(admin, name)}")
         admin.delete("public", "default", name)
         producer.kill()
         producer.wait()
         wait_until(lambda: name not in admin.list("public", "default"), 30, "deleted")
         # as on Pulsar, a delete answers before the workers have stopped the instances: wait for that
-        wait_until(lambda: not _consumers(broker, src, f"public/default/{name}"), 30,
-                   lambda: f"the deleted function's workers to let go of {src} (consumers: "
-                           f"{_consumers(broker, src, f'public/default/{name}')})")
+        wait_until(
+            lambda: not _consumers(broker, src, f"public/default/{name}"),
+            30,
+            lambda: (
+                f"the deleted function's workers to let go of {src} (consumers: "
+                f"{_consumers(broker, src, f'public/default/{name}')})"
+            ),
+        )
         client = pulsar.Client(broker.service_url)
         try:
             after = client.create_producer(src)
@@ -236,8 +278,11 @@ def test_a_delete_in_the_middle_of_a_migration_leaves_nothing_running(broker, tm
         _create(admin, name, src, parallelism=2, cleanupSubscription=False)
         assert _keyed(admin, name)["groupsPerInstance"] == {"0": 64, "1": 64}
         want = {f"a{k}": AFTER // 10 for k in range(10)}
-        wait_until(lambda: _counts(admin, name, 10, "a") == want, 60,
-                   lambda: f"every record sent after the delete counted once: {_counts(admin, name, 10, 'a')}")
+        wait_until(
+            lambda: _counts(admin, name, 10, "a") == want,
+            60,
+            lambda: f"every record sent after the delete counted once: {_counts(admin, name, 10, 'a')}",
+        )
         assert _running(admin, name) == {0, 1}
 
 
@@ -246,11 +291,14 @@ def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, 
     """An update that restarts every instance, then a restart of one, both while groups move 2 -> 3: the
     migration still ends at 3 owners and the counts are exact."""
     slow = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.1}}'
-    with _keyed_count_under_load(broker, tmp_path, cluster, "ku", parallelism=2,
-                                 customRuntimeOptions=slow) as (admin, name, _, producer):
+    with _keyed_count_under_load(broker, tmp_path, cluster, "ku", parallelism=2, customRuntimeOptions=slow) as (
+        admin,
+        name,
+        _,
+        producer,
+    ):
         admin.set_parallelism("public", "default", name, 3)
-        wait_until(lambda: _keyed(admin, name).get("migrating"), 30, lambda: f"a 2 -> 3 under way: "
-                                                                             f"{_keyed(admin, name)}")
+        wait_until(lambda: _keyed(admin, name).get("migrating"), 30, lambda: f"a 2 -> 3 under way: {_keyed(admin, name)}")
         admin.update({"tenant": "public", "namespace": "default", "name": name, "userConfig": {"version": 2}})
         time.sleep(2)
         admin.action("public", "default", name, "restart", 1)
@@ -270,9 +318,9 @@ def _stop_set_start(admin: FunctionsAdmin, name: str, target: int, groups: dict[
     admin.set_parallelism("public", "default", name, target)
     added = set(range(2, target))
     _wait_running(admin, name, added, f"only the added instances {sorted(added)} running at {target}")
-    time.sleep(1)   # nothing that was stopped starts on its own
+    time.sleep(1)  # nothing that was stopped starts on its own
     assert _running(admin, name) == added
-    if not cluster:   # a cluster's front runs with instance 0: no view until it starts
+    if not cluster:  # a cluster's front runs with instance 0: no view until it starts
         assert "once the stopped instances [0, 1] start" in _keyed(admin, name)["waiting"], _keyed(admin, name)
     admin.action("public", "default", name, "start")
     _wait_running(admin, name, set(range(target)), f"{target} instances started")
@@ -300,11 +348,18 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
         _stop_set_start(admin, name, *SCALE_OUT, cluster)
         logged = {log: log.stat().st_size for log in tmp_path.glob("*.log")}
         _stop_set_start(admin, name, *SCALE_IN, cluster)
-        logs = {log: [line for line in log.read_bytes()[logged.get(log, 0):].decode(errors="replace").splitlines()
-                      if name in line and "instance 2" in line] for log in tmp_path.glob("*.log")}
+        logs = {
+            log: [
+                line
+                for line in log.read_bytes()[logged.get(log, 0) :].decode(errors="replace").splitlines()
+                if name in line and "instance 2" in line
+            ]
+            for log in tmp_path.glob("*.log")
+        }
         lines = [line for log_lines in logs.values() for line in log_lines]
-        assert not any(RESTORED.search(line) for line in lines), \
+        assert not any(RESTORED.search(line) for line in lines), (
             f"the surplus instance 2 restored its groups before it gave them up: {lines}"
+        )
         released = sum(int(m[1]) for line in lines if (m := RELEASED_UNRESTORED.search(line)))
         # Where the member started it again at once on the worker it was stopped on, its store there stayed open
         # and current (no "left this worker" between): it releases its groups with a snapshot, as any instance
@@ -317,10 +372,12 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
 
 def _started_again_with_its_store(lines: list[str]) -> bool:
     """One worker's log lines about instance 2: it was drained and started again there, its store never closed."""
-    events = [("drained" if "drained" in line else "left" if "left this worker" in line else
-               "started" if "started" in line else "") for line in lines]
+    events = [
+        ("drained" if "drained" in line else "left" if "left this worker" in line else "started" if "started" in line else "")
+        for line in lines
+    ]
     events = [e for e in events if e]
-    return any(events[i:i + 2] == ["drained", "started"] for i in range(len(events) - 1))
+    return any(events[i : i + 2] == ["drained", "started"] for i in range(len(events) - 1))
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -329,8 +386,15 @@ def test_an_update_of_the_parallelism_and_the_config_together(broker, tmp_path, 
     restart with the new config and the groups move to the new parallelism, 2 -> 3 and 3 -> 2; exact counts."""
     with _keyed_count_under_load(broker, tmp_path, cluster, "kb", parallelism=2) as (admin, name, _, producer):
         for version, (target, groups) in enumerate(((3, {"0": 43, "1": 43, "2": 42}), (2, {"0": 64, "1": 64}))):
-            admin.update({"tenant": "public", "namespace": "default", "name": name, "parallelism": target,
-                          "userConfig": {"version": version}})
+            admin.update(
+                {
+                    "tenant": "public",
+                    "namespace": "default",
+                    "name": name,
+                    "parallelism": target,
+                    "userConfig": {"version": version},
+                }
+            )
             assert admin.get("public", "default", name)["userConfig"] == {"version": version}
             _wait_running(admin, name, set(range(target)), f"{target} instances after the update")
             _migrated(admin, name, groups, f"the change to {target} finished")
@@ -351,8 +415,11 @@ def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client
         """10 more records per key, then wait until every key has counted `total`."""
         for n in range(10 * KEYS):
             producer.send(b"x", partition_key=f"k{n % KEYS}")
-        wait_until(lambda: set(_counts(admin, name, KEYS).values()) == {total}, 60,
-                   lambda: f"{total} counted per key: {_counts(admin, name, KEYS)}")
+        wait_until(
+            lambda: set(_counts(admin, name, KEYS).values()) == {total},
+            60,
+            lambda: f"{total} counted per key: {_counts(admin, name, KEYS)}",
+        )
 
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
@@ -364,23 +431,33 @@ def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client
         admin.action("public", "default", name, "stop")
         _wait_running(admin, name, set(), "every instance stopped")
         # each has drained and its store closed (an instance started again before that keeps its store open)
-        closed = lambda: {int(m[1]) for w in cluster.live()   # noqa: E731
-                          for m in re.finditer(rf"{name}\S*: instance (\d+) left this worker",
-                                               w.log_path.read_bytes()[logged[w.worker_id]:].decode())}
+        closed = (
+            lambda: {
+                int(m[1])
+                for w in cluster.live()  # noqa: E731
+                for m in re.finditer(
+                    rf"{name}\S*: instance (\d+) left this worker", w.log_path.read_bytes()[logged[w.worker_id] :].decode()
+                )
+            }
+        )
         wait_until(lambda: closed() == {0, 1}, 30, lambda: f"both instances' stores closed, saw {closed()}")
         admin.action("public", "default", name, "start")
         _wait_running(admin, name, {0, 1}, "every instance started again")
-        send_and_count(20)   # counts stay exact through the stop: the snapshots hold what was counted before
+        send_and_count(20)  # counts stay exact through the stop: the snapshots hold what was counted before
         again = cluster.placement(name)
-        since = {w.worker_id: w.log_path.read_bytes()[logged[w.worker_id]:].decode() for w in cluster.live()}
-        restores = {(wid, int(m[1])): tuple(map(int, m.groups()[1:]))
-                    for wid, text in since.items() for line in text.splitlines()
-                    if name in line and (m := RESTORED.search(line))}
+        since = {w.worker_id: w.log_path.read_bytes()[logged[w.worker_id] :].decode() for w in cluster.live()}
+        restores = {
+            (wid, int(m[1])): tuple(map(int, m.groups()[1:]))
+            for wid, text in since.items()
+            for line in text.splitlines()
+            if name in line and (m := RESTORED.search(line))
+        }
     same = [i for i in placed if again.get(i) == placed[i]]
     assert same, f"no instance started again on its worker (before {placed}, after {again}): nothing to check"
     for i in same:
         groups, from_snapshot, records = restores[(placed[i], i)]
-        assert groups > 0 and from_snapshot == groups, \
+        assert groups > 0 and from_snapshot == groups, (
             f"instance {i} restored {groups} key groups on {placed[i]}, {from_snapshot} from a snapshot ({restores})"
+        )
         assert records == 0, f"instance {i} replayed {records} changelog records: nothing was written while it stopped"
     producer.close()

@@ -37,16 +37,16 @@ def test_querystate_and_putstate_answer_on_every_worker(broker, client, tmp_path
             assert got == want, f"querystate on {w.worker_id} (hosts {sorted(i for i, o in placed.items() if o == w.worker_id)})"
             with pytest.raises(AdminError, match="404.*nokey"):
                 admin.get_state("public", "default", name, "nokey")
-        for k in range(KEYS):   # written through the worker that hosts nothing, read back everywhere
+        for k in range(KEYS):  # written through the worker that hosts nothing, read back everywhere
             FunctionsAdmin(idle.url).put_state("public", "default", name, {"key": f"k{k}", "numberValue": 100 + k})
         for w in cluster.live():
-            got = [FunctionsAdmin(w.url).get_state("public", "default", name, f"k{k}")["numberValue"]
-                   for k in range(KEYS)]
+            got = [FunctionsAdmin(w.url).get_state("public", "default", name, f"k{k}")["numberValue"] for k in range(KEYS)]
             assert got == [100 + k for k in range(KEYS)], f"after putstate, querystate on {w.worker_id}: {got}"
         # The forward asks the others with scope=local; a worker that holds no instance of the key's group says so
         # (421) rather than pretend the key does not exist.
-        local = requests.get(f"{idle.url}/admin/v3/functions/public/default/{name}/state/k0", params={"scope": "local"},
-                             timeout=5)
+        local = requests.get(
+            f"{idle.url}/admin/v3/functions/public/default/{name}/state/k0", params={"scope": "local"}, timeout=5
+        )
         assert local.status_code == 421, (local.status_code, local.text)
 
 
@@ -59,8 +59,18 @@ def test_a_state_key_written_in_another_keys_group_is_found_on_every_worker(brok
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
         FunctionsAdmin(cluster.live()[0].url).create(
-            {"tenant": "public", "namespace": "default", "name": name, "className": "poison.Poison", "inputs": [src],
-             "parallelism": 2, "keyedState": True, "subscriptionPosition": "Earliest"}, str(EXAMPLES / "poison.py"))
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "poison.Poison",
+                "inputs": [src],
+                "parallelism": 2,
+                "keyedState": True,
+                "subscriptionPosition": "Earliest",
+            },
+            str(EXAMPLES / "poison.py"),
+        )
         wait_until(lambda: cluster.spread(name, 2), 60, "2 instances on 2 different workers")
         state_key = "deliveries:hello"
         # instance 0 owns groups 0-63, instance 1 64-127: the message key's group on the other instance
@@ -69,9 +79,12 @@ def test_a_state_key_written_in_another_keys_group_is_found_on_every_worker(brok
         client.create_producer(src).send(b"hello", partition_key=message_key)
         for w in cluster.live():
             admin = FunctionsAdmin(w.url)
-            wait_until(lambda: _number(admin, name, state_key) == 1, 30,
-                       lambda: f"querystate {state_key} on {w.worker_id}: {_number(admin, name, state_key)}")
-        for value, w in enumerate(cluster.live(), start=10):   # a putstate through any worker updates that key
+            wait_until(
+                lambda: _number(admin, name, state_key) == 1,
+                30,
+                lambda: f"querystate {state_key} on {w.worker_id}: {_number(admin, name, state_key)}",
+            )
+        for value, w in enumerate(cluster.live(), start=10):  # a putstate through any worker updates that key
             FunctionsAdmin(w.url).put_state("public", "default", name, {"key": state_key, "numberValue": value})
             seen = {v.worker_id: _number(FunctionsAdmin(v.url), name, state_key) for v in cluster.live()}
             assert set(seen.values()) == {value}, f"after putstate {value} through {w.worker_id}: {seen}"

@@ -21,7 +21,7 @@ from tests.system.keyed.test_cluster import _create_paced, _keyed_view, _mid_mig
 
 pytestmark = pytest.mark.slow
 KEYS, PER_KEY, RATE = 40, 50, 100.0
-SETTLE_S = 45.0   # from the end of the load to exact counts; the defect held records for 60 s and more
+SETTLE_S = 45.0  # from the end of the load to exact counts; the defect held records for 60 s and more
 
 
 def _counts(cluster: WorkerCluster, name: str) -> dict[str, int]:
@@ -40,8 +40,11 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
         try:
             time.sleep(2)
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 4)
-            wait_until(lambda: _mid_migration(cluster, name, "2", 2), 60,
-                       lambda: f"a 2 -> 4 under way with groups on instance 2: {_keyed_view(cluster, name)}")
+            wait_until(
+                lambda: _mid_migration(cluster, name, "2", 2),
+                60,
+                lambda: f"a 2 -> 4 under way with groups on instance 2: {_keyed_view(cluster, name)}",
+            )
             front = cluster.by_id(cluster.placement(name)[0])
             cluster.kill(front)
             survivor = cluster.live()[0]
@@ -49,9 +52,12 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
                 FunctionsAdmin(survivor.url).set_parallelism("public", "default", name, 2)
             front = cluster.restart(front)
             if scaled == "while-resuming":
-                wait_until(lambda: _mid_migration(cluster, name, "2", 1), 60,
-                           lambda: f"the restarted front re-running the 2 -> 4: {_keyed_view(cluster, name)}",
-                           interval_s=0.2)
+                wait_until(
+                    lambda: _mid_migration(cluster, name, "2", 1),
+                    60,
+                    lambda: f"the restarted front re-running the 2 -> 4: {_keyed_view(cluster, name)}",
+                    interval_s=0.2,
+                )
                 FunctionsAdmin(survivor.url).set_parallelism("public", "default", name, 2)
             assert producer.wait(120) == 0
         finally:
@@ -61,10 +67,18 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
         t0 = time.monotonic()
         expected = {f"k{k}": PER_KEY for k in range(KEYS)}
         try:
-            wait_until(lambda: _counts(cluster, name) == expected, SETTLE_S,
-                       lambda: f"exact counts of {PER_KEY} per key: {_counts(cluster, name)}", interval_s=1.0)
-            wait_until(lambda: keyed_settled(_keyed_view(cluster, name), {"0": 64, "1": 64}), 30,
-                       lambda: f"every group on instances 0 and 1: {_keyed_view(cluster, name)}", interval_s=0.5)
+            wait_until(
+                lambda: _counts(cluster, name) == expected,
+                SETTLE_S,
+                lambda: f"exact counts of {PER_KEY} per key: {_counts(cluster, name)}",
+                interval_s=1.0,
+            )
+            wait_until(
+                lambda: keyed_settled(_keyed_view(cluster, name), {"0": 64, "1": 64}),
+                30,
+                lambda: f"every group on instances 0 and 1: {_keyed_view(cluster, name)}",
+                interval_s=0.5,
+            )
         except AssertionError:
             print(cluster.log_tails(60))
             raise

@@ -41,9 +41,25 @@ class WorkerProcess:
     def start(self) -> None:
         log = open(self.data_dir / "worker.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pulsar_autoscale.cli.main", "worker", "--service-url", self.broker.service_url,
-             "--metrics-url", self.broker.metrics_url, "--port", str(self.port), "--data-dir",
-             str(self.data_dir / "data"), "--broker-kind", "pulsar-lite"], stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "pulsar_autoscale.cli.main",
+                "worker",
+                "--service-url",
+                self.broker.service_url,
+                "--metrics-url",
+                self.broker.metrics_url,
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir / "data"),
+                "--broker-kind",
+                "pulsar-lite",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         wait_until(self._healthy, 60, f"worker on {self.url} to answer")
 
     def __enter__(self) -> "WorkerProcess":
@@ -79,10 +95,12 @@ def _counts(admin: FunctionsAdmin, name: str, keys: int = KEYS, prefix: str = "k
 
 
 @pytest.mark.slow
-@settings(max_examples=int(os.environ.get("STATE_PROPERTY_EXAMPLES", "3")), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(ops=st.lists(OPS, min_size=1, max_size=10),
-       guarantee=st.sampled_from(["EFFECTIVELY_ONCE", "ATLEAST_ONCE"]))
+@settings(
+    max_examples=int(os.environ.get("STATE_PROPERTY_EXAMPLES", "3")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=st.lists(OPS, min_size=1, max_size=10), guarantee=st.sampled_from(["EFFECTIVELY_ONCE", "ATLEAST_ONCE"]))
 def test_counts_survive_any_sequence_of_scaling_and_worker_failures(broker, tmp_path_factory, ops, guarantee):
     worker = WorkerProcess(broker, tmp_path_factory.mktemp("prop"))
     worker.start()
@@ -91,18 +109,29 @@ def test_counts_survive_any_sequence_of_scaling_and_worker_failures(broker, tmp_
     src = f"persistent://public/default/{name}-in"
     producer = None
     try:
-        admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                      "inputs": [src], "parallelism": 2, "keyedState": True, "processingGuarantees": guarantee,
-                      "subscriptionPosition": "Earliest"}, str(EXAMPLES / "keyed_count.py"))
+        admin.create(
+            {
+                "tenant": "public",
+                "namespace": "default",
+                "name": name,
+                "className": "keyed_count.KeyedCount",
+                "inputs": [src],
+                "parallelism": 2,
+                "keyedState": True,
+                "processingGuarantees": guarantee,
+                "subscriptionPosition": "Earliest",
+            },
+            str(EXAMPLES / "keyed_count.py"),
+        )
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 2, 60, "2 instances running")
         producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
         period = RECORDS / RATE / (len(ops) + 1)
         for op, arg in ops:
-            time.sleep(period)   # the load schedule, not synchronisation
+            time.sleep(period)  # the load schedule, not synchronisation
             if op == "scale":
                 try:
                     admin.set_parallelism("public", "default", name, arg)
-                except AdminError as exc:   # "Update contains no change": already at that parallelism
+                except AdminError as exc:  # "Update contains no change": already at that parallelism
                     assert "no change" in str(exc), exc
             else:
                 worker.stop(kill=op == "kill9")
@@ -115,7 +144,7 @@ def test_counts_survive_any_sequence_of_scaling_and_worker_failures(broker, tmp_
             return counts if all(v >= expected for v in counts.values()) else None
 
         counts = wait_until(settled, 120, lambda: f"every key counted {expected} times: {_counts(admin, name)}")
-        time.sleep(1.0)   # redeliveries still in flight would show as a count above `expected`
+        time.sleep(1.0)  # redeliveries still in flight would show as a count above `expected`
         counts = _counts(admin, name)
         excess = sum(counts.values()) - RECORDS
         keyed = admin.status("public", "default", name)["autoscale"]["keyedState"]

@@ -15,16 +15,25 @@ from tests.support.scenario import EXAMPLES, wait_until
 from tests.system.keyed.test_property import WorkerProcess, _counts
 
 pytestmark = pytest.mark.slow
-KEYS = 12   # over 128 groups: every instance of 2 or 3 owns some of them
+KEYS = 12  # over 128 groups: every instance of 2 or 3 owns some of them
 
 
 def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 1) -> None:
-    admin.create({"tenant": "public", "namespace": "default", "name": name, "className": "keyed_count.KeyedCount",
-                  "inputs": [src], "parallelism": parallelism, "keyedState": True,
-                  "processingGuarantees": "EFFECTIVELY_ONCE", "subscriptionPosition": "Earliest"},
-                 str(EXAMPLES / "keyed_count.py"))
-    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 60,
-               f"{name} running")
+    admin.create(
+        {
+            "tenant": "public",
+            "namespace": "default",
+            "name": name,
+            "className": "keyed_count.KeyedCount",
+            "inputs": [src],
+            "parallelism": parallelism,
+            "keyedState": True,
+            "processingGuarantees": "EFFECTIVELY_ONCE",
+            "subscriptionPosition": "Earliest",
+        },
+        str(EXAMPLES / "keyed_count.py"),
+    )
+    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 60, f"{name} running")
 
 
 def _send(client, topic: str, per_key: int) -> None:
@@ -36,8 +45,7 @@ def _send(client, topic: str, per_key: int) -> None:
 
 def _expect(admin: FunctionsAdmin, name: str, per_key: int, why: str) -> None:
     want = {f"k{k}": per_key for k in range(KEYS)}
-    wait_until(lambda: _counts(admin, name, KEYS) == want, 60,
-               lambda: f"{why}: counts {want}, got {_counts(admin, name, KEYS)}")
+    wait_until(lambda: _counts(admin, name, KEYS) == want, 60, lambda: f"{why}: counts {want}, got {_counts(admin, name, KEYS)}")
 
 
 def _delete_and_create_again(admin: FunctionsAdmin, client, name: str) -> str:
@@ -61,7 +69,7 @@ def test_one_worker_kill9_restores_only_the_new_functions_state(broker, client, 
         name = f"again-{uuid.uuid4().hex[:6]}"
         src = _delete_and_create_again(admin, client, name)
         worker.stop(kill=True)
-        worker.start()   # every group restores from the changelog (an unclean stop)
+        worker.start()  # every group restores from the changelog (an unclean stop)
         _send(client, src, 1)
         _expect(admin, name, 2, "after kill -9 and the restore from the changelog")
     finally:
@@ -79,8 +87,9 @@ def _deleted_while_its_worker_was_down(cluster: WorkerCluster, client, name: str
     the deleted function)."""
     admin = FunctionsAdmin(cluster.workers[0].url)
     _create(admin, name, src, parallelism=2)
-    wait_until(lambda: len(set(cluster.placement(name).values())) == 2, 60,
-               lambda: f"one instance per worker: {cluster.placement(name)}")
+    wait_until(
+        lambda: len(set(cluster.placement(name).values())) == 2, 60, lambda: f"one instance per worker: {cluster.placement(name)}"
+    )
     _send(client, src, 4)
     _expect(admin, name, 4, "the first function")
     crashed = cluster.by_id(cluster.placement(name)[1])
@@ -103,8 +112,11 @@ def test_a_worker_back_from_a_crash_holds_no_state_of_a_function_deleted_meanwhi
         first, second = (f"persistent://public/default/{name}-in-{n}" for n in (1, 2))
         admin, back, _ = _deleted_while_its_worker_was_down(cluster, client, name, first)
         _create(admin, name, second, parallelism=2)
-        wait_until(lambda: cluster.placement(name).get(1) == back.worker_id, 60,
-                   lambda: f"instance 1 on the worker back from the crash: {cluster.placement(name)}")
+        wait_until(
+            lambda: cluster.placement(name).get(1) == back.worker_id,
+            60,
+            lambda: f"instance 1 on the worker back from the crash: {cluster.placement(name)}",
+        )
         _send(client, second, 1)
         _expect(admin, name, 1, "the function created again, instance 1 on the worker back from the crash")
 
@@ -113,8 +125,12 @@ def test_a_worker_back_from_a_crash_removes_the_files_of_a_function_deleted_mean
     """Its instance's key-group files (the first function's state) would otherwise stay on its disk for good."""
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2) as cluster:
         name = f"gone-{uuid.uuid4().hex[:6]}"
-        _, back, files = _deleted_while_its_worker_was_down(cluster, client, name,
-                                                            f"persistent://public/default/{name}-in")
-        wait_until(lambda: not files.exists(), 30,
-                   lambda: f"{files} still there 30 s after the worker came back: {sorted(files.rglob('*'))[:5]} "
-                           f"(log: {back.log_path.read_text()[-1500:]})")
+        _, back, files = _deleted_while_its_worker_was_down(cluster, client, name, f"persistent://public/default/{name}-in")
+        wait_until(
+            lambda: not files.exists(),
+            30,
+            lambda: (
+                f"{files} still there 30 s after the worker came back: {sorted(files.rglob('*'))[:5]} "
+                f"(log: {back.log_path.read_text()[-1500:]})"
+            ),
+        )

@@ -36,9 +36,9 @@ def admin_api():
 def _topics_of(cfg: FunctionConfig) -> set[str]:
     """Every name a function's state can have: changelog shards and, on a cluster, assignment, control, routes."""
     log = changelog_of(cfg)
-    return ({log.shard_topic(s) for s in range(log.shards)}
-            | {state_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId, w)
-               for w in ("assignment", "control", "route-0", "route-11")})
+    return {log.shard_topic(s) for s in range(log.shards)} | {
+        state_topic(cfg.tenant, cfg.namespace, cfg.name, cfg.stateId, w) for w in ("assignment", "control", "route-0", "route-11")
+    }
 
 
 def _as_topics(state, names: set[str], partitioned: bool) -> None:
@@ -56,8 +56,7 @@ def test_deleting_a_function_deletes_its_state_topics_and_no_other(broker, clien
     """Partitioned: a broker whose allowAutoTopicCreationType is `partitioned` creates every state topic so."""
     state, url = admin_api
     name = f"gone-{uuid.uuid4().hex[:6]}"
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
-                      web_service_url=url) as w:
+    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url, web_service_url=url) as w:
         admin = FunctionsAdmin(w.url)
         src = f"{NS}{name}-in"
         _create(admin, name, src)
@@ -67,13 +66,19 @@ def test_deleting_a_function_deletes_its_state_topics_and_no_other(broker, clien
         mine = _topics_of(cfg)
         older = FunctionConfig.from_dict({**admin.get("public", "default", name), "stateId": "0123456789ab"})
         longer = FunctionConfig.from_dict({**admin.get("public", "default", name), "name": f"{name}-{cfg.stateId}"})
-        others = ({src, f"{NS}{name}-out", f"{NS}__state-{name}-changelog"}   # a config saved before stateId
-                  | _topics_of(older) | _topics_of(longer))
+        others = (
+            {src, f"{NS}{name}-out", f"{NS}__state-{name}-changelog"}  # a config saved before stateId
+            | _topics_of(older)
+            | _topics_of(longer)
+        )
         _as_topics(state, mine | others, partitioned)
         left = set(state.topics) - ({f"{t}-partition-{i}" for t in mine for i in range(2)} if partitioned else mine)
         admin.delete("public", "default", name)
-        wait_until(lambda: {t for t, _ in state.deleted} == mine, 60,
-                   lambda: f"the {len(mine)} state topics deleted, saw {sorted(t for t, _ in state.deleted)}")
+        wait_until(
+            lambda: {t for t, _ in state.deleted} == mine,
+            60,
+            lambda: f"the {len(mine)} state topics deleted, saw {sorted(t for t, _ in state.deleted)}",
+        )
     assert all(force for _, force in state.deleted), state.deleted
     assert set(state.topics) == left and set(state.partitions) == (others if partitioned else set())
     assert state.violations == []
@@ -83,15 +88,19 @@ def test_without_the_admin_api_the_delete_still_goes_through_and_says_what_stays
     caplog.set_level(logging.INFO, logger="pulsar_autoscale.functions.worker.worker")
     name = f"kept-{uuid.uuid4().hex[:6]}"
     unreachable = f"http://127.0.0.1:{free_port()}"
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url,
-                      web_service_url=unreachable) as w:
+    with WorkerServer(
+        broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url, web_service_url=unreachable
+    ) as w:
         admin = FunctionsAdmin(w.url)
         _create(admin, name, f"{NS}{name}-in")
         state_id = admin.get("public", "default", name)["stateId"]
         admin.delete("public", "default", name)
         assert name not in admin.list("public", "default")
-        wait_until(lambda: any(f"__state-{name}-{state_id}-" in r.getMessage() for r in caplog.records), 60,
-                   "a warning naming the state topics that stay")
+        wait_until(
+            lambda: any(f"__state-{name}-{state_id}-" in r.getMessage() for r in caplog.records),
+            60,
+            "a warning naming the state topics that stay",
+        )
     warning = next(r for r in caplog.records if f"__state-{name}-{state_id}-" in r.getMessage())
     assert warning.levelno == logging.WARNING and unreachable in warning.getMessage(), warning.getMessage()
 
@@ -99,19 +108,33 @@ def test_without_the_admin_api_the_delete_still_goes_through_and_says_what_stays
 def test_on_a_cluster_each_worker_that_ran_instances_deletes_after_its_drain(broker, client, tmp_path, admin_api):
     state, url = admin_api
     name = f"gone-{uuid.uuid4().hex[:6]}"
-    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2,
-                       extra_args=("--web-service-url", url)) as cluster:
+    with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2, extra_args=("--web-service-url", url)) as cluster:
         admin = FunctionsAdmin(cluster.workers[0].url)
         _create(admin, name, f"{NS}{name}-in")
         admin.update({"tenant": "public", "namespace": "default", "name": name, "parallelism": 2})
-        wait_until(lambda: len({i["status"]["workerId"] for i in admin.status("public", "default", name)["instances"]
-                                if i["status"]["running"]}) == 2, 60, "an instance on each worker")
+        wait_until(
+            lambda: (
+                len(
+                    {
+                        i["status"]["workerId"]
+                        for i in admin.status("public", "default", name)["instances"]
+                        if i["status"]["running"]
+                    }
+                )
+                == 2
+            ),
+            60,
+            "an instance on each worker",
+        )
         cfg = FunctionConfig.from_dict(admin.get("public", "default", name))
         mine = _topics_of(cfg)
         state.topics.update({t: {} for t in mine | {f"{NS}{name}-in"}})
         admin.delete("public", "default", name)
         lists = "/admin/v2/persistent/public/default"
-        wait_until(lambda: sum(1 for r in state.requests if r[1] == "GET" and r[2] == lists) == 2, 60,
-                   lambda: f"a listing from each of the 2 workers, saw {[r[:3] for r in state.requests]}")
+        wait_until(
+            lambda: sum(1 for r in state.requests if r[1] == "GET" and r[2] == lists) == 2,
+            60,
+            lambda: f"a listing from each of the 2 workers, saw {[r[:3] for r in state.requests]}",
+        )
     assert {t for t, _ in state.deleted} == mine and set(state.topics) == {f"{NS}{name}-in"}
     assert state.violations == []

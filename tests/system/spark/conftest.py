@@ -39,7 +39,8 @@ def spark(tmp_path_factory):
 def pulsar_client(broker):
     import pulsar
 
-    client = pulsar.Client(broker.service_url, operation_timeout_seconds=10,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    client = pulsar.Client(
+        broker.service_url, operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
     yield client
     client.close()

@@ -29,34 +29,44 @@ SLEEPY = str(EXAMPLES / "sleepy.py")
 
 @pytest.fixture(scope="module")
 def worker(broker, tmp_path_factory):
-    with WorkerServer(broker.service_url, data_dir=str(tmp_path_factory.mktemp("burst-worker")),
-                      metrics_url=broker.metrics_url) as w:
+    with WorkerServer(
+        broker.service_url, data_dir=str(tmp_path_factory.mktemp("burst-worker")), metrics_url=broker.metrics_url
+    ) as w:
         yield w
 
 
 def _config(name: str, **extra) -> dict:
-    return {"tenant": "public", "namespace": "default", "name": name, "className": "sleepy.Sleepy",
-            "inputs": [f"persistent://public/default/{name}-in"], "output": f"persistent://public/default/{name}-out",
-            "parallelism": 1, **extra}
+    return {
+        "tenant": "public",
+        "namespace": "default",
+        "name": name,
+        "className": "sleepy.Sleepy",
+        "inputs": [f"persistent://public/default/{name}-in"],
+        "output": f"persistent://public/default/{name}-out",
+        "parallelism": 1,
+        **extra,
+    }
 
 
 def _produce(client, topic: str, n: int) -> None:
     # Batches no larger than a consumer's receiver queue: on pulsar-lite a Shared subscription
     # with two consumers stalls once an entry holds more messages than that (docs/spark-burst.md).
-    producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                      batching_max_messages=100, block_if_queue_full=True)
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_publish_delay_ms=5, batching_max_messages=100, block_if_queue_full=True
+    )
     for i in range(n):
-        producer.send_async(str(i).encode(), None, partition_key=f"k{i % 7}", properties={"i": str(i)},
-                            event_timestamp=1_000_000 + i)
+        producer.send_async(
+            str(i).encode(), None, partition_key=f"k{i % 7}", properties={"i": str(i)}, event_timestamp=1_000_000 + i
+        )
     producer.flush()
     producer.close()
 
 
 # ---- should_burst: hand-computed -------------------------------------------------------------------
 
+
 def _snap(backlog, mu, lam=0.0):
-    return FunctionSnapshot(name="public/default/f", parallelism=2, backlog=backlog, service_rate=mu,
-                            arrival_rate=lam)
+    return FunctionSnapshot(name="public/default/f", parallelism=2, backlog=backlog, service_rate=mu, arrival_rate=lam)
 
 
 def test_should_burst_is_the_backlog_the_instances_cannot_clear():
@@ -84,6 +94,7 @@ def test_bad_function_configs_are_refused_before_anything_is_taken():
 
 # ---- the drain next to a running instance ---------------------------------------------------------
 
+
 @pytest.mark.spark
 def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, broker_kind, worker, pulsar_client):
     n, slice_size = 3000, 2600
@@ -106,9 +117,14 @@ def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, broker_
         assert slice_size <= result.taken < slice_size + 200, result
         assert result.failed == 0 and result.processed == result.taken == result.outputs, result
 
-        wait_until(lambda: collector.distinct() >= n, 60,
-                   lambda: f"all {n} outputs (got {collector.distinct()}; burst {result}; "
-                           f"instance received {worker.worker.counters(fqfn).received})")
+        wait_until(
+            lambda: collector.distinct() >= n,
+            60,
+            lambda: (
+                f"all {n} outputs (got {collector.distinct()}; burst {result}; "
+                f"instance received {worker.worker.counters(fqfn).received})"
+            ),
+        )
         time.sleep(1.0)  # late duplicates, if any, arrive now
         received = worker.worker.counters(fqfn).received
         lost, dups = n - collector.distinct(), collector.duplicates()
@@ -134,9 +150,13 @@ def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, broker_
 
 # ---- the pulsar-lite join, many times, next to a consuming instance -----------------------------------
 
-@pytest.mark.lite_defect(strict=False, reason="pulsar-lite B12 (docs/dev/pulsar-lite-defects.md): under CPU load the broker stops "
-                   "dispatching to the instance's consumer after the joins (3 of 4 runs with 2 busy loops; "
-                   "0 of 5 idle); the messages stay on the subscription")
+
+@pytest.mark.lite_defect(
+    strict=False,
+    reason="pulsar-lite B12 (docs/dev/pulsar-lite-defects.md): under CPU load the broker stops "
+    "dispatching to the instance's consumer after the joins (3 of 4 runs with 2 busy loops; "
+    "0 of 5 idle); the messages stay on the subscription",
+)
 def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
     """lite.incarnation.join_shared_subscription (an incarnation client with a consumer-id floor of its own, B2) five times in a row while an
     instance consumes the same Shared subscription from another connection: every message is
@@ -150,8 +170,9 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
     n, drains, per_drain = 15_000, 5, 1000
     cfg = FunctionConfig.from_dict(_config(f"join-{uuid.uuid4().hex[:6]}"))
     worker_client = incarnation_client(broker.service_url, LITE)  # as the worker's: a floor of its own
-    instance = worker_client.subscribe(list(cfg.inputs), cfg.subscription_name,
-                                       consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100)
+    instance = worker_client.subscribe(
+        list(cfg.inputs), cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100
+    )
     counts: dict[bytes, int] = {}
     lock, stop, drained = threading.Lock(), threading.Event(), threading.Event()
 
@@ -178,7 +199,8 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
         taken = []
         for i in range(drains):
             client, consumer = join_shared_subscription(
-                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100), f"drain {i}")
+                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100), f"drain {i}"
+            )
             got = []
             while len(got) < per_drain or not _ends_entry(got[-1]):
                 try:
@@ -207,10 +229,14 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
 
 # ---- failures: nothing taken is lost ----------------------------------------------------------------
 
-RAISES = "from pulsar import Function\n\nclass Boom(Function):\n    def process(self, input, context):\n" \
-         "        raise ValueError('boom')\n"
-CRASHES = "import os\nfrom pulsar import Function\n\nclass Boom(Function):\n    def process(self, input, context):\n" \
-          "        os._exit(3)  # the Python worker dies: the Spark task and job fail\n"
+RAISES = (
+    "from pulsar import Function\n\nclass Boom(Function):\n    def process(self, input, context):\n"
+    "        raise ValueError('boom')\n"
+)
+CRASHES = (
+    "import os\nfrom pulsar import Function\n\nclass Boom(Function):\n    def process(self, input, context):\n"
+    "        os._exit(3)  # the Python worker dies: the Spark task and job fail\n"
+)
 
 
 @pytest.mark.spark
@@ -250,14 +276,16 @@ def test_a_failed_slice_is_redelivered(spark, broker, pulsar_client, tmp_path, c
 
 # ---- the controller asks for drains: burst.enabled --------------------------------------------------
 
+
 @pytest.mark.spark
 def test_the_controller_asks_the_worker_for_a_drain_when_instances_cannot_catch_up(
-        spark, broker, worker, pulsar_client, tmp_path):
+    spark, broker, worker, pulsar_client, tmp_path
+):
     """A backlog that one instance (the plan's maximum) cannot clear by the deadline: the controller
     asks the worker for drains, the worker runs them on Spark, nothing is lost."""
     n = 2000
     name = f"auto-burst-{uuid.uuid4().hex[:6]}"
-    cfg_dict = _config(name, userConfig={"service_ms": 50, "dist": "deterministic"})   # mu = 20/s
+    cfg_dict = _config(name, userConfig={"service_ms": 50, "dist": "deterministic"})  # mu = 20/s
     admin = FunctionsAdmin(worker.url)
     admin.create(cfg_dict, SLEEPY)
     fqfn = f"public/default/{name}"
@@ -267,40 +295,63 @@ def test_the_controller_asks_the_worker_for_a_drain_when_instances_cannot_catch_
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 1, 30, f"{name} running")
         # Unbatched: pulsar-lite's backlog gauge counts entries, and the monitor's messages-per-entry
         # is broker-wide, so a batched topic among unbatched ones would look smaller than it is.
-        producer = pulsar_client.create_producer(cfg_dict["inputs"][0], batching_enabled=False,
-                                                 block_if_queue_full=True)
+        producer = pulsar_client.create_producer(cfg_dict["inputs"][0], batching_enabled=False, block_if_queue_full=True)
         for i in range(n):
             producer.send_async(str(i).encode(), None)
         producer.flush()
         producer.close()
-        controller = Controller(ControllerConfig(
-            service_url=broker.service_url, admin_url=worker.url, metrics_url=broker.metrics_url,
-            policy="queueing", period_s=2.0, window_s=4.0, http_port=0,
-            lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
-            decision_log=str(tmp_path / "decisions.jsonl"),
-            plan={"bounds": [{"pattern": fqfn, "min": 1, "max": 1}]},
-            burst={"enabled": True, "deadline_s": 10.0, "min_messages": 100, "max_messages": 1500,
-                   "partitions": 2, "threads_per_partition": 16})).start()
+        controller = Controller(
+            ControllerConfig(
+                service_url=broker.service_url,
+                admin_url=worker.url,
+                metrics_url=broker.metrics_url,
+                policy="queueing",
+                period_s=2.0,
+                window_s=4.0,
+                http_port=0,
+                lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+                decision_log=str(tmp_path / "decisions.jsonl"),
+                plan={"bounds": [{"pattern": fqfn, "min": 1, "max": 1}]},
+                burst={
+                    "enabled": True,
+                    "deadline_s": 10.0,
+                    "min_messages": 100,
+                    "max_messages": 1500,
+                    "partitions": 2,
+                    "threads_per_partition": 16,
+                },
+            )
+        ).start()
 
         def asked():
             return [r for r in controller.log.read() if r.get("kind") == "burst" and r["function"] == fqfn]
-        first = wait_until(lambda: [r for r in asked() if r["applied"]], 60,
-                           lambda: f"an applied burst record for {fqfn} (records: {asked()})")[0]
+
+        first = wait_until(
+            lambda: [r for r in asked() if r["applied"]], 60, lambda: f"an applied burst record for {fqfn} (records: {asked()})"
+        )[0]
         assert 100 <= first["messages"] <= 1500 and first["max_parallelism"] == 1 and first["epoch"] == 1
         assert first["inputs"]["backlog"] > 2 * first["inputs"]["service_rate"] * 10.0
-        done = wait_until(lambda: worker.worker.bursts.report(fqfn)["finished"], 120,
-                          lambda: f"a finished drain ({worker.worker.bursts.report(fqfn)})")
+        done = wait_until(
+            lambda: worker.worker.bursts.report(fqfn)["finished"],
+            120,
+            lambda: f"a finished drain ({worker.worker.bursts.report(fqfn)})",
+        )
         assert done[0]["error"] is None and done[0]["processed"] > 0, done
-        wait_until(lambda: collector.distinct() >= n, 120,
-                   lambda: f"all {n} outputs (got {collector.distinct()}; drains {worker.worker.bursts.report(fqfn)})")
+        wait_until(
+            lambda: collector.distinct() >= n,
+            120,
+            lambda: f"all {n} outputs (got {collector.distinct()}; drains {worker.worker.bursts.report(fqfn)})",
+        )
         records = asked()
         controller.stop()
         controller = None
         drained = sum(r["processed"] for r in worker.worker.bursts.report(fqfn)["finished"])
         received = worker.worker.counters(fqfn).received
-        print(f"\nauto burst: {len(records)} asked ({sum(r['applied'] for r in records)} applied), "
-              f"drained {drained}, instance received {received}, "
-              f"duplicates {collector.duplicates()}")
+        print(
+            f"\nauto burst: {len(records)} asked ({sum(r['applied'] for r in records)} applied), "
+            f"drained {drained}, instance received {received}, "
+            f"duplicates {collector.duplicates()}"
+        )
         assert n - collector.distinct() == 0
         # An ask while a drain runs starts nothing and is not an error.
         assert all(r["error"] is None for r in records), [r["error"] for r in records]
@@ -337,8 +388,7 @@ def test_burst_requests_are_checked(worker):
 
 def test_burst_config_is_checked():
     with pytest.raises(ConfigError, match="burst.enabled needs mode: worker"):
-        ControllerConfig(service_url="pulsar://x:6650", admin_url="http://x:8080", mode="stock",
-                         burst={"enabled": True})
+        ControllerConfig(service_url="pulsar://x:6650", admin_url="http://x:8080", mode="stock", burst={"enabled": True})
     with pytest.raises(ConfigError, match="burst: unknown option"):
         ControllerConfig(service_url="pulsar://x:6650", admin_url="http://x:8080", burst={"deadline": 5})
     with pytest.raises(ConfigError, match="min_messages"):

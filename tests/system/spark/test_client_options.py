@@ -30,14 +30,19 @@ def source(**extra):
 
 @pytest.mark.parametrize("prefix", ["pulsar.client.", ""], ids=["connector-names", "bare-names"])
 def test_auth_and_tls_options_are_parsed_under_the_connector_names(prefix):
-    opts = source(**{f"{prefix}authPluginClassName": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
-                     f"{prefix}authParams": f"token:{SECRET}",
-                     f"{prefix}tlsTrustCertsFilePath": "/etc/ca.pem",
-                     f"{prefix}tlsAllowInsecureConnection": "true",
-                     f"{prefix}tlsHostnameVerificationEnable": "true"})
+    opts = source(
+        **{
+            f"{prefix}authPluginClassName": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
+            f"{prefix}authParams": f"token:{SECRET}",
+            f"{prefix}tlsTrustCertsFilePath": "/etc/ca.pem",
+            f"{prefix}tlsAllowInsecureConnection": "true",
+            f"{prefix}tlsHostnameVerificationEnable": "true",
+        }
+    )
     client = opts.connection.client
-    assert client == ClientSettings(URL, "org.apache.pulsar.client.impl.auth.AuthenticationToken", f"token:{SECRET}",
-                                    "/etc/ca.pem", True, True)
+    assert client == ClientSettings(
+        URL, "org.apache.pulsar.client.impl.auth.AuthenticationToken", f"token:{SECRET}", "/etc/ca.pem", True, True
+    )
     assert client.bearer_token() == SECRET
     kwargs = client.client_kwargs()
     assert isinstance(kwargs["authentication"], pulsar.AuthenticationToken)
@@ -47,11 +52,13 @@ def test_auth_and_tls_options_are_parsed_under_the_connector_names(prefix):
 
 
 def test_auth_params_never_show_in_errors_or_reprs():
-    for bad in ({"authPluginClassName": "com.example.Kerberos", "authParams": SECRET},
-                {"authParams": SECRET},
-                {"authPluginClassName": "tls", "authParams": f"tlsCertFile:{SECRET}"},
-                {"authParams": SECRET, "pulsar.client.authParams": SECRET},
-                {"pulsar.client.tlsAllowInsecureConnection": "maybe", "authParams": SECRET}):
+    for bad in (
+        {"authPluginClassName": "com.example.Kerberos", "authParams": SECRET},
+        {"authParams": SECRET},
+        {"authPluginClassName": "tls", "authParams": f"tlsCertFile:{SECRET}"},
+        {"authParams": SECRET, "pulsar.client.authParams": SECRET},
+        {"pulsar.client.tlsAllowInsecureConnection": "maybe", "authParams": SECRET},
+    ):
         with pytest.raises(PulsarOptionError) as info:
             source(**bad)
         assert SECRET not in str(info.value), str(info.value)
@@ -65,9 +72,14 @@ def test_a_token_file_is_read_and_the_client_connects_with_it(broker, tmp_path, 
     token = tmp_path / "token"
     token.write_text(SECRET + "\n")
     pulsar_client.create_producer(topic).send(b"x")
-    opts = parse_source_options({"service.url": broker.service_url, "topic": topic,
-                                 "pulsar.client.authPluginClassName": "token",
-                                 "pulsar.client.authParams": f"file://{token}"})
+    opts = parse_source_options(
+        {
+            "service.url": broker.service_url,
+            "topic": topic,
+            "pulsar.client.authPluginClassName": "token",
+            "pulsar.client.authParams": f"file://{token}",
+        }
+    )
     assert opts.connection.client.bearer_token() == SECRET
     conn = Connection(opts.connection)
     try:
@@ -81,9 +93,14 @@ def test_a_token_file_is_read_and_the_client_connects_with_it(broker, tmp_path, 
 @pytest.mark.spark
 def test_auth_params_do_not_show_in_spark_plans(spark, broker, pulsar_client, topic):
     pulsar_client.create_producer(topic).send(b"x")
-    df = (spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic)
-          .option("pulsar.client.authPluginClassName", "token").option("pulsar.client.authParams", f"token:{SECRET}")
-          .load())
+    df = (
+        spark.read.format("pulsar")
+        .option("service.url", broker.service_url)
+        .option("topic", topic)
+        .option("pulsar.client.authPluginClassName", "token")
+        .option("pulsar.client.authParams", f"token:{SECRET}")
+        .load()
+    )
     plans = df._jdf.queryExecution().toString()
     assert "pulsar" in plans.lower() and SECRET not in plans, plans
     assert df.count() == 1

@@ -31,8 +31,9 @@ def conn(options):
 
 
 def python_rows(conn, rng: TopicRange, chunk: int, poll_timeout_ms: int = 30_000, fail: bool = True) -> pa.Table:
-    return pa.Table.from_batches(list(_to_arrow(read_range(conn, rng, poll_timeout_ms, fail, chunk), rng.topic, ARROW)),
-                                 schema=ARROW)
+    return pa.Table.from_batches(
+        list(_to_arrow(read_range(conn, rng, poll_timeout_ms, fail, chunk), rng.topic, ARROW)), schema=ARROW
+    )
 
 
 def native_rows(options, rng: TopicRange, chunk: int, poll_timeout_ms: int = 30_000, fail: bool = True) -> pa.Table:
@@ -66,7 +67,7 @@ def test_the_c_loop_reads_every_range_as_the_python_loop_does(pulsar_client, opt
         rng = TopicRange(topic, pos[lo], pos[hi])
         got = native_rows(options, rng, 16)
         assert got.equals(python_rows(conn, rng, 16)), f"range ({lo}, {hi}]"
-        assert got.column("messageId").to_pylist() == ids[lo + 1:hi + 1], f"range ({lo}, {hi}]"
+        assert got.column("messageId").to_pylist() == ids[lo + 1 : hi + 1], f"range ({lo}, {hi}]"
     pieces = whole.split(4)
     assert len(pieces) > 1
     assert pa.concat_tables([native_rows(options, p, 8192) for p in pieces]).equals(expected)
@@ -76,7 +77,7 @@ def test_the_c_loop_reads_every_range_as_the_python_loop_does(pulsar_client, opt
 def test_a_range_past_the_end_is_lost_as_in_the_python_loop(pulsar_client, options, conn, topic):
     produce(pulsar_client, topic, 20, batching=False)
     last = last_position(conn, topic)
-    gone = TopicRange(topic, EARLIEST, Position(last.ledger, last.entry + 5, -1))   # never written
+    gone = TopicRange(topic, EARLIEST, Position(last.ledger, last.entry + 5, -1))  # never written
     with pytest.raises(DataLossError, match="within 300 ms.*failOnDataLoss=false"):
         native_rows(options, gone, 100, poll_timeout_ms=300)
     kept = native_rows(options, gone, 100, poll_timeout_ms=300, fail=False)
@@ -89,8 +90,9 @@ def test_the_native_reader_option(broker):
     assert parse_source_options({**base, "nativeReader": "FALSE"}).native_reader == "false"
     with pytest.raises(PulsarOptionError, match=r"option 'nativeReader': expected one of \['auto', 'true', 'false'\]"):
         parse_source_options({**base, "nativeReader": "fast"})
-    tls_client_cert = parse_source_options({**base, "pulsar.client.authPluginClassName": "tls",
-                                            "pulsar.client.authParams": "tlsCertFile:/c.pem,tlsKeyFile:/k.pem"})
+    tls_client_cert = parse_source_options(
+        {**base, "pulsar.client.authPluginClassName": "tls", "pulsar.client.authParams": "tlsCertFile:/c.pem,tlsKeyFile:/k.pem"}
+    )
     why = native.unavailable(tls_client_cert.connection)
     assert why is not None and (WHY_NOT is not None or "tokens only" in why), why
 
@@ -101,10 +103,17 @@ def test_a_spark_query_reads_the_same_rows_with_either_loop(spark, broker, pulsa
     varied(pulsar_client, topic)
 
     def rows(native_reader: str) -> list:
-        df = (spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic)
-              .option("nativeReader", native_reader).option("minPartitions", "3").load())
-        return sorted((r.messageId, r.key, r.value, r.publishTime, r.eventTime, sorted(r.properties.items()))
-                      for r in df.collect())
+        df = (
+            spark.read.format("pulsar")
+            .option("service.url", broker.service_url)
+            .option("topic", topic)
+            .option("nativeReader", native_reader)
+            .option("minPartitions", "3")
+            .load()
+        )
+        return sorted(
+            (r.messageId, r.key, r.value, r.publishTime, r.eventTime, sorted(r.properties.items())) for r in df.collect()
+        )
 
     got = rows("true")
     assert len(got) == 260 and got == rows("false")

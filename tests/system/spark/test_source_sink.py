@@ -24,8 +24,9 @@ def produce(client, topic: str, n: int, start: int = 0, batching: bool = True) -
     producer = client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True)
     for i in range(start, start + n):
         key = KEYS[i % len(KEYS)]
-        producer.send_async(f"{key}:{i}".encode(), None, partition_key=key,
-                            properties={"i": str(i), "keySeq": str(i // len(KEYS))})
+        producer.send_async(
+            f"{key}:{i}".encode(), None, partition_key=key, properties={"i": str(i), "keySeq": str(i // len(KEYS))}
+        )
     producer.flush()
     producer.close()
 
@@ -69,8 +70,10 @@ def wait_for(predicate, timeout_s: float, what: str, query=None) -> None:
         if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
-                         + (f" (progress: {[p['numInputRows'] for p in query.recentProgress]})" if query is not None else ""))
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f}s waiting for {what}"
+        + (f" (progress: {[p['numInputRows'] for p in query.recentProgress]})" if query is not None else "")
+    )
 
 
 def newest(log_dir: Path) -> int:
@@ -82,11 +85,14 @@ def pipe(spark, broker, src: str, dst: str, checkpoint: Path, max_rows: int):
     """The query under test: copy src to dst, keeping key, value and properties."""
     return (
         spark.readStream.format("pulsar")
-        .option("service.url", broker.service_url).option("topic", src)
-        .option("maxRecordsPerTrigger", str(max_rows)).load()
+        .option("service.url", broker.service_url)
+        .option("topic", src)
+        .option("maxRecordsPerTrigger", str(max_rows))
+        .load()
         .select("key", "value", "properties")
         .writeStream.format("pulsar")
-        .option("service.url", broker.service_url).option("topic", dst)
+        .option("service.url", broker.service_url)
+        .option("topic", dst)
         .option("checkpointLocation", str(checkpoint))
     )
 
@@ -121,8 +127,12 @@ def test_restart_from_checkpoint_loses_nothing_and_replays_are_droppable(spark, 
     query = pipe(spark, broker, topic, out, ck, max_rows=1000).start()
     # Stopped once idle: a stop in the middle of a batch leaves an uncommitted offsets entry, and Spark
     # then re-runs only that batch, not the one whose commit is dropped below (a race, 1 failure in a full run).
-    wait_for(lambda: sum(p["numInputRows"] for p in query.recentProgress) == 6000
-             and newest(ck / "commits") == newest(ck / "offsets"), 60, "all 6,000 read and committed", query)
+    wait_for(
+        lambda: sum(p["numInputRows"] for p in query.recentProgress) == 6000 and newest(ck / "commits") == newest(ck / "offsets"),
+        60,
+        "all 6,000 read and committed",
+        query,
+    )
     query.stop()
     # A driver that dies after the sink flushed a batch but before Spark logged its commit:
     # drop the newest commit so the restarted query replays that batch.
@@ -159,8 +169,13 @@ def test_batch_read_of_explicit_range_is_exact(spark, broker, pulsar_client, top
 
     for lo, hi in [(99, 250), (120, 450), (-1, 599), (310, 311)]:
         start = json.dumps({topic: ids[lo] if lo >= 0 else "earliest"})
-        df = base().option("startingOffsets", start).option("endingOffsets", json.dumps({topic: ids[hi]})) \
-            .option("minPartitions", "3").load()
+        df = (
+            base()
+            .option("startingOffsets", start)
+            .option("endingOffsets", json.dumps({topic: ids[hi]}))
+            .option("minPartitions", "3")
+            .load()
+        )
         got = sorted(int(r.properties["i"]) for r in df.select("properties").collect())
         assert got == list(range(lo + 1, hi + 1)), f"range ({lo}, {hi}]"
     assert df.rdd.getNumPartitions() == 1  # a single-message range cannot be cut
@@ -200,16 +215,16 @@ def test_bad_sink_input_fails_before_writing(spark, broker):
     with pytest.raises(Exception, match="topic"):
         df.write.format("pulsar").option("service.url", broker.service_url).mode("append").save()
     with pytest.raises(Exception, match="valu"):
-        df.withColumnRenamed("value", "valu").write.format("pulsar").option("service.url", broker.service_url) \
-            .option("topic", "x").mode("append").save()
+        df.withColumnRenamed("value", "valu").write.format("pulsar").option("service.url", broker.service_url).option(
+            "topic", "x"
+        ).mode("append").save()
 
 
 def test_topics_option_reads_each_topic_in_its_own_task(spark, broker, pulsar_client, topic):
     other = topic + "-b"
     produce(pulsar_client, topic, 300)
     produce(pulsar_client, other, 200, start=300)
-    df = spark.read.format("pulsar").option("service.url", broker.service_url) \
-        .option("topics", f"{topic},{other}").load()
+    df = spark.read.format("pulsar").option("service.url", broker.service_url).option("topics", f"{topic},{other}").load()
     assert df.rdd.getNumPartitions() == 2
     counts = {r.topic: r["count"] for r in df.groupBy("topic").count().collect()}
     assert counts == {topic: 300, other: 200}
@@ -218,16 +233,28 @@ def test_topics_option_reads_each_topic_in_its_own_task(spark, broker, pulsar_cl
 def test_stream_on_empty_topic_picks_up_later_messages(spark, broker, pulsar_client, topic, tmp_path):
     out = topic + "-out"
     query = (
-        spark.readStream.format("pulsar").option("service.url", broker.service_url).option("topic", topic)
-        .option("allowEmptyTopics", "true").load().select("key", "value")
-        .writeStream.format("pulsar").option("service.url", broker.service_url).option("topic", out)
-        .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="500 milliseconds").start()
+        spark.readStream.format("pulsar")
+        .option("service.url", broker.service_url)
+        .option("topic", topic)
+        .option("allowEmptyTopics", "true")
+        .load()
+        .select("key", "value")
+        .writeStream.format("pulsar")
+        .option("service.url", broker.service_url)
+        .option("topic", out)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
     )
     try:
         wait_for(lambda: query.lastProgress is not None, 120, "the first (empty) trigger", query)
         produce(pulsar_client, topic, 100)
-        wait_for(lambda: sum(p["numInputRows"] for p in query.recentProgress) >= 100, 120,
-                 "100 rows read after the topic got data", query)
+        wait_for(
+            lambda: sum(p["numInputRows"] for p in query.recentProgress) >= 100,
+            120,
+            "100 rows read after the topic got data",
+            query,
+        )
     finally:
         query.stop()
     assert len(read_topic(pulsar_client, out, 100)) == 100
@@ -237,9 +264,18 @@ def test_sink_topic_option_wins_over_a_topic_column(spark, broker, pulsar_client
     """As Spark's Kafka sink: a job that keeps the source's `topic` column must not write back into it."""
     produce(pulsar_client, topic, 20)
     out = topic + "-out"
-    (spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic).load()
-     .select("topic", "key", "value").write.format("pulsar").option("service.url", broker.service_url)
-     .option("topic", out).mode("append").save())
+    (
+        spark.read.format("pulsar")
+        .option("service.url", broker.service_url)
+        .option("topic", topic)
+        .load()
+        .select("topic", "key", "value")
+        .write.format("pulsar")
+        .option("service.url", broker.service_url)
+        .option("topic", out)
+        .mode("append")
+        .save()
+    )
     assert len(read_topic(pulsar_client, out, 20)) == 20
     source = spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic).load()
     assert source.count() == 20, "rows went back into the source topic"
@@ -267,7 +303,12 @@ def test_batch_write_needs_append_mode(spark, broker, pulsar_client, topic):
 
 
 def test_batch_read_of_an_empty_topic_with_allow_empty_topics_is_empty(spark, broker, topic):
-    df = (spark.read.format("pulsar").option("service.url", broker.service_url).option("topic", topic)
-          .option("allowEmptyTopics", "true").load())
+    df = (
+        spark.read.format("pulsar")
+        .option("service.url", broker.service_url)
+        .option("topic", topic)
+        .option("allowEmptyTopics", "true")
+        .load()
+    )
     assert df.collect() == []
     assert df.count() == 0

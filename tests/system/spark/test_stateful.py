@@ -85,8 +85,11 @@ class Output:
         return out
 
     def finals(self) -> dict[tuple[str, str], int]:
-        return {(m.partition_key(), m.properties()["windowStart"]): int(m.properties()["count"])
-                for m in self.first if m.properties().get("final") == "true"}
+        return {
+            (m.partition_key(), m.properties()["windowStart"]): int(m.properties()["count"])
+            for m in self.first
+            if m.properties().get("final") == "true"
+        }
 
     def wait(self, predicate, timeout_s: float, what: str, stage: StatefulStage | None = None) -> None:
         deadline = time.monotonic() + timeout_s
@@ -97,8 +100,10 @@ class Output:
             if predicate(self):
                 return
         progress = [(p["batchId"], p["numInputRows"], p["eventTime"]) for p in stage.query.recentProgress] if stage else []
-        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; counts {self.counts()}; "
-                             f"batches (id, rows, event time) {progress}")
+        raise AssertionError(
+            f"timed out after {timeout_s:.0f}s waiting for {what}; counts {self.counts()}; "
+            f"batches (id, rows, event time) {progress}"
+        )
 
 
 def wait_until(predicate, timeout_s: float, what: str):
@@ -116,8 +121,15 @@ def output(pulsar_client, topic):
 
 
 def config(broker, topic, tmp_path, **kw) -> StatefulStageConfig:
-    return StatefulStageConfig(name="counter", input=topic, output=topic + "-out", service_url=broker.service_url,
-                               checkpoint_dir=str(tmp_path / "ck"), state_partitions=2, **kw)
+    return StatefulStageConfig(
+        name="counter",
+        input=topic,
+        output=topic + "-out",
+        service_url=broker.service_url,
+        checkpoint_dir=str(tmp_path / "ck"),
+        state_partitions=2,
+        **kw,
+    )
 
 
 def task_counts(spark, run_id) -> set[int]:
@@ -171,8 +183,16 @@ def test_counts_exact_across_restart_with_replayed_batch(spark, broker, pulsar_c
 
 @pytest.mark.spark
 def test_counts_exact_across_parallelism_change_with_windows(spark, broker, pulsar_client, topic, tmp_path, output):
-    cfg = config(broker, topic, tmp_path, parallelism=1, trigger="500 milliseconds", max_records_per_trigger=150,
-                 window="1 minute", allowed_lateness="0 seconds")
+    cfg = config(
+        broker,
+        topic,
+        tmp_path,
+        parallelism=1,
+        trigger="500 milliseconds",
+        max_records_per_trigger=150,
+        window="1 minute",
+        allowed_lateness="0 seconds",
+    )
     stage = StatefulStage(cfg, spark)
     send(pulsar_client, topic, 300, event_ms=W1)
     stage.start()
@@ -184,11 +204,13 @@ def test_counts_exact_across_parallelism_change_with_windows(spark, broker, puls
         # Unbatched: one entry per message, so each micro-batch's range can be cut in 3.
         send(pulsar_client, topic, 200, event_ms=W1 + 300, batching=False)
         send(pulsar_client, topic, 100, event_ms=W2, batching=False)  # moves the watermark past W1: W1 closes
-        output.wait(lambda o: len(o.finals()) == 10 and len(o.counts()) == 20, 90,
-                    "W1 closed and W2 counted", stage)
+        output.wait(lambda o: len(o.finals()) == 10 and len(o.counts()) == 20, 90, "W1 closed and W2 counted", stage)
         # The query's progress (its state rows) is recorded after the batch's output is committed: wait for it.
-        status = poll(lambda: (st := stage.status()).state_rows == 10 and st, 30,
-                      lambda: f"the progress of the batch that closed W1 (10 state rows): {stage.status()}")
+        status = poll(
+            lambda: (st := stage.status()).state_rows == 10 and st,
+            30,
+            lambda: f"the progress of the batch that closed W1 (10 state rows): {stage.status()}",
+        )
         # Read stages run `parallelism` tasks, the stateful stage its 2 state partitions.
         assert task_counts(spark, before.runId) == {1, 2}
         assert task_counts(spark, stage.query.runId) == {2, 3}
@@ -214,8 +236,15 @@ def test_the_worker_hosts_a_stage_that_the_controller_scales(spark, broker, puls
     through the Functions API; counts stay exact across that restart and across a worker restart."""
     name = f"counter-{uuid.uuid4().hex[:6]}"
     fqfn = f"public/default/{name}"
-    stage_cfg = {"name": name, "input": topic, "output": topic + "-out", "parallelism": 1, "statePartitions": 2,
-                 "trigger": "500 milliseconds", "maxRecordsPerTrigger": 100}
+    stage_cfg = {
+        "name": name,
+        "input": topic,
+        "output": topic + "-out",
+        "parallelism": 1,
+        "statePartitions": 2,
+        "trigger": "500 milliseconds",
+        "maxRecordsPerTrigger": 100,
+    }
     with WorkerServer(broker.service_url, data_dir=str(tmp_path / "worker"), metrics_url=broker.metrics_url) as w:
         admin = FunctionsAdmin(w.url)
         admin.create_stage(stage_cfg)
@@ -228,15 +257,26 @@ def test_the_worker_hosts_a_stage_that_the_controller_scales(spark, broker, puls
         with pytest.raises(AdminError, match="only parallelism can be updated"):
             admin.update({"tenant": "public", "namespace": "default", "name": name, "output": "elsewhere"})
         send(pulsar_client, topic, 2000, batching=False)
-        controller = Controller(ControllerConfig(
-            service_url=broker.service_url, admin_url=w.url, metrics_url=broker.metrics_url,
-            policy=BACKLOG_POLICY, policy_params={"per_instance": 200}, period_s=2.0, window_s=4.0, http_port=0,
-            lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
-            decision_log=str(tmp_path / "decisions.jsonl"),
-            plan={"bounds": [{"pattern": fqfn, "min": 1, "max": 3}]})).start()
+        controller = Controller(
+            ControllerConfig(
+                service_url=broker.service_url,
+                admin_url=w.url,
+                metrics_url=broker.metrics_url,
+                policy=BACKLOG_POLICY,
+                policy_params={"per_instance": 200},
+                period_s=2.0,
+                window_s=4.0,
+                http_port=0,
+                lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
+                decision_log=str(tmp_path / "decisions.jsonl"),
+                plan={"bounds": [{"pattern": fqfn, "min": 1, "max": 3}]},
+            )
+        ).start()
         try:
+
             def scaled():
                 return [r for r in controller.log.read() if r["function"] == fqfn and r["new"] > r["old"]]
+
             record = wait_until(scaled, 60, f"a scale-out of {fqfn} in the decision log")[0]
         finally:
             controller.stop()
@@ -244,21 +284,25 @@ def test_the_worker_hosts_a_stage_that_the_controller_scales(spark, broker, puls
         scaled_to = record["new"]
         assert record["applied"] and record["inputs"]["parallelism"] == 1, record
         assert scaled_to == min(3, math.ceil(record["inputs"]["backlog"] / 200)) >= 2, record
-        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == scaled_to, 120,
-                   f"{scaled_to} input partitions")
+        wait_until(
+            lambda: admin.status("public", "default", name)["numRunning"] == scaled_to, 120, f"{scaled_to} input partitions"
+        )
         output.wait(lambda o: o.counts() == {(k, None): 200 for k in KEYS}, 120, "count 200 per key")
         # The backlog is unknown (None) until the restarted run's first progress report, then 0; a batch's rows
         # count once its progress is reported, which Spark does after the batch's output is committed.
-        stats = wait_until(lambda: (s := admin.stats("public", "default", name))["autoscale"]["backlog"] == 0
-                           and s["receivedTotal"] >= 2000 and s, 60,
-                           lambda: f"the stage to report backlog 0 and 2000 rows: {admin.stats('public', 'default', name)}")
+        stats = wait_until(
+            lambda: (
+                (s := admin.stats("public", "default", name))["autoscale"]["backlog"] == 0 and s["receivedTotal"] >= 2000 and s
+            ),
+            60,
+            lambda: f"the stage to report backlog 0 and 2000 rows: {admin.stats('public', 'default', name)}",
+        )
         assert stats["receivedTotal"] == stats["processedSuccessfullyTotal"], stats
         assert stats["autoscale"]["counters"]["busy_s"] > 0
     # A restarted worker brings the stage back, as it was scaled, with its state.
     with WorkerServer(broker.service_url, data_dir=str(tmp_path / "worker"), metrics_url=broker.metrics_url) as w:
         admin = FunctionsAdmin(w.url)
-        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == scaled_to, 120,
-                   "the restored stage")
+        wait_until(lambda: admin.status("public", "default", name)["numRunning"] == scaled_to, 120, "the restored stage")
         send(pulsar_client, topic, 100, batching=False)
         output.wait(lambda o: o.counts() == {(k, None): 210 for k in KEYS}, 120, "count 210 per key")
         admin.delete("public", "default", name)
@@ -290,9 +334,19 @@ def test_bad_config_names_the_field(change, named):
 
 
 def test_config_from_camel_case_dict_round_trips():
-    cfg = StatefulStageConfig.from_dict({"tenant": "t", "namespace": "ns", "name": "c", "input": "in",
-                                         "output": "tn/other/out", "checkpointDir": "/ck", "key": "property:user",
-                                         "maxRecordsPerTrigger": 500, "window": "10 seconds"})
+    cfg = StatefulStageConfig.from_dict(
+        {
+            "tenant": "t",
+            "namespace": "ns",
+            "name": "c",
+            "input": "in",
+            "output": "tn/other/out",
+            "checkpointDir": "/ck",
+            "key": "property:user",
+            "maxRecordsPerTrigger": 500,
+            "window": "10 seconds",
+        }
+    )
     assert (cfg.fqfn, cfg.input, cfg.output) == ("t/ns/c", "persistent://t/ns/in", "persistent://tn/other/out")
     assert cfg.key_property == "user" and cfg.max_records_per_trigger == 500
     assert StatefulStageConfig.from_dict(cfg.to_dict()) == cfg

@@ -64,11 +64,11 @@ def test_each_topic_backlog_is_scaled_by_its_own_batching():
 def test_an_idle_topic_keeps_the_batching_it_was_written_with():
     busy = parse(APACHE_BATCHED, now=1.0)
     idle = parse(APACHE_BATCHED.replace('batched"} 10\n', 'batched"} 0\n').replace('batched"} 1460', 'batched"} 0'), now=2.0)
-    assert idle.backlog_messages("persistent://t/ns/batched", "s") == 10   # no entries this period: unknown
+    assert idle.backlog_messages("persistent://t/ns/batched", "s") == 10  # no entries this period: unknown
     topics = {"persistent://t/ns/batched", "persistent://t/ns/plain"}
     later = idle.remembering(busy.batching, topics)
     assert later.backlog_messages("persistent://t/ns/batched", "s") == 100
-    assert set(later.batching) == topics   # only the inputs asked for are kept
+    assert set(later.batching) == topics  # only the inputs asked for are kept
 
 
 def test_apache_full_topic_names():
@@ -80,13 +80,20 @@ def test_apache_full_topic_names():
 
 def _lite_metrics(topics: int) -> str:
     """A pulsar-lite /metrics page with many topics, one subscription each."""
-    lines = ["# TYPE pulsar_broker_in_messages_total gauge", f"pulsar_broker_in_messages_total {topics * 10}",
-             "pulsar_entry_size_count " + str(topics)]
+    lines = [
+        "# TYPE pulsar_broker_in_messages_total gauge",
+        f"pulsar_broker_in_messages_total {topics * 10}",
+        "pulsar_entry_size_count " + str(topics),
+    ]
     for i in range(topics):
         base = 'cluster="pulsar-lite",namespace="public/default",partition="-1"'
         labels, sub = f'{base},topic="t{i}"', f'{base},subscription="public/default/f{i}",topic="t{i}"'
-        lines += [f"pulsar_in_messages_total{{{labels}}} {i}", f"pulsar_rate_in{{{labels}}} 0",
-                  f"pulsar_subscription_back_log{{{sub}}} {i % 7}", f"pulsar_out_bytes_total{{{sub}}} 5"]
+        lines += [
+            f"pulsar_in_messages_total{{{labels}}} {i}",
+            f"pulsar_rate_in{{{labels}}} 0",
+            f"pulsar_subscription_back_log{{{sub}}} {i % 7}",
+            f"pulsar_out_bytes_total{{{sub}}} 5",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -96,12 +103,14 @@ def test_only_the_asked_topics_are_parsed_and_their_figures_are_the_same():
     every, some = parse(text, now=1.0), parse(text, now=1.0, topics=asked)
     assert set(some.in_messages) == asked and len(every.in_messages) == 2000
     assert {t: some.in_messages[t] for t in asked} == {t: every.in_messages[t] for t in asked}
-    assert some.backlog_messages("persistent://public/default/t8", "public/default/f8") == \
-        every.backlog_messages("persistent://public/default/t8", "public/default/f8") == 1 * 10   # 8 % 7 entries
+    assert (
+        some.backlog_messages("persistent://public/default/t8", "public/default/f8")
+        == every.backlog_messages("persistent://public/default/t8", "public/default/f8")
+        == 1 * 10
+    )  # 8 % 7 entries
     assert some.messages_per_entry == every.messages_per_entry == 10.0
     # names that only share a prefix are not confused: t1 is not t17 or t1999
-    assert parse(text, now=1.0, topics={"persistent://public/default/t1"}).in_messages == \
-        {"persistent://public/default/t1": 1}
+    assert parse(text, now=1.0, topics={"persistent://public/default/t1"}).in_messages == {"persistent://public/default/t1": 1}
 
 
 def test_apache_full_names_are_filtered_too():

@@ -13,14 +13,18 @@ from pulsar_autoscale.cli.main import COMMANDS, build_parser
 from pulsar_autoscale.cliargs import TITLE
 
 # a value for each connection option a command may have; store_true options take none
-VALUES = {"--admin-url": "http://10.0.0.1:6750", "--controller-url": "http://10.0.0.1:9091",
-          "--service-url": "pulsar://10.0.0.1:6650", "--auth-plugin": "token", "--auth-params": "file:/tmp/t",
-          "--tls-trust-cert-path": "/tmp/ca.pem"}
+VALUES = {
+    "--admin-url": "http://10.0.0.1:6750",
+    "--controller-url": "http://10.0.0.1:9091",
+    "--service-url": "pulsar://10.0.0.1:6650",
+    "--auth-plugin": "token",
+    "--auth-params": "file:/tmp/t",
+    "--tls-trust-cert-path": "/tmp/ca.pem",
+}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    return {name: child for a in p._actions if isinstance(a, argparse._SubParsersAction)
-            for name, child in a.choices.items()}
+    return {name: child for a in p._actions if isinstance(a, argparse._SubParsersAction) for name, child in a.choices.items()}
 
 
 def _connection(p: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -85,7 +89,7 @@ def test_help_exits_0(command, action):
     assert "usage:" in out.getvalue()
 
 
-OFFLINE = {"tokens", "plan"}   # commands whose actions connect to nothing
+OFFLINE = {"tokens", "plan"}  # commands whose actions connect to nothing
 
 
 def test_commands_with_actions_that_connect_have_connection_options():
@@ -94,8 +98,7 @@ def test_commands_with_actions_that_connect_have_connection_options():
         assert _connection(_subparsers(parser)[command]), command
 
 
-@pytest.mark.parametrize("command,action", [leaf for leaf in LEAVES if leaf[1] and leaf[0] not in OFFLINE],
-                         ids=lambda x: x)
+@pytest.mark.parametrize("command,action", [leaf for leaf in LEAVES if leaf[1] and leaf[0] not in OFFLINE], ids=lambda x: x)
 def test_connection_options_before_or_after_the_action(command, action):
     parser = build_parser(command)
     command_parser = _subparsers(parser)[command]
@@ -130,6 +133,5 @@ def test_an_option_after_the_action_wins_and_one_before_is_not_reset():
 def test_connection_defaults_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("PULSAR_AUTOSCALE_ADMIN_URL", "http://env:6750")
     monkeypatch.setenv("PULSAR_AUTOSCALE_CONTROLLER_URL", "http://env:9091")
-    assert build_parser("functions-worker").parse_args(["functions-worker", "get-cluster"]).admin_url \
-        == "http://env:6750"
+    assert build_parser("functions-worker").parse_args(["functions-worker", "get-cluster"]).admin_url == "http://env:6750"
     assert build_parser("autoscaler").parse_args(["autoscaler", "get"]).controller_url == "http://env:9091"

@@ -26,8 +26,7 @@ class Counting(Policy):
 
     def decide(self, graph, snapshot, current, state):
         periods = (state or 0) + 1
-        return Proposal({fn: k + 1 for fn, k in current.items()}, {fn: f"period {periods}" for fn in current},
-                        periods)
+        return Proposal({fn: k + 1 for fn, k in current.items()}, {fn: f"period {periods}" for fn in current}, periods)
 
 
 class Scripted(Counting):
@@ -71,23 +70,26 @@ def test_plan_state_is_kept_between_periods():
     assert d.new == 2 and "cooldown" in d.reason
 
 
-@pytest.mark.parametrize("misbehaviour, needle", [
-    (ZeroDivisionError("oops"), "scripted: ZeroDivisionError: oops at "),
-    ({FN: 3}, "returned dict, not a Proposal"),
-    (Proposal({FN: -1}, {}), "parallelism -1 for t/n/f"),
-    (Proposal({FN: 0}, {}), "parallelism 0 for t/n/f"),
-    (Proposal({FN: 2.5}, {}), "non-integer parallelism 2.5 for t/n/f"),
-    (Proposal({FN: True}, {}), "non-integer parallelism True for t/n/f"),
-    (Proposal({"t/n/ghost": 2}, {}), "unknown function 't/n/ghost'"),
-])
+@pytest.mark.parametrize(
+    "misbehaviour, needle",
+    [
+        (ZeroDivisionError("oops"), "scripted: ZeroDivisionError: oops at "),
+        ({FN: 3}, "returned dict, not a Proposal"),
+        (Proposal({FN: -1}, {}), "parallelism -1 for t/n/f"),
+        (Proposal({FN: 0}, {}), "parallelism 0 for t/n/f"),
+        (Proposal({FN: 2.5}, {}), "non-integer parallelism 2.5 for t/n/f"),
+        (Proposal({FN: True}, {}), "non-integer parallelism True for t/n/f"),
+        (Proposal({"t/n/ghost": 2}, {}), "unknown function 't/n/ghost'"),
+    ],
+)
 def test_a_misbehaving_policy_is_contained(misbehaviour, needle):
     autoscaler = Autoscaler(Scripted({2: misbehaviour}), Planner(PlanConfig(cooldown_s=60)))
-    assert autoscaler.step(GRAPH, snap(0), {FN: 1}, now=0.0).decisions[0].new == 2   # period 1: fine
+    assert autoscaler.step(GRAPH, snap(0), {FN: 1}, now=0.0).decisions[0].new == 2  # period 1: fine
     plan_state = autoscaler.plan_state
-    result = autoscaler.step(GRAPH, snap(0), {FN: 2}, now=30.0)                     # period 2: misbehaves
+    result = autoscaler.step(GRAPH, snap(0), {FN: 2}, now=30.0)  # period 2: misbehaves
     assert result.decisions == [] and needle in result.error
     assert autoscaler.errors == 1
-    assert autoscaler.policy_state == 1 and autoscaler.plan_state is plan_state    # nothing moved on
+    assert autoscaler.policy_state == 1 and autoscaler.plan_state is plan_state  # nothing moved on
     # the loop goes on: period 2 again, now well-behaved, sees the state from period 1
     (d,) = autoscaler.step(GRAPH, snap(0), {FN: 2}, now=90.0).decisions
     assert d.reason == "period 2" and d.new == 3 and autoscaler.errors == 1

@@ -26,7 +26,7 @@ def test_the_next_periods_keep_a_fast_scale_out():
     planner = Planner(CONFIG)
     d, state = step(planner, PlanState(), 3, 1, 24.0, fast=True)
     assert (d.old, d.new) == (1, 3)
-    for now in (30.0, 35.0):   # windows [20, 30] and [25, 35] still hold the time before 24
+    for now in (30.0, 35.0):  # windows [20, 30] and [25, 35] still hold the time before 24
         d, state = step(planner, state, 2, 3, now)
         assert d.new == 3 and "fast scale-out to 3" in d.reason, d.reason
 
@@ -35,7 +35,7 @@ def test_a_period_after_the_hold_scales_in_when_the_load_has_fallen():
     planner = Planner(CONFIG)
     _, state = step(planner, PlanState(), 3, 1, 24.0, fast=True)
     _, state = step(planner, state, 2, 3, 35.0)
-    d, state = step(planner, state, 2, 3, 40.0)   # window [30, 40]: all after the scale-out
+    d, state = step(planner, state, 2, 3, 40.0)  # window [30, 40]: all after the scale-out
     assert d.new == 2 and "fast scale-out" not in d.reason
     assert state.fast_out == {}
 
@@ -43,9 +43,9 @@ def test_a_period_after_the_hold_scales_in_when_the_load_has_fallen():
 def test_the_hold_does_not_block_scale_out_nor_outlive_a_later_change():
     planner = Planner(CONFIG)
     _, state = step(planner, PlanState(), 3, 1, 24.0, fast=True)
-    d, state = step(planner, state, 5, 3, 30.0)   # a period scaling further out is free
+    d, state = step(planner, state, 5, 3, 30.0)  # a period scaling further out is free
     assert d.new == 5
-    d, state = step(planner, state, 2, 5, 35.0)   # not below the fast scale-out's 3, within its hold
+    d, state = step(planner, state, 2, 5, 35.0)  # not below the fast scale-out's 3, within its hold
     assert d.new == 3
 
 

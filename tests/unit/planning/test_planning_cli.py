@@ -29,8 +29,19 @@ def test_bad_parallelism_is_a_clear_error(capsys):
 
 
 def test_make_writes_plan_controller_and_report(tmp_path, capsys):
-    rc = run("make", "--app", "linear", "--target-rate", "4000", "--max-parallelism", "4", "--largest-budget", "12",
-             "--out", str(tmp_path))
+    rc = run(
+        "make",
+        "--app",
+        "linear",
+        "--target-rate",
+        "4000",
+        "--max-parallelism",
+        "4",
+        "--largest-budget",
+        "12",
+        "--out",
+        str(tmp_path),
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "predicted" in text and "parallelism" in text

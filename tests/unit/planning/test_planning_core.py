@@ -30,6 +30,7 @@ def ones(tb):
 
 # ---- simulated testbed -----------------------------------------------------------------------------------
 
+
 def test_simbed_is_a_testbed_and_deterministic_per_seed():
     a, b, c = SimTestbed(APPS["zipf"], 3), SimTestbed(APPS["zipf"], 3), SimTestbed(APPS["zipf"], 4)
     assert isinstance(a, ProtocolTestbed)
@@ -46,13 +47,13 @@ def test_block_shares_follow_the_worker_assignment():
     w = np.full(8, 1 / 8)
     assert block_shares(w, 3).tolist() == pytest.approx([3 / 8, 3 / 8, 2 / 8])
     hot = np.array([0.5] + [0.5 / 7] * 7)
-    assert block_shares(hot, 8).max() == pytest.approx(0.5)   # more instances cannot split a key group
+    assert block_shares(hot, 8).max() == pytest.approx(0.5)  # more instances cannot split a key group
 
 
 def test_hot_key_group_caps_scaling():
     tb = SimTestbed(APPS["zipf"])
     m = [tb.true_mst(TestConfig({"parse": 8, "count": k})) for k in (8, 64, 256)]
-    assert m[1] < 0.3 * 8 * m[0] and m[2] < 0.4 * 4 * m[1]   # far below linear in count's instances
+    assert m[1] < 0.3 * 8 * m[0] and m[2] < 0.4 * 4 * m[1]  # far below linear in count's instances
 
 
 def test_interpreter_lock_caps_a_thread_worker_not_a_process_worker():
@@ -67,22 +68,24 @@ def test_interpreter_lock_caps_a_thread_worker_not_a_process_worker():
 
 
 def test_a_thread_waits_for_the_lock_at_most_one_hold_of_each_other_thread():
-    fns = (SimFn("hot", source_share=1.0, cpu_s=0.002, wait_s=0.0, overhead_s=0.0),
-           SimFn("cold", ("hot",), selectivity=0.1, cpu_s=0.002, wait_s=0.0, overhead_s=0.0))
+    fns = (
+        SimFn("hot", source_share=1.0, cpu_s=0.002, wait_s=0.0, overhead_s=0.0),
+        SimFn("cold", ("hot",), selectivity=0.1, cpu_s=0.002, wait_s=0.0, overhead_s=0.0),
+    )
     tb = SimTestbed(SimPlanApp("t", fns, SimCluster(runtime="thread", slots_per_worker=8, lock_contention=0.0)))
     cfg = TestConfig({"hot": 1, "cold": 3})
     lay = tb._layout(cfg)
     quiet = tb._demands(50.0, lay)[-1]
     busy = tb._demands(400.0, lay)[-1]
-    assert quiet.max() < 0.0002                       # a lightly held lock: hardly any wait
-    assert busy[lay.fn == 0].max() <= 3 * 0.002       # three other threads, one hold each at most
-    assert busy.min() > 10 * quiet.max()              # and the waits grow with the lock's load
+    assert quiet.max() < 0.0002  # a lightly held lock: hardly any wait
+    assert busy[lay.fn == 0].max() <= 3 * 0.002  # three other threads, one hold each at most
+    assert busy.min() > 10 * quiet.max()  # and the waits grow with the lock's load
 
 
 def test_windowed_backlog_depends_on_the_window_phase():
     tb = SimTestbed(APPS["windowed"])
     cfg = TestConfig({"ingest": 2, "aggregate": 4, "alert": 8})
-    aligned = tb.run(1000, cfg, Phases(10, 30, 60))     # observation starts as a burst arrives
+    aligned = tb.run(1000, cfg, Phases(10, 30, 60))  # observation starts as a burst arrives
     misaligned = tb.run(1000, cfg, Phases(10, 30, 61))
     g = lambda r: r.functions["alert"].backlog_end - r.functions["alert"].backlog_start
     assert abs(g(aligned)) < 20
@@ -99,6 +102,7 @@ def test_producer_short_of_target_makes_the_run_invalid():
 
 
 # ---- bisection ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("app", list(APPS))
 def test_bisection_finds_the_true_mst(app):
@@ -121,7 +125,7 @@ def test_bisection_from_ds2_estimate():
 def test_producer_bound_is_reported_not_taken_for_a_failure():
     app = SimPlanApp("slowprod", APPS["linear"].functions, SimCluster(producer_max_rate=100.0))
     tb = SimTestbed(app)
-    cfg = TestConfig({f: 4 for f in tb.functions()})   # sustains far more than 100/s
+    cfg = TestConfig({f: 4 for f in tb.functions()})  # sustains far more than 100/s
     res = measure_mst(tb, cfg, MstSettings(warmup_rate=400.0))
     assert res.producer_bound
     assert res.mst == pytest.approx(100.0, rel=0.03)
@@ -145,6 +149,7 @@ def test_judge_fails_a_growing_backlog():
 
 
 # ---- allocation -------------------------------------------------------------------------------------------
+
 
 def _brute(curves, gains, budget):
     names = list(curves)
@@ -177,8 +182,11 @@ def test_allocation_stops_at_a_capped_curve_and_at_bounds():
 
 # ---- model families -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("family,truth", [("linear", lambda x: 50 * x + 10), ("log", lambda x: 300 * np.log(x) + 40),
-                                          ("sqrt", lambda x: 200 * np.sqrt(x) - 30)])
+
+@pytest.mark.parametrize(
+    "family,truth",
+    [("linear", lambda x: 50 * x + 10), ("log", lambda x: 300 * np.log(x) + 40), ("sqrt", lambda x: 200 * np.sqrt(x) - 30)],
+)
 def test_selection_by_heldout_error_picks_the_generating_family(family, truth):
     xs = np.array([2, 3, 4, 6, 8, 11, 16], dtype=float)
     best, cands = select(xs, truth(xs), ("linear", "log", "sqrt"))
@@ -189,7 +197,7 @@ def test_selection_by_heldout_error_picks_the_generating_family(family, truth):
 
 def test_power_and_profile_families():
     xs = np.array([1, 2, 4, 8, 16], dtype=float)
-    p = fit("power", xs, 30 * xs ** 0.7 + 5)
+    p = fit("power", xs, 30 * xs**0.7 + 5)
     assert p.params[1] == pytest.approx(0.7, abs=0.011)
     shape = lambda x: np.minimum(np.asarray(x, float), 10.0)
     f = fit("profile", xs, 3 * shape(xs), shape=shape)
@@ -209,6 +217,7 @@ def test_invert_and_band_limits():
 
 
 # ---- profile and plan -------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def linear_model():
@@ -280,8 +289,9 @@ def test_an_slo_plan_sizes_the_function_a_window_bursts_into(windowed_model):
     slo = plan_for_rate(model, target, slo_p99_s=2.0)
     assert throughput.drains == {} and set(slo.drains) == {"alert"} and "10 s window" in slo.drains["alert"]
     assert slo.parallelism["alert"] > 3 * throughput.parallelism["alert"]
-    assert {f: k for f, k in slo.parallelism.items() if f != "alert"} == \
-        {f: k for f, k in throughput.parallelism.items() if f != "alert"}
+    assert {f: k for f, k in slo.parallelism.items() if f != "alert"} == {
+        f: k for f, k in throughput.parallelism.items() if f != "alert"
+    }
     assert slo.budget == sum(slo.parallelism.values())
     # a deployment sized for the mean rate drains each window's burst for most of the window
     assert tb.p99(target, TestConfig(throughput.parallelism)) > 5.0
@@ -289,17 +299,20 @@ def test_an_slo_plan_sizes_the_function_a_window_bursts_into(windowed_model):
 
 
 def test_a_burst_no_instance_count_drains_in_time_is_refused():
-    class Capped:   # a function whose capacity stops rising at 4 instances (a hot key group)
+    class Capped:  # a function whose capacity stops rising at 4 instances (a hot key group)
         gain = 1.0
 
         @staticmethod
         def capacity(k: int) -> float:
             return 10.0 * min(k, 4)
+
     profile = SimpleNamespace(bursts={"f": 10.0}, functions={"f": Capped()})
-    with pytest.raises(ConfigError, match="f cannot drain the 10 s window's burst of 100 messages within 2 s: "
-                                          "its capacity stops rising at 40.0/s"):
+    with pytest.raises(
+        ConfigError,
+        match="f cannot drain the 10 s window's burst of 100 messages within 2 s: its capacity stops rising at 40.0/s",
+    ):
         burst_drain(profile, 10.0, 2.0)
-    assert burst_drain(profile, 1.0, 5.0) == ({}, {})          # 10 messages in 5 s: one instance drains them
+    assert burst_drain(profile, 1.0, 5.0) == ({}, {})  # 10 messages in 5 s: one instance drains them
 
 
 def test_run_result_validity_tolerance():
@@ -313,12 +326,22 @@ def test_run_result_validity_tolerance():
 
 def test_the_pooled_table_takes_each_apps_largest_error_over_the_seeds():
     def seed(n, mine, linear, ds2):
-        return {"seed": n, "rows": [{"app": "linear", "error": 0.01, "linear_error": 0.01, "ds2_error": 0.01},
-                                    {"app": "windowed", "error": mine, "linear_error": linear, "ds2_error": ds2}]}
+        return {
+            "seed": n,
+            "rows": [
+                {"app": "linear", "error": 0.01, "linear_error": 0.01, "ds2_error": 0.01},
+                {"app": "windowed", "error": mine, "linear_error": linear, "ds2_error": ds2},
+            ],
+        }
+
     # seed 1 alone: a baseline (1.5%) within the planner's 1.8%; over both seeds the baselines reach 2.8%
     both = pooled([seed(0, 0.010, 0.028, 0.028), seed(1, 0.018, 0.015, 0.015)])
-    assert both["per_app"]["windowed"] == {"max_error": 0.018, "linear_max_error": 0.028, "ds2_max_error": 0.028,
-                                           "baselines_worse": True}
+    assert both["per_app"]["windowed"] == {
+        "max_error": 0.018,
+        "linear_max_error": 0.028,
+        "ds2_max_error": 0.028,
+        "baselines_worse": True,
+    }
     assert both["passed"] and both["max_error"] == 0.018
     assert not pooled([seed(1, 0.018, 0.015, 0.015)])["baselines_worse_on_every_nonlinear_app"]
     assert "within the planner's error" in format_pooled(pooled([seed(1, 0.018, 0.015, 0.015)]))

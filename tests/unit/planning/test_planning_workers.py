@@ -37,14 +37,14 @@ def test_ceiling_falls_with_threads_and_keeps_measured_lower_bounds():
     w = _ceiling(a=0.9, b=0.05)
     assert w.ceiling(1) > w.ceiling(4)
     assert w.ceiling(4) == pytest.approx(1 / 1.1)
-    pts = (ProbePoint(2, {}, 100.0, 100.0, 0.012, 1, 1.0),)   # not bound: 1.2 is a lower bound
+    pts = (ProbePoint(2, {}, 100.0, 100.0, 0.012, 1, 1.0),)  # not bound: 1.2 is a lower bound
     w = WorkerCeiling(4, ("f",), {"f": 0.01}, 0.9, 0.05, pts)
     assert w.ceiling(2) == pytest.approx(1.2)
 
 
 def test_inverse_ceiling_fit_uses_bound_points_only():
     pts = [ProbePoint(t, {}, 1 / (0.94 + 0.06 * t) / 0.01, 1e9, 0.01, 1, 1.0) for t in (4, 6, 8)]
-    pts.append(ProbePoint(3, {}, 10.0, 10.0, 0.01, 1, 1.0))   # not bound: ignored by the fit
+    pts.append(ProbePoint(3, {}, 10.0, 10.0, 0.01, 1, 1.0))  # not bound: ignored by the fit
     a, b = fit_inverse(pts)
     assert a == pytest.approx(0.94) and b == pytest.approx(0.06)
     a, b = fit_inverse(pts[:1])
@@ -59,7 +59,7 @@ def test_balanced_allocation_covers_the_slow_function():
 def test_bounded_path_stops_adding_where_the_shared_bound_binds():
     curves = {"a": lambda k: 10.0 * k, "b": lambda k: 10.0 * k}
     gains = {"a": 1.0, "b": 1.0}
-    shared = lambda k: 30.0 - (sum(k.values()) - 2)   # more instances: more contention  # noqa: E731
+    shared = lambda k: 30.0 - (sum(k.values()) - 2)  # more instances: more contention  # noqa: E731
     path = bounded_path(curves, gains, 12, shared)
     rates = [p.rate for p in path]
     best = best_within(path, 12)
@@ -94,25 +94,27 @@ def test_worker_model_predicts_thread_deployments():
     prof = profile_app(tb, 4)
     gains = prof.gains()
     for par in ({"decode": 6, "score": 20, "publish": 6}, {"decode": 10, "score": 40, "publish": 14}):
-        model = min(prof.workers.rate(par, gains)[0], min(prof.functions[f].capacity(k) / gains[f]
-                                                          for f, k in par.items()))
+        model = min(prof.workers.rate(par, gains)[0], min(prof.functions[f].capacity(k) / gains[f] for f, k in par.items()))
         assert model == pytest.approx(tb.true_mst(TestConfig(par)), rel=0.03)
 
 
 def test_rate_cost_family_only_where_plain_families_miss():
     k = np.array([1, 2, 4, 8], dtype=float)
     a, b = 0.002, 2e-6
-    y = (-a + np.sqrt(a * a + 4 * b * k)) / (2 * b)          # a per-message cost that grows with rate
+    y = (-a + np.sqrt(a * a + 4 * b * k)) / (2 * b)  # a per-message cost that grows with rate
     best, _ = select(k, y, ("linear", "log", "sqrt", "rate-cost"))
     assert best.family == "rate-cost" and best.predict(64) == pytest.approx(
-        (-a + math.sqrt(a * a + 4 * b * 64)) / (2 * b), rel=1e-6)
+        (-a + math.sqrt(a * a + 4 * b * 64)) / (2 * b), rel=1e-6
+    )
     best, _ = select(k, 100 * k * (1 + np.array([0.0, 0.004, -0.003, 0.002])), ("linear", "rate-cost"))
     assert best.family == "linear"
 
 
 def test_exhaustive_min_counts_the_fewest_instances():
-    fns = (SimFn("f", source_share=1.0, cpu_s=0.0, wait_s=0.01, overhead_s=0.0),
-           SimFn("g", ("f",), cpu_s=0.0, wait_s=0.02, overhead_s=0.0))
+    fns = (
+        SimFn("f", source_share=1.0, cpu_s=0.0, wait_s=0.01, overhead_s=0.0),
+        SimFn("g", ("f",), cpu_s=0.0, wait_s=0.02, overhead_s=0.0),
+    )
     tb = SimTestbed(SimPlanApp("two", fns, SimCluster(cores_per_worker=64, slots_per_worker=64)))
     assert exhaustive_min(tb, 290.0) == 3 + 6
     capped = SimTestbed(APPS["zipf"])
@@ -121,7 +123,8 @@ def test_exhaustive_min_counts_the_fewest_instances():
 
 def test_moves_between_functions_never_take_one_below_its_floor():
     """A move that leaves a function at one instance is the last one from it: the next would leave it none."""
-    def rate(k):   # fewer instances of a and more of the others: always better, as long as a has one
+
+    def rate(k):  # fewer instances of a and more of the others: always better, as long as a has one
         return 1.0 / k["a"] + k["b"] + k["c"], "x"
 
     k, r, _ = _improve({"a": 2, "b": 1, "c": 1}, 2.5, "x", rate, {})

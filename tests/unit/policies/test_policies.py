@@ -33,8 +33,14 @@ def chain(*names) -> AppGraph:
 
 def paper_app() -> AppGraph:
     """Fig. 3: images -> resize1 -> store; images -> resize2 -> recognize (two paths)."""
-    return AppGraph.build([FunctionNode("resize1", ("images",), "small"), FunctionNode("store", ("small",)),
-                           FunctionNode("resize2", ("images",), "medium"), FunctionNode("recognize", ("medium",))])
+    return AppGraph.build(
+        [
+            FunctionNode("resize1", ("images",), "small"),
+            FunctionNode("store", ("small",)),
+            FunctionNode("resize2", ("images",), "medium"),
+            FunctionNode("recognize", ("medium",)),
+        ]
+    )
 
 
 PATH = QueueingConfig(level="path")
@@ -42,15 +48,19 @@ PATH = QueueingConfig(level="path")
 
 # ---- threshold (T_in 50, T_out 150, step 1) -------------------------------------------------------
 
-@pytest.mark.parametrize("backlog, k, expected", [
-    (151, 3, 4),     # overload: Q > T_out -> +1
-    (150, 3, 3),     # T_out itself is in range
-    (51, 3, 3),      # just above T_in: in range
-    (50, 3, 2),      # low load: Q <= T_in -> -1
-    (0, 3, 2),
-    (10, 1, 1),      # never below one instance
-    (None, 3, 3),    # unknown: keep (not "0 messages, scale in")
-])
+
+@pytest.mark.parametrize(
+    "backlog, k, expected",
+    [
+        (151, 3, 4),  # overload: Q > T_out -> +1
+        (150, 3, 3),  # T_out itself is in range
+        (51, 3, 3),  # just above T_in: in range
+        (50, 3, 2),  # low load: Q <= T_in -> -1
+        (0, 3, 2),
+        (10, 1, 1),  # never below one instance
+        (None, 3, 3),  # unknown: keep (not "0 messages, scale in")
+    ],
+)
 def test_threshold(backlog, k, expected):
     p = ThresholdPolicy().decide(chain("f"), snap(fs("f", k, backlog=backlog)), {"f": k}, None)
     assert p.targets == {"f": expected}
@@ -60,12 +70,14 @@ def test_threshold(backlog, k, expected):
 
 def test_threshold_custom_step_and_missing_snapshot():
     p = ThresholdPolicy(ThresholdConfig(t_in=5, t_out=10, step=2)).decide(
-        chain("f", "g"), snap(fs("f", 2, backlog=11)), {"f": 2, "g": 4}, "kept")
-    assert p.targets == {"f": 4, "g": 4}   # 11 > 10: +2; g has no figures at all: keep
-    assert p.state == "kept"               # state is handed back untouched
+        chain("f", "g"), snap(fs("f", 2, backlog=11)), {"f": 2, "g": 4}, "kept"
+    )
+    assert p.targets == {"f": 4, "g": 4}  # 11 > 10: +2; g has no figures at all: keep
+    assert p.state == "kept"  # state is handed back untouched
 
 
 # ---- queueing: Allen-Cunneen GI/G/k ---------------------------------------------------------------
+
 
 def test_p_k_switches_formula_at_rho_0_7():
     # rho = 0.7 belongs to the upper branch (rho^k + rho)/2: k=1 -> 0.7; k=2 -> (0.49 + 0.7)/2 = 0.595
@@ -135,13 +147,16 @@ def test_queueing_path_level_on_the_papers_two_path_dag():
         #   Tq = (1/3) * 0.00444 / 37.33 = 0.00004, T = 0.02504. Path 0.0978 < alpha * R_max = 0.5:
         #   the fastest function with more than one instance, store, gives one back (one per period):
         #   T_store(2) = 0.025 + 0.5 * 0.1^sqrt3 / 36 = 0.02526, path 0.0981 <= R_max, so it stands.
-        fs("resize1", arrival_rate=8.0, service_rate=20.0), fs("store", 3, arrival_rate=8.0, service_rate=40.0),
+        fs("resize1", arrival_rate=8.0, service_rate=20.0),
+        fs("store", 3, arrival_rate=8.0, service_rate=40.0),
         # path 2: resize2 (lambda 9, mu 20, k 1): rho 0.45, P = 0.45^sqrt2 = 0.32327, Tq = 0.32327 / 11 = 0.02939,
         #   T = 0.07939; recognize (lambda 9, mu 5, k 2): rho 0.9, P = (0.81 + 0.9)/2 = 0.855,
         #   Tq = 0.5 * 0.855 / (5 * 0.1) = 0.855, T = 1.055. Path 1.1344 > R_max = 1: the slowest on it,
         #   recognize, to 3: rho 0.6, P = 0.6^2 = 0.36, Tq = (1/3) * 0.36 / 2 = 0.06, T = 0.26; path 0.3394.
         #   0.3394 < 0.5 asks for a scale-in of recognize, but back at 2 its path is 1.1344 > 1: undone.
-        fs("resize2", arrival_rate=9.0, service_rate=20.0), fs("recognize", 2, arrival_rate=9.0, service_rate=5.0))
+        fs("resize2", arrival_rate=9.0, service_rate=20.0),
+        fs("recognize", 2, arrival_rate=9.0, service_rate=5.0),
+    )
     current = {"resize1": 1, "store": 3, "resize2": 1, "recognize": 2}
     p = QueueingPolicy(PATH).decide(paper_app(), s, current, None)
     assert p.targets == {"resize1": 1, "store": 2, "resize2": 1, "recognize": 3}
@@ -191,6 +206,7 @@ def test_queueing_config_is_checked():
 
 # ---- DS2 -----------------------------------------------------------------------------------------
 
+
 def test_ds2_three_stage_dag():
     s = snap(
         # a: source 100/s, true rate 50/s per instance, selectivity 100/50 = 2 -> ceil(100/50) = 2
@@ -206,15 +222,16 @@ def test_ds2_three_stage_dag():
     assert "target rate 200.00/s / true rate 40.00/s" in p.reasons["b"]
     # 20% headroom: b = ceil(200 / (40 * 0.8)) = ceil(6.25) = 7; c = ceil(100 / 24) = 5
     head = DS2Policy(DS2Config(target_utilization=0.8)).decide(chain("a", "b", "c"), s, {"a": 1, "b": 1, "c": 1}, None)
-    assert head.targets == {"a": 3, "b": 7, "c": 5}   # a: ceil(100 / 40) = 3
+    assert head.targets == {"a": 3, "b": 7, "c": 5}  # a: ceil(100 / 40) = 3
 
 
 def test_ds2_fan_in_sums_upstream_outputs():
-    g = AppGraph.build([FunctionNode("a", ("s1",), "x"), FunctionNode("b", ("s2",), "x"),
-                        FunctionNode("c", ("x",), None)])
-    s = snap(fs("a", arrival_rate=30.0, true_processing_rate=30.0, true_output_rate=30.0),
-             fs("b", arrival_rate=10.0, true_processing_rate=10.0, true_output_rate=20.0),
-             fs("c", true_processing_rate=25.0))
+    g = AppGraph.build([FunctionNode("a", ("s1",), "x"), FunctionNode("b", ("s2",), "x"), FunctionNode("c", ("x",), None)])
+    s = snap(
+        fs("a", arrival_rate=30.0, true_processing_rate=30.0, true_output_rate=30.0),
+        fs("b", arrival_rate=10.0, true_processing_rate=10.0, true_output_rate=20.0),
+        fs("c", true_processing_rate=25.0),
+    )
     # c: 30 * 1 + 10 * 2 = 50/s at 25/s per instance -> 2
     assert DS2Policy().decide(g, s, {"a": 1, "b": 1, "c": 1}, None).targets["c"] == 2
 
@@ -223,8 +240,10 @@ def test_ds2_function_fed_by_a_source_topic_and_a_function():
     g = AppGraph.build([FunctionNode("a", ("s1",), "x"), FunctionNode("c", ("x", "s2"), None)])
     # a: 60/s, selectivity 1 -> sends 60/s at target; it was observed to emit only 40/s (lagging)
     # c: observed 70/s arrive = 40 from a + 30 from s2, so target = 60 + (70 - 40) = 90/s at 20/s -> 5
-    s = snap(fs("a", arrival_rate=60.0, true_processing_rate=30.0, true_output_rate=30.0, output_rate=40.0),
-             fs("c", arrival_rate=70.0, true_processing_rate=20.0))
+    s = snap(
+        fs("a", arrival_rate=60.0, true_processing_rate=30.0, true_output_rate=30.0, output_rate=40.0),
+        fs("c", arrival_rate=70.0, true_processing_rate=20.0),
+    )
     p = DS2Policy().decide(g, s, {"a": 1, "c": 1}, None)
     assert p.targets == {"a": 2, "c": 5}
 

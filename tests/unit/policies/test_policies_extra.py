@@ -13,8 +13,12 @@ from pulsar_autoscale.policies.queueing import Station
 from pulsar_autoscale.snapshot import FunctionSnapshot, Snapshot
 
 F, G = "public/default/f", "public/default/g"
-CHAIN = AppGraph.build([FunctionNode(F, ("persistent://public/default/in",), "persistent://public/default/mid"),
-                        FunctionNode(G, ("persistent://public/default/mid",), None)])
+CHAIN = AppGraph.build(
+    [
+        FunctionNode(F, ("persistent://public/default/in",), "persistent://public/default/mid"),
+        FunctionNode(G, ("persistent://public/default/mid",), None),
+    ]
+)
 ONE = AppGraph.build([FunctionNode(F, ("persistent://public/default/in",), None)])
 
 
@@ -41,7 +45,11 @@ def test_keda_backlog_over_threshold_then_stabilized_scale_down():
 
 def test_keda_between_polls_keeps_the_last_recommendation():
     keda = load_policy("keda", {"polling_s": 60.0})
-    assert run(keda, [snap(0, backlog=40.0), snap(30, backlog=400.0), snap(60, backlog=400.0)]) == [4, 4, 40]  # ceil(4 * 400 / (10 * 4)); the Plan step bounds it
+    assert run(keda, [snap(0, backlog=40.0), snap(30, backlog=400.0), snap(60, backlog=400.0)]) == [
+        4,
+        4,
+        40,
+    ]  # ceil(4 * 400 / (10 * 4)); the Plan step bounds it
 
 
 def test_hpa_cpu_formula_tolerance_and_stabilization():
@@ -62,7 +70,7 @@ def test_flink_ds2_bounds_catch_up_and_scale_down_interval():
     s = snap(0, k=5, arrival_rate=10.0, backlog=0.0, true_processing_rate=4.0)
     assert fl.decide(ONE, s, {F: 5}, None).targets[F] == 5
     low = [snap(30 * i, arrival_rate=1.0, backlog=0.0, true_processing_rate=4.0) for i in range(12)]
-    assert run(fl, low, k=5) == [5] * 10 + [1, 1]   # ceil(1 / 2.8) = 1, after 300 s of lower asks
+    assert run(fl, low, k=5) == [5] * 10 + [1, 1]  # ceil(1 / 2.8) = 1, after 300 s of lower asks
 
 
 def test_holt_follows_a_trend():
@@ -83,8 +91,7 @@ def test_quantile_response_time_is_above_the_mean_and_infinite_when_unstable():
 
 def test_predictive_sizes_for_p99_drains_backlog_and_holds_before_scale_in():
     pred = load_policy("predictive", {"p99_s": 2.0})
-    base = dict(arrival_rate=14.0, service_rate=4.0, ca2=1.0, cs2=0.25, true_processing_rate=4.0,
-                true_output_rate=4.0)
+    base = dict(arrival_rate=14.0, service_rate=4.0, ca2=1.0, cs2=0.25, true_processing_rate=4.0, true_output_rate=4.0)
     # k 3 is unstable; k 4: rho 0.875, P_k 0.73, p99 ln(73) 1.25 / 4 + 0.25 = 1.59 s <= 2 s, mean 0.48 s
     quiet = pred.decide(ONE, snap(0, backlog=4.0, **base), {F: 1}, None)
     assert quiet.targets[F] == 4
@@ -102,9 +109,14 @@ def test_predictive_sizes_for_p99_drains_backlog_and_holds_before_scale_in():
 def test_predictive_drain_upstream_reaches_downstream():
     pred = load_policy("predictive", {"p99_s": 2.0})
     fig = dict(arrival_rate=10.0, service_rate=50.0, true_processing_rate=50.0, true_output_rate=50.0)
-    s = Snapshot(0, 30.0, {F: FunctionSnapshot(F, 1, backlog=600.0, **fig),
-                           G: FunctionSnapshot(G, 1, backlog=0.0, **dict(fig, service_rate=4.0,
-                                                                        true_processing_rate=4.0))})
+    s = Snapshot(
+        0,
+        30.0,
+        {
+            F: FunctionSnapshot(F, 1, backlog=600.0, **fig),
+            G: FunctionSnapshot(G, 1, backlog=0.0, **dict(fig, service_rate=4.0, true_processing_rate=4.0)),
+        },
+    )
     # f drains 600 messages in 10 s: g gets 10 + 60 msg/s, more than 15 instances serve: the cap.
     # Without f's backlog g needs 4 (k 3: rho 0.83, p99 2.1 s with c^2 = 1, over 0.926 of 2 s).
     assert pred.decide(CHAIN, s, {F: 1, G: 1}, None).targets[G] == 15

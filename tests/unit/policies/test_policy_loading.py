@@ -18,10 +18,12 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "policy_backlog_per
 GRAPH = AppGraph.build([FunctionNode("t/n/f", ("src",), None), FunctionNode("t/n/g", ("src",), None)])
 SNAP = Snapshot(time=0.0, window_s=30.0, functions={"t/n/f": FunctionSnapshot("t/n/f", 2, backlog=450.0)})
 
-POLICY_SRC = ("from pulsar_autoscale.policies import Policy, Proposal\n"
-              "class {name}(Policy):\n    name = '{name}'\n"
-              "    def decide(self, graph, snapshot, current, state):\n"
-              "        return Proposal(dict(current), {{}}, state)\n")
+POLICY_SRC = (
+    "from pulsar_autoscale.policies import Policy, Proposal\n"
+    "class {name}(Policy):\n    name = '{name}'\n"
+    "    def decide(self, graph, snapshot, current, state):\n"
+    "        return Proposal(dict(current), {{}}, state)\n"
+)
 
 
 def write(tmp_path: Path, filename: str, text: str) -> str:
@@ -30,8 +32,7 @@ def write(tmp_path: Path, filename: str, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("name, cls", [("threshold", ThresholdPolicy), ("queueing", QueueingPolicy),
-                                       ("ds2", DS2Policy)])
+@pytest.mark.parametrize("name, cls", [("threshold", ThresholdPolicy), ("queueing", QueueingPolicy), ("ds2", DS2Policy)])
 def test_builtins_load_by_entry_point_name(name, cls):
     assert name in available_policies()
     policy = load_policy(name)
@@ -75,33 +76,42 @@ def test_a_plugin_that_fails_to_import_breaks_only_its_own_name(tmp_path, monkey
     (dist / "entry_points.txt").write_text("[pulsar_autoscale.policies]\nbroken = no_such_module_xyz:Policy\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "broken" in available_policies()
-    with pytest.raises(ConfigError, match=r"policy 'broken' \(no_such_module_xyz:Policy\) failed to load: "
-                                          r"ModuleNotFoundError"):
+    with pytest.raises(
+        ConfigError,
+        match=r"policy 'broken' \(no_such_module_xyz:Policy\) failed to load: "
+        r"ModuleNotFoundError",
+    ):
         load_policy("broken")
     assert isinstance(load_policy("threshold"), ThresholdPolicy)
 
 
-@pytest.mark.parametrize("spec, params, needle", [
-    ("nope", None, "unknown policy 'nope': available ds2, "),
-    ("/no/such/policy.py", None, "policy file /no/such/policy.py does not exist"),
-    ("queueing", {"r_max": 1}, "unknown option(s) r_max; valid options: level, r_max_s, alpha"),
-    ("queueing", {"r_max_s": "fast"}, "option r_max_s = 'fast' has the wrong type"),
-    ("threshold", {"step": 1.5}, "option step = 1.5 has the wrong type"),
-    ("queueing", {"level": "galaxy"}, "queueing level 'galaxy' is unknown"),
-])
+@pytest.mark.parametrize(
+    "spec, params, needle",
+    [
+        ("nope", None, "unknown policy 'nope': available ds2, "),
+        ("/no/such/policy.py", None, "policy file /no/such/policy.py does not exist"),
+        ("queueing", {"r_max": 1}, "unknown option(s) r_max; valid options: level, r_max_s, alpha"),
+        ("queueing", {"r_max_s": "fast"}, "option r_max_s = 'fast' has the wrong type"),
+        ("threshold", {"step": 1.5}, "option step = 1.5 has the wrong type"),
+        ("queueing", {"level": "galaxy"}, "queueing level 'galaxy' is unknown"),
+    ],
+)
 def test_bad_specs_name_the_problem(spec, params, needle):
     with pytest.raises(ConfigError) as err:
         load_policy(spec, params)
     assert needle in str(err.value)
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("raise RuntimeError('boom')\n", "raised on import: RuntimeError: boom"),
-    ("def broken(:\n", "raised on import: SyntaxError"),
-    ("X = 1\n", "must define exactly one Policy subclass, or set POLICY = TheClass; found 0 (none)"),
-    (POLICY_SRC.format(name="A") + POLICY_SRC.format(name="B"), "found 2 (A, B)"),
-    ("POLICY = 42\n", "resolves to 42, not a subclass of pulsar_autoscale.policies.Policy"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("raise RuntimeError('boom')\n", "raised on import: RuntimeError: boom"),
+        ("def broken(:\n", "raised on import: SyntaxError"),
+        ("X = 1\n", "must define exactly one Policy subclass, or set POLICY = TheClass; found 0 (none)"),
+        (POLICY_SRC.format(name="A") + POLICY_SRC.format(name="B"), "found 2 (A, B)"),
+        ("POLICY = 42\n", "resolves to 42, not a subclass of pulsar_autoscale.policies.Policy"),
+    ],
+)
 def test_bad_policy_files_name_the_file_and_the_problem(tmp_path, text, needle):
     path = write(tmp_path, "user_policy.py", text)
     with pytest.raises(ConfigError) as err:

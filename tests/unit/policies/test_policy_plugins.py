@@ -21,10 +21,11 @@ def test_example_policy_by_entry_point(tmp_path, monkeypatch):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: backlog-plugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[pulsar_autoscale.policies]\nbacklog-per-instance = policy_backlog_per_instance:BacklogPerInstance\n")
+        "[pulsar_autoscale.policies]\nbacklog-per-instance = policy_backlog_per_instance:BacklogPerInstance\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))
     assert "backlog-per-instance" in available_policies()
     policy = load_policy("backlog-per-instance")
-    assert policy.decide(GRAPH, SNAP, {"t/n/f": 2}, None).targets == {"t/n/f": 5}   # default 100 per instance
+    assert policy.decide(GRAPH, SNAP, {"t/n/f": 2}, None).targets == {"t/n/f": 5}  # default 100 per instance
     sys.modules.pop("policy_backlog_per_instance", None)

@@ -30,7 +30,8 @@ def test_no_cheaper_allocation_meets_the_slo(workload):
             if k[fn] > 1:
                 cheaper = {**k, fn: k[fn] - 1}
                 assert evaluate(APP, iv.rate, length, cheaper) > SLO, (
-                    f"{workload} at {iv.rate}/s: {cheaper} meets the SLO, so the bound {k} is wrong")
+                    f"{workload} at {iv.rate}/s: {cheaper} meets the SLO, so the bound {k} is wrong"
+                )
 
 
 def run(policy, workload, seed=0, fast=None, **config):
@@ -59,8 +60,14 @@ def test_fast_path_cuts_the_burst_tail():
 
 def test_warm_pool_costs_its_weight_and_starts_faster():
     cold = run("queueing", "burst", fast=FastConfig(enabled=True, period_s=1.0, window_s=2.0), start_s=3.0)
-    warm = run("queueing", "burst", fast=FastConfig(enabled=True, period_s=1.0, window_s=2.0), start_s=3.0,
-               warm_pool=4, standby_weight=0.25)
+    warm = run(
+        "queueing",
+        "burst",
+        fast=FastConfig(enabled=True, period_s=1.0, window_s=2.0),
+        start_s=3.0,
+        warm_pool=4,
+        standby_weight=0.25,
+    )
     assert warm.standby_instance_seconds == pytest.approx(3 * 4 * 0.25 * warm.sim_time_s)
     assert warm.p99_rt_s < cold.p99_rt_s
 

@@ -25,15 +25,14 @@ def fixed(k: int):
 
 def erlang_c(k: int, a: float) -> float:
     """Probability of waiting in M/M/k with offered load a = lambda / mu."""
-    top = a ** k / math.factorial(k) * k / (k - a)
-    return top / (sum(a ** i / math.factorial(i) for i in range(k)) + top)
+    top = a**k / math.factorial(k) * k / (k - a)
+    return top / (sum(a**i / math.factorial(i) for i in range(k)) + top)
 
 
 @pytest.mark.parametrize("k, lam, mu", [(1, 0.8, 1.0), (4, 3.2, 1.0)])
 def test_mmk_mean_response_time_matches_closed_form(k, lam, mu):
     autoscaler, config = fixed(k)
-    result = simulate(station_app(ServiceTime("exponential", mean=1 / mu)), StepWorkload(((100_000.0, lam),)),
-                      autoscaler, config)
+    result = simulate(station_app(ServiceTime("exponential", mean=1 / mu)), StepWorkload(((100_000.0, lam),)), autoscaler, config)
     expected = 1 / mu + erlang_c(k, lam / mu) / (k * mu - lam)
     assert result.lost == 0 and result.drained
     assert result.avg_instances == pytest.approx(k, rel=1e-3)
@@ -49,8 +48,12 @@ def test_messages_are_conserved_through_fan_out_fan_in_and_scaling():
 
 
 def test_same_seed_same_run_other_seed_other_run():
-    run = lambda seed: simulate(load_app("paper-image"), load_workload("burst"),  # noqa: E731
-                                build_autoscaler("ds2", {}, 15), SimConfig(seed=seed)).summary()
+    run = lambda seed: simulate(
+        load_app("paper-image"),
+        load_workload("burst"),  # noqa: E731
+        build_autoscaler("ds2", {}, 15),
+        SimConfig(seed=seed),
+    ).summary()
     assert run(1) == run(1)
     assert run(1) != run(2)
 
@@ -67,8 +70,12 @@ def test_stock_restart_mode_redelivers_and_costs_response_time():
 def test_gauges_refreshed_every_5_s_delay_a_rate_driven_policy():
     """pulsar-lite's gauges: the controller sees a step up late, so queueing answers it late."""
     app, workload = load_app("demo-image"), load_workload("demo")
-    run = lambda refresh: simulate(app, workload, build_autoscaler("queueing", {}, 8),  # noqa: E731
-                                   SimConfig(period_s=5.0, start_s=0.01, gauge_refresh_s=refresh, seed=1))
+    run = lambda refresh: simulate(
+        app,
+        workload,
+        build_autoscaler("queueing", {}, 8),  # noqa: E731
+        SimConfig(period_s=5.0, start_s=0.01, gauge_refresh_s=refresh, seed=1),
+    )
     exact, gauges = run(0.0), run(5.0)
     assert gauges.lost == exact.lost == 0
     assert gauges.mean_rt_s > 1.3 * exact.mean_rt_s, (gauges.mean_rt_s, exact.mean_rt_s)

@@ -37,14 +37,17 @@ def test_offsets_json_round_trip_uses_message_id_bytes():
     assert json.loads(json.dumps(data)) == data and offsets_from_json(data) == offsets
 
 
-@pytest.mark.parametrize("options,named", [
-    ({"topic": "a", "topics": "a,b"}, "exactly one"),
-    ({"topic": "a", "endingOffsets": "earliest"}, "endingOffsets"),
-    ({"topic": "a", "startingOffsets": '{"b": "earliest"}'}, "not read"),
-    ({"topic": "a/b"}, "topic"),
-    ({"topic": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
-    ({"topic": "a", "service.url": "http://x"}, "service.url"),
-])
+@pytest.mark.parametrize(
+    "options,named",
+    [
+        ({"topic": "a", "topics": "a,b"}, "exactly one"),
+        ({"topic": "a", "endingOffsets": "earliest"}, "endingOffsets"),
+        ({"topic": "a", "startingOffsets": '{"b": "earliest"}'}, "not read"),
+        ({"topic": "a/b"}, "topic"),
+        ({"topic": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"topic": "a", "service.url": "http://x"}, "service.url"),
+    ],
+)
 def test_bad_source_options_name_the_option(options, named):
     with pytest.raises(PulsarOptionError, match=named):
         parse_source_options({"service.url": "pulsar://h:6650", **options})

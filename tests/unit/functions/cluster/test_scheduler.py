@@ -67,8 +67,9 @@ def test_least_loaded_prefers_the_idle_worker():
 
 
 def test_controller_caps_scale_outs_at_the_clusters_capacity_and_says_so():
-    ds = cap_to_capacity([Decision("a", 2, 8, 8, "queueing"), Decision("b", 1, 3, 3, "queueing")],
-                         ClusterCapacity(total=9, in_use=5, workers=3))
+    ds = cap_to_capacity(
+        [Decision("a", 2, 8, 8, "queueing"), Decision("b", 1, 3, 3, "queueing")], ClusterCapacity(total=9, in_use=5, workers=3)
+    )
     assert [d.new for d in ds] == [6, 1]
     assert "cluster capacity: 9 instances on 3 workers, 5 in use: capped at 6" in ds[0].reason
     assert cap_to_capacity(ds, None) == ds

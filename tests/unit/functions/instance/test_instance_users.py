@@ -29,6 +29,6 @@ def test_one_user_and_a_uid_range_together_are_refused():
 def test_without_a_range_every_function_runs_as_the_one_user():
     users = InstanceUsers(InstanceUser.resolve(None))
     assert users.of("a/b/c") == users.of("x/y/z") == users.shared
-    if os.geteuid() != 0:   # a worker that is not root cannot take a range: said at start, not at an instance
+    if os.geteuid() != 0:  # a worker that is not root cannot take a range: said at start, not at an instance
         with pytest.raises(ConfigError, match="needs a worker running as root"):
             InstanceUsers.from_options(None, "70000-70009", tenants=False)

@@ -48,5 +48,6 @@ def test_each_open_comes_after_a_save_that_gives_its_groups_to_the_new_owner():
         assert opens, steps.log
         for groups, saved in opens:
             assert saved is not None, f"{how}: an open before any save"
-            assert all(saved.owners[g] == dst for dst, gs in groups.items() for g in gs), \
+            assert all(saved.owners[g] == dst for dst, gs in groups.items() for g in gs), (
                 f"{how}: groups {groups} opened while the save still named their old owners: {saved.owners}"
+            )

@@ -28,11 +28,11 @@ def test_a_caught_up_group_comes_straight_through_again():
     s = RecordScheduler(catch_up_s=0.5, max_wait_s=0.5)
     s.opening({MOVED})
     s.opened({MOVED}, now=10.0)
-    assert s.arrive("m1", MOVED, 10.1) is None             # catching up: waits
+    assert s.arrive("m1", MOVED, 10.1) is None  # catching up: waits
     assert s.take() == "m1"
-    assert s.arrive("m2", MOVED, 10.2) is None             # still within catch_up_s of the open
+    assert s.arrive("m2", MOVED, 10.2) is None  # still within catch_up_s of the open
     assert s.take() == "m2"
-    assert s.arrive("m3", MOVED, 10.6) == "m3"             # past it, none of its records waiting: straight through
+    assert s.arrive("m3", MOVED, 10.6) == "m3"  # past it, none of its records waiting: straight through
 
 
 def test_a_group_stays_behind_while_its_records_wait_even_past_catch_up():
@@ -40,7 +40,7 @@ def test_a_group_stays_behind_while_its_records_wait_even_past_catch_up():
     s.opening({MOVED})
     s.opened({MOVED}, now=10.0)
     assert s.arrive("m1", MOVED, 10.1) is None
-    assert s.arrive("m2", MOVED, 10.7) is None             # m1 still waits: m2 may not pass it
+    assert s.arrive("m2", MOVED, 10.7) is None  # m1 still waits: m2 may not pass it
     assert [s.take(), s.take()] == ["m1", "m2"]
 
 
@@ -57,7 +57,7 @@ def test_nothing_passes_a_marker():
     s.opened({MOVED}, now=10.0)
     got = _take_all(s, [("m1", MOVED), ("s1", STEADY), ("RELEASE", None), ("s2", STEADY), ("m2", MOVED)], 10.01)
     assert got == ["s1", "m1", "RELEASE", "s2", "m2"]
-    assert s.arrive("s3", STEADY, 10.02) == "s3"           # the barrier went with the last waiting record
+    assert s.arrive("s3", STEADY, 10.02) == "s3"  # the barrier went with the last waiting record
 
 
 def test_a_marker_with_nothing_waiting_is_taken_at_once():
@@ -70,9 +70,9 @@ def test_no_starvation_the_oldest_waiting_record_is_due_after_max_wait():
     s.opening({MOVED})
     s.opened({MOVED}, now=10.0)
     assert s.arrive("m1", MOVED, 10.0) is None
-    assert s.due(10.1) is None                              # steady records keep arriving: m1 waits
+    assert s.due(10.1) is None  # steady records keep arriving: m1 waits
     assert s.arrive("s1", STEADY, 10.1) == "s1"
-    assert s.due(10.25) == "m1"                             # waited max_wait_s: taken despite the load
+    assert s.due(10.25) == "m1"  # waited max_wait_s: taken despite the load
     assert not s.waiting()
 
 

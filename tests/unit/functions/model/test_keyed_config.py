@@ -23,13 +23,13 @@ def test_keyed_state_cannot_be_altered_and_runs_on_either_runtime():
     cfg = FunctionConfig.from_dict({**BASE, "keyedState": True})
     with pytest.raises(ConfigError, match="keyedState cannot be altered"):
         cfg.merged({"keyedState": False})
-    assert FunctionConfig.from_dict({**BASE, "keyedState": True, "instanceRuntime": "process"}).instanceRuntime \
-        == "process"
+    assert FunctionConfig.from_dict({**BASE, "keyedState": True, "instanceRuntime": "process"}).instanceRuntime == "process"
 
 
 def _migration(options) -> KeyedMigration:
-    return keyed_migration(FunctionConfig.from_dict({**BASE, "keyedState": True,
-                                                     "customRuntimeOptions": json.dumps({"keyedMigration": options})}))
+    return keyed_migration(
+        FunctionConfig.from_dict({**BASE, "keyedState": True, "customRuntimeOptions": json.dumps({"keyedMigration": options})})
+    )
 
 
 def test_keyed_migration_settings_come_from_custom_runtime_options():
@@ -42,17 +42,20 @@ def test_keyed_migration_settings_come_from_custom_runtime_options():
     assert keyed_migration(cfg) == KeyedMigration()
 
 
-@pytest.mark.parametrize("options, problem", [
-    ({"mode": "pause"}, "mode must be 'live' or 'stop-the-world'"),
-    ({"duty": 0}, r"duty must be in \(0, 1\]"),
-    ({"subscaleSize": 0}, "subscaleSize must be an integer from 1"),
-    ({"subscaleSize": None}, "subscaleSize must be an integer from 1 .* got null"),
-    ({"duty": None}, r"duty must be in \(0, 1\] .* got null"),
-    ({"preCopyMBps": 0}, "preCopyMBps must be above 0"),
-    ({"preCopyMBps": "fast"}, "preCopyMBps"),
-    ({"subscale": 4}, "keyedMigration.subscale is unknown"),
-    ([4], "keyedMigration must be an object"),
-])
+@pytest.mark.parametrize(
+    "options, problem",
+    [
+        ({"mode": "pause"}, "mode must be 'live' or 'stop-the-world'"),
+        ({"duty": 0}, r"duty must be in \(0, 1\]"),
+        ({"subscaleSize": 0}, "subscaleSize must be an integer from 1"),
+        ({"subscaleSize": None}, "subscaleSize must be an integer from 1 .* got null"),
+        ({"duty": None}, r"duty must be in \(0, 1\] .* got null"),
+        ({"preCopyMBps": 0}, "preCopyMBps must be above 0"),
+        ({"preCopyMBps": "fast"}, "preCopyMBps"),
+        ({"subscale": 4}, "keyedMigration.subscale is unknown"),
+        ([4], "keyedMigration must be an object"),
+    ],
+)
 def test_bad_keyed_migration_settings_are_refused_naming_the_field(options, problem):
     with pytest.raises(ConfigError, match=problem):
         _migration(options)

@@ -17,8 +17,14 @@ from pulsar_autoscale.functions.model.keygroups import (
 )
 
 # The Pulsar C++ client's HashTest.testMurmur3_32Hash: "Same value as Java client" (Murmur3_32Hash.makeHash).
-PULSAR_VECTORS = {"k1": 2110152746, "k2": 1479966664, "key1": 462881061, "key2": 1936800180,
-                  "key01": 39696932, "key02": 751761803}
+PULSAR_VECTORS = {
+    "k1": 2110152746,
+    "k2": 1479966664,
+    "key1": 462881061,
+    "key2": 1936800180,
+    "key01": 39696932,
+    "key02": 751761803,
+}
 
 
 @pytest.mark.parametrize("key,java_hash", sorted(PULSAR_VECTORS.items()))
@@ -47,7 +53,8 @@ def _optimal_kept(old: KeyGroupAssignment, p: int) -> int:
 
 
 owners_st = st.integers(1, 200).flatmap(
-    lambda g: st.integers(1, 9).flatmap(lambda p: st.lists(st.integers(0, p - 1), min_size=g, max_size=g)))
+    lambda g: st.integers(1, 9).flatmap(lambda p: st.lists(st.integers(0, p - 1), min_size=g, max_size=g))
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -56,14 +63,14 @@ def test_rescale_is_balanced_sticky_and_moves_the_minimum(owners, new_p):
     old = KeyGroupAssignment(len(owners), tuple(owners))
     new = old.rescale(new_p)
     counts = [len(new.groups_of(i)) for i in range(new_p)]
-    assert sum(counts) == old.num_key_groups and max(counts) - min(counts) <= 1      # balanced within 1
+    assert sum(counts) == old.num_key_groups and max(counts) - min(counts) <= 1  # balanced within 1
     assert all(o < new_p for o in new.owners)
     planned = moves(old, new)
-    assert len(planned) == old.num_key_groups - _optimal_kept(old, new_p)          # minimal for balanced
-    for m in planned:                                                              # sticky: a group leaves only
-        assert m.src >= new_p or len(old.groups_of(m.src)) > counts[m.src]         # an instance over its target
-    assert new == old.rescale(new_p)                                               # deterministic
-    assert new.rescale(new_p) == new                                               # a balanced one stays put
+    assert len(planned) == old.num_key_groups - _optimal_kept(old, new_p)  # minimal for balanced
+    for m in planned:  # sticky: a group leaves only
+        assert m.src >= new_p or len(old.groups_of(m.src)) > counts[m.src]  # an instance over its target
+    assert new == old.rescale(new_p)  # deterministic
+    assert new.rescale(new_p) == new  # a balanced one stays put
 
 
 @settings(max_examples=100, deadline=None)

@@ -31,6 +31,7 @@ def test_counts_from_many_threads_land_in_one_store(tmp_path):
             assert state.begin(G, f"{t}:{i}")
             state.group(G).incr_counter("k", 1)
             state.commit()
+
     threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
     for t in threads:
         t.start()
@@ -74,7 +75,7 @@ def test_a_lost_owner_gets_the_message_again_whole(tmp_path):
     assert state.begin(G, "m1")
     assert state.group(G).incr_counter("k", 1) == 1
     fail_next.append(1)
-    state.commit()   # replayed on `new`: begin, incr, commit
+    state.commit()  # replayed on `new`: begin, incr, commit
     assert new.store.get_counter("k") == 1
     # the owner committed m2 and went away before it answered: the next owner has m2 (from the changelog)
     lose_answer = []
@@ -90,7 +91,7 @@ def test_a_lost_owner_gets_the_message_again_whole(tmp_path):
     assert state.begin(G, "m2")
     state.group(G).incr_counter("k", 1)
     lose_answer.append(1)
-    state.commit()   # replayed: begin answers False, nothing applied again
+    state.commit()  # replayed: begin answers False, nothing applied again
     assert new.store.get_counter("k") == 2
 
 
@@ -112,13 +113,13 @@ def test_a_commit_persisted_after_the_owners_lease_lapsed_is_sent_again(tmp_path
     def transport(session, fresh, calls):
         answers = owners[0].run(session, fresh, calls)
         if not lease[0]:
-            owners[:] = [new]   # the caller's next try reaches the worker that owns the state now
+            owners[:] = [new]  # the caller's next try reaches the worker that owns the state now
         return answers
 
     state = OwnedState(transport, replay_s=5)
     assert state.begin(G, "m1")
     state.group(G).incr_counter("k", 1)
-    lease[0] = False   # frozen here, past the heartbeat timeout
+    lease[0] = False  # frozen here, past the heartbeat timeout
     state.commit()
     assert new.store.get_counter("k") == 1, "the message was not sent again to the next owner"
     assert state.begin(G, "m1") is False
