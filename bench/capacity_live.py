@@ -18,7 +18,8 @@ from report import emit  # bench/report.py (bench/ is the script's directory)
 
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.functions.api.server import WorkerServer
-from pulsar_autoscale.planning.livebed import LiveTestbed, analytic_capacity, sleepy_app
+from pulsar_autoscale.planning.liveapps import sleepy_app
+from pulsar_autoscale.planning.livebed import LiveTestbed, analytic_capacity
 from pulsar_autoscale.planning.mst import MstSettings, measure_mst
 from pulsar_autoscale.planning.testbed import Phases, TestConfig
 

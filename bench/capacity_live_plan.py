@@ -23,7 +23,8 @@ from brokers import add_broker_option, open_broker  # bench/ is the script's dir
 from report import emit
 
 from pulsar_autoscale.functions.api.server import WorkerServer
-from pulsar_autoscale.planning.livebed import LiveTestbed, images_app
+from pulsar_autoscale.planning.liveapps import images_app
+from pulsar_autoscale.planning.livebed import LiveTestbed
 from pulsar_autoscale.planning.mst import MstSettings, judge
 from pulsar_autoscale.planning.plan import Cluster, build_model, default_budgets, plan_for_rate
 from pulsar_autoscale.planning.profile import profile_app

@@ -41,7 +41,8 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from pulsar_autoscale.broker.embedded import EmbeddedBroker
-    from pulsar_autoscale.functions.spark.stateful import StatefulStage, StatefulStageConfig
+    from pulsar_autoscale.functions.spark.stateful import StatefulStage
+    from pulsar_autoscale.functions.spark.stateful_config import StatefulStageConfig
     from pulsar_autoscale.spark_bridge import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable

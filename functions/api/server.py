@@ -8,7 +8,8 @@ import threading
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.api.rest import create_app
-from pulsar_autoscale.functions.cluster.member import ClusterSettings, join
+from pulsar_autoscale.functions.cluster.join import join
+from pulsar_autoscale.functions.cluster.member import ClusterSettings
 from pulsar_autoscale.functions.instance.instance_user import InstanceUsers
 from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.worker.worker import Worker

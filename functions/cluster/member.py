@@ -18,8 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
-import pulsar
-
 from pulsar_autoscale.broker.lite.function_limits import check_function
 from pulsar_autoscale.errors import PulsarAutoscaleError
 from pulsar_autoscale.functions.cluster.assignments import AssignmentTailer, Snapshot
@@ -30,7 +28,7 @@ from pulsar_autoscale.functions.cluster.scheduler import POLICIES, WorkerLoad, r
 from pulsar_autoscale.functions.cluster.state_owner import StateOwnerRouter
 from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 from pulsar_autoscale.functions.model.config import FunctionConfig
-from pulsar_autoscale.functions.model.errors import BrokerUnavailable, NotFound
+from pulsar_autoscale.functions.model.errors import NotFound
 from pulsar_autoscale.functions.worker.status import function_stats, instance_status
 from pulsar_autoscale.functions.worker.worker import Worker
 from pulsar_autoscale.leader import LeaderElector, Term
@@ -38,7 +36,6 @@ from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 
 log = logging.getLogger(__name__)
 LOOP_S = 0.1
-JOIN_TRIES = 3
 OPERATION_TIMEOUT_S = 10  # the client's: how long a join's try waits for the broker
 LEADER_RETRY_S = 0.5
 
@@ -475,31 +472,3 @@ class ClusterMember:
         self.assignments.close()
         self.metadata.close()
         self._client.close()
-
-
-def join(
-    worker: Worker, url: str, settings: ClusterSettings, client: ClientSettings | str, tries: int = JOIN_TRIES
-) -> ClusterMember:
-    """The worker's membership, started. A broker that does not answer in time (OPERATION_TIMEOUT_S each, seen
-    under CPU load; a hung broker refuses connections with ConnectError) is tried again; after `tries`, or on any other
-    error from the client, a one-line error instead of a traceback from the client."""
-    for attempt in range(1, tries + 1):
-        try:
-            return ClusterMember(worker, url, settings, client).start()
-        except (pulsar.Timeout, pulsar.ConnectError) as exc:
-            if attempt == tries:
-                raise BrokerUnavailable(
-                    f"cannot join cluster {settings.name}: the broker did not open its "
-                    f"coordination topics in time ({tries} tries of {OPERATION_TIMEOUT_S} s; "
-                    f"the last: {type(exc).__name__})"
-                ) from None
-            log.warning(
-                "%s: the broker did not open the cluster's topics in time (%s); joining again (%d of %d)",
-                worker.worker_id,
-                type(exc).__name__,
-                attempt + 1,
-                tries,
-            )
-        except pulsar.PulsarException as exc:
-            raise BrokerUnavailable(f"cannot join cluster {settings.name}: {type(exc).__name__}: {exc}") from None
-    raise AssertionError("unreachable")

@@ -29,7 +29,7 @@ import pulsar
 
 from pulsar_autoscale.broker.lite.stalls import StallFence
 from pulsar_autoscale.broker.profile import BrokerProfile
-from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
+from pulsar_autoscale.functions.keyed.migration import InstanceStateStores
 from pulsar_autoscale.functions.keyed.protocol import (
     MARKER_TIMEOUT_S,
     ORIGINAL_ID,
@@ -41,6 +41,7 @@ from pulsar_autoscale.functions.keyed.protocol import (
 )
 from pulsar_autoscale.functions.keyed.route_input import RouteInput
 from pulsar_autoscale.functions.keyed.routing import KeyedRouter
+from pulsar_autoscale.functions.keyed.scaler import KeyedScaler
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment, key_group, moves
 from pulsar_autoscale.functions.model.migration_settings import keyed_migration
 from pulsar_autoscale.functions.state.changelog import changelog_of

@@ -40,7 +40,7 @@ STOPPED_WAIT_FACTOR = 100
 def keyed_subscription_type(cfg) -> str:
     """A keyedState function's worker consumer: KEY_SHARED for retainKeyOrdering, else SHARED, whatever its
     processingGuarantees (Pulsar's FAILOVER for EFFECTIVELY_ONCE would give one worker every record; here
-    exactly-once is per message id and key group in the store, functions/state/store.py)."""
+    exactly-once is per message id and key group in the store, functions/state/message_scope.py)."""
     return "KEY_SHARED" if cfg.retainKeyOrdering else "SHARED"
 
 

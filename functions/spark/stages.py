@@ -84,7 +84,8 @@ class StageHost:
 
     def _host(self, data: dict):
         try:
-            from pulsar_autoscale.functions.spark.stateful import StatefulStage, StatefulStageConfig
+            from pulsar_autoscale.functions.spark.stateful import StatefulStage
+            from pulsar_autoscale.functions.spark.stateful_config import StatefulStageConfig
         except ImportError as exc:
             raise ConfigError(f"stateful stage: this worker cannot run Spark ({exc}); install pulsar-autoscale[spark]") from None
         data = {"serviceUrl": self.client.service_url, **data}

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pulsar_autoscale.functions.instance.stats import InstanceFigures
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
-from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
+from pulsar_autoscale.functions.keyed.migration import InstanceStateStores
+from pulsar_autoscale.functions.keyed.scaler import KeyedScaler
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.runtimes.handles import InstanceHandle
 from pulsar_autoscale.functions.runtimes.warm_pool import WarmPool

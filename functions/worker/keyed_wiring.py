@@ -1,8 +1,9 @@
 """A keyedState function's key-group router and scaler on this worker; its assignment survives restarts.
 
 On one worker: one router over the function's input feeds the local instances (functions/keyed/routing.py)
-and a KeyedScaler moves key groups live (functions/keyed/migration.py). On a cluster: the function's part
-on this worker, route inputs and, while instance 0 runs here, the front (functions/keyed/cluster.py).
+and a KeyedScaler moves key groups live (functions/keyed/scaler.py, functions/keyed/migration.py). On a cluster:
+the function's part on this worker, route inputs and, while instance 0 runs here, the front
+(functions/keyed/cluster.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import os
 from typing import Callable
 
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
-from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
+from pulsar_autoscale.functions.keyed.migration import InstanceStateStores
 from pulsar_autoscale.functions.keyed.routing import KeyedRouter
+from pulsar_autoscale.functions.keyed.scaler import KeyedScaler
 from pulsar_autoscale.functions.model.keygroups import KeyGroupAssignment
 from pulsar_autoscale.functions.model.migration_settings import keyed_migration
 from pulsar_autoscale.functions.state.changelog import changelog_of

@@ -23,8 +23,9 @@ from pulsar_autoscale.pulsar_client import ClientSettings
 
 if TYPE_CHECKING:
     from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
-    from pulsar_autoscale.functions.keyed.migration import InstanceStateStores, KeyedScaler
+    from pulsar_autoscale.functions.keyed.migration import InstanceStateStores
     from pulsar_autoscale.functions.keyed.protocol import RoutedStores
+    from pulsar_autoscale.functions.keyed.scaler import KeyedScaler
 
 log = logging.getLogger(__name__)
 RESTART_BACKOFF_S = 5.0

@@ -4,8 +4,8 @@ A thin facade over its parts, one concept each: the broker link (broker_link.py:
 this incarnation's client, fenced inputs), the functions on disk (function_files.py), the parallelism
 diff and drains (parallelism.py), keyed wiring (keyed_wiring.py), warm standbys (warm_pools.py) and
 figures (figures.py). Scaling changes only the instance ids that come or go (parallelism.py). Anything
-else in an update (code, userConfig, ...) restarts all instances, as Pulsar does, because the running
-code or configuration changes.
+else in an update (updates.py: code, userConfig, ...) restarts all instances, as Pulsar does, because the
+running code or configuration changes.
 
 User code never runs in the worker's control path: a create or update imports the code in a child
 process first (functions/instance/validation.py) and only then puts it in place, atomically; drains (scale-in,
@@ -20,7 +20,6 @@ import logging
 import shutil
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from pulsar_autoscale.broker.lite.function_limits import check_function
@@ -28,7 +27,6 @@ from pulsar_autoscale.errors import ConfigError, PulsarAutoscaleError
 from pulsar_autoscale.functions.instance.instance_user import InstanceUser, InstanceUsers
 from pulsar_autoscale.functions.instance.validation import VALIDATE_TIMEOUT_S, code_digest, serde_names, validate
 from pulsar_autoscale.functions.keyed.cluster import ClusterKeyed
-from pulsar_autoscale.functions.keyed.migration import KeyedScaler
 from pulsar_autoscale.functions.model.config import FunctionConfig, with_new_state
 from pulsar_autoscale.functions.model.config_validation import DEFAULT_MAX_PARALLELISM
 from pulsar_autoscale.functions.model.errors import Conflict, NotFound, StaleEpoch
@@ -45,6 +43,7 @@ from pulsar_autoscale.functions.worker.hosted import Counter, HostedFunction
 from pulsar_autoscale.functions.worker.keyed_wiring import wire_keyed
 from pulsar_autoscale.functions.worker.leftovers import Leftovers
 from pulsar_autoscale.functions.worker.parallelism import Parallelism, keyed_stores
+from pulsar_autoscale.functions.worker.updates import FunctionUpdates
 from pulsar_autoscale.functions.worker.warm_pools import WarmPools, WarmPoolView
 from pulsar_autoscale.pulsar_client import ClientSettings
 from pulsar_autoscale.spark_bridge.session import SparkSettings
@@ -54,7 +53,7 @@ DRAIN_TIMEOUT_S = 30.0  # a draining instance still busy after this is abandoned
 STALL_AFTER_S = 30.0  # in-flight work without progress this long: status says running false, "stalled"
 
 
-class Worker(ClusterHosting, FunctionFigures):
+class Worker(ClusterHosting, FunctionFigures, FunctionUpdates):
     def __init__(
         self,
         service_url: str | ClientSettings,
@@ -267,71 +266,6 @@ class Worker(ClusterHosting, FunctionFigures):
     def warm_pool_view(self, fqfn: str) -> WarmPoolView:
         with self._lock:
             return self._pools.view(self._get(fqfn))
-
-    def update(self, fqfn: str, changes: dict, code: bytes | None = None, filename: str | None = None) -> FunctionConfig:
-        self.link.require()
-        with self._lock:
-            fn = self._get(fqfn)
-            new = self._merge(fn, changes, code)
-            check_function(new, self.link.profile)  # a parallelism the broker cannot serve (B4, B11)
-            if code is None and changes.get("py") not in (None, "", fn.config.py):
-                raise ConfigError(
-                    f"py {changes['py']!r} names a file on the worker's host: py may only name "
-                    "uploaded code (send the file as the multipart `data` part)"
-                )
-            if code is None and new.className == fn.config.className and not fn.failure:
-                return self._apply(fn, new, fn.code_path, fn.code_digest)
-            code_path = fn.code_path
-        # New code or a new entry point: validated in a child, outside the lock (other functions go on).
-        if code is not None:
-            code_path = self.files.stage_code(new, code, filename)
-        try:
-            self._validate(new.className, code_path, new)
-        except BaseException:
-            if code_path != fn.code_path:
-                self.files.discard_code(new, code_path)
-            raise
-        with self._lock:
-            if self._functions.get(fqfn) is not fn:
-                self.files.discard_code(new, code_path)
-                raise NotFound(f"Function {fqfn} was deleted while its update was validated")
-            return self._apply(fn, self._merge(fn, changes, code), code_path, code_digest(code_path))
-
-    def _merge(self, fn: HostedFunction, changes: dict, code: bytes | None) -> FunctionConfig:
-        try:
-            return fn.config.merged(changes, self.max_parallelism)
-        except ConfigError as exc:
-            if code is None or str(exc) != "Update contains no change":
-                raise
-            return fn.config
-
-    def _apply(self, fn: HostedFunction, new: FunctionConfig, code_path: str | None, digest: str | None) -> FunctionConfig:
-        """Switch the function to validated config and code (the saved config names the code: atomic)."""
-        old, old_code = fn.config, fn.code_path
-        only_parallelism = code_path == old_code and not fn.failure and replace(new, parallelism=old.parallelism) == old
-        fn.config, fn.code_path, fn.code_digest, fn.failure = new, code_path, digest, ""
-        self.files.save(fn)
-        if old_code != code_path:
-            self.files.discard_code(new, old_code)
-        if only_parallelism:
-            self._parallelism.scale(fn, new.parallelism)
-        elif isinstance(fn.keyed, KeyedScaler):
-            # One consumer feeds every instance: it reopens with the new config once the last old instance
-            # has closed, so the new ones start then (started at once they would keep the old consumer open).
-            fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
-            fn.stopped = set()
-            self._parallelism.drain(fn, sorted(fn.instances, reverse=True), then=lambda: self._start_after_update(fn))
-        else:
-            self._parallelism.scale(fn, 0)
-            fn.restarts = {i: n + 1 for i, n in fn.restarts.items()}
-            self._pools.renew(fn)
-            self._parallelism.scale(fn, new.parallelism)
-        return new
-
-    def _start_after_update(self, fn: HostedFunction) -> None:
-        with self._lock:
-            if self._functions.get(fn.config.fqfn) is fn and not fn.instances and fn.config.parallelism > 0:
-                self._parallelism.scale(fn, fn.config.parallelism)
 
     def fence(self, epoch: int) -> None:
         """Refuse a controller action whose leader epoch is older than one already seen."""

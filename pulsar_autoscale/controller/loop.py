@@ -4,7 +4,8 @@ Monitor (monitor.Monitor) -> Analyze + Plan (autoscaler.Autoscaler: the policy, 
 step's bounds, cooldown, stabilization and max step) -> Execute (executor.Executor). Every
 decision, applied or not, goes to the decision log with the leader epoch and its inputs.
 Replicas that are not leader only try, every second, to take the lock. The HTTP API
-(service.HttpService over rest.py) sees the loop only as an api.ControllerApi.
+(service.HttpService over rest.py) sees the loop only as an api.ControllerApi; what an operator asks
+of it (controls, why, reload) is operator_controls.OperatorControls, a part of the Controller.
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ from typing import cast
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from pulsar_autoscale.admin.api import FunctionsApi, TopicFigures
-from pulsar_autoscale.controller import forwarding, reloading
-from pulsar_autoscale.controller.autoscaler import DEFAULT as DEFAULT_POLICY
 from pulsar_autoscale.controller.autoscaler import Autoscaler
 from pulsar_autoscale.controller.burst_plan import burst_size
 from pulsar_autoscale.controller.capacity import cap_to_capacity, cluster_capacity
 from pulsar_autoscale.controller.config import ControllerConfig
-from pulsar_autoscale.controller.controls import ControlStore, Effective, FunctionControls
+from pulsar_autoscale.controller.controls import ControlStore, Effective
 from pulsar_autoscale.controller.decision_log import DecisionLog
 from pulsar_autoscale.controller.executor import Executor
 from pulsar_autoscale.controller.fast import FastMonitor
 from pulsar_autoscale.controller.function_controls import FunctionControlsView
 from pulsar_autoscale.controller.metrics import ControllerMetrics
 from pulsar_autoscale.controller.monitor import Monitor, Observation
+from pulsar_autoscale.controller.operator_controls import OperatorControls
 from pulsar_autoscale.controller.planner import Planner, apply_caps
 from pulsar_autoscale.controller.planning_config import build_planner
 from pulsar_autoscale.controller.policy_registry import PolicyRegistry
@@ -60,7 +60,7 @@ class Iteration:
     seconds: float = 0.0
 
 
-class Controller:
+class Controller(OperatorControls):
     """The loop, given its collaborators (as flink-autoscaler's JobAutoScalerImpl is): each one not given is
     built from the config, so Controller(config) is the whole controller, and the simulator or a test
     swaps the parts it fakes (monitor, policy, planner, executor, decision log, controls store, elector,
@@ -391,61 +391,6 @@ class Controller:
             self.log.append(record)
             records.append(record)
         return records
-
-    # ---- operator controls (rest.py serves them; `pulsar-autoscale autoscaler` calls them) ----------------
-    def controls_of(self, fn: str) -> dict:
-        """Effective controls of one function, the layers they came from, and its last evaluation."""
-        last = self.log.recent(fn, 1)
-        return {
-            **self.functions.view(fn, self.config, self.autoscaler.planner.config),
-            "asleep": fn in self.watcher.watching,
-            "last": last[0] if last else None,
-        }
-
-    def set_controls(self, fn: str, update: dict) -> dict:
-        controls = self.functions.set(fn, update, self.config, self.autoscaler.planner.config)
-        log.info("controls of %s set: %s", fn, controls.set_fields() or "none (controller defaults)")
-        return self.controls_of(fn)
-
-    def clear_controls(self, fn: str) -> dict:
-        self.controls.put(fn, FunctionControls())
-        return self.controls_of(fn)
-
-    def why(self, fn: str, limit: int = 10) -> list[dict]:
-        """This replica's evaluations of fn (a replica logs only the terms it led)."""
-        return self.log.recent(fn, limit)
-
-    def why_with_leader(self, fn: str, limit: int = 10) -> tuple[list[dict], str | None]:
-        """Asked of a replica that does not lead: the leader's records too (forwarding.with_leader)."""
-        return forwarding.with_leader(self.why(fn, limit), fn, limit, self.elector, self.config)
-
-    def reload(self) -> dict:
-        """Re-read the config file and swap in what it changes (reloading.read builds it all first)."""
-        new = reloading.read(self.config_path, self.overrides, self.config)
-        with self._iter_lock:
-            if (new.config.policy, new.config.policy_params) != (self.config.policy, self.config.policy_params):
-                self.policy = self.autoscaler.policy = new.policy
-                self.autoscaler.states.pop(DEFAULT_POLICY, None)
-            self.autoscaler.planner = new.planner
-            self.monitor.metrics_url, self.monitor.namespaces = new.config.metrics_url, new.config.namespaces
-            self.monitor.window_s = new.config.window_s
-            self.executor.retries = new.config.execute_retries
-            self.burst = new.burst
-            self.warm_pools.config = new.warm_pool
-            logged = ("decision_log", "decision_log_max_bytes", "decision_log_backups")
-            if any(getattr(new.config, name) != getattr(self.config, name) for name in logged):
-                self.log = DecisionLog(*(getattr(new.config, name) for name in logged))
-            self.functions.policies.reset(new.config.policy, new.config.policy_dir)
-            self.config = new.config
-        if self._scheduler and "period_s" in new.changed:
-            self._scheduler.reschedule_job("mape", trigger="interval", seconds=new.config.period_s)
-        log.info(
-            "reloaded %s: changed %s%s",
-            self.config_path,
-            ", ".join(new.changed) or "nothing",
-            f"; needs a restart, kept: {', '.join(new.kept)}" if new.kept else "",
-        )
-        return {"reloaded": self.config_path, "changed": new.changed, "restart_needed": new.kept}
 
     # ---- leadership ------------------------------------------------------------------------------------
     def _elect(self) -> None:

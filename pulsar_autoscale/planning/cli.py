@@ -154,7 +154,8 @@ def settings_of(args: argparse.Namespace) -> MstSettings:
 
 def testbed_of(args: argparse.Namespace):
     if getattr(args, "testbed", "sim") == "live":
-        from pulsar_autoscale.planning.livebed import LiveTestbed, load_live_app
+        from pulsar_autoscale.planning.liveapps import load_live_app
+        from pulsar_autoscale.planning.livebed import LiveTestbed
 
         missing = [f"--{n.replace('_', '-')}" for n in ("admin_url", "service_url", "metrics_url") if not getattr(args, n)]
         if missing:

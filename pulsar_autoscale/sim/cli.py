@@ -18,7 +18,8 @@ from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.policies import Policy, load_policy
 from pulsar_autoscale.sim.apps import APPS, SimApp, load_app
 from pulsar_autoscale.sim.clairvoyant import clairvoyant_policy
-from pulsar_autoscale.sim.engine import SimConfig, SimResult, simulate
+from pulsar_autoscale.sim.engine import SimConfig, simulate
+from pulsar_autoscale.sim.results import SimResult
 from pulsar_autoscale.sim.workloads import PRESETS, Workload, load_workload
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.netutil import free_port, wait_for_port
+from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES
 
-CLI = [sys.executable, "-m", "pulsar_autoscale.cli.main"]
+CLI = [*CLI]
 
 
 def cli(*args, check=True) -> subprocess.CompletedProcess:

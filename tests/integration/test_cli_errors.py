@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 from pulsar_autoscale.netutil import free_port
+from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES
 
-CLI = [sys.executable, "-m", "pulsar_autoscale.cli.main"]
+CLI = [*CLI]
 
 
 def cli(*args) -> subprocess.CompletedProcess:

@@ -4,12 +4,12 @@ fails (exit 1, how often, the last error) when the policy failed in any period."
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.policies import load_policy
+from tests.support.commands import CLI
 
 HEAD = "from pulsar_autoscale.policies import Policy, Proposal\n\n"
 GOOD_DECIDE = "    def decide(self, graph, snapshot, current, state):\n        return Proposal(dict(current))\n"
@@ -63,7 +63,7 @@ def test_simulate_fails_when_the_policy_failed(tmp_path):
         "        return Proposal({fn: 1 // 0 for fn in current})\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "simulate", "--policy", str(path), "--workload", "demo", "--json"],
+        [*CLI, "simulate", "--policy", str(path), "--workload", "demo", "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -92,9 +92,7 @@ def doc_example(tmp_path) -> str:
 def test_the_docs_example_runs_in_simulate(tmp_path):
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
+            *CLI,
             "simulate",
             "--policy",
             doc_example(tmp_path),

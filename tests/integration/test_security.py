@@ -14,7 +14,6 @@ import json
 import logging
 import ssl
 import subprocess
-import sys
 import time
 import uuid
 
@@ -34,6 +33,7 @@ from pulsar_autoscale.pulsar_client import ClientSettings, open_client
 from pulsar_autoscale.security import tokens
 from pulsar_autoscale.security.guard import AccessPolicy
 from pulsar_autoscale.security.serving import ServerSecurity
+from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES, lead, wait_until
 
 SUPERUSER, CONTROLLER, ACME_ADMIN, STRANGER = "admin", "autoscaler", "acme-admin", "nobody"
@@ -299,9 +299,7 @@ def test_a_session_with_its_trust_in_memory_needs_no_ca_file(worker, keys, monke
 def test_cli_passes_pulsar_admin_auth_flags(worker, keys, tmp_path):
     (tmp_path / "tok").write_text(token(keys, SUPERUSER))
     base = [
-        sys.executable,
-        "-m",
-        "pulsar_autoscale.cli.main",
+        *CLI,
         "functions",
         "--admin-url",
         worker.url,
@@ -341,9 +339,7 @@ def test_non_loopback_bind_without_auth_is_refused(broker, tmp_path):
         Controller(config)
     cli = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
+            *CLI,
             "worker",
             "--service-url",
             broker.service_url,
@@ -433,9 +429,7 @@ def test_clients_configured_with_a_token_still_work_on_pulsar_lite(broker, keys)
 # ---- tokens CLI --------------------------------------------------------------------------------------------
 def test_tokens_cli_like_bin_pulsar_tokens(tmp_path):
     def cli(*argv, **kw):
-        return subprocess.run(
-            [sys.executable, "-m", "pulsar_autoscale.cli.main", "tokens", *argv], capture_output=True, text=True, timeout=60, **kw
-        )
+        return subprocess.run([*CLI, "tokens", *argv], capture_output=True, text=True, timeout=60, **kw)
 
     assert cli("create-secret-key", "--output", str(tmp_path / "s.key")).returncode == 0
     assert len((tmp_path / "s.key").read_bytes()) == 32  # raw bytes, as Pulsar writes them

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+
+from tests.support.commands import CLI
 
 
 def cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "simulate", *args], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([*CLI, "simulate", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_json_smoke(tmp_path):

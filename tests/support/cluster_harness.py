@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 import requests
 
 from pulsar_autoscale.netutil import free_port
+from tests.support.commands import worker_command
 
 
 @dataclass
@@ -68,25 +68,17 @@ class WorkerCluster:
 
     def _launch(self, wid: str, port: int) -> WorkerProc:
         log_path = self.base_dir / f"{wid}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
-            "worker",
-            "--service-url",
+        cmd = worker_command(
             self.service_url,
-            "--metrics-url",
             self.metrics_url,
-            "--port",
             str(port),
-            "--data-dir",
             str(self.base_dir / wid),
             "--worker-id",
             wid,
             "--runtime",
             self.runtime,
             *self.extra_args,
-        ]
+        )
         if self.cluster:
             cmd += ["--cluster", self.name, "--heartbeat-timeout", str(self.heartbeat_timeout_s)]
         with open(log_path, "ab") as log:

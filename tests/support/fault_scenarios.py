@@ -30,6 +30,7 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.apache import ApacheStandalone
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.netutil import free_port, wait_for_port
+from tests.support.commands import CLI, worker_command
 from tests.support.scenario import wait_until as wait
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
@@ -132,22 +133,7 @@ def start_producer(service_url: str, topic: str, n: int, rate: float) -> subproc
 def start_worker(service_url: str, metrics_url: str, port: int, data_dir: str, runtime: str, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "ab")
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
-            "worker",
-            "--service-url",
-            service_url,
-            "--metrics-url",
-            metrics_url,
-            "--port",
-            str(port),
-            "--data-dir",
-            data_dir,
-            "--runtime",
-            runtime,
-        ],
+        worker_command(service_url, metrics_url, str(port), data_dir, "--runtime", runtime),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -162,9 +148,7 @@ def start_broker(port: int, metrics_port: int, data_dir: str, kind: str = "lite"
     with errors.open("ab") as err:
         proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "pulsar_autoscale.cli.main",
+                *CLI,
                 "broker",
                 "--port",
                 str(port),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,10 +21,12 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.broker.apache import ApacheStandalone, TokenAuth
+from pulsar_autoscale.broker.apache import ApacheStandalone
 from pulsar_autoscale.broker.apache_dist import DEFAULT_VERSION, cache_root
+from pulsar_autoscale.broker.token_auth import TokenAuth
 from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.pulsar_client import ClientSettings, open_client
+from tests.support.commands import CLI, worker_command
 from tests.support.fault_scenarios import stop
 from tests.support.scenario import wait_until
 
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.skipif(
 
 def cli(*args: str) -> str:
     """`pulsar-autoscale ...` as a user runs it; its stdout."""
-    done = subprocess.run([sys.executable, "-m", "pulsar_autoscale.cli.main", *args], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -202,21 +203,7 @@ def exclaim_through_worker(
     port = free_port()
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
-            "worker",
-            "--service-url",
-            service_url,
-            *options,
-            "--metrics-url",
-            metrics_url,
-            "--port",
-            str(port),
-            "--data-dir",
-            str(tmp_path / "data"),
-        ],
+        worker_command(service_url, metrics_url, port, tmp_path / "data", *options),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

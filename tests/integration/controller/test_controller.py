@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -23,6 +22,7 @@ from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.netutil import free_port
+from tests.support.commands import CLI
 from tests.support.scenario import wait_until
 
 TOGGLE = '''
@@ -147,7 +147,7 @@ def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match="unknown option\\(s\\) period; valid options: service_url"):
         ControllerConfig.from_file(path)
     proc = subprocess.run(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "controller", "--config", str(path)],
+        [*CLI, "controller", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -182,7 +182,7 @@ def test_kill_9_of_the_leader_hands_over_without_double_execution(broker, worker
             )
         )
         procs[ident] = subprocess.Popen(
-            [sys.executable, "-m", "pulsar_autoscale.cli.main", "controller", "--config", str(cfg)],
+            [*CLI, "controller", "--config", str(cfg)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -20,6 +20,7 @@ from pulsar_autoscale.controller.decision_log import DecisionLog
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.functions.api.server import WorkerServer
 from tests.integration.controller.test_controller import TOGGLE
+from tests.support.commands import CLI
 from tests.support.scenario import wait_until
 
 CONSTANT = """
@@ -313,7 +314,6 @@ def test_the_docs_example_policy_runs_in_the_controller(broker, worker, tmp_path
 def test_the_log_is_quiet_and_says_a_policy_failure_once(broker, worker, tmp_path):
     """No apscheduler "Running job" or HTTP access lines at INFO; one line per failed period."""
     import subprocess
-    import sys
 
     import yaml
 
@@ -341,7 +341,7 @@ def test_the_log_is_quiet_and_says_a_policy_failure_once(broker, worker, tmp_pat
         )
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "controller", "--config", str(cfg)],
+        [*CLI, "controller", "--config", str(cfg)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

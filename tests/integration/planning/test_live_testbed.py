@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar_autoscale.planning.livebed import LiveTestbed, sleepy_app
+from pulsar_autoscale.planning.liveapps import sleepy_app
+from pulsar_autoscale.planning.livebed import LiveTestbed
 from pulsar_autoscale.planning.mst import MstSettings, judge
 from pulsar_autoscale.planning.testbed import Phases, TestConfig
 

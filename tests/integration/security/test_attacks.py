@@ -8,7 +8,6 @@ import logging
 import os
 import stat
 import subprocess
-import sys
 
 import pytest
 import requests
@@ -16,6 +15,7 @@ import requests
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.config_parse import parse_text
 from tests.integration.test_security import ACME_ADMIN, FNS, SUPERUSER, call, function, token
+from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES
 
 
@@ -101,7 +101,7 @@ def test_a_secret_key_written_over_a_readable_file_becomes_owner_only(tmp_path):
     path.write_bytes(b"old")
     os.chmod(path, 0o644)
     proc = subprocess.run(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "tokens", "create-secret-key", "--output", str(path)],
+        [*CLI, "tokens", "create-secret-key", "--output", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

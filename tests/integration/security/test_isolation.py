@@ -28,6 +28,7 @@ import requests
 from pulsar_autoscale.functions.instance.instance_user import DEFAULT_UIDS
 from pulsar_autoscale.netutil import free_port
 from pulsar_autoscale.security import tokens
+from tests.support.commands import worker_command
 from tests.support.scenario import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="isolation needs a root worker (it drops to nobody)")
@@ -128,18 +129,10 @@ def attacked(broker):
     }
     log = open(home / "worker.log", "wb")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
-            "worker",
-            "--service-url",
+        worker_command(
             broker.service_url,
-            "--metrics-url",
             broker.metrics_url,
-            "--port",
             str(port),
-            "--data-dir",
             str(data_dir),
             "--token-secret-key",
             f"file://{key_file}",
@@ -147,7 +140,7 @@ def attacked(broker):
             SUPERUSER,
             "--tenant-admin",
             f"acme={TENANT_ADMIN}",
-        ],
+        ),
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -23,6 +22,7 @@ from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.state.changelog import changelog_of
 from pulsar_autoscale.functions.state.store import StateStore
 from pulsar_autoscale.netutil import free_port
+from tests.support.commands import worker_command
 from tests.support.scenario import wait_until
 
 N, KEYS, G = 600, 30, 16
@@ -73,20 +73,7 @@ def test_kill_9_loses_no_acked_update_and_effectively_once_is_exact(broker, clie
     port = free_port()
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
-            "worker",
-            "--service-url",
-            broker.service_url,
-            "--metrics-url",
-            broker.metrics_url,
-            "--port",
-            str(port),
-            "--data-dir",
-            str(tmp_path / "worker"),
-        ],
+        worker_command(broker.service_url, broker.metrics_url, str(port), str(tmp_path / "worker")),
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "SLOW_MS": "5"},

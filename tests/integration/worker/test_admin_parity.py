@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import uuid
 
 import pytest
@@ -14,9 +13,10 @@ import requests
 
 from pulsar_autoscale.admin.client import AdminError
 from pulsar_autoscale.cli.main import main
+from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES, wait_until
 
-CLI = [sys.executable, "-m", "pulsar_autoscale.cli.main"]
+CLI = [*CLI]
 
 
 def unique(prefix: str) -> str:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pickle
 import signal
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from pulsar_autoscale.admin.client import AdminError
+from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until
 
 POISON = str(EXAMPLES / "poison.py")
@@ -82,9 +82,7 @@ def test_localrun_dead_letters_a_poison_message_under_retain_ordering(client, br
     outputs, dead = OutputCollector(client, out), OutputCollector(client, dlq)
     local = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "pulsar_autoscale.cli.main",
+            *CLI,
             "functions",
             "localrun",
             "--broker-service-url",

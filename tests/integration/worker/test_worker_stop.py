@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import requests
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 from pulsar_autoscale.netutil import free_port
+from tests.support.commands import worker_command
 from tests.support.scenario import EXAMPLES, wait_until
 
 DRAIN_TIMEOUT_S = 30  # functions/worker/worker.py: what a stop waits for a busy instance without the bound
@@ -27,23 +27,15 @@ class Worker:
         self.log = tmp_path / "worker.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pulsar_autoscale.cli.main",
-                    "worker",
-                    "--service-url",
+                worker_command(
                     broker.service_url,
-                    "--metrics-url",
                     broker.metrics_url,
-                    "--port",
                     self.url.rsplit(":", 1)[1],
-                    "--data-dir",
-                    str(tmp_path / "data"),
+                    tmp_path / "data",
                     "--shutdown-timeout",
                     str(shutdown_timeout_s),
                     *options,
-                ],
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pulsar
@@ -19,6 +18,7 @@ from pulsar_autoscale.functions.cluster.tailer import MARKER
 from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.cluster_scenarios import Flow, per_worker
+from tests.support.commands import CLI
 from tests.support.scenario import wait_until
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ def test_kill9_moves_instances_within_5s_then_join_moves_nothing_until_rebalance
         starts = {s["instanceId"]: s["status"]["instanceStartTimeMs"] for s in flow.wait_running(6)["instances"]}
         # ... until `functions-worker rebalance` asks
         subprocess.run(
-            [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions-worker", "--admin-url", survivor.url, "rebalance"],
+            [*CLI, "functions-worker", "--admin-url", survivor.url, "rebalance"],
             check=True,
             timeout=30,
         )

@@ -4,13 +4,13 @@ that runs the instance acts, and a stopped instance stays stopped wherever it is
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 import requests
 
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.cluster_scenarios import Flow, per_worker
+from tests.support.commands import CLI
 from tests.support.scenario import wait_until
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def _instances(flow: Flow, via: int = 0) -> dict[int, dict]:
 
 def _cli(url: str, *args: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "functions", *args, "--admin-url", url],
+        [*CLI, "functions", *args, "--admin-url", url],
         check=True,
         timeout=60,
         capture_output=True,

@@ -1,6 +1,6 @@
 """A worker that joins a cluster while its broker does not answer (SIGSTOP of the test's own broker, by pid: the
 relay, or on Apache Pulsar the stopped JVM's sockets, keep the connection open, so every request times out)
-tries again (functions/cluster/member.join): it joins once the broker answers, and after 3 tries it exits (2)
+tries again (functions/cluster/join.py): it joins once the broker answers, and after 3 tries it exits (2)
 with a one-line error naming the cluster instead of a traceback from the Pulsar client (seen once under a CPU
 hog: create_reader TimeOut, then a traceback)."""
 
@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from pulsar_autoscale.functions.cluster.member import JOIN_TRIES
+from pulsar_autoscale.functions.cluster.join import JOIN_TRIES
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.fault_scenarios import broker_pid, own_broker
 from tests.support.scenario import wait_until

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from pulsar_autoscale.netutil import free_port, wait_for_port
+from tests.support.commands import CLI
 
 # Apache Pulsar's wrapper (`pulsar-autoscale broker --kind apache`) has its kill test in test_apache_standalone.py
 pytestmark = pytest.mark.lite_only("pulsar-lite's own wrapper, relay and data-dir lock")
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.lite_only("pulsar-lite's own wrapper, relay and data-di
 
 def _start(data_dir: str, port: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "pulsar_autoscale.cli.main", "broker", "--port", str(port), "--data-dir", data_dir],
+        [*CLI, "broker", "--port", str(port), "--data-dir", data_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.netutil import free_port
+from tests.support.commands import worker_command
 from tests.support.scenario import EXAMPLES, start_keyed_load, wait_until
 
 KEYS = 40
@@ -41,22 +41,14 @@ class WorkerProcess:
     def start(self) -> None:
         log = open(self.data_dir / "worker.log", "ab")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pulsar_autoscale.cli.main",
-                "worker",
-                "--service-url",
+            worker_command(
                 self.broker.service_url,
-                "--metrics-url",
                 self.broker.metrics_url,
-                "--port",
                 str(self.port),
-                "--data-dir",
                 str(self.data_dir / "data"),
                 "--broker-kind",
                 "pulsar-lite",
-            ],
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

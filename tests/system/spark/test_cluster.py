@@ -18,6 +18,7 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.netutil import free_port, wait_for_port
 from pulsar_autoscale.spark_bridge.session import SparkSettings, package_zip
+from tests.support.commands import worker_command
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until
 from tests.support.spark_standalone import StandaloneSpark, spark_env
 
@@ -99,18 +100,10 @@ def test_a_worker_runs_a_stage_and_a_burst_drain_on_a_spark_cluster(broker, puls
         port = free_port()
         log = open(tmp_path / "worker.log", "w")
         worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pulsar_autoscale.cli.main",
-                "worker",
-                "--service-url",
+            worker_command(
                 broker.service_url,
-                "--metrics-url",
                 broker.metrics_url,
-                "--port",
                 str(port),
-                "--data-dir",
                 str(tmp_path / "worker"),
                 "--spark-master",
                 cluster.master_url,
@@ -120,7 +113,7 @@ def test_a_worker_runs_a_stage_and_a_burst_drain_on_a_spark_cluster(broker, puls
                 "spark.driver.host=127.0.0.1",
                 "--spark-conf",
                 "spark.driver.bindAddress=127.0.0.1",
-            ],
+            ),
             env=spark_env(tmp_path / "spark"),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -21,12 +21,8 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.api.server import WorkerServer
-from pulsar_autoscale.functions.spark.stateful import (
-    StageStatus,
-    StatefulStage,
-    StatefulStageConfig,
-    checkpoint_confs,
-)
+from pulsar_autoscale.functions.spark.stateful import StageStatus, StatefulStage, checkpoint_confs
+from pulsar_autoscale.functions.spark.stateful_config import StatefulStageConfig
 from pulsar_autoscale.spark_bridge.sink import PROP_BATCH, ReplayFilter, replay_key
 from tests.support.scenario import wait_until as poll
 

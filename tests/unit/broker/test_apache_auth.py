@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pulsar_autoscale.broker.apache import TOKEN_CLIENT_PLUGIN, TOKEN_PROVIDER, ApacheStandalone, TokenAuth
+from pulsar_autoscale.broker.apache import ApacheStandalone
+from pulsar_autoscale.broker.token_auth import TOKEN_CLIENT_PLUGIN, TOKEN_PROVIDER, TokenAuth
 from pulsar_autoscale.errors import BrokerError
 from pulsar_autoscale.security import tokens
 

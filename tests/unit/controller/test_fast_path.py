@@ -122,7 +122,8 @@ def test_demo_table_fits_80_columns_with_short_decisions():
 
     from rich.console import Console
 
-    from pulsar_autoscale.cli.demo import STAGES, Recorder, Sample, render
+    from pulsar_autoscale.cli.demo import STAGES, render
+    from pulsar_autoscale.cli.demo_report import Recorder, Sample
 
     long = "fast: lambda 39.3/s, backlog 78 vs 10 x mu 3.79/s; " + "x" * 300
     decisions = [

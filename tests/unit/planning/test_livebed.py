@@ -9,13 +9,12 @@ import pytest
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.planning import cli
+from pulsar_autoscale.planning.liveapps import load_live_app, sleepy_app
 from pulsar_autoscale.planning.livebed import (
     FnReading,
     LiveTestbed,
     Reading,
-    load_live_app,
     saturated_rate,
-    sleepy_app,
     summarize,
     trend,
 )
