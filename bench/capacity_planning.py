@@ -6,7 +6,8 @@ run in simulation for 10 minutes at 100% (sustained, p99 under the SLO) and 115%
 its instances against the exhaustive minimum.
 
 Prints one JSON object and writes it to bench/results/capacity_planning.json.
-Usage: python bench/capacity_planning.py [--seeds 0,1,2,3,4] [--slo-p99 2] [--no-sustain] [--out FILE]
+Usage: python bench/capacity_planning.py [--seeds 0,1,2,3,4] [--apps linear,interpreter,...] [--slo-p99 2] [--no-sustain]
+       [--out FILE]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from pulsar_autoscale.planning.simbed import APPS
 from pulsar_autoscale.planning.sustain import FACTORS, SLO_P99_S, format_sustain, sustain
 from pulsar_autoscale.planning.validate import format_pooled, format_table, pooled, validate
 
@@ -24,16 +26,21 @@ from pulsar_autoscale.planning.validate import format_pooled, format_table, pool
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--apps", default=",".join(APPS), help="simulated apps, comma-separated (default: all five)")
     p.add_argument("--slo-p99", type=float, default=SLO_P99_S, help="the sustain check's p99 SLO, seconds")
     p.add_argument("--factors", default=",".join(f"{f:g}" for f in FACTORS), help="targets, x the small testbed's MST")
     p.add_argument("--no-sustain", action="store_true", help="only the accuracy table")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "capacity_planning.json"))
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    apps = [a for a in args.apps.split(",") if a]
+    unknown = sorted(set(apps) - set(APPS))
+    if unknown:
+        p.error(f"--apps: unknown {', '.join(unknown)}; the simulated apps are {', '.join(APPS)}")
     started = time.perf_counter()
     runs = {}
     for seed in seeds:
-        runs[seed] = validate(seed=seed)
+        runs[seed] = validate(apps, seed=seed)
         print(format_table(runs[seed]), file=sys.stderr)
     out = {
         "seeds": runs,
@@ -46,7 +53,7 @@ def main() -> int:
     out["summary"]["pooled"] = pooled(list(runs.values()))
     print(format_pooled(out["summary"]["pooled"]), file=sys.stderr)
     if not args.no_sustain:
-        sus = sustain(seeds=seeds, factors=[float(f) for f in args.factors.split(",")], slo_p99_s=args.slo_p99)
+        sus = sustain(apps, seeds=seeds, factors=[float(f) for f in args.factors.split(",")], slo_p99_s=args.slo_p99)
         print(format_sustain(sus), file=sys.stderr)
         out["sustain"] = sus
         out["summary"]["sustain_passed"] = sus["passed"]
