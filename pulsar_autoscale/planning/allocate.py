@@ -154,23 +154,28 @@ def bounded_path(
     return out
 
 
+MOVE_SIZES = (1, 2, 4)  # instances moved at once: one placement shift can make a single move look worse
+
+
 def _improve(
     k: dict[str, int], r: float, name: str, rate: Callable, bounds: Mapping[str, tuple[int, int]], rounds: int = 8
 ) -> tuple[dict[str, int], float, str]:
-    """Move single instances between functions while that raises the rate (the placement changes with
-    every instance, so one greedy step can strand an instance where a worker's lock is saturated)."""
+    """Move instances between functions while that raises the rate (the placement changes with every
+    instance, so one greedy step can strand an instance where a worker's lock is saturated). Moves of
+    several instances too: a better split can lie past splits that one instance at a time rates lower."""
     for _ in range(rounds):
         moved = False
-        for src in k:
-            for dst in k:
-                if k[src] <= max(1, bounds.get(src, (1, 10**9))[0]):
-                    break  # a move can leave src at its floor: no further one from it
-                if dst == src or k[dst] >= bounds.get(dst, (1, 10**9))[1]:
-                    continue
-                trial = {**k, src: k[src] - 1, dst: k[dst] + 1}
-                tr, tn = rate(trial)
-                if tr > r * (1 + 1e-9):
-                    k, r, name, moved = trial, tr, tn, True
+        for size in MOVE_SIZES:
+            for src in k:
+                for dst in k:
+                    if k[src] - size < max(1, bounds.get(src, (1, 10**9))[0]):
+                        break  # a move would take src below its floor: no move of this size from it
+                    if dst == src or k[dst] + size > bounds.get(dst, (1, 10**9))[1]:
+                        continue
+                    trial = {**k, src: k[src] - size, dst: k[dst] + size}
+                    tr, tn = rate(trial)
+                    if tr > r * (1 + 1e-9):
+                        k, r, name, moved = trial, tr, tn, True
         if not moved:
             break
     return k, r, name

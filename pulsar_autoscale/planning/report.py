@@ -36,9 +36,9 @@ def plan_text(plan: Plan, model: CapacityModel) -> str:
         ),
         *(
             [
-                f"  per worker  a ceiling of {model.profile.workers.ceiling(model.profile.workers.slots):.2f} CPU s/s at "
-                f"{model.profile.workers.slots} instances (the probe: one worker fell behind t workers; "
-                f"{model.profile.workers.workers(sum(plan.parallelism.values()))} workers planned)"
+                f"  per worker  one interpreter lock: each hold {model.profile.workers.handoff:+.1%} per other thread "
+                f"(fitted to the probe's one-worker MSTs, rms {model.profile.workers.fit_error:.1%}); "
+                f"{model.profile.workers.workers(sum(plan.parallelism.values()))} workers planned"
             ]
             if model.profile.workers
             else []

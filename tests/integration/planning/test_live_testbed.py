@@ -19,10 +19,15 @@ def test_a_chain_well_under_capacity_keeps_up_and_every_stage_sees_the_source_ra
     tb = LiveTestbed(app, worker.url, broker.service_url, broker.metrics_url, min_messages=400)
     try:
         config = TestConfig({f.name: 1 for f in app.functions})
-        run = tb.run(20.0, config, Phases(cooldown_s=1.0, ramp_s=3.0, observe_s=8.0))
+        # a run whose producer was held up (a busy machine) says nothing about the app: it is repeated, as the
+        # MST search repeats it (MstSettings.max_invalid)
+        for _ in range(1 + MstSettings().max_invalid):
+            run = tb.run(20.0, config, Phases(cooldown_s=1.0, ramp_s=3.0, observe_s=8.0))
+            if run.valid:
+                break
     finally:
         tb.close()
-    assert run.valid, f"the producer sent {run.injected_rate:.1f}/s of 20/s"
+    assert run.valid, f"the producer sent {run.injected_rate:.1f}/s of 20/s, in {1 + MstSettings().max_invalid} runs"
     # 8 s at 20/s is 160 messages: the observation went on until each function had 400.
     assert run.observe_s >= 19.0, f"observed {run.observe_s:.1f} s, {run.injected_rate * run.observe_s:.0f} messages"
     for name, fm in run.functions.items():
