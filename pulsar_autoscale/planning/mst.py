@@ -139,6 +139,15 @@ def next_rate(rate: float, lo: float, hi: float, bracket: float | None = None) -
     return rate * (1 - bracket) if bracket else hi / 2
 
 
+def run_until_valid(testbed: Testbed, rate: float, config: TestConfig, settings: MstSettings) -> list[RunResult]:
+    """One run at `rate`, repeated up to `settings.max_invalid` times while its producer missed the rate (such a
+    run says nothing about the app): every run made, the last the one to judge."""
+    runs = [testbed.run(rate, config, settings.phases)]
+    while not runs[-1].valid and len(runs) <= settings.max_invalid:
+        runs.append(testbed.run(rate, config, settings.phases))
+    return runs
+
+
 def measure_mst(
     testbed: Testbed, config: TestConfig, settings: MstSettings = MstSettings(), start_rate: float | None = None
 ) -> MstResult:
@@ -163,14 +172,11 @@ def measure_mst(
     producer_bound = False
     last = failing = None
     for _ in range(settings.max_iterations):
-        run = testbed.run(rate, config, settings.phases)
-        spent += run.duration_s
-        invalid = 0
-        while not run.valid and invalid < settings.max_invalid:
-            invalid += 1
-            steps.append(Step(rate, False, False, run.processed_rate, run.p99_s, judge(run, settings)[1]))
-            run = testbed.run(rate, config, settings.phases)
-            spent += run.duration_s
+        runs = run_until_valid(testbed, rate, config, settings)
+        spent += sum(r.duration_s for r in runs)
+        for r in runs[:-1]:
+            steps.append(Step(rate, False, False, r.processed_rate, r.p99_s, judge(r, settings)[1]))
+        run = runs[-1]
         passed, reason = judge(run, settings)
         steps.append(Step(rate, passed, run.valid, run.processed_rate, run.p99_s, reason))
         if not run.valid:
