@@ -254,10 +254,15 @@ class InstanceStateStores:
             stats = store.open(store.owned(), restore=True, client=self._client(), changelog=self._changelog)
             self._unrestored.discard(instance_id)
         self.restores.append(stats)
-        log.info(
-            "%s: instance %d restored %d key groups (%d from a snapshot): %d changelog records, %.1f MB in %.2f s",
+        self._log_opened(logging.INFO, "restored", instance_id, stats)
+
+    def _log_opened(self, level: int, verb: str, instance_id: int, stats: RestoreStats) -> None:
+        log.log(
+            level,
+            "%s: instance %d %s %d key groups (%d from a snapshot): %d changelog records, %.1f MB in %.2f s",
             self._changelog,
             instance_id,
+            verb,
             stats.groups,
             stats.from_snapshot,
             stats.records,
@@ -357,16 +362,7 @@ class InstanceStateStores:
             self._copied[instance_id] = copied
         self.restores.append(stats)
         # per instance and per subscale: DEBUG; a change's one INFO line is migrate()'s "migrated ..."
-        log.debug(
-            "%s: instance %d opened %d key groups (%d from a snapshot): %d changelog records, %.1f MB in %.2f s",
-            self._changelog,
-            instance_id,
-            stats.groups,
-            stats.from_snapshot,
-            stats.records,
-            stats.bytes / 1e6,
-            stats.seconds,
-        )
+        self._log_opened(logging.DEBUG, "opened", instance_id, stats)
 
     def prepare(self, instance_id: int, groups: set[int], duty: float = 1.0, mb_per_s: float | None = None) -> None:
         """Pre-copy the groups whose files no store here uses (on one worker a moving group's file is in use
