@@ -27,7 +27,7 @@ No lock model is found (None) where one worker kept up at every t: the planner t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -125,11 +125,11 @@ def per_message(run: RunResult, measure: str) -> dict[str, float] | None:
     return out
 
 
-def fit_handoff(points: Sequence[ProbePoint], model: "WorkerCeiling", gains: Mapping[str, float]) -> tuple[float, float]:
+def fit_handoff(points: Sequence[ProbePoint], model: WorkerCeiling, gains: Mapping[str, float]) -> tuple[float, float]:
     """The hand-off cost whose model best reproduces the probe's one-worker MSTs, and its rms relative error."""
     best = (math.inf, 0.0)
     for c in HANDOFFS:
-        trial = WorkerCeiling(model.slots, model.order, model.cpu_per_msg, model.service_s, float(c))
+        trial = replace(model, handoff=float(c), points=())
         err = sum((trial.rate(p.parallelism, gains, workers=1)[0] / p.one_worker - 1) ** 2 for p in points)
         if err < best[0]:
             best = (err, float(c))
