@@ -45,6 +45,10 @@ def check_comments(script: str, output: str, ports: dict[str, str]) -> None:
     assert steps and steps[0][0] == int(start) and len(out) <= 2 and abs(max(out) - int(target)) <= 1, (
         f"the comment promises 'scaled {fn} {start} -> {target}', or in two steps:\n{output}"
     )
+    # The wait for the scale-up must accept every figure the check below does, or it outwaits the load and the
+    # status shows the scale-down that follows it.
+    low, high = re.search(r'grep -qE \'"numInstances": \[(\d)-(\d)\],\'', script).groups()
+    assert (int(low), int(high)) == (int(target) - 1, int(target) + 1), "the wait accepts the target +- 1"
     instances = re.search(r'# "numInstances": (\d+)', script).group(1)
     shown = re.findall(r'"numInstances": (\d+),', output)
     assert instances == target and shown and abs(int(shown[-1]) - int(target)) <= 1, output
