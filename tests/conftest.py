@@ -36,7 +36,7 @@ ON_APACHE = (
     "integration/stock/",
     "integration/planning/",
     "integration/worker/test_warm_pool.py",
-    "integration/worker/test_fast_live.py",
+    "integration/controller/test_fast_live.py",
     "system/test_apache_security.py",
     "system/test_apache_standalone.py",
     "system/test_stock_apache.py",

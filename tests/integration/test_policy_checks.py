@@ -10,6 +10,7 @@ import pytest
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.policies import load_policy
 from tests.support.commands import CLI
+from tests.support.doc_blocks import policy_example
 
 HEAD = "from pulsar_autoscale.policies import Policy, Proposal\n\n"
 GOOD_DECIDE = "    def decide(self, graph, snapshot, current, state):\n        return Proposal(dict(current))\n"
@@ -77,25 +78,13 @@ def test_simulate_fails_when_the_policy_failed(tmp_path):
     assert '"policy_errors"' in proc.stdout  # the results are still printed, for whoever wants them
 
 
-def doc_example(tmp_path) -> str:
-    """docs/policies.md's worked example, copied into a file as a reader would."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "policies.md").read_text()
-    code = re.findall(r"```python\n(.*?)```", text.split("## A worked example", 1)[1], re.S)[0]
-    path = tmp_path / "target_utilization.py"
-    path.write_text(code)
-    return str(path)
-
-
 def test_the_docs_example_runs_in_simulate(tmp_path):
     proc = subprocess.run(
         [
             *CLI,
             "simulate",
             "--policy",
-            doc_example(tmp_path),
+            policy_example(tmp_path),
             "--workload",
             "demo",
             "--param",

@@ -152,3 +152,13 @@ def run_script(script: str, cwd: Path, env: dict, out_dir: Path, timeout_s: floa
     out, err = (out_dir / "out").read_text(), (out_dir / "err").read_text()
     assert rc == 0, f"the block failed (rc {rc}):\n{out}\n{err[-3000:]}"
     return out + err
+
+
+def policy_example(tmp_path: Path) -> str:
+    """docs/policies.md's worked example, copied into a file as a reader would."""
+    code = re.findall(
+        r"```python\n(.*?)```", (ROOT / "docs" / "policies.md").read_text().split("## A worked example", 1)[1], re.S
+    )[0]
+    path = tmp_path / "target_utilization.py"
+    path.write_text(code)
+    return str(path)

@@ -16,6 +16,23 @@ import pulsar
 from pulsar_autoscale.admin.client import FunctionsAdmin
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "examples"
+KEYED_COUNT = EXAMPLES / "keyed_count.py"
+
+
+def keyed_count(name: str, src: str, **fields) -> dict:
+    """The FunctionConfig of the keyed count example (functions/examples/keyed_count.py) in public/default:
+    keyedState, EFFECTIVELY_ONCE, from the earliest record; `fields` adds to or overrides it."""
+    return {
+        "tenant": "public",
+        "namespace": "default",
+        "name": name,
+        "className": "keyed_count.KeyedCount",
+        "inputs": [src],
+        "keyedState": True,
+        "processingGuarantees": "EFFECTIVELY_ONCE",
+        "subscriptionPosition": "Earliest",
+        **fields,
+    }
 
 
 def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02):
@@ -212,6 +229,9 @@ while sent < n and not (done and sent % keys == 0):
         time.sleep(delay)
     p.send_async(b"x", None, partition_key="k%d" % (sent % keys))
     sent += 1
+# Ignored from here: at exit Python resets a handled signal to its default action (which ends the process), so a
+# finish() that came as the last record went out would kill it before it reported what it sent.
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 p.flush()
 c.close()
 print(sent, flush=True)

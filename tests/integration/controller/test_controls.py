@@ -19,8 +19,9 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.decision_log import DecisionLog
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.functions.api.server import WorkerServer
-from tests.integration.controller.test_controller import TOGGLE
 from tests.support.commands import CLI
+from tests.support.controller import TOGGLE
+from tests.support.doc_blocks import policy_example
 from tests.support.scenario import wait_until
 
 CONSTANT = """
@@ -298,11 +299,9 @@ def test_stock_mode_refuses_min_zero():
 
 
 def test_the_docs_example_policy_runs_in_the_controller(broker, worker, tmp_path):
-    from tests.integration.test_policy_checks import doc_example
-
     name = make_function(worker)
     fqfn = f"public/default/{name}"
-    controller = start(broker, worker, tmp_path, policy=doc_example(tmp_path), policy_params={"target": 0.6})
+    controller = start(broker, worker, tmp_path, policy=policy_example(tmp_path), policy_params={"target": 0.6})
     try:
         records = wait_until(lambda: controller.why(fqfn, 3)[2:] and controller.why(fqfn, 3), 20, "3 evaluations")
         assert all(r["error"] is None and r["policy"].endswith("target_utilization.py") for r in records), records

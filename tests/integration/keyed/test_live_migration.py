@@ -12,7 +12,7 @@ import pytest
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.model.keygroups import key_group
 from pulsar_autoscale.functions.worker.worker import Worker
-from tests.support.scenario import EXAMPLES, OutputCollector, wait_until
+from tests.support.scenario import EXAMPLES, KEYED_COUNT, OutputCollector, keyed_count, wait_until
 
 KEYS = [f"k{i}" for i in range(200)]
 
@@ -163,21 +163,8 @@ def test_a_stopped_instances_records_wait_in_the_worker_only_up_to_a_bound(broke
     queue, keys, per_key = 2, 40, 50
     bound = STOPPED_WAIT_FACTOR * queue
     cfg = worker.create(
-        FunctionConfig.from_dict(
-            {
-                "tenant": "public",
-                "namespace": "default",
-                "name": name,
-                "className": "keyed_count.KeyedCount",
-                "inputs": [src],
-                "parallelism": 2,
-                "keyedState": True,
-                "processingGuarantees": "EFFECTIVELY_ONCE",
-                "subscriptionPosition": "Earliest",
-                "inputSpecs": {src: {"receiverQueueSize": queue}},
-            }
-        ),
-        (EXAMPLES / "keyed_count.py").read_bytes(),
+        FunctionConfig.from_dict(keyed_count(name, src, parallelism=2, inputSpecs={src: {"receiverQueueSize": queue}})),
+        KEYED_COUNT.read_bytes(),
         "keyed_count.py",
     )
     fn = worker._functions[cfg.fqfn]

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.scenario import wait_until
-from tests.system.keyed.test_cluster_controls import (
-    _admin,
-    _assert_exact,
-    _create,
-    _keyed_count_under_load,
-    _migrated,
-    _running,
-    _wait_running,
+from tests.support.keyed import (
+    assert_exact,
+    create_counting,
+    keyed_count_under_load,
+    migrated,
+    running,
+    state_counts,
+    wait_running,
+    worker_admin,
 )
-from tests.system.keyed.test_property import _counts
+from tests.support.scenario import wait_until
 
 pytestmark = pytest.mark.slow
 PROCESS = {"instanceRuntime": "process"}
@@ -30,14 +30,14 @@ PROCESS = {"instanceRuntime": "process"}
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
 def test_process_instances_scale_live_with_exact_counts(broker, tmp_path, cluster):
     """2 -> 3 -> 2 under load; every record counted once (EFFECTIVELY_ONCE)."""
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2, **PROCESS) as (admin, name, _, producer):
+    with keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2, **PROCESS) as (admin, name, _, producer):
         admin.set_parallelism("public", "default", name, 3)
-        _wait_running(admin, name, {0, 1, 2}, "scaled to 3")
-        _migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "2 -> 3")
+        wait_running(admin, name, {0, 1, 2}, "scaled to 3")
+        migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "2 -> 3")
         admin.set_parallelism("public", "default", name, 2)
-        _migrated(admin, name, {"0": 64, "1": 64}, "3 -> 2")
-        _assert_exact(admin, name, producer.finish(90))
-        assert _running(admin, name) == {0, 1}
+        migrated(admin, name, {"0": 64, "1": 64}, "3 -> 2")
+        assert_exact(admin, name, producer.finish(90))
+        assert running(admin, name) == {0, 1}
 
 
 CRASH_ONCE = '''
@@ -69,7 +69,7 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
     flag_dir = Path(tempfile.mkdtemp(prefix="pa-flag-"))
     flag_dir.chmod(0o777)
     flag = flag_dir / "crashed"
-    with _keyed_count_under_load(
+    with keyed_count_under_load(
         broker,
         tmp_path,
         cluster,
@@ -81,10 +81,10 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
         **PROCESS,
     ) as (admin, name, _, producer):
         wait_until(flag.exists, 60, "the instance that owns k7 to reach its 50th record")
-        _assert_exact(admin, name, producer.finish(90))
+        assert_exact(admin, name, producer.finish(90))
         restarts = {s["instanceId"]: s["status"]["numRestarts"] for s in admin.status("public", "default", name)["instances"]}
         assert sorted(restarts.values()) == [0, 1], f"one instance restarted once: {restarts}"
-        assert _running(admin, name) == {0, 1}
+        assert running(admin, name) == {0, 1}
     shutil.rmtree(flag_dir, ignore_errors=True)
 
 
@@ -95,18 +95,18 @@ def test_a_process_instance_takes_a_messages_key_group_from_its_ordering_key(bro
     name = f"ko-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     keys, per_key = 12, 10
-    with _admin(broker, tmp_path, cluster=False) as admin:
-        _create(admin, name, src, parallelism=2, **PROCESS)
+    with worker_admin(broker, tmp_path, cluster=False) as admin:
+        create_counting(admin, name, src, parallelism=2, **PROCESS)
         producer = client.create_producer(src)
         for i in range(keys * per_key):  # k{n}'s records all carry ordering key o{n}: its count lives in o{n}'s group
             producer.send(b"x", partition_key=f"k{i % keys}", ordering_key=f"o{i % keys}")
         producer.close()
         want = {f"k{k}": per_key for k in range(keys)}
         wait_until(
-            lambda: _counts(admin, name, keys) == want,
+            lambda: state_counts(admin, name, keys) == want,
             60,
             lambda: (
-                f"{per_key} per key: {_counts(admin, name, keys)}; instances "
+                f"{per_key} per key: {state_counts(admin, name, keys)}; instances "
                 f"{[(i['instanceId'], i['status']['numRestarts'], i['status']['error']) for i in admin.status('public', 'default', name)['instances']]}"
             ),
         )

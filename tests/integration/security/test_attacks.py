@@ -14,9 +14,9 @@ import requests
 
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.config_parse import parse_text
-from tests.integration.test_security import ACME_ADMIN, FNS, SUPERUSER, call, function, token
 from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES
+from tests.support.secured_worker import ACME_ADMIN, FNS, SUPERUSER, call, function, token
 
 
 def test_a_cr_lf_in_a_refused_path_writes_no_forged_log_line(worker, keys, caplog):

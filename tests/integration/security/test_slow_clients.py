@@ -25,8 +25,8 @@ from pulsar_autoscale.security import tokens
 from pulsar_autoscale.security.guard import AccessPolicy
 from pulsar_autoscale.security.httpd import ServerLimits
 from pulsar_autoscale.security.serving import ServerSecurity
-from tests.integration.test_security import FNS, SUPERUSER, token
 from tests.support.scenario import wait_until
+from tests.support.secured_worker import FNS, SUPERUSER, token
 
 SHORT = ServerLimits(threads=2, idle_timeout_s=0.5, handshake_timeout_s=0.5, head_timeout_s=0.5, body_timeout_s=0.5)
 PARTIAL_CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01"  # a TLS record header and one byte of a ClientHello

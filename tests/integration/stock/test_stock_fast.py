@@ -13,8 +13,8 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.fast import topic_snapshot
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.snapshot import FunctionSnapshot, InputReading
-from tests.integration.stock.test_stock_mode import IN_TOPIC, base
 from tests.support.contracts.fake_cluster import FakeCluster
+from tests.support.controller import IN_TOPIC, base
 from tests.support.scenario import lead
 
 FQFN = "public/default/enrich"

@@ -13,21 +13,8 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.functions.api.server import WorkerServer
 from tests.support.contracts.fake_cluster import FakeCluster
+from tests.support.controller import IN_TOPIC, base
 from tests.support.scenario import lead, wait_until
-
-IN_TOPIC = "persistent://public/default/raw"
-
-
-def base(broker, tmp_path) -> dict:
-    return {
-        "service_url": broker.service_url,
-        "policy": "threshold",
-        "period_s": 10.0,
-        "window_s": 10.0,
-        "http_port": 0,
-        "lock_topic": f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
-        "decision_log": str(tmp_path / "decisions.jsonl"),
-    }
 
 
 def test_stock_mode_scales_a_function_of_a_stock_cluster(broker, tmp_path):

@@ -10,9 +10,8 @@ import pytest
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.api.server import WorkerServer
-from tests.support.scenario import run_scaling, wait_until
-from tests.system.keyed.test_cluster_controls import EXAMPLES
-from tests.system.keyed.test_property import _counts
+from tests.support.keyed import state_counts
+from tests.support.scenario import KEYED_COUNT, keyed_count, run_scaling, wait_until
 
 
 def test_scale_out_takes_a_warm_standby_and_the_pool_refills(broker, tmp_path):
@@ -53,19 +52,7 @@ def test_a_keyed_function_scales_out_into_a_warm_standby_with_exact_counts(broke
         name = f"warm-keyed-{uuid.uuid4().hex[:6]}"
         src = f"persistent://public/default/{name}-in"
         producer = client.create_producer(src)
-        admin.create(
-            {
-                "tenant": "public",
-                "namespace": "default",
-                "name": name,
-                "className": "keyed_count.KeyedCount",
-                "inputs": [src],
-                "keyedState": True,
-                "processingGuarantees": "EFFECTIVELY_ONCE",
-                "subscriptionPosition": "Earliest",
-            },
-            str(EXAMPLES / "keyed_count.py"),
-        )
+        admin.create(keyed_count(name, src), str(KEYED_COUNT))
         fn = server.worker._functions[f"public/default/{name}"]
         pool = fn.warm_pool
         assert pool is not None, "a keyedState process function got no warm pool"
@@ -87,9 +74,9 @@ def test_a_keyed_function_scales_out_into_a_warm_standby_with_exact_counts(broke
         for i in range(100):  # k3, k5, k7, k9 are in groups 64-127, instance 1's now
             producer.send(b"x", partition_key=f"k{i % 10}")
         wait_until(
-            lambda: _counts(admin, name, 10) == {f"k{k}": 30 for k in range(10)},
+            lambda: state_counts(admin, name, 10) == {f"k{k}": 30 for k in range(10)},
             60,
-            lambda: f"30 per key, saw {_counts(admin, name, 10)}",
+            lambda: f"30 per key, saw {state_counts(admin, name, 10)}",
         )
         status = admin.status("public", "default", name)
         assert [i["status"]["running"] for i in status["instances"]] == [True, True], status

@@ -17,7 +17,7 @@ from pulsar_autoscale.controller.warm_sizing import WarmPoolConfig, WarmPoolSize
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.runtimes.warm_pool import WarmPool
-from tests.integration.controller.test_controller import TOGGLE, config
+from tests.support.controller import TOGGLE, config
 from tests.support.scenario import wait_until
 
 CFG = WarmPoolConfig(enabled=True, min=0, max=4, window_s=100)

@@ -11,8 +11,8 @@ import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster
+from tests.support.keyed import WorkerProcess
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until
-from tests.system.keyed.test_property import WorkerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import contextmanager
 
 import pytest
-import requests
 
-from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
+from pulsar_autoscale.admin.client import FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster, key_counts
-from tests.support.scenario import EXAMPLES, keyed_settled, start_keyed_load, wait_until
+from tests.support.keyed import LOAD_KEYS, create_paced, keyed_load, keyed_view, mid_migration
+from tests.support.scenario import KEYED_COUNT, keyed_count, keyed_settled, wait_until
 
 pytestmark = pytest.mark.slow
-KEYS, RECORDS, RATE = 30, 3000, 100.0
 FQFN = "public/default/{}"
 
 
 def _counts(cluster: WorkerCluster, name: str) -> dict[str, int]:
-    return key_counts(cluster, name, KEYS)
+    return key_counts(cluster, name, LOAD_KEYS)
 
 
 def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str) -> dict[int, str] | None:
@@ -32,26 +30,13 @@ def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str
 
 
 def _create(cluster: WorkerCluster, url: str, name: str, src: str) -> dict[int, str]:
-    FunctionsAdmin(url).create(
-        {
-            "tenant": "public",
-            "namespace": "default",
-            "name": name,
-            "className": "keyed_count.KeyedCount",
-            "inputs": [src],
-            "parallelism": 3,
-            "keyedState": True,
-            "processingGuarantees": "EFFECTIVELY_ONCE",
-            "subscriptionPosition": "Earliest",
-        },
-        str(EXAMPLES / "keyed_count.py"),
-    )
+    FunctionsAdmin(url).create(keyed_count(name, src, parallelism=3), str(KEYED_COUNT))
     return wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 different workers")
 
 
 def _assert_exact(cluster: WorkerCluster, name: str, sent: int) -> None:
-    """Every key counted the `sent // KEYS` records it was sent, once (the load sends whole rounds of keys)."""
-    expected = {f"k{k}": sent // KEYS for k in range(KEYS)}
+    """Every key counted the `sent // LOAD_KEYS` records it was sent, once (the load sends whole rounds of keys)."""
+    expected = {f"k{k}": sent // LOAD_KEYS for k in range(LOAD_KEYS)}
     wait_until(
         lambda: _counts(cluster, name) == expected,
         120,
@@ -66,9 +51,8 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
         cluster.wait_ready()
         a, b, _ = cluster.live()
         placed = _create(cluster, a.url, name, src)
-        producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
         timings = {}
-        try:
+        with keyed_load(broker, src) as producer:
             time.sleep(2)
             FunctionsAdmin(a.url).set_parallelism("public", "default", name, 2)
             t0 = time.monotonic()
@@ -112,10 +96,6 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
             )
             timings["kill -9 front: groups serve again"] = time.monotonic() - t0
             sent = producer.finish(90)
-        finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.wait()
         _assert_exact(cluster, name, sent)
         print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {sent} records counted once")
 
@@ -128,9 +108,8 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
         placed = _create(cluster, cluster.live()[0].url, name, src)
-        producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
         timings = {}
-        try:
+        with keyed_load(broker, src) as producer:
             for instance in (1, 0):  # a worker without the front, then the front's
                 time.sleep(3)
                 leaving = cluster.by_id(placed[instance])
@@ -144,65 +123,8 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
                 )
                 timings[f"SIGTERM of instance {instance}'s worker: serving again"] = time.monotonic() - t0
             sent = producer.finish(90)
-        finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.wait()
         _assert_exact(cluster, name, sent)
         print("\n" + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items()) + f"; {sent} records counted once")
-
-
-def _keyed_view(cluster: WorkerCluster, name: str) -> dict:
-    """The front's autoscale.keyedState, asked of any live worker ({} while none answers)."""
-    for w in cluster.live():
-        try:
-            return FunctionsAdmin(w.url).keyed_state("public", "default", name)
-        except (AdminError, requests.RequestException):
-            continue
-    return {}
-
-
-def _mid_migration(cluster: WorkerCluster, name: str, instance: str, at_least: int) -> dict | None:
-    """The view while a migration is under way and `instance` holds at least / at most `at_least` groups."""
-    view = _keyed_view(cluster, name)
-    held = (view.get("groupsPerInstance") or {}).get(instance, 0)
-    reached = held >= at_least if at_least > 0 else held <= -at_least
-    return view if view.get("migrating") and reached else None
-
-
-def _create_paced(cluster: WorkerCluster, name: str, src: str, parallelism: int) -> dict[int, str]:
-    """The keyed count with subscales of 1 group paced to a duty of 10%: a migration goes on for many seconds."""
-    FunctionsAdmin(cluster.live()[0].url).create(
-        {
-            "tenant": "public",
-            "namespace": "default",
-            "name": name,
-            "className": "keyed_count.KeyedCount",
-            "inputs": [src],
-            "parallelism": parallelism,
-            "keyedState": True,
-            "processingGuarantees": "EFFECTIVELY_ONCE",
-            "subscriptionPosition": "Earliest",
-            "customRuntimeOptions": '{"keyedMigration": {"subscaleSize": 1, "duty": 0.1}}',
-        },
-        str(EXAMPLES / "keyed_count.py"),
-    )
-    return wait_until(
-        lambda: cluster.spread(name, parallelism), 60, f"{parallelism} instances on {parallelism} different workers"
-    )
-
-
-@contextmanager
-def _load(broker, src: str):
-    """Up to RECORDS records over KEYS keys at RATE from a producer process (`finish` ends it once the test's
-    changes are made), killed if the test leaves early."""
-    producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
-    try:
-        yield producer
-    finally:
-        if producer.poll() is None:
-            producer.kill()
-            producer.wait()
 
 
 def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
@@ -210,16 +132,16 @@ def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
     # Paced at a duty of 10%, each 1-group subscale is followed by a pause 9x as long as it took, so on a loaded
     # machine five groups can take half a minute; the migration of 43 lasts far longer.
     wait_until(
-        lambda: _mid_migration(cluster, name, "2", -38),
+        lambda: mid_migration(cluster, name, "2", -38),
         150,
-        lambda: f"a 3 -> 2 under way, groups leaving instance 2: {_keyed_view(cluster, name)}",
+        lambda: f"a 3 -> 2 under way, groups leaving instance 2: {keyed_view(cluster, name)}",
     )
 
 
 def _finished(cluster: WorkerCluster, name: str, groups: dict[str, int], what: str) -> None:
     """A paced migration's pauses grow with the time its subscales take: on a machine with every core busy one of
     42 groups took 2.8 s at a duty of 5% (120 s for 42), so the bound is generous."""
-    wait_until(lambda: keyed_settled(_keyed_view(cluster, name), groups), 240, lambda: f"{what}: {_keyed_view(cluster, name)}")
+    wait_until(lambda: keyed_settled(keyed_view(cluster, name), groups), 240, lambda: f"{what}: {keyed_view(cluster, name)}")
 
 
 def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker, tmp_path):
@@ -233,14 +155,14 @@ def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
-        _create_paced(cluster, name, src, 2)
-        with _load(broker, src) as producer:
+        create_paced(cluster, name, src, 2)
+        with keyed_load(broker, src) as producer:
             time.sleep(2)
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 3)
             view = wait_until(
-                lambda: _mid_migration(cluster, name, "2", 3),
+                lambda: mid_migration(cluster, name, "2", 3),
                 60,
-                lambda: f"a 2 -> 3 under way with groups on instance 2: {_keyed_view(cluster, name)}",
+                lambda: f"a 2 -> 3 under way with groups on instance 2: {keyed_view(cluster, name)}",
             )
             placed = wait_until(lambda: cluster.spread(name, 3), 30, "instance 2 on the third worker")
             assert view["migrating"] and placed[2] != placed[0]
@@ -260,8 +182,8 @@ def test_sigterm_of_the_surplus_instances_worker_in_the_middle_of_a_scale_in(bro
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
-        placed = _create_paced(cluster, name, src, 3)
-        with _load(broker, src) as producer:
+        placed = create_paced(cluster, name, src, 3)
+        with keyed_load(broker, src) as producer:
             time.sleep(2)
             _scale_in_to_2_under_way(cluster, name)
             cluster.terminate(cluster.by_id(placed[2]))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from contextlib import contextmanager
 
 import pulsar
 import pytest
@@ -17,68 +16,22 @@ from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.functions.model.keygroups import key_group
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.conformance import metric, scrape
-from tests.support.scenario import EXAMPLES, keyed_settled, wait_until
-from tests.system.keyed.test_cluster import KEYS, _load
-from tests.system.keyed.test_property import WorkerProcess, _counts
+from tests.support.keyed import (
+    LOAD_KEYS,
+    assert_exact,
+    create_counting,
+    keyed_count_under_load,
+    migrated,
+    running,
+    state_counts,
+    wait_running,
+    worker_admin,
+)
+from tests.support.scenario import EXAMPLES, wait_until
 
 pytestmark = pytest.mark.slow
 AFTER = 200  # records sent after a delete, over keys a0..a9
-LOG_TAIL = 80
 RESTORED = re.compile(r"instance (\d+) restored (\d+) key groups \((\d+) from a snapshot\): (\d+) changelog records")
-
-
-@contextmanager
-def _admin(broker, tmp_path, cluster: bool):
-    """The admin API of one worker, or of a 3-worker cluster through a worker that need not host instance 0.
-    A failure prints the workers' log tails (pytest shows them): CI keeps no temporary directory."""
-    try:
-        if cluster:
-            with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as workers:
-                workers.wait_ready()
-                yield FunctionsAdmin(workers.live()[1].url)
-        else:
-            with WorkerProcess(broker, tmp_path) as worker:
-                yield FunctionsAdmin(worker.url)
-    except BaseException:
-        for log in sorted(tmp_path.glob("*.log")):
-            print(f"==== {log.name} (last {LOG_TAIL} lines)", *log.read_text(errors="replace").splitlines()[-LOG_TAIL:], sep="\n")
-        raise
-
-
-@contextmanager
-def _keyed_count_under_load(broker, tmp_path, cluster: bool, prefix: str, **fields):
-    """A keyed count at parallelism 3 (or `fields`' parallelism) and the keyed load of test_cluster.py's `_load`
-    (`producer.finish` ends it once the test's changes are made): (admin, name, src, producer)."""
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    src = f"persistent://public/default/{name}-in"
-    with _admin(broker, tmp_path, cluster) as admin:
-        _create(admin, name, src, **fields)
-        with _load(broker, src) as producer:
-            time.sleep(2)
-            yield admin, name, src, producer
-
-
-def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 3, code: str | None = None, **fields) -> None:
-    admin.create(
-        {
-            "tenant": "public",
-            "namespace": "default",
-            "name": name,
-            "className": "keyed_count.KeyedCount",
-            "inputs": [src],
-            "parallelism": parallelism,
-            "keyedState": True,
-            "processingGuarantees": "EFFECTIVELY_ONCE",
-            "subscriptionPosition": "Earliest",
-            **fields,
-        },
-        code or str(EXAMPLES / "keyed_count.py"),
-    )
-    _wait_running(admin, name, set(range(parallelism)), "created")
-
-
-def _running(admin: FunctionsAdmin, name: str) -> set[int]:
-    return {i["instanceId"] for i in admin.status("public", "default", name)["instances"] if i["status"]["running"]}
 
 
 def _started(admin: FunctionsAdmin, name: str) -> dict[int, int]:
@@ -94,42 +47,22 @@ def _keyed(admin: FunctionsAdmin, name: str) -> dict:
     return admin.keyed_state("public", "default", name)
 
 
-def _migrated(admin: FunctionsAdmin, name: str, groups: dict[str, int], why: str) -> None:
-    wait_until(lambda: keyed_settled(_keyed(admin, name), groups), 120, lambda: f"{why}: {groups}, saw {_keyed(admin, name)}")
-
-
 def _consumers(broker, topic: str, subscription: str) -> float | None:
     return metric(scrape(broker.metrics_url), "pulsar_subscription_consumers_count", topic, subscription)
 
 
-def _wait_running(admin: FunctionsAdmin, name: str, ids: set[int], why: str) -> None:
-    wait_until(
-        lambda: _running(admin, name) == ids, 60, lambda: f"{why}: {sorted(ids)} running, saw {sorted(_running(admin, name))}"
-    )
-
-
-def _assert_exact(admin: FunctionsAdmin, name: str, sent: int) -> None:
-    """Every key counted the `sent // KEYS` records it was sent, once (the load sends whole rounds of keys)."""
-    want = {f"k{k}": sent // KEYS for k in range(KEYS)}
-    wait_until(
-        lambda: _counts(admin, name, KEYS) == want,
-        120,
-        lambda: f"exact counts {sent // KEYS} per key: {_counts(admin, name, KEYS)}",
-    )
-
-
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
 def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluster):
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kr") as (admin, name, _, producer):
+    with keyed_count_under_load(broker, tmp_path, cluster, "kr") as (admin, name, _, producer):
         admin.action("public", "default", name, "restart", 1)
         time.sleep(3)
         admin.action("public", "default", name, "restart", 0)  # on a cluster the front's instance
         time.sleep(3)
         admin.action("public", "default", name, "stop", 2)
-        _wait_running(admin, name, {0, 1}, "instance 2 stopped")
-        before = _counts(admin, name, KEYS)
+        wait_running(admin, name, {0, 1}, "instance 2 stopped")
+        before = state_counts(admin, name, LOAD_KEYS)
         time.sleep(3)
-        after = _counts(admin, name, KEYS)
+        after = state_counts(admin, name, LOAD_KEYS)
         waiting = {k for k in before if key_group(k, 128) >= 86}  # instance 2's groups of 3 (uniform)
         if cluster:  # the stopped instance's store went with it (it may start on another worker)
             with pytest.raises(AdminError, match="404.*instances \\[2\\] are stopped"):
@@ -138,7 +71,7 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
             assert waiting and all(after[k] == before[k] for k in waiting), (before, after)
         assert all(after[k] > before[k] for k in set(before) - waiting), (before, after)
         admin.action("public", "default", name, "start", 2)
-        _wait_running(admin, name, {0, 1, 2}, "instance 2 started again")
+        wait_running(admin, name, {0, 1, 2}, "instance 2 started again")
         time.sleep(2)
         admin.action("public", "default", name, "restart")  # every instance
         time.sleep(3)
@@ -152,10 +85,10 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
         )
         time.sleep(3)
         admin.action("public", "default", name, "stop")
-        _wait_running(admin, name, set(), "every instance stopped")
+        wait_running(admin, name, set(), "every instance stopped")
         admin.action("public", "default", name, "start")
         sent = producer.finish(90)
-        _assert_exact(admin, name, sent)
+        assert_exact(admin, name, sent)
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -163,13 +96,13 @@ def test_a_stopped_instance_0_leaves_the_other_keys_going(broker, tmp_path, clus
     """`functions stop --instance-id 0`: its keys wait, every other key goes on. Before, on a cluster the front
     (which routes every record) ran only where instance 0 ran, so stopping instance 0 stopped every key: the
     counts of instance 1's and 2's keys stood still for the 30 s checked."""
-    with _keyed_count_under_load(broker, tmp_path, cluster, "k0") as (admin, name, _, producer):
+    with keyed_count_under_load(broker, tmp_path, cluster, "k0") as (admin, name, _, producer):
         admin.action("public", "default", name, "stop", 0)
-        _wait_running(admin, name, {1, 2}, "instance 0 stopped")
+        wait_running(admin, name, {1, 2}, "instance 0 stopped")
         time.sleep(1)  # what instance 0 had in hand is counted
-        before = _counts(admin, name, KEYS) if not cluster else None
-        mine = {f"k{k}" for k in range(KEYS) if key_group(f"k{k}", 128) < 43}  # instance 0's groups of 3 (uniform)
-        others = lambda: {k: v for k, v in _counts(admin, name, KEYS).items() if k not in mine}  # noqa: E731
+        before = state_counts(admin, name, LOAD_KEYS) if not cluster else None
+        mine = {f"k{k}" for k in range(LOAD_KEYS) if key_group(f"k{k}", 128) < 43}  # instance 0's groups of 3 (uniform)
+        others = lambda: {k: v for k, v in state_counts(admin, name, LOAD_KEYS).items() if k not in mine}  # noqa: E731
         first = others()
         wait_until(
             lambda: all(v > first[k] for k, v in others().items()),
@@ -177,20 +110,20 @@ def test_a_stopped_instance_0_leaves_the_other_keys_going(broker, tmp_path, clus
             lambda: f"every key of instances 1 and 2 counted on while instance 0 is stopped: from {first} to {others()}",
         )
         if before is not None:  # one worker: instance 0's store stays, its keys' counts stand still
-            assert all(_counts(admin, name, KEYS)[k] == before[k] for k in mine)
+            assert all(state_counts(admin, name, LOAD_KEYS)[k] == before[k] for k in mine)
         admin.action("public", "default", name, "start", 0)
-        _wait_running(admin, name, {0, 1, 2}, "instance 0 started again")
+        wait_running(admin, name, {0, 1, 2}, "instance 0 started again")
         sent = producer.finish(90)
-        _assert_exact(admin, name, sent)
+        assert_exact(admin, name, sent)
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
 def test_scale_to_zero_and_back(broker, tmp_path, cluster):
     """Scale to zero (the controller's) drains every instance and keeps the groups' state; back at 2, the groups
     of the third move."""
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kz") as (admin, name, src, producer):
+    with keyed_count_under_load(broker, tmp_path, cluster, "kz") as (admin, name, src, producer):
         admin.set_parallelism("public", "default", name, 0)
-        _wait_running(admin, name, set(), "scaled to zero")
+        wait_running(admin, name, set(), "scaled to zero")
         # asleep for real: nothing receives the input (before, a cluster kept instance 0 and its front running)
         wait_until(
             lambda: not _consumers(broker, src, f"public/default/{name}"),
@@ -199,9 +132,9 @@ def test_scale_to_zero_and_back(broker, tmp_path, cluster):
         )
         time.sleep(2)
         admin.set_parallelism("public", "default", name, 2)
-        _wait_running(admin, name, {0, 1}, "back at 2")
+        wait_running(admin, name, {0, 1}, "back at 2")
         sent = producer.finish(90)
-        _assert_exact(admin, name, sent)
+        assert_exact(admin, name, sent)
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -210,7 +143,7 @@ def test_an_update_of_the_retries_reaches_the_keyed_input(broker, client, tmp_pa
     worker the router's consumer kept the config it was opened with (the restarted instances kept it open)."""
     name = f"kd-{uuid.uuid4().hex[:6]}"
     src, dlq = f"persistent://public/default/{name}-in", f"persistent://public/default/{name}-dlq"
-    with _admin(broker, tmp_path, cluster) as admin:
+    with worker_admin(broker, tmp_path, cluster) as admin:
         admin.create(
             {
                 "tenant": "public",
@@ -224,7 +157,7 @@ def test_an_update_of_the_retries_reaches_the_keyed_input(broker, client, tmp_pa
             },
             str(EXAMPLES / "poison.py"),
         )
-        _wait_running(admin, name, {0, 1}, "created")
+        wait_running(admin, name, {0, 1}, "created")
         before = _started(admin, name)
         admin.update({"tenant": "public", "namespace": "default", "name": name, "maxMessageRetries": 1, "deadLetterTopic": dlq})
         # The update restarts the instances after it returns, as Pulsar's does. A record sent meanwhile can
@@ -250,7 +183,7 @@ def test_a_delete_in_the_middle_of_a_migration_leaves_nothing_running(broker, tm
     (with cleanupSubscription false what is sent after the delete waits for the next function of that name,
     whole) or writing its files (the new one starts from its own config: 2 instances, 64 groups each)."""
     slow = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.05}}'  # 42 subscales: seconds to delete in
-    with _keyed_count_under_load(
+    with keyed_count_under_load(
         broker, tmp_path, cluster, "kx", parallelism=2, cleanupSubscription=False, customRuntimeOptions=slow
     ) as (admin, name, src, producer):
         admin.set_parallelism("public", "default", name, 3)
@@ -275,15 +208,15 @@ def test_a_delete_in_the_middle_of_a_migration_leaves_nothing_running(broker, tm
                 after.send(b"x", partition_key=f"a{n % 10}")
         finally:
             client.close()
-        _create(admin, name, src, parallelism=2, cleanupSubscription=False)
+        create_counting(admin, name, src, parallelism=2, cleanupSubscription=False)
         assert _keyed(admin, name)["groupsPerInstance"] == {"0": 64, "1": 64}
         want = {f"a{k}": AFTER // 10 for k in range(10)}
         wait_until(
-            lambda: _counts(admin, name, 10, "a") == want,
+            lambda: state_counts(admin, name, 10, "a") == want,
             60,
-            lambda: f"every record sent after the delete counted once: {_counts(admin, name, 10, 'a')}",
+            lambda: f"every record sent after the delete counted once: {state_counts(admin, name, 10, 'a')}",
         )
-        assert _running(admin, name) == {0, 1}
+        assert running(admin, name) == {0, 1}
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
@@ -291,7 +224,7 @@ def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, 
     """An update that restarts every instance, then a restart of one, both while groups move 2 -> 3: the
     migration still ends at 3 owners and the counts are exact."""
     slow = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.1}}'
-    with _keyed_count_under_load(broker, tmp_path, cluster, "ku", parallelism=2, customRuntimeOptions=slow) as (
+    with keyed_count_under_load(broker, tmp_path, cluster, "ku", parallelism=2, customRuntimeOptions=slow) as (
         admin,
         name,
         _,
@@ -303,8 +236,8 @@ def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, 
         time.sleep(2)
         admin.action("public", "default", name, "restart", 1)
         sent = producer.finish(90)
-        _assert_exact(admin, name, sent)
-        _migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished")
+        assert_exact(admin, name, sent)
+        migrated(admin, name, {"0": 43, "1": 43, "2": 42}, "the 2 -> 3 finished")
 
 
 SCALE_OUT, SCALE_IN = (3, {"0": 43, "1": 43, "2": 42}), (2, {"0": 64, "1": 64})
@@ -314,17 +247,17 @@ RELEASED_UNRESTORED = re.compile(r"instance 2 released (\d+) key groups it never
 def _stop_set_start(admin: FunctionsAdmin, name: str, target: int, groups: dict[str, int], cluster: bool) -> None:
     """Stop every instance, set the parallelism, start every instance; wait for the groups to be where `groups` says."""
     admin.action("public", "default", name, "stop")
-    _wait_running(admin, name, set(), f"every instance stopped before the change to {target}")
+    wait_running(admin, name, set(), f"every instance stopped before the change to {target}")
     admin.set_parallelism("public", "default", name, target)
     added = set(range(2, target))
-    _wait_running(admin, name, added, f"only the added instances {sorted(added)} running at {target}")
+    wait_running(admin, name, added, f"only the added instances {sorted(added)} running at {target}")
     time.sleep(1)  # nothing that was stopped starts on its own
-    assert _running(admin, name) == added
+    assert running(admin, name) == added
     if not cluster:  # a cluster's front runs with instance 0: no view until it starts
         assert "once the stopped instances [0, 1] start" in _keyed(admin, name)["waiting"], _keyed(admin, name)
     admin.action("public", "default", name, "start")
-    _wait_running(admin, name, set(range(target)), f"{target} instances started")
-    _migrated(admin, name, groups, f"the change to {target} finished")
+    wait_running(admin, name, set(range(target)), f"{target} instances started")
+    migrated(admin, name, groups, f"the change to {target} finished")
     assert _keyed(admin, name)["lastMigration"]["movedGroups"] == 42, _keyed(admin, name)
 
 
@@ -338,11 +271,11 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
     Then, on a cluster with the load over, once more: the surplus instance 2 of the 3 -> 2 starts on the front's
     worker only to hand its groups over, with no record of theirs left to take, and gives them up without
     restoring them. Before, it first replayed their changelog there (restored 42 key groups, 21 from a snapshot)."""
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2) as (admin, name, _, producer):
+    with keyed_count_under_load(broker, tmp_path, cluster, "kp", parallelism=2) as (admin, name, _, producer):
         for target, groups in (SCALE_OUT, SCALE_IN):
             _stop_set_start(admin, name, target, groups, cluster)
         sent = producer.finish(90)
-        _assert_exact(admin, name, sent)
+        assert_exact(admin, name, sent)
         if not cluster:
             return
         _stop_set_start(admin, name, *SCALE_OUT, cluster)
@@ -367,7 +300,7 @@ def test_stop_change_the_parallelism_start(broker, tmp_path, cluster):
         kept = any(_started_again_with_its_store(log_lines) for log_lines in logs.values())
         print(f"\nsurplus instance 2: store kept open {kept}, groups released unrestored {released}")
         assert released == (0 if kept else 42), f"42 groups released unrestored (kept store: {kept}): {lines}"
-        _assert_exact(admin, name, sent)
+        assert_exact(admin, name, sent)
 
 
 def _started_again_with_its_store(lines: list[str]) -> bool:
@@ -384,7 +317,7 @@ def _started_again_with_its_store(lines: list[str]) -> bool:
 def test_an_update_of_the_parallelism_and_the_config_together(broker, tmp_path, cluster):
     """`functions update` with a new parallelism and a new userConfig in one call, under load: the instances
     restart with the new config and the groups move to the new parallelism, 2 -> 3 and 3 -> 2; exact counts."""
-    with _keyed_count_under_load(broker, tmp_path, cluster, "kb", parallelism=2) as (admin, name, _, producer):
+    with keyed_count_under_load(broker, tmp_path, cluster, "kb", parallelism=2) as (admin, name, _, producer):
         for version, (target, groups) in enumerate(((3, {"0": 43, "1": 43, "2": 42}), (2, {"0": 64, "1": 64}))):
             admin.update(
                 {
@@ -396,10 +329,10 @@ def test_an_update_of_the_parallelism_and_the_config_together(broker, tmp_path, 
                 }
             )
             assert admin.get("public", "default", name)["userConfig"] == {"version": version}
-            _wait_running(admin, name, set(range(target)), f"{target} instances after the update")
-            _migrated(admin, name, groups, f"the change to {target} finished")
+            wait_running(admin, name, set(range(target)), f"{target} instances after the update")
+            migrated(admin, name, groups, f"the change to {target} finished")
         sent = producer.finish(90)
-        _assert_exact(admin, name, sent)
+        assert_exact(admin, name, sent)
 
 
 def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client, tmp_path):
@@ -413,23 +346,23 @@ def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client
 
     def send_and_count(total: int) -> None:
         """10 more records per key, then wait until every key has counted `total`."""
-        for n in range(10 * KEYS):
-            producer.send(b"x", partition_key=f"k{n % KEYS}")
+        for n in range(10 * LOAD_KEYS):
+            producer.send(b"x", partition_key=f"k{n % LOAD_KEYS}")
         wait_until(
-            lambda: set(_counts(admin, name, KEYS).values()) == {total},
+            lambda: set(state_counts(admin, name, LOAD_KEYS).values()) == {total},
             60,
-            lambda: f"{total} counted per key: {_counts(admin, name, KEYS)}",
+            lambda: f"{total} counted per key: {state_counts(admin, name, LOAD_KEYS)}",
         )
 
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
         cluster.wait_ready()
         admin = FunctionsAdmin(cluster.live()[1].url)
-        _create(admin, name, src, parallelism=2)
+        create_counting(admin, name, src, parallelism=2)
         send_and_count(10)
         placed = cluster.placement(name)
         logged = {w.worker_id: w.log_path.stat().st_size for w in cluster.live()}
         admin.action("public", "default", name, "stop")
-        _wait_running(admin, name, set(), "every instance stopped")
+        wait_running(admin, name, set(), "every instance stopped")
         # each has drained and its store closed (an instance started again before that keeps its store open)
         closed = (
             lambda: {
@@ -442,7 +375,7 @@ def test_a_stopped_instance_starts_from_its_snapshot_on_a_cluster(broker, client
         )
         wait_until(lambda: closed() == {0, 1}, 30, lambda: f"both instances' stores closed, saw {closed()}")
         admin.action("public", "default", name, "start")
-        _wait_running(admin, name, {0, 1}, "every instance started again")
+        wait_running(admin, name, {0, 1}, "every instance started again")
         send_and_count(20)  # counts stay exact through the stop: the snapshots hold what was counted before
         again = cluster.placement(name)
         since = {w.worker_id: w.log_path.read_bytes()[logged[w.worker_id] :].decode() for w in cluster.live()}

@@ -16,8 +16,8 @@ import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster, key_counts
+from tests.support.keyed import create_paced, keyed_view, mid_migration
 from tests.support.scenario import keyed_settled, start_keyed_load, wait_until
-from tests.system.keyed.test_cluster import _create_paced, _keyed_view, _mid_migration
 
 pytestmark = pytest.mark.slow
 KEYS, PER_KEY, RATE = 40, 50, 100.0
@@ -35,15 +35,15 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
     name = f"kr-{uuid.uuid4().hex[:6]}"
     src = f"persistent://public/default/{name}-in"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as cluster:
-        _create_paced(cluster, name, src, 2)
+        create_paced(cluster, name, src, 2)
         producer = start_keyed_load(broker.service_url, src, KEYS * PER_KEY, KEYS, RATE, batched=True)
         try:
             time.sleep(2)
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 4)
             wait_until(
-                lambda: _mid_migration(cluster, name, "2", 2),
+                lambda: mid_migration(cluster, name, "2", 2),
                 60,
-                lambda: f"a 2 -> 4 under way with groups on instance 2: {_keyed_view(cluster, name)}",
+                lambda: f"a 2 -> 4 under way with groups on instance 2: {keyed_view(cluster, name)}",
             )
             front = cluster.by_id(cluster.placement(name)[0])
             cluster.kill(front)
@@ -53,9 +53,9 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
             front = cluster.restart(front)
             if scaled == "while-resuming":
                 wait_until(
-                    lambda: _mid_migration(cluster, name, "2", 1),
+                    lambda: mid_migration(cluster, name, "2", 1),
                     60,
-                    lambda: f"the restarted front re-running the 2 -> 4: {_keyed_view(cluster, name)}",
+                    lambda: f"the restarted front re-running the 2 -> 4: {keyed_view(cluster, name)}",
                     interval_s=0.2,
                 )
                 FunctionsAdmin(survivor.url).set_parallelism("public", "default", name, 2)
@@ -74,9 +74,9 @@ def test_a_restarted_front_resumes_to_the_current_parallelism(broker, tmp_path, 
                 interval_s=1.0,
             )
             wait_until(
-                lambda: keyed_settled(_keyed_view(cluster, name), {"0": 64, "1": 64}),
+                lambda: keyed_settled(keyed_view(cluster, name), {"0": 64, "1": 64}),
                 30,
-                lambda: f"every group on instances 0 and 1: {_keyed_view(cluster, name)}",
+                lambda: f"every group on instances 0 and 1: {keyed_view(cluster, name)}",
                 interval_s=0.5,
             )
         except AssertionError:

@@ -9,81 +9,21 @@ Examples: STATE_PROPERTY_EXAMPLES (default 3: about 40 s each on 2 cores).
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
-from pulsar_autoscale.netutil import free_port
-from tests.support.commands import worker_command
-from tests.support.scenario import EXAMPLES, start_keyed_load, wait_until
+from tests.support.keyed import WorkerProcess, state_counts
+from tests.support.scenario import KEYED_COUNT, keyed_count, start_keyed_load, wait_until
 
 KEYS = 40
 RECORDS = 1200
 RATE = 120.0
 OPS = st.one_of(st.tuples(st.just("scale"), st.integers(1, 3)), st.just(("sigterm", 0)), st.just(("kill9", 0)))
-
-
-class WorkerProcess:
-    """`pulsar-autoscale worker` on a fixed port and data dir, restarted in place."""
-
-    def __init__(self, broker, data_dir: Path):
-        self.broker, self.data_dir, self.port = broker, data_dir, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        log = open(self.data_dir / "worker.log", "ab")
-        self.proc = subprocess.Popen(
-            worker_command(
-                self.broker.service_url,
-                self.broker.metrics_url,
-                str(self.port),
-                str(self.data_dir / "data"),
-                "--broker-kind",
-                "pulsar-lite",
-            ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_until(self._healthy, 60, f"worker on {self.url} to answer")
-
-    def __enter__(self) -> "WorkerProcess":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop(kill=False)
-
-    def _healthy(self) -> bool:
-        try:
-            return requests.get(self.url + "/healthz", timeout=0.5).ok
-        except requests.RequestException:
-            return False
-
-    def stop(self, kill: bool) -> None:
-        if kill:
-            self.proc.kill()
-        else:
-            self.proc.terminate()
-        self.proc.wait(60)
-
-
-def _counts(admin: FunctionsAdmin, name: str, keys: int = KEYS, prefix: str = "k") -> dict[str, int]:
-    """Each key's counter as the function's state has it (a key not counted yet: 0)."""
-    out = {}
-    for k in range(keys):
-        try:
-            out[f"{prefix}{k}"] = admin.get_state("public", "default", name, f"{prefix}{k}")["numberValue"]
-        except AdminError:
-            out[f"{prefix}{k}"] = 0
-    return out
 
 
 @pytest.mark.slow
@@ -102,18 +42,8 @@ def test_counts_survive_any_sequence_of_scaling_and_worker_failures(broker, tmp_
     producer = None
     try:
         admin.create(
-            {
-                "tenant": "public",
-                "namespace": "default",
-                "name": name,
-                "className": "keyed_count.KeyedCount",
-                "inputs": [src],
-                "parallelism": 2,
-                "keyedState": True,
-                "processingGuarantees": guarantee,
-                "subscriptionPosition": "Earliest",
-            },
-            str(EXAMPLES / "keyed_count.py"),
+            keyed_count(name, src, parallelism=2, processingGuarantees=guarantee),
+            str(KEYED_COUNT),
         )
         wait_until(lambda: admin.status("public", "default", name)["numRunning"] == 2, 60, "2 instances running")
         producer = start_keyed_load(broker.service_url, src, RECORDS, KEYS, RATE, batched=True)
@@ -132,12 +62,12 @@ def test_counts_survive_any_sequence_of_scaling_and_worker_failures(broker, tmp_
         expected = RECORDS // KEYS
 
         def settled():
-            counts = _counts(admin, name)
+            counts = state_counts(admin, name, KEYS)
             return counts if all(v >= expected for v in counts.values()) else None
 
-        counts = wait_until(settled, 120, lambda: f"every key counted {expected} times: {_counts(admin, name)}")
+        counts = wait_until(settled, 120, lambda: f"every key counted {expected} times: {state_counts(admin, name, KEYS)}")
         time.sleep(1.0)  # redeliveries still in flight would show as a count above `expected`
-        counts = _counts(admin, name)
+        counts = state_counts(admin, name, KEYS)
         excess = sum(counts.values()) - RECORDS
         keyed = admin.status("public", "default", name)["autoscale"]["keyedState"]
         assert sum(keyed["groupsPerInstance"].values()) == 128 and "failure" not in keyed, keyed

@@ -11,53 +11,22 @@ import pytest
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from tests.support.cluster_harness import WorkerCluster
-from tests.support.scenario import EXAMPLES, wait_until
-from tests.system.keyed.test_property import WorkerProcess, _counts
+from tests.support.keyed import WorkerProcess, create_counting, expect_per_key, send_per_key
+from tests.support.scenario import wait_until
 
 pytestmark = pytest.mark.slow
-KEYS = 12  # over 128 groups: every instance of 2 or 3 owns some of them
-
-
-def _create(admin: FunctionsAdmin, name: str, src: str, parallelism: int = 1) -> None:
-    admin.create(
-        {
-            "tenant": "public",
-            "namespace": "default",
-            "name": name,
-            "className": "keyed_count.KeyedCount",
-            "inputs": [src],
-            "parallelism": parallelism,
-            "keyedState": True,
-            "processingGuarantees": "EFFECTIVELY_ONCE",
-            "subscriptionPosition": "Earliest",
-        },
-        str(EXAMPLES / "keyed_count.py"),
-    )
-    wait_until(lambda: admin.status("public", "default", name)["numRunning"] == parallelism, 60, f"{name} running")
-
-
-def _send(client, topic: str, per_key: int) -> None:
-    producer = client.create_producer(topic)
-    for i in range(per_key * KEYS):
-        producer.send(b"x", partition_key=f"k{i % KEYS}")
-    producer.close()
-
-
-def _expect(admin: FunctionsAdmin, name: str, per_key: int, why: str) -> None:
-    want = {f"k{k}": per_key for k in range(KEYS)}
-    wait_until(lambda: _counts(admin, name, KEYS) == want, 60, lambda: f"{why}: counts {want}, got {_counts(admin, name, KEYS)}")
 
 
 def _delete_and_create_again(admin: FunctionsAdmin, client, name: str) -> str:
     """The first function counts 4 per key; the second, of the same name on a new input, starts at 0."""
-    _create(admin, name, f"persistent://public/default/{name}-in-1")
-    _send(client, f"persistent://public/default/{name}-in-1", 4)
-    _expect(admin, name, 4, "the first function")
+    create_counting(admin, name, f"persistent://public/default/{name}-in-1", 1)
+    send_per_key(client, f"persistent://public/default/{name}-in-1", 4)
+    expect_per_key(admin, name, 4, "the first function")
     admin.delete("public", "default", name)
     src = f"persistent://public/default/{name}-in-2"
-    _create(admin, name, src)
-    _send(client, src, 1)
-    _expect(admin, name, 1, "the function created again (the deleted one's state is not its state)")
+    create_counting(admin, name, src, 1)
+    send_per_key(client, src, 1)
+    expect_per_key(admin, name, 1, "the function created again (the deleted one's state is not its state)")
     return src
 
 
@@ -70,8 +39,8 @@ def test_one_worker_kill9_restores_only_the_new_functions_state(broker, client, 
         src = _delete_and_create_again(admin, client, name)
         worker.stop(kill=True)
         worker.start()  # every group restores from the changelog (an unclean stop)
-        _send(client, src, 1)
-        _expect(admin, name, 2, "after kill -9 and the restore from the changelog")
+        send_per_key(client, src, 1)
+        expect_per_key(admin, name, 2, "after kill -9 and the restore from the changelog")
     finally:
         worker.stop(kill=False)
 
@@ -86,12 +55,12 @@ def _deleted_while_its_worker_was_down(cluster: WorkerCluster, client, name: str
     the worker started again: (an admin client of the other worker, the worker back, its data dir's files of
     the deleted function)."""
     admin = FunctionsAdmin(cluster.workers[0].url)
-    _create(admin, name, src, parallelism=2)
+    create_counting(admin, name, src, parallelism=2)
     wait_until(
         lambda: len(set(cluster.placement(name).values())) == 2, 60, lambda: f"one instance per worker: {cluster.placement(name)}"
     )
-    _send(client, src, 4)
-    _expect(admin, name, 4, "the first function")
+    send_per_key(client, src, 4)
+    expect_per_key(admin, name, 4, "the first function")
     crashed = cluster.by_id(cluster.placement(name)[1])
     files = cluster.base_dir / crashed.worker_id / "functions" / "public" / "default" / name
     assert any(files.rglob("*.sqlite*")), f"no state files of {name} under {files}"
@@ -111,14 +80,14 @@ def test_a_worker_back_from_a_crash_holds_no_state_of_a_function_deleted_meanwhi
         name = f"again-{uuid.uuid4().hex[:6]}"
         first, second = (f"persistent://public/default/{name}-in-{n}" for n in (1, 2))
         admin, back, _ = _deleted_while_its_worker_was_down(cluster, client, name, first)
-        _create(admin, name, second, parallelism=2)
+        create_counting(admin, name, second, parallelism=2)
         wait_until(
             lambda: cluster.placement(name).get(1) == back.worker_id,
             60,
             lambda: f"instance 1 on the worker back from the crash: {cluster.placement(name)}",
         )
-        _send(client, second, 1)
-        _expect(admin, name, 1, "the function created again, instance 1 on the worker back from the crash")
+        send_per_key(client, second, 1)
+        expect_per_key(admin, name, 1, "the function created again, instance 1 on the worker back from the crash")
 
 
 def test_a_worker_back_from_a_crash_removes_the_files_of_a_function_deleted_meanwhile(broker, client, tmp_path):

@@ -18,8 +18,8 @@ from pulsar_autoscale.functions.state.changelog import changelog_of, state_topic
 from pulsar_autoscale.netutil import free_port
 from tests.support.cluster_harness import WorkerCluster
 from tests.support.contracts.fake_cluster import FakeCluster
+from tests.support.keyed import create_counting, expect_per_key, send_per_key
 from tests.support.scenario import wait_until
-from tests.system.keyed.test_recreate import _create, _expect, _send
 
 pytestmark = pytest.mark.slow
 NS = "persistent://public/default/"
@@ -59,9 +59,9 @@ def test_deleting_a_function_deletes_its_state_topics_and_no_other(broker, clien
     with WorkerServer(broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url, web_service_url=url) as w:
         admin = FunctionsAdmin(w.url)
         src = f"{NS}{name}-in"
-        _create(admin, name, src)
-        _send(client, src, 2)
-        _expect(admin, name, 2, "the function counted")
+        create_counting(admin, name, src, 1)
+        send_per_key(client, src, 2)
+        expect_per_key(admin, name, 2, "the function counted")
         cfg = FunctionConfig.from_dict(admin.get("public", "default", name))
         mine = _topics_of(cfg)
         older = FunctionConfig.from_dict({**admin.get("public", "default", name), "stateId": "0123456789ab"})
@@ -92,7 +92,7 @@ def test_without_the_admin_api_the_delete_still_goes_through_and_says_what_stays
         broker.service_url, data_dir=str(tmp_path / "w"), metrics_url=broker.metrics_url, web_service_url=unreachable
     ) as w:
         admin = FunctionsAdmin(w.url)
-        _create(admin, name, f"{NS}{name}-in")
+        create_counting(admin, name, f"{NS}{name}-in", 1)
         state_id = admin.get("public", "default", name)["stateId"]
         admin.delete("public", "default", name)
         assert name not in admin.list("public", "default")
@@ -110,7 +110,7 @@ def test_on_a_cluster_each_worker_that_ran_instances_deletes_after_its_drain(bro
     name = f"gone-{uuid.uuid4().hex[:6]}"
     with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path, n=2, extra_args=("--web-service-url", url)) as cluster:
         admin = FunctionsAdmin(cluster.workers[0].url)
-        _create(admin, name, f"{NS}{name}-in")
+        create_counting(admin, name, f"{NS}{name}-in", 1)
         admin.update({"tenant": "public", "namespace": "default", "name": name, "parallelism": 2})
         wait_until(
             lambda: (

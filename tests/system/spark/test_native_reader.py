@@ -11,7 +11,7 @@ from pulsar_autoscale.spark_bridge.offsets import EARLIEST, Position, TopicRange
 from pulsar_autoscale.spark_bridge.options import PulsarOptionError, parse_source_options
 from pulsar_autoscale.spark_bridge.ranges import Connection, DataLossError, last_position, read_range
 from pulsar_autoscale.spark_bridge.source import SCHEMA, _arrow_schema, _to_arrow
-from tests.system.spark.test_source_sink import produce
+from tests.support.spark_input import produce
 
 WHY_NOT = native.unavailable(parse_source_options({"service.url": "pulsar://h:6650", "topic": "t"}).connection)
 needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"the C read loop cannot run here: {WHY_NOT}")

@@ -8,7 +8,7 @@ import pytest
 from pulsar_autoscale.spark_bridge.offsets import EARLIEST, Position, TopicRange
 from pulsar_autoscale.spark_bridge.options import parse_source_options
 from pulsar_autoscale.spark_bridge.ranges import Connection, last_position, read_range
-from tests.system.spark.test_source_sink import produce
+from tests.support.spark_input import produce
 
 
 @pytest.fixture

@@ -13,22 +13,9 @@ import pulsar
 import pytest
 
 from pulsar_autoscale.spark_bridge.sink import PROP_BATCH, ReplayFilter, replay_key
+from tests.support.spark_input import produce
 
 pytestmark = pytest.mark.spark
-
-KEYS = [f"k{i}" for i in range(10)]
-
-
-def produce(client, topic: str, n: int, start: int = 0, batching: bool = True) -> None:
-    """n messages over KEYS; each carries its global index and its index within its key."""
-    producer = client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True)
-    for i in range(start, start + n):
-        key = KEYS[i % len(KEYS)]
-        producer.send_async(
-            f"{key}:{i}".encode(), None, partition_key=key, properties={"i": str(i), "keySeq": str(i // len(KEYS))}
-        )
-    producer.flush()
-    producer.close()
 
 
 def read_topic(client, topic: str, expected: int, timeout_s: float = 60.0) -> list:

@@ -35,9 +35,17 @@ from pulsar_autoscale.security.guard import AccessPolicy
 from pulsar_autoscale.security.serving import ServerSecurity
 from tests.support.commands import CLI
 from tests.support.scenario import EXAMPLES, lead, wait_until
-
-SUPERUSER, CONTROLLER, ACME_ADMIN, STRANGER = "admin", "autoscaler", "acme-admin", "nobody"
-FNS = "/admin/v3/functions"
+from tests.support.secured_worker import (
+    ACME_ADMIN,
+    CONTROLLER,
+    FNS,
+    STRANGER,
+    SUPERUSER,
+    admin_as,
+    call,
+    function,
+    token,
+)
 
 
 def pulsar_style_hs256(subject: str, key: bytes) -> str:
@@ -49,75 +57,6 @@ def pulsar_style_hs256(subject: str, key: bytes) -> str:
 
     signing_input = b64(b'{"alg":"HS256"}') + "." + b64(json.dumps({"sub": subject}, separators=(",", ":")).encode())
     return signing_input + "." + b64(hmac.new(key, signing_input.encode(), hashlib.sha256).digest())
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    d = tmp_path_factory.mktemp("keys")
-    secret = tokens.create_secret_key()
-    (d / "secret.key").write_bytes(secret)  # Pulsar's create-secret-key file: the raw key bytes
-    private, public = tokens.create_key_pair("RS256")
-    (d / "private.key").write_bytes(private)
-    (d / "public.key").write_bytes(public)
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    return {
-        "dir": d,
-        "secret": secret,
-        "secret_spec": f"file://{d / 'secret.key'}",
-        "private": private,
-        "public_spec": f"file://{d / 'public.key'}",
-        "ca": str(d / "ca.pem"),
-        "pem": str(d / "server.pem"),
-    }
-
-
-def token(keys, role: str, **kw) -> str:
-    return tokens.create_token(role, secret_key=keys["secret"], **kw)
-
-
-@pytest.fixture(scope="module")
-def worker(broker, keys, tmp_path_factory):
-    policy = AccessPolicy(
-        tokens.TokenValidator.from_settings(secret_key=keys["secret_spec"]),
-        superuser_roles=frozenset({SUPERUSER, CONTROLLER}),
-        tenant_admins={"acme": frozenset({ACME_ADMIN})},
-        controller_roles=frozenset({CONTROLLER}),
-    )
-    security = ServerSecurity(policy, tls_cert_file=keys["pem"], tls_key_file=keys["pem"], max_request_bytes=1 << 20)
-    with WorkerServer(
-        broker.service_url,
-        data_dir=str(tmp_path_factory.mktemp("secure-worker")),
-        metrics_url=broker.metrics_url,
-        security=security,
-    ) as w:
-        yield w
-
-
-def call(worker, keys, method: str, path: str, role: str | None = None, bearer: str | None = None, **kw):
-    headers = kw.pop("headers", {})
-    if role is not None or bearer is not None:
-        headers["Authorization"] = f"Bearer {bearer or token(keys, role)}"
-    return requests.request(method, worker.url + path, headers=headers, verify=keys["ca"], timeout=30, **kw)
-
-
-def admin_as(worker, keys, role: str) -> FunctionsAdmin:
-    settings = ClientSettings(worker.url, "token", f"token:{token(keys, role)}", keys["ca"])
-    return FunctionsAdmin(worker.url, session=settings.http_session())
-
-
-def function(tenant: str, name: str, **extra) -> dict:
-    return {
-        "tenant": tenant,
-        "namespace": "ns",
-        "name": name,
-        "className": "exclaim.Exclaim",
-        "inputs": [f"persistent://{tenant}/ns/{name}-in"],
-        "parallelism": 1,
-        **extra,
-    }
 
 
 # ---- authentication and authorization ---------------------------------------------------------------------

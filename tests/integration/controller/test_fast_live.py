@@ -10,11 +10,11 @@ import pytest
 
 from pulsar_autoscale.controller.loop import Controller
 from pulsar_autoscale.errors import ConfigError
-from tests.integration.controller.test_controller import config, load, make_function, worker  # noqa: F401 (fixture)
+from tests.support.controller import config, load, make_function
 from tests.support.scenario import wait_until
 
 
-def test_fast_check_scales_out_within_seconds(broker, worker, tmp_path):  # noqa: F811
+def test_fast_check_scales_out_within_seconds(broker, worker, tmp_path):
     name = make_function(worker, service_ms=50)  # mu = 20/s per instance
     fqfn = f"public/default/{name}"
     # a 600 s period: only the first one (at start) runs during the test
@@ -42,7 +42,7 @@ def test_fast_check_scales_out_within_seconds(broker, worker, tmp_path):  # noqa
         controller.stop()
 
 
-def test_bad_fast_settings_fail_at_start(broker, worker, tmp_path):  # noqa: F811
+def test_bad_fast_settings_fail_at_start(broker, worker, tmp_path):
     with pytest.raises(ConfigError, match="fast"):
         config(broker, worker, tmp_path, fast={"enabled": True, "period_s": 0})
     with pytest.raises(ConfigError, match="fast"):
