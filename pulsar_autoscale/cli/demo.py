@@ -173,8 +173,6 @@ def run(args: argparse.Namespace) -> int:
     report = Path(args.report) if args.report else user_data_dir("demo", Path(args.policy).stem)
     report.mkdir(parents=True, exist_ok=True)
     logging.getLogger().setLevel(logging.WARNING)
-    # a fast check still running when the next is due is skipped; on a busy machine that is no news
-    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
     interval = args.duration / len(rates)
     fast = f"fast check every {args.fast_period:g}s" if args.fast_period > 0 else "no fast path"
     print(

@@ -32,7 +32,10 @@ COMMANDS = {
 }
 
 
-QUIET_LOGGERS = ("apscheduler", "werkzeug")
+# Their level without -v: apscheduler's "Running job ..." every second and werkzeug's line per HTTP request are
+# noise; so is apscheduler's warning for a period skipped because the one before still runs (a fast check that took
+# over its second on a busy machine): an iteration that keeps running is reported by the controller's watchdog.
+QUIET_LOGGERS = {"apscheduler": logging.ERROR, "werkzeug": logging.WARNING}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -83,8 +86,8 @@ def _main(argv: list[str] | None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    for noisy in QUIET_LOGGERS:  # "Running job ..." every second, a line per HTTP request: only with -v
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    for noisy, level in QUIET_LOGGERS.items():
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else level)
     try:
         return importlib.import_module(args._module).run(args) or 0
     except PulsarAutoscaleError as exc:
