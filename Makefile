@@ -21,12 +21,13 @@ demo: install
 	$(BIN)/pulsar-autoscale demo $(DEMO_ARGS)
 
 # Everything on the embedded pulsar-lite, its modules spread over TEST_WORKERS processes (pytest-xdist; each
-# has its own session broker; on 2 cores 3 keep both cores busy: 4 took 16-18 min where 3 took 18, and three tests
-# failed under that load), the fuzz tests alone
+# has its own session broker; on 2 cores 2 keep both cores busy: with 3, a slower day's machine took 22-26 min and
+# failed 2-3 tests in each of two runs, all of them timing under that load: a cluster not formed in 60 s, pulsar-lite's
+# stall under CPU load (docs/dev/pulsar-lite-defects.md, B12), a live testbed run 1.7% short), the fuzz tests alone
 # (pyproject.toml, marker `fuzz`); then the broker-sensitive tests again on Apache Pulsar standalone (fetched
 # through Maven on first use; tests/conftest.py ON_APACHE lists what runs there), over APACHE_TEST_WORKERS
 # processes, each with a standalone of its own (a JVM of about 1 GB; a third made that pass slower, 15 min for 12-13).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 APACHE_TEST_WORKERS ?= 2
 test: install lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not fuzz" --durations=20 $(PYTEST_ARGS)
