@@ -20,6 +20,7 @@ from pulsar_autoscale.controller.config import ControllerConfig
 from pulsar_autoscale.controller.loop import Controller
 from tests.support.contracts.fake_cluster import Contract
 from tests.support.contracts.published import broker_doc, functions_doc
+from tests.support.controller import base
 from tests.support.scenario import lead, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,19 +104,7 @@ def test_controller_scales_a_stock_function_up_under_load_and_loses_nothing(brok
         for i in range(N):
             producer.send_async(str(i).encode(), None)
         producer.flush()
-        config = ControllerConfig.from_mapping(
-            {
-                "service_url": broker.service_url,
-                "mode": "stock",
-                "admin_url": broker.admin_url,
-                "policy": "threshold",
-                "period_s": 10.0,
-                "window_s": 10.0,
-                "http_port": 0,
-                "lock_topic": f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
-                "decision_log": str(tmp_path / "decisions.jsonl"),
-            }
-        )
+        config = ControllerConfig.from_mapping({**base(broker, tmp_path), "mode": "stock", "admin_url": broker.admin_url})
         controller = Controller(config)
         lead(controller.elector)
         t0 = time.monotonic()

@@ -22,6 +22,7 @@ from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.spark.burst_drain import BurstDrain, BurstDrainError
 from pulsar_autoscale.snapshot import FunctionSnapshot
+from tests.support.controller import config
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until
 
 SLEEPY = str(EXAMPLES / "sleepy.py")
@@ -301,16 +302,10 @@ def test_the_controller_asks_the_worker_for_a_drain_when_instances_cannot_catch_
         producer.flush()
         producer.close()
         controller = Controller(
-            ControllerConfig(
-                service_url=broker.service_url,
-                admin_url=worker.url,
-                metrics_url=broker.metrics_url,
-                policy="queueing",
-                period_s=2.0,
-                window_s=4.0,
-                http_port=0,
-                lock_topic=f"persistent://public/default/lock-{uuid.uuid4().hex[:6]}",
-                decision_log=str(tmp_path / "decisions.jsonl"),
+            config(
+                broker,
+                worker,
+                tmp_path,
                 plan={"bounds": [{"pattern": fqfn, "min": 1, "max": 1}]},
                 burst={
                     "enabled": True,
