@@ -169,12 +169,19 @@ class WorkerCluster:
                 self.add()
             if self.workers:  # n=0: the test adds them
                 self.wait_ready()
-        except BaseException:  # no __exit__ for a failed __enter__: stop what was started
-            self.__exit__()
+        except BaseException as exc:  # no __exit__ for a failed __enter__: stop what was started
+            self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         return self
 
     def __exit__(self, *exc) -> None:
+        """Stop every worker; when a test failed inside the block, print their logs' ends (pytest shows a failed
+        test's output), since CI keeps no temporary directory."""
+        self._stop_all()
+        if exc and isinstance(exc[1], Exception):
+            print(self.log_tails())
+
+    def _stop_all(self) -> None:
         for w in self.workers:
             if w.alive():
                 w.proc.send_signal(signal.SIGTERM)

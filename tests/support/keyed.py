@@ -110,15 +110,16 @@ def expect_per_key(admin: FunctionsAdmin, name: str, per_key: int, why: str, key
 @contextmanager
 def worker_admin(broker, tmp_path, cluster: bool):
     """The admin API of one worker, or of a 3-worker cluster through a worker that need not host instance 0.
-    A failure prints the workers' log tails (pytest shows them): CI keeps no temporary directory."""
+    A failure prints the workers' log tails (pytest shows them; a cluster prints its own): CI keeps no temporary
+    directory."""
+    if cluster:
+        with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as workers:
+            workers.wait_ready()
+            yield FunctionsAdmin(workers.live()[1].url)
+        return
     try:
-        if cluster:
-            with WorkerCluster(broker.service_url, broker.metrics_url, tmp_path) as workers:
-                workers.wait_ready()
-                yield FunctionsAdmin(workers.live()[1].url)
-        else:
-            with WorkerProcess(broker, tmp_path) as worker:
-                yield FunctionsAdmin(worker.url)
+        with WorkerProcess(broker, tmp_path) as worker:
+            yield FunctionsAdmin(worker.url)
     except BaseException:
         for log in sorted(tmp_path.glob("*.log")):
             print(f"==== {log.name} (last {LOG_TAIL} lines)", *log.read_text(errors="replace").splitlines()[-LOG_TAIL:], sep="\n")
