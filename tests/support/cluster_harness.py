@@ -120,10 +120,7 @@ class WorkerCluster:
 
     def log_tails(self, lines: int = 80) -> str:
         """The end of every worker's log (a failed test shows them: CI keeps no temporary directory)."""
-        return "\n".join(
-            f"==== {p.name} (last {lines} lines)\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
-            for p in sorted(self.base_dir.glob("*.log"))
-        )
+        return log_tails(self.base_dir, lines)
 
     def live(self) -> list[WorkerProc]:
         return [w for w in self.workers if w.alive()]
@@ -208,3 +205,11 @@ def key_counts(cluster: WorkerCluster, name: str, keys: int) -> dict[str, int]:
             except (AdminError, requests.RequestException):  # another worker holds the key, or this one starts
                 continue
     return out
+
+
+def log_tails(log_dir: Path, lines: int = 80) -> str:
+    """The end of every `*.log` in `log_dir`, each under its name."""
+    return "\n".join(
+        f"==== {p.name} (last {lines} lines)\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+        for p in sorted(log_dir.glob("*.log"))
+    )

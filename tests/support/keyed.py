@@ -13,13 +13,12 @@ import requests
 
 from pulsar_autoscale.admin.client import AdminError, FunctionsAdmin
 from pulsar_autoscale.netutil import free_port
-from tests.support.cluster_harness import WorkerCluster
+from tests.support.cluster_harness import WorkerCluster, log_tails
 from tests.support.commands import worker_command
 from tests.support.scenario import KEYED_COUNT, keyed_count, keyed_settled, start_keyed_load, wait_until
 
 LOAD_KEYS, LOAD_RECORDS, LOAD_RATE = 30, 3000, 100.0  # keyed_load: up to 100 rounds of 30 keys, 100 records/s
 PER_KEY_KEYS = 12  # send_per_key: over 128 groups, every instance of 2 or 3 owns some of them
-LOG_TAIL = 80
 
 
 class WorkerProcess:
@@ -98,11 +97,13 @@ def send_per_key(client, topic: str, per_key: int, keys: int = PER_KEY_KEYS) -> 
     producer.close()
 
 
-def expect_per_key(admin: FunctionsAdmin, name: str, per_key: int, why: str, keys: int = PER_KEY_KEYS) -> None:
+def expect_per_key(
+    admin: FunctionsAdmin, name: str, per_key: int, why: str, keys: int = PER_KEY_KEYS, timeout_s: float = 60
+) -> None:
     want = {f"k{k}": per_key for k in range(keys)}
     wait_until(
         lambda: state_counts(admin, name, keys) == want,
-        60,
+        timeout_s,
         lambda: f"{why}: counts {want}, got {state_counts(admin, name, keys)}",
     )
 
@@ -121,8 +122,7 @@ def worker_admin(broker, tmp_path, cluster: bool):
         with WorkerProcess(broker, tmp_path) as worker:
             yield FunctionsAdmin(worker.url)
     except BaseException:
-        for log in sorted(tmp_path.glob("*.log")):
-            print(f"==== {log.name} (last {LOG_TAIL} lines)", *log.read_text(errors="replace").splitlines()[-LOG_TAIL:], sep="\n")
+        print(log_tails(tmp_path))
         raise
 
 
@@ -165,12 +165,7 @@ def migrated(admin: FunctionsAdmin, name: str, groups: dict[str, int], why: str)
 
 def assert_exact(admin: FunctionsAdmin, name: str, sent: int) -> None:
     """Every key counted the `sent // LOAD_KEYS` records `keyed_load` sent it, once (it sends whole rounds of keys)."""
-    want = {f"k{k}": sent // LOAD_KEYS for k in range(LOAD_KEYS)}
-    wait_until(
-        lambda: state_counts(admin, name, LOAD_KEYS) == want,
-        120,
-        lambda: f"exact counts {sent // LOAD_KEYS} per key: {state_counts(admin, name, LOAD_KEYS)}",
-    )
+    expect_per_key(admin, name, sent // LOAD_KEYS, "exact counts", keys=LOAD_KEYS, timeout_s=120)
 
 
 def keyed_view(cluster: WorkerCluster, name: str) -> dict:
