@@ -53,6 +53,18 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what() if callable(what) else what}{last}")
 
 
+class LiteStall(AssertionError):
+    """A wait that ran out while the worker's stall fence reported its input dead on pulsar-lite (B12, in the
+    function's status): the broker holds the backlog and dispatches none of it, whatever the consumer does
+    (docs/dev/pulsar-lite-defects.md). Tests expect it through `lite_defect(raises=LiteStall)`, never on Apache."""
+
+
+def stall_verdict(status: dict) -> str:
+    """The B12 failure an instance of this function status reports ("" when none does)."""
+    errors = (i["status"].get("error") or "" for i in status.get("instances", []))
+    return next((e for e in errors if e.startswith("stalled: pulsar-lite B12")), "")
+
+
 def lead(elector, timeout_s: float = 30):
     """Make a lone elector leader. One try can fail on a loaded machine (the lock client's subscribe has a
     1 s operation timeout), so tests that only need leadership retry until the lock is theirs."""
@@ -191,14 +203,20 @@ def run_scaling(
             result.scale_out_latency_ms[target] = max(first - put_ms, 0.0)
         current = target
     sender.join(timeout_s)
-    wait_until(
-        lambda: collector.distinct() >= messages,
-        timeout_s,
-        lambda: (
-            f"all {messages} outputs of {name} (got {collector.distinct()} distinct; "
-            f"function stats {admin.stats('public', 'default', name)['autoscale']})"
-        ),
-    )
+    try:
+        wait_until(
+            lambda: collector.distinct() >= messages,
+            timeout_s,
+            lambda: (
+                f"all {messages} outputs of {name} (got {collector.distinct()} distinct; "
+                f"function stats {admin.stats('public', 'default', name)['autoscale']})"
+            ),
+        )
+    except AssertionError as exc:
+        verdict = stall_verdict(status())
+        if verdict:
+            raise LiteStall(f"{exc}; the worker reports: {verdict}") from exc
+        raise
     final = status()["instances"][0]["status"]
     result.lost = messages - collector.distinct()
     result.duplicates = collector.duplicates()

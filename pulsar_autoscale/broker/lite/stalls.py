@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STALL_IDLE_S = 10.0  # waited in receive() with nothing this long before the broker is asked
+STALL_IDLE_S = 3.0  # waited in receive() with nothing this long before the broker is asked
 STALL_MAX_CHECK_S = 300.0  # an idle input asks again after 1, 2, 4, ... times STALL_IDLE_S, at most this
 STALL_METRICS_TTL_S = 2.0  # one /metrics read answers every fenced input of those topics this long
 
@@ -31,7 +31,8 @@ class StallFence:
     """B12 fence, one per worker on pulsar-lite (`for_broker`): an input that has waited `idle_s` in receive()
     with nothing while the broker reports a backlog on its subscription and no unacknowledged message there
     (no consumer holds anything, so the broker is not dispatching what it has) is closed and reopened: a
-    fresh consumer gets the backlog (docs/dev/pulsar-lite-defects.md B12). `reopens` counts them per (topic, subscription).
+    fresh consumer gets part or all of the backlog, and the next stall is kicked the same way
+    (docs/dev/pulsar-lite-defects.md B12). `reopens` counts them per (topic, subscription).
     A reopen that delivers nothing (still stalled at the next check) is a failure, not a quiet retry: `failure`
     names it for the function's status until a message arrives again (the input still reopens meanwhile)."""
 
@@ -110,9 +111,14 @@ class StalledInputWatch:
         self._waited = 0.0  # seconds spent in receive() with nothing since the last message
         self._check_after = fence.idle_s  # the next broker check, in seconds waited
         self._reopened = False  # reopened since the last message: a stall now means the reopen failed
+        self._closed = False  # the stalled consumer is closed and its successor not open yet
+        self._retry_s = fence.idle_s  # wait after a reopen: doubles while reopens deliver nothing (a dead stall)
 
     def receive(self, timeout_millis: int):
         t0 = time.monotonic()
+        if self._closed and not self._reopen():  # the broker refused the fresh consumer: try again, no spin
+            time.sleep(timeout_millis / 1000)
+            raise pulsar.Timeout("stall fence: the input's consumer could not be reopened yet")
         try:
             msg = self._consumer.receive(timeout_millis)
         except pulsar.Timeout:
@@ -120,7 +126,7 @@ class StalledInputWatch:
             if self._waited >= self._check_after:
                 self._check()
             raise
-        self._waited, self._check_after = 0.0, self._fence.idle_s
+        self._waited, self._check_after, self._retry_s = 0.0, self._fence.idle_s, self._fence.idle_s
         if self._reopened:
             self._reopened = False
             self._fence.recovered(self.topics, self.subscription)
@@ -137,6 +143,7 @@ class StalledInputWatch:
             return
         topic, backlog = stalled
         if self._reopened:
+            self._retry_s = min(self._retry_s * 2, STALL_MAX_CHECK_S)
             self._fence.fail(
                 topic,
                 self.subscription,
@@ -147,12 +154,14 @@ class StalledInputWatch:
                     "docs/dev/pulsar-lite-defects.md B12)"
                 ),
             )
-        fresh = self._open()
-        old, self._consumer = self._consumer, fresh
+        # Close first, then open: pulsar-lite keeps one permit count per subscription and takes the closed
+        # consumer's permits off it; a fresh consumer opened before the close lost its own permits with them
+        # and got at most one receiver queue, mostly nothing (measured, docs/dev/pulsar-lite-defects.md B12).
         try:
-            old.close()
+            self._consumer.close()
         except pulsar.PulsarException as exc:
             log.debug("stall fence: closing the stalled consumer: %s", exc)
+        self._reopen()
         n = self._fence.count(topic, self.subscription)
         log.warning(
             "pulsar-lite B12: the input on subscription %r of %s received nothing for %.0f s while the broker "
@@ -164,7 +173,18 @@ class StalledInputWatch:
             backlog,
             n,
         )
-        self._waited, self._check_after, self._reopened = 0.0, self._fence.idle_s, True
+        self._waited, self._check_after, self._reopened = 0.0, self._retry_s, True
+
+    def _reopen(self) -> bool:
+        """Open the consumer that replaces the closed one; False (and a warning) when the broker refuses it now."""
+        try:
+            self._consumer = self._open()
+        except pulsar.PulsarException as exc:
+            self._closed = True
+            log.warning("pulsar-lite B12: reopening the input on subscription %r failed: %s", self.subscription, exc)
+            return False
+        self._closed = False
+        return True
 
     def acknowledge(self, msg) -> None:
         self._consumer.acknowledge(msg)

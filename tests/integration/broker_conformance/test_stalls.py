@@ -12,8 +12,10 @@ import time
 import pulsar
 
 from pulsar_autoscale.broker.lite.stalls import StallFence, fence_stalls
+from pulsar_autoscale.broker.metrics import fetch
 from pulsar_autoscale.broker.profile import APACHE, LITE
 from tests.support.conformance import client, drain, produce
+from tests.support.scenario import wait_until
 
 
 def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(broker, topic):
@@ -21,18 +23,20 @@ def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(brok
     fence = StallFence(broker.metrics_url, idle_s=1.0)
     with client(broker.service_url) as c:
         c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()  # the subscription exists
-        opened = []
+        opened: list[pulsar.Consumer] = []
+        open_while_another_is = []  # a reopen must close the stalled consumer first (B12: the permit count)
 
         def open_consumer():
+            open_while_another_is.extend(o.is_connected() for o in opened)
             stalled = not opened
-            opened.append(stalled)
-            return c.subscribe(topic + "-nothing" if stalled else topic, "fn", consumer_type=pulsar.ConsumerType.Shared)
+            opened.append(c.subscribe(topic + "-nothing" if stalled else topic, "fn", consumer_type=pulsar.ConsumerType.Shared))
+            return opened[-1]
 
         watched = fence_stalls(open_consumer, [topic], "fn", fence)
         idle_until = time.monotonic() + 3.0  # no backlog yet: waiting alone reopens nothing
         while time.monotonic() < idle_until:
             assert drain(watched, idle_ms=200) == []
-        assert fence.reopens == {} and opened == [True], "the fence reopened an input without a backlog"
+        assert fence.reopens == {} and len(opened) == 1, "the fence reopened an input without a backlog"
         produce(c, topic, n)
         got: set[bytes] = set()
         deadline = time.monotonic() + 40
@@ -41,6 +45,29 @@ def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(brok
         watched.close()
     assert len(got) == n, f"the stalled input got {len(got)} of {n} in 40 s (reopens {fence.reopens})"
     assert fence.reopens == {(topic, "fn"): 1}, fence.reopens
+    assert not any(open_while_another_is), "the fence opened the fresh consumer before it closed the stalled one"
+
+
+def test_reopens_that_deliver_nothing_back_off_and_name_the_stall(broker, topic):
+    """A dead stall (B12: nothing reaches any consumer of the subscription) is retried after twice the wait
+    before each time, not at every idle period, and named for the function's status."""
+    fence = StallFence(broker.metrics_url, idle_s=0.5)
+    with client(broker.service_url) as c:
+        c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()
+        produce(c, topic, 10)  # the backlog no consumer of the fence will ever see
+        wait_until(  # pulsar-lite's gauges lag a few seconds
+            lambda: fetch(broker.metrics_url, time.time(), topics=(topic,)).backlog.get((topic, "fn")), 30, "the backlog gauge"
+        )
+        watched = fence_stalls(
+            lambda: c.subscribe(topic + "-nothing", "fn", consumer_type=pulsar.ConsumerType.Shared), [topic], "fn", fence
+        )
+        idle_until = time.monotonic() + 5.0  # reopens after 0.5, 0.5, 1 and 2 s of idle; without the backoff 9-10
+        while time.monotonic() < idle_until:
+            assert drain(watched, idle_ms=200) == []
+        why = fence.failure([(topic, "fn")])
+        watched.close()
+    assert 2 <= fence.reopens[(topic, "fn")] <= 4, fence.reopens
+    assert why.startswith("stalled: pulsar-lite B12") and "delivered nothing" in why, why
 
 
 def test_no_stall_fence_on_apache_pulsar(broker, topic):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pulsar_autoscale.functions.api.server import WorkerServer
-from tests.support.scenario import run_scaling
+from tests.support.scenario import LiteStall, run_scaling
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +16,12 @@ def worker(broker, tmp_path_factory):
 
 
 @pytest.mark.parametrize("runtime", ["thread", "process"])
+@pytest.mark.lite_defect(
+    strict=False,
+    raises=LiteStall,
+    reason="pulsar-lite B12 (docs/dev/pulsar-lite-defects.md): under CPU load, after consumers leave, the broker "
+    "may stop dispatching the subscription to anyone; expected only when the worker's stall fence reports it",
+)
 def test_scaling_without_restarts_loses_nothing(broker, worker, runtime):
     result = run_scaling(broker.service_url, worker.url, runtime)
     print(f"\n{result}")
