@@ -17,7 +17,6 @@ import argparse
 import json
 import multiprocessing
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,13 +26,11 @@ import pulsar
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from functions.model.config import FunctionConfig  # noqa: E402
-from functions.spark.burst_drain import _ends_entry, _subscribe  # noqa: E402
 from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
-from pulsar_autoscale.broker.lite.incarnation import incarnation_client, join_shared_subscription  # noqa: E402
 from pulsar_autoscale.broker.metrics import fetch  # noqa: E402
-from pulsar_autoscale.broker.profile import LITE  # noqa: E402
+from tests.support.burst import SlowInstance, lite_joins, produce_batched, sleepy_config  # noqa: E402
 
-MESSAGES, DRAINS, PER_DRAIN = 15_000, 5, 1000
+MESSAGES = 15_000
 STALLED_AFTER_S = 10.0  # nothing received this long with messages missing: stalled
 KICKS, KICK_WAIT_S = 8, 3.0
 
@@ -43,108 +40,13 @@ def spin() -> None:
         pass
 
 
-class Instance:
-    """The slow instance: one consumer on its own incarnation client, replaced by `reopen`."""
-
-    def __init__(self, broker: EmbeddedBroker, cfg: FunctionConfig):
-        self.client = incarnation_client(broker.service_url, LITE)
-        self.cfg = cfg
-        self.consumer = self._open()
-        self.counts: dict[bytes, int] = {}
-        self.last = time.monotonic()
-        self.lock, self.stop, self.drained = threading.Lock(), threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._consume, daemon=True)
-        self.thread.start()
-
-    def _open(self) -> pulsar.Consumer:
-        return self.client.subscribe(
-            list(self.cfg.inputs),
-            self.cfg.subscription_name,
-            consumer_type=pulsar.ConsumerType.Shared,
-            receiver_queue_size=100,
-        )
-
-    def count(self, msg) -> None:
-        with self.lock:
-            self.counts[msg.data()] = self.counts.get(msg.data(), 0) + 1
-            self.last = time.monotonic()
-
-    def _consume(self) -> None:
-        while not self.stop.is_set():
-            consumer = self.consumer
-            try:
-                msg = consumer.receive(100)
-            except pulsar.PulsarException:  # a timeout, or the consumer a reopen just closed
-                continue
-            time.sleep(0.001 if self.drained.is_set() else 0.004)
-            self.count(msg)
-            try:
-                consumer.acknowledge(msg)
-            except pulsar.PulsarException:
-                pass  # closed by a reopen meanwhile: the subscription redelivers it (a duplicate, not a loss)
-
-    def reopen(self, order: str) -> None:
-        old = self.consumer
-        if order == "open-close":
-            self.consumer = self._open()
-            old.close()
-        else:
-            old.close()
-            self.consumer = self._open()
-
-    def idle_s(self) -> float:
-        with self.lock:
-            return time.monotonic() - self.last
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.consumer.close()
-        self.client.close()
-
-
 def one_run(broker: EmbeddedBroker, order: str) -> dict:
-    name = f"stall-{uuid.uuid4().hex[:6]}"
-    cfg = FunctionConfig.from_dict(
-        {
-            "tenant": "public",
-            "namespace": "default",
-            "name": name,
-            "className": "sleepy.Sleepy",
-            "inputs": [f"persistent://public/default/{name}-in"],
-            "output": f"persistent://public/default/{name}-out",
-        }
-    )
+    cfg = FunctionConfig.from_dict(sleepy_config(f"stall-{uuid.uuid4().hex[:6]}"))
     producer_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    instance = Instance(broker, cfg)
+    instance = SlowInstance(broker.service_url, cfg)
     try:
-        producer = producer_client.create_producer(
-            cfg.inputs[0],
-            batching_enabled=True,
-            batching_max_publish_delay_ms=5,
-            batching_max_messages=100,
-            block_if_queue_full=True,
-        )
-        for i in range(MESSAGES):
-            producer.send_async(str(i).encode(), None)
-        producer.flush()
-        producer.close()
-        for i in range(DRAINS):
-            client, consumer = join_shared_subscription(
-                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100), f"drain {i}"
-            )
-            got: list = []
-            while len(got) < PER_DRAIN or not _ends_entry(got[-1]):
-                try:
-                    got.append(consumer.receive(1000))
-                except pulsar.Timeout:
-                    break
-            for msg in got:
-                instance.count(msg)
-                consumer.acknowledge(msg)
-            consumer.close()
-            client.close()
-        instance.drained.set()
+        produce_batched(producer_client, cfg.inputs[0], MESSAGES)
+        lite_joins(broker.service_url, cfg, instance)
         while len(instance.counts) < MESSAGES and instance.idle_s() < STALLED_AFTER_S:
             time.sleep(0.2)
         if len(instance.counts) >= MESSAGES:
@@ -160,7 +62,7 @@ def one_run(broker: EmbeddedBroker, order: str) -> dict:
         }
         for _ in range(KICKS):
             before = len(instance.counts)
-            instance.reopen(order)
+            instance.reopen(close_first=order == "close-open")
             instance.last = time.monotonic()
             while len(instance.counts) < MESSAGES and instance.idle_s() < KICK_WAIT_S:
                 time.sleep(0.1)

@@ -26,12 +26,15 @@ from pathlib import Path
 
 import pulsar
 
-from pulsar_autoscale.admin.client import FunctionsAdmin
-from pulsar_autoscale.broker.embedded import EmbeddedBroker
-from pulsar_autoscale.controller.burst_plan import should_burst
-from pulsar_autoscale.functions.api.server import WorkerServer
-from pulsar_autoscale.functions.spark.burst_drain import BurstDrain
-from pulsar_autoscale.snapshot import FunctionSnapshot
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pulsar_autoscale.admin.client import FunctionsAdmin  # noqa: E402
+from pulsar_autoscale.broker.embedded import EmbeddedBroker  # noqa: E402
+from pulsar_autoscale.controller.burst_plan import should_burst  # noqa: E402
+from pulsar_autoscale.functions.api.server import WorkerServer  # noqa: E402
+from pulsar_autoscale.functions.spark.burst_drain import BurstDrain  # noqa: E402
+from pulsar_autoscale.snapshot import FunctionSnapshot  # noqa: E402
+from tests.support.burst import produce_batched, sleepy_config  # noqa: E402
 
 SLEEPY = str(Path(__file__).resolve().parent.parent / "functions" / "examples" / "sleepy.py")
 
@@ -76,29 +79,9 @@ class Counter:
         self._consumer.close()
 
 
-def produce(client: pulsar.Client, topic: str, n: int) -> None:
-    # At most 100 messages per batch (the instances' receiver queue): see docs/spark-burst.md, pulsar-lite.
-    producer = client.create_producer(
-        topic, batching_enabled=True, batching_max_publish_delay_ms=5, batching_max_messages=100, block_if_queue_full=True
-    )
-    for i in range(n):
-        producer.send_async(str(i).encode(), None, event_timestamp=int(time.time() * 1000))
-    producer.flush()
-    producer.close()
-
-
 def one_run(mode: str, args, broker, worker, client, spark) -> dict:
     name = f"bench-burst-{mode}-{uuid.uuid4().hex[:6]}"
-    cfg = {
-        "tenant": "public",
-        "namespace": "default",
-        "name": name,
-        "className": "sleepy.Sleepy",
-        "inputs": [f"persistent://public/default/{name}-in"],
-        "output": f"persistent://public/default/{name}-out",
-        "parallelism": args.instances,
-        "userConfig": {"service_ms": args.service_ms, "dist": "deterministic"},
-    }
+    cfg = sleepy_config(name, parallelism=args.instances, userConfig={"service_ms": args.service_ms, "dist": "deterministic"})
     admin = FunctionsAdmin(worker.url)
     admin.create(cfg, SLEEPY)
     counter = Counter(client, cfg["output"])
@@ -109,7 +92,7 @@ def one_run(mode: str, args, broker, worker, client, spark) -> dict:
             raise SystemExit(f"{name}: instances did not start")
         time.sleep(0.05)
     t0 = time.monotonic()
-    produce(client, cfg["inputs"][0], args.messages)
+    produce_batched(client, cfg["inputs"][0], args.messages, lambda i: {"event_timestamp": int(time.time() * 1000)})
     produced_s = time.monotonic() - t0
     out: dict = {"mode": mode, "messages": args.messages, "instances": args.instances, "produce_s": round(produced_s, 2)}
     if mode == "burst":

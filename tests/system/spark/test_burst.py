@@ -22,6 +22,7 @@ from pulsar_autoscale.functions.api.server import WorkerServer
 from pulsar_autoscale.functions.model.config import FunctionConfig
 from pulsar_autoscale.functions.spark.burst_drain import BurstDrain, BurstDrainError
 from pulsar_autoscale.snapshot import FunctionSnapshot
+from tests.support.burst import SlowInstance, lite_joins, produce_batched, sleepy_config
 from tests.support.controller import config
 from tests.support.scenario import EXAMPLES, OutputCollector, wait_until
 
@@ -36,31 +37,10 @@ def worker(broker, tmp_path_factory):
         yield w
 
 
-def _config(name: str, **extra) -> dict:
-    return {
-        "tenant": "public",
-        "namespace": "default",
-        "name": name,
-        "className": "sleepy.Sleepy",
-        "inputs": [f"persistent://public/default/{name}-in"],
-        "output": f"persistent://public/default/{name}-out",
-        "parallelism": 1,
-        **extra,
-    }
-
-
 def _produce(client, topic: str, n: int) -> None:
-    # Batches no larger than a consumer's receiver queue: on pulsar-lite a Shared subscription
-    # with two consumers stalls once an entry holds more messages than that (docs/spark-burst.md).
-    producer = client.create_producer(
-        topic, batching_enabled=True, batching_max_publish_delay_ms=5, batching_max_messages=100, block_if_queue_full=True
+    produce_batched(
+        client, topic, n, lambda i: {"partition_key": f"k{i % 7}", "properties": {"i": str(i)}, "event_timestamp": 1_000_000 + i}
     )
-    for i in range(n):
-        producer.send_async(
-            str(i).encode(), None, partition_key=f"k{i % 7}", properties={"i": str(i)}, event_timestamp=1_000_000 + i
-        )
-    producer.flush()
-    producer.close()
 
 
 # ---- should_burst: hand-computed -------------------------------------------------------------------
@@ -85,10 +65,10 @@ def test_should_burst_is_the_backlog_the_instances_cannot_clear():
 
 
 def test_bad_function_configs_are_refused_before_anything_is_taken():
-    keyed = FunctionConfig.from_dict(_config("kb", retainKeyOrdering=True))
+    keyed = FunctionConfig.from_dict(sleepy_config("kb", retainKeyOrdering=True))
     with pytest.raises(ConfigError, match="KEY_SHARED"):
         BurstDrain(None, "pulsar://127.0.0.1:1", keyed, SLEEPY, broker_kind="apache")
-    wrong = FunctionConfig.from_dict(_config("wc", className="sleepy.Nope"))
+    wrong = FunctionConfig.from_dict(sleepy_config("wc", className="sleepy.Nope"))
     with pytest.raises(ConfigError, match="no attribute 'Nope'"):
         BurstDrain(None, "pulsar://127.0.0.1:1", wrong, SLEEPY, broker_kind="apache")
 
@@ -100,7 +80,7 @@ def test_bad_function_configs_are_refused_before_anything_is_taken():
 def test_drain_takes_a_slice_that_the_instance_never_sees(spark, broker, broker_kind, worker, pulsar_client):
     n, slice_size = 3000, 2600
     name = f"burst-{uuid.uuid4().hex[:6]}"
-    cfg_dict = _config(name, userConfig={"service_ms": 50, "dist": "deterministic"})
+    cfg_dict = sleepy_config(name, userConfig={"service_ms": 50, "dist": "deterministic"})
     admin = FunctionsAdmin(worker.url)
     admin.create(cfg_dict, SLEEPY)
     fqfn = f"public/default/{name}"
@@ -162,66 +142,19 @@ def test_repeated_lite_joins_lose_nothing(broker, pulsar_client):
     """lite.incarnation.join_shared_subscription (an incarnation client with a consumer-id floor of its own, B2) five times in a row while an
     instance consumes the same Shared subscription from another connection: every message is
     received exactly once by one of them. Counts what the workaround lost in process scaling runs."""
-    import threading
-
-    from pulsar_autoscale.broker.lite.incarnation import incarnation_client, join_shared_subscription
-    from pulsar_autoscale.broker.profile import LITE
-    from pulsar_autoscale.functions.spark.burst_drain import _ends_entry, _subscribe
-
-    n, drains, per_drain = 15_000, 5, 1000
-    cfg = FunctionConfig.from_dict(_config(f"join-{uuid.uuid4().hex[:6]}"))
-    worker_client = incarnation_client(broker.service_url, LITE)  # as the worker's: a floor of its own
-    instance = worker_client.subscribe(
-        list(cfg.inputs), cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=100
-    )
-    counts: dict[bytes, int] = {}
-    lock, stop, drained = threading.Lock(), threading.Event(), threading.Event()
-
-    def count(msg) -> None:
-        with lock:
-            counts[msg.data()] = counts.get(msg.data(), 0) + 1
-
-    def consume() -> None:
-        while not stop.is_set():
-            try:
-                msg = instance.receive(100)
-            except pulsar.Timeout:
-                continue
-            # a slow instance, so every drain finds a backlog (at 1 ms a message a fast broker's instance took
-            # all that was left before the fifth drain of a loaded machine joined), quicker once they are done
-            time.sleep(0.001 if drained.is_set() else 0.004)
-            count(msg)
-            instance.acknowledge(msg)
-
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
+    n = 15_000
+    cfg = FunctionConfig.from_dict(sleepy_config(f"join-{uuid.uuid4().hex[:6]}"))
+    instance = SlowInstance(broker.service_url, cfg)
     try:
         _produce(pulsar_client, cfg.inputs[0], n)
-        taken = []
-        for i in range(drains):
-            client, consumer = join_shared_subscription(
-                broker.service_url, lambda c: _subscribe(c, cfg, f"drain-{i}", 100), f"drain {i}"
-            )
-            got = []
-            while len(got) < per_drain or not _ends_entry(got[-1]):
-                try:
-                    got.append(consumer.receive(1000))
-                except pulsar.Timeout:
-                    break
-            for msg in got:
-                count(msg)
-                consumer.acknowledge(msg)
-            consumer.close()
-            client.close()
-            taken.append(len(got))
-        drained.set()
-        wait_until(lambda: len(counts) >= n, 60, lambda: f"all {n} messages (got {len(counts)}; drains took {taken})")
-        time.sleep(0.5)
+        taken = lite_joins(broker.service_url, cfg, instance)
+        wait_until(
+            lambda: len(instance.counts) >= n, 60, lambda: f"all {n} messages (got {len(instance.counts)}; drains took {taken})"
+        )
+        time.sleep(0.5)  # duplicates still on their way show up
     finally:
-        stop.set()
-        thread.join(5)
         instance.close()
-        worker_client.close()
+    counts = instance.counts
     duplicates = sum(c - 1 for c in counts.values())
     print(f"\nlite joins: drains took {taken}, lost {n - len(counts)}, duplicates {duplicates}")
     assert all(t > 0 for t in taken), f"a drain found no backlog: {taken}"
@@ -247,7 +180,7 @@ def test_a_failed_slice_is_redelivered(spark, broker, pulsar_client, tmp_path, c
     name = f"boom-{uuid.uuid4().hex[:6]}"
     path = tmp_path / "boom.py"
     path.write_text(code)
-    cfg = FunctionConfig.from_dict(_config(name, className="boom.Boom"))
+    cfg = FunctionConfig.from_dict(sleepy_config(name, className="boom.Boom"))
     # The subscription exists before the messages, as when a function is running.
     pulsar_client.subscribe(list(cfg.inputs), cfg.subscription_name, consumer_type=pulsar.ConsumerType.Shared).close()
     _produce(pulsar_client, cfg.inputs[0], n)
@@ -286,7 +219,7 @@ def test_the_controller_asks_the_worker_for_a_drain_when_instances_cannot_catch_
     asks the worker for drains, the worker runs them on Spark, nothing is lost."""
     n = 2000
     name = f"auto-burst-{uuid.uuid4().hex[:6]}"
-    cfg_dict = _config(name, userConfig={"service_ms": 50, "dist": "deterministic"})  # mu = 20/s
+    cfg_dict = sleepy_config(name, userConfig={"service_ms": 50, "dist": "deterministic"})  # mu = 20/s
     admin = FunctionsAdmin(worker.url)
     admin.create(cfg_dict, SLEEPY)
     fqfn = f"public/default/{name}"
@@ -365,7 +298,7 @@ def test_the_controller_asks_the_worker_for_a_drain_when_instances_cannot_catch_
 def test_burst_requests_are_checked(worker):
     admin = FunctionsAdmin(worker.url)
     name = f"bad-burst-{uuid.uuid4().hex[:6]}"
-    admin.create(_config(name, retainKeyOrdering=True), SLEEPY)
+    admin.create(sleepy_config(name, retainKeyOrdering=True), SLEEPY)
     try:
         with pytest.raises(AdminError, match="Only SHARED functions can burst") as keyed:
             admin.burst("public", "default", name, 100, 2)
