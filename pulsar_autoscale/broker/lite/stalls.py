@@ -42,6 +42,7 @@ class StallFence:
         self.reopens: dict[tuple[str, str], int] = {}
         self._failures: dict[tuple[str, str], str] = {}  # (topic, subscription) -> why its input is stuck
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()  # one /metrics read at a time
         self._readings: dict[tuple[str, ...], tuple[float, BrokerMetrics]] = {}  # topics -> (read at, reading)
 
     @classmethod
@@ -58,11 +59,15 @@ class StallFence:
         """(topic, backlog entries) of a topic whose subscription has a backlog and nothing unacked, or None."""
         from pulsar_autoscale.broker.metrics import fetch
 
-        with self._lock:
-            read_at, reading = self._readings.get(topics, (float("-inf"), None))
+        # One read at a time answers them all; `_lock` is not held over it: a hung broker's /metrics takes the
+        # read's whole timeout, and `failure` (the function's status) must not wait for it.
+        with self._read_lock:
+            with self._lock:
+                read_at, reading = self._readings.get(topics, (float("-inf"), None))
             if reading is None or time.monotonic() - read_at > STALL_METRICS_TTL_S:  # None: never read (-inf)
                 reading = fetch(self.metrics_url, time.time(), topics=topics)
-                self._readings[topics] = (time.monotonic(), reading)
+                with self._lock:
+                    self._readings[topics] = (time.monotonic(), reading)
         for topic in topics:
             backlog = reading.backlog.get((topic, subscription), 0.0)
             if backlog > 0 and reading.unacked.get((topic, subscription)) == 0:
