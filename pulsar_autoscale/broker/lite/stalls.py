@@ -199,7 +199,8 @@ class StalledInputWatch:
 
     def close(self) -> None:
         self._fence.recovered(self.topics, self.subscription)
-        self._consumer.close()
+        if not self._closed:  # closed already when its successor could not be opened
+            self._consumer.close()
 
     def __getattr__(self, name):  # is_connected, unsubscribe, seek, ...: the current consumer's own
         return getattr(self._consumer, name)

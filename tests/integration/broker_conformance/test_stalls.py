@@ -70,6 +70,33 @@ def test_reopens_that_deliver_nothing_back_off_and_name_the_stall(broker, topic)
     assert why.startswith("stalled: pulsar-lite B12") and "delivered nothing" in why, why
 
 
+def test_a_reopen_that_cannot_open_is_retried_and_loses_nothing(broker, topic):
+    """The stalled consumer is closed before its successor opens; when that open fails (here a topic name the
+    client refuses), the next receive tries again instead of leaving the input without a consumer."""
+    n, opened = 50, []
+    fence = StallFence(broker.metrics_url, idle_s=0.5)
+    with client(broker.service_url) as c:
+        c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()
+        produce(c, topic, n)
+        wait_until(
+            lambda: fetch(broker.metrics_url, time.time(), topics=(topic,)).backlog.get((topic, "fn")), 30, "the backlog gauge"
+        )
+
+        def open_consumer():
+            opened.append(len(opened))
+            where = {0: topic + "-nothing", 1: "persistent://not a topic//x"}.get(opened[-1], topic)
+            return c.subscribe(where, "fn", consumer_type=pulsar.ConsumerType.Shared)
+
+        watched = fence_stalls(open_consumer, [topic], "fn", fence)
+        got: set[bytes] = set()
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            got.update(msg.data() for msg in drain(watched, idle_ms=200))
+        watched.close()
+    assert len(got) == n, f"got {len(got)} of {n} after {len(opened)} opens"
+    assert len(opened) == 3, f"{len(opened)} opens: the stalled one, the refused one, the one that got the backlog"
+
+
 def test_no_stall_fence_on_apache_pulsar(broker, topic):
     """The fence is keyed on the broker's profile: on Apache Pulsar (or without metrics) the input is the consumer."""
     assert StallFence.for_broker(APACHE, broker.metrics_url) is None
