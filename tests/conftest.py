@@ -118,7 +118,8 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory, broker_kind):
+def session_broker(tmp_path_factory, broker_kind):
+    """One broker per test process: pulsar-lite, or Apache Pulsar standalone (a JVM of about 1 GB, 30-60 s to start)."""
     if broker_kind == "apache":
         from pulsar_autoscale.broker.apache import ApacheStandalone
 
@@ -127,6 +128,12 @@ def broker(tmp_path_factory, broker_kind):
         return
     with EmbeddedBroker(data_dir=str(tmp_path_factory.mktemp("broker"))) as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def broker(session_broker):
+    """The broker the tests talk to: the session's (tests/system/ gives each of its modules a pulsar-lite of its own)."""
+    return session_broker
 
 
 @pytest.fixture

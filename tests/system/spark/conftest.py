@@ -35,7 +35,7 @@ def spark(tmp_path_factory):
     session.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pulsar_client(broker):
     import pulsar
 
