@@ -18,6 +18,22 @@ from tests.support.conformance import client, drain, produce
 from tests.support.scenario import wait_until
 
 
+def _receive(watched, n: int, timeout_s: float) -> set[bytes]:
+    """The payloads the fenced input receives until it has `n` or `timeout_s` passes."""
+    got: set[bytes] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got.update(msg.data() for msg in drain(watched, idle_ms=200))
+    return got
+
+
+def _backlog_shown(broker, topic: str) -> None:
+    """Wait until the broker's gauges show the backlog of subscription "fn" (pulsar-lite refreshes them every 5 s)."""
+    wait_until(
+        lambda: fetch(broker.metrics_url, time.time(), topics=(topic,)).backlog.get((topic, "fn")), 30, "the backlog gauge"
+    )
+
+
 def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(broker, topic):
     n = 200
     fence = StallFence(broker.metrics_url, idle_s=1.0)
@@ -38,10 +54,7 @@ def test_the_stall_fence_reopens_an_input_the_broker_stopped_dispatching_to(brok
             assert drain(watched, idle_ms=200) == []
         assert fence.reopens == {} and len(opened) == 1, "the fence reopened an input without a backlog"
         produce(c, topic, n)
-        got: set[bytes] = set()
-        deadline = time.monotonic() + 40
-        while len(got) < n and time.monotonic() < deadline:
-            got.update(msg.data() for msg in drain(watched, idle_ms=200))
+        got = _receive(watched, n, 40)
         watched.close()
     assert len(got) == n, f"the stalled input got {len(got)} of {n} in 40 s (reopens {fence.reopens})"
     assert fence.reopens == {(topic, "fn"): 1}, fence.reopens
@@ -55,9 +68,7 @@ def test_reopens_that_deliver_nothing_back_off_and_name_the_stall(broker, topic)
     with client(broker.service_url) as c:
         c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()
         produce(c, topic, 10)  # the backlog no consumer of the fence will ever see
-        wait_until(  # pulsar-lite's gauges lag a few seconds
-            lambda: fetch(broker.metrics_url, time.time(), topics=(topic,)).backlog.get((topic, "fn")), 30, "the backlog gauge"
-        )
+        _backlog_shown(broker, topic)
         watched = fence_stalls(
             lambda: c.subscribe(topic + "-nothing", "fn", consumer_type=pulsar.ConsumerType.Shared), [topic], "fn", fence
         )
@@ -78,9 +89,7 @@ def test_a_reopen_that_cannot_open_is_retried_and_loses_nothing(broker, topic):
     with client(broker.service_url) as c:
         c.subscribe(topic, "fn", consumer_type=pulsar.ConsumerType.Shared).close()
         produce(c, topic, n)
-        wait_until(
-            lambda: fetch(broker.metrics_url, time.time(), topics=(topic,)).backlog.get((topic, "fn")), 30, "the backlog gauge"
-        )
+        _backlog_shown(broker, topic)
 
         def open_consumer():
             opened.append(len(opened))
@@ -88,10 +97,7 @@ def test_a_reopen_that_cannot_open_is_retried_and_loses_nothing(broker, topic):
             return c.subscribe(where, "fn", consumer_type=pulsar.ConsumerType.Shared)
 
         watched = fence_stalls(open_consumer, [topic], "fn", fence)
-        got: set[bytes] = set()
-        deadline = time.monotonic() + 30
-        while len(got) < n and time.monotonic() < deadline:
-            got.update(msg.data() for msg in drain(watched, idle_ms=200))
+        got = _receive(watched, n, 30)
         watched.close()
     assert len(got) == n, f"got {len(got)} of {n} after {len(opened)} opens"
     assert len(opened) == 3, f"{len(opened)} opens: the stalled one, the refused one, the one that got the backlog"
