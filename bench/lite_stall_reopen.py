@@ -63,7 +63,6 @@ def one_run(broker: EmbeddedBroker, order: str) -> dict:
         for _ in range(KICKS):
             before = len(instance.counts)
             instance.reopen(close_first=order == "close-open")
-            instance.last = time.monotonic()
             while len(instance.counts) < MESSAGES and instance.idle_s() < KICK_WAIT_S:
                 time.sleep(0.1)
             run["recovered_per_reopen"].append(len(instance.counts) - before)

@@ -103,7 +103,7 @@ class SlowInstance:
                 pass  # closed by a reopen meanwhile: the subscription redelivers it (a duplicate, not a loss)
 
     def reopen(self, close_first: bool) -> None:
-        """Replace the consumer, closing the old one before or after the new one opens."""
+        """Replace the consumer, closing the old one before or after the new one opens; `idle_s` counts anew."""
         old = self.consumer
         if close_first:
             old.close()
@@ -111,6 +111,8 @@ class SlowInstance:
         else:
             self.consumer = self._open()
             old.close()
+        with self.lock:
+            self.last = time.monotonic()
 
     def idle_s(self) -> float:
         with self.lock:

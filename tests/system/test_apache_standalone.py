@@ -44,10 +44,11 @@ def wait_until(what: str, check, timeout_s: float, every_s: float = 0.25):
 
 
 @pytest.fixture(scope="module")
-def broker(broker, broker_kind):
-    """With --broker apache, the session's standalone (one JVM at a time on a 2-core machine); else one of its own."""
+def broker(request, broker_kind):
+    """With --broker apache, the session's standalone (one JVM at a time on a 2-core machine); else one of its own
+    (no pulsar-lite is started for this module)."""
     if broker_kind == "apache":
-        yield broker
+        yield request.getfixturevalue("session_broker")
         return
     with ApacheStandalone() as b:
         yield b
