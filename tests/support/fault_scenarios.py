@@ -56,8 +56,9 @@ class Collector:
     def __init__(self, service_url: str, topic: str):
         self._client = pulsar.Client(service_url, logger=QUIET)
         self._consumer = self._client.subscribe(topic, "fault-collector", consumer_type=pulsar.ConsumerType.Shared)
-        self.counts: dict[int, int] = {}
+        self._counts: dict[int, int] = {}
         self.times: list[float] = []
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -72,9 +73,16 @@ class Collector:
                 time.sleep(0.2)  # the broker is down: the client reconnects
                 continue
             i = int(msg.data()[1:].rstrip(b"!"))
-            self.counts[i] = self.counts.get(i, 0) + 1
-            self.times.append(time.monotonic())
+            with self._lock:
+                self._counts[i] = self._counts.get(i, 0) + 1
+                self.times.append(time.monotonic())
             self._consumer.acknowledge(msg)
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """A copy: iterating the live dict while the thread adds to it fails."""
+        with self._lock:
+            return dict(self._counts)
 
     def total(self) -> int:
         return sum(self.counts.values())

@@ -81,10 +81,10 @@ class OutputCollector:
     """Consumes a topic in the background and counts every payload, so duplicates and losses show."""
 
     def __init__(self, client: pulsar.Client, topic: str):
-        self.counts: dict[bytes, int] = {}
-        self.properties: list[dict] = []
-        self.times: list[float] = []  # time.monotonic() of each arrival (gaps in processing)
-        self.lags_ms: list[int] = []  # each arrival's wall-clock ms after its event time (end-to-end latency)
+        self._counts: dict[bytes, int] = {}
+        self._properties: list[dict] = []
+        self._times: list[float] = []  # time.monotonic() of each arrival (gaps in processing)
+        self._lags_ms: list[int] = []  # each arrival's wall-clock ms after its event time (end-to-end latency)
         # Shared, not the default Exclusive: pulsar-lite duplicates deliveries on Exclusive (B1).
         self._consumer = client.subscribe(
             topic,
@@ -103,20 +103,45 @@ class OutputCollector:
                 msg = self._consumer.receive(100)
             except pulsar.Timeout:
                 continue
+            except pulsar.AlreadyClosed:  # the test closed the client first: nothing more can arrive
+                return
             with self._lock:
-                self.counts[msg.data()] = self.counts.get(msg.data(), 0) + 1
-                self.properties.append(msg.properties())
-                self.times.append(time.monotonic())
-                self.lags_ms.append(int(time.time() * 1000) - msg.event_timestamp())
+                self._counts[msg.data()] = self._counts.get(msg.data(), 0) + 1
+                self._properties.append(msg.properties())
+                self._times.append(time.monotonic())
+                self._lags_ms.append(int(time.time() * 1000) - msg.event_timestamp())
             self._consumer.acknowledge(msg)
+
+    # Readers get copies: a test iterating the live dict while the thread adds to it fails with "dictionary
+    # changed size during iteration".
+    @property
+    def counts(self) -> dict[bytes, int]:
+        """Each payload seen, with how many times."""
+        with self._lock:
+            return dict(self._counts)
+
+    @property
+    def properties(self) -> list[dict]:
+        with self._lock:
+            return list(self._properties)
+
+    @property
+    def times(self) -> list[float]:
+        with self._lock:
+            return list(self._times)
+
+    @property
+    def lags_ms(self) -> list[int]:
+        with self._lock:
+            return list(self._lags_ms)
 
     def distinct(self) -> int:
         with self._lock:
-            return len(self.counts)
+            return len(self._counts)
 
     def duplicates(self) -> int:
         with self._lock:
-            return sum(c - 1 for c in self.counts.values())
+            return sum(c - 1 for c in self._counts.values())
 
     def close(self):
         self._stop.set()
