@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pulsar_autoscale.admin.client import FunctionsAdmin
+from pulsar_autoscale.broker.profile import KINDS
 from pulsar_autoscale.cliargs import env_default, global_options
 from pulsar_autoscale.errors import ConfigError
 from pulsar_autoscale.functions.model.config_parse import parse_text, read_config_file
@@ -171,6 +172,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                 help="pulsar-admin's name for --service-url (default pulsar://127.0.0.1:6650)",
             )
             a.add_argument("--state-dir", default=None, help="the function's state (default under the user data directory)")
+            a.add_argument(
+                "--broker-kind",
+                default="auto",
+                choices=KINDS,
+                help="the broker's defects to fence, as the worker's flag: auto reads --metrics-url (none: apache)",
+            )
+            a.add_argument("--metrics-url", default=None, help="the broker's /metrics, which tells pulsar-lite apart")
         if action in ("start", "stop", "restart", "status", "stats"):
             a.add_argument("--instance-id", type=int, default=None, help="one instance only")
         if action == "trigger":

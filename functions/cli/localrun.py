@@ -11,7 +11,7 @@ import argparse
 import logging
 import threading
 
-from pulsar_autoscale.broker.profile import APACHE
+from pulsar_autoscale.broker.profile import BrokerProfile, resolve
 from pulsar_autoscale.functions.instance.instance import Instance, subscribe_fenced
 from pulsar_autoscale.functions.instance.loader import load_callable
 from pulsar_autoscale.functions.model.config import FunctionConfig
@@ -33,10 +33,11 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
         service_url, args.auth_plugin, args.auth_params, args.tls_trust_cert_path, args.tls_allow_insecure_connection
     )
     state_dir = args.state_dir or user_data_dir("localrun", cfg.tenant, cfg.namespace, cfg.name)
+    broker = resolve(args.broker_kind, args.metrics_url)
     client = open_client(settings, operation_timeout_seconds=30)
     state = StateStore(f"{state_dir}/state.sqlite", cfg.numKeyGroups, keyed=cfg.keyedState)
     instances = [
-        Instance(cfg, i, client, code, state, lambda: cfg.parallelism, open_input=_input(client, cfg, i))
+        Instance(cfg, i, client, code, state, lambda: cfg.parallelism, open_input=_input(client, cfg, i, broker))
         for i in range(cfg.parallelism)
     ]
     threads = [threading.Thread(target=inst.run, name=f"{cfg.fqfn}:{inst.instance_id}", daemon=True) for inst in instances]
@@ -44,7 +45,7 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
     for t in threads:
         t.start()
     print(
-        f"localrun {cfg.fqfn}: {cfg.parallelism} instance(s) on {service_url}, inputs "
+        f"localrun {cfg.fqfn}: {cfg.parallelism} instance(s) on {service_url} ({broker.name}), inputs "
         f"{', '.join(cfg.inputs) or cfg.topicsPattern} -> {cfg.output or '(no output)'}; state in {state_dir}; "
         "Ctrl-C to stop",
         flush=True,
@@ -70,7 +71,8 @@ def localrun(args: argparse.Namespace, data: dict) -> int:
     return 0
 
 
-def _input(client, cfg: FunctionConfig, instance_id: int):
-    """An instance's consumer, as a worker opens it on Apache Pulsar (what localrun runs against): a FAILOVER
-    input counts its own nacks, or no retry would ever reach maxMessageRetries (broker/lite/nack_redelivery.py)."""
-    return lambda: subscribe_fenced(client, cfg, f"{cfg.fqfn}:{instance_id}", APACHE)
+def _input(client, cfg: FunctionConfig, instance_id: int, broker: BrokerProfile):
+    """An instance's consumer, as a worker opens it on `broker`: a FAILOVER input counts its own nacks, or no retry
+    would ever reach maxMessageRetries (broker/lite/nack_redelivery.py), and on pulsar-lite fetches one message at a
+    time (a larger receiver queue delivers messages twice there, B1)."""
+    return lambda: subscribe_fenced(client, cfg, f"{cfg.fqfn}:{instance_id}", broker)
