@@ -46,6 +46,17 @@ DEFAULT_MEM = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=1g"
 DEFAULT_GC = "-XX:+UseG1GC -XX:ParallelGCThreads=2 -XX:ConcGCThreads=1 -XX:+PerfDisableSharedMem"
 BOOKIE_CACHE_MB = 32
 LEADER_READY_LOG = "FunctionMetaDataManager done becoming leader"
+# Started again over the data of a standalone killed with -9, the bookie can take over the registration the killed
+# one left in the metadata store, whose expiry then deletes it: the bookie shuts down and the whole standalone
+# exits during startup (seen once in a test run that kills and restarts one). A second start finds it gone.
+REGISTRATION_LOST_LOG = ("Lock on resource /ledgers/available/", "was invalidated")
+STARTS_AFTER_REGISTRATION_LOST = 2
+
+
+class _RegistrationLost(BrokerError):
+    """The standalone exited during startup because its bookie's registration was deleted under it."""
+
+
 LEADER_LOG_GRACE_S = 20.0
 
 
@@ -96,6 +107,11 @@ def _set_properties(path: Path, values: dict[str, object]) -> None:
         out.append(line)
     out += [f"{k}={v}" for k, v in values.items() if k not in seen]
     path.write_text("\n".join(out) + "\n")
+
+
+def registration_lost(startup_log: str) -> bool:
+    """The log of a start says its bookie's registration was deleted under it (REGISTRATION_LOST_LOG)."""
+    return any(all(part in line for part in REGISTRATION_LOST_LOG) for line in startup_log.splitlines())
 
 
 @dataclass
@@ -164,17 +180,26 @@ class ApacheStandalone:
         require_tools("java")
         self.home = ensure_distribution(self.version)
         picked = (not self.port, not self.web_port)
-        for attempt in range(1, PORT_TRIES + 1):
+        taken = lost = 0  # starts that failed on a port taken meanwhile, on a registration lost
+        while True:
             try:
                 return self._start()
+            except _RegistrationLost:
+                lost += 1
+                if lost > STARTS_AFTER_REGISTRATION_LOST:
+                    raise
+                log.warning(
+                    "apache pulsar: its bookie lost its registration during startup (the registration a killed "
+                    "standalone left on this data expired under it); starting again"
+                )
             except BrokerError as exc:
+                taken += 1
                 in_use = "address already in use" in str(exc).lower()
-                if not in_use or attempt == PORT_TRIES or not any(picked):
+                if not in_use or taken == PORT_TRIES or not any(picked):
                     raise
                 log.warning("apache pulsar: a port picked for it was taken meanwhile; picking others")
-            self.port = 0 if picked[0] else self.port
-            self.web_port = 0 if picked[1] else self.web_port
-        raise AssertionError("unreachable")
+                self.port = 0 if picked[0] else self.port
+                self.web_port = 0 if picked[1] else self.web_port
 
     def _start(self) -> "ApacheStandalone":
         self.port = self.port or free_port()
@@ -338,12 +363,7 @@ class ApacheStandalone:
         so this reads the log line the leader writes once its metadata producer is up (INFO level)."""
         if not self.functions_worker or self.log_level not in ("info", "debug", "trace"):
             return True
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._log_start)
-                return LEADER_READY_LOG in f.read().decode(errors="replace")
-        except OSError:
-            return False
+        return LEADER_READY_LOG in self._startup_log()
 
     def _wait_ready(self, spawned: float) -> None:
         deadline = spawned + self.startup_timeout_s
@@ -352,7 +372,8 @@ class ApacheStandalone:
         while time.monotonic() < deadline:
             proc = cast(subprocess.Popen, self._proc)  # _start spawned it before waiting
             if proc.poll() is not None:
-                self._fail(f"apache pulsar standalone exited with {proc.returncode} during startup")
+                reason = f"apache pulsar standalone exited with {proc.returncode} during startup"
+                self._fail(reason, _RegistrationLost if registration_lost(self._startup_log()) else BrokerError)
             if rest_ready_at is None:
                 problem = self._ready_problem()
                 rest_ready_at = time.monotonic() if problem is None else None
@@ -370,10 +391,19 @@ class ApacheStandalone:
             time.sleep(0.25)
         self._fail(f"apache pulsar standalone not ready within {self.startup_timeout_s:.0f}s ({problem})")
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, error: type[BrokerError] = BrokerError) -> None:
         tail = self.log_tail(40)
         self.stop()
-        raise BrokerError(f"{reason}; log {self.log_path}, tail:\n{tail}")
+        raise error(f"{reason}; log {self.log_path}, tail:\n{tail}")
+
+    def _startup_log(self) -> str:
+        """What this start wrote to the log so far."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, n: int = 20) -> str:
         try:
