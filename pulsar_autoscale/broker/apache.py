@@ -30,6 +30,7 @@ import requests
 import yaml
 
 from pulsar_autoscale.broker.apache_dist import ensure_distribution, require_tools
+from pulsar_autoscale.broker.apache_python import python_instance_missing, python_shim
 from pulsar_autoscale.broker.embedded import _die_with_parent
 from pulsar_autoscale.broker.token_auth import TokenAuth
 from pulsar_autoscale.errors import BrokerError, ConfigError
@@ -58,38 +59,6 @@ class _RegistrationLost(BrokerError):
 
 
 LEADER_LOG_GRACE_S = 20.0
-
-
-# What Pulsar's python instance (instances/python-instance) imports beyond the standard library and its own dir:
-# pulsar-client[functions] brings them all.
-PYTHON_INSTANCE_MODULES = ("pulsar", "google.protobuf", "grpc", "prometheus_client", "ratelimit", "bookkeeper")
-
-
-def python_instance_missing(python: str) -> list[str]:
-    """The modules of PYTHON_INSTANCE_MODULES that `python` cannot import (found by spec, nothing imported)."""
-    code = (
-        "import importlib.util as u, sys\n"
-        "def ok(m):\n"
-        "    try:\n        return u.find_spec(m) is not None\n"
-        "    except ModuleNotFoundError:\n        return False\n"
-        "print(' '.join(m for m in sys.argv[1:] if not ok(m)))"
-    )
-    try:
-        done = subprocess.run([python, "-c", code, *PYTHON_INSTANCE_MODULES], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [f"(cannot run {python}: {exc})"]
-    return done.stdout.split() if done.returncode == 0 else [f"(cannot run {python}: {done.stderr.strip()[-200:]})"]
-
-
-def _python_shim(python: str) -> str:
-    """`python3` for the process runtime: execs `python` with a parent-death signal set first, so the function
-    instances Pulsar spawns die with the JVM (without it, a SIGKILLed standalone leaves them running, reparented
-    to init); one that finds its parent already gone exits."""
-    boot = (
-        "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
-        "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])"
-    )
-    return f'#!/bin/sh\nexec "{python}" -c "{boot}" "{python}" "$@"\n'
 
 
 def _set_properties(path: Path, values: dict[str, object]) -> None:
@@ -134,7 +103,7 @@ class ApacheStandalone:
     stats_interval_s: int = 5
     # The interpreter the process runtime launches for Python functions: Pulsar runs `python3` from PATH, so the
     # JVM's PATH starts with a directory whose `python3` execs this one (_python_shim). It needs
-    # pulsar-client[functions]: see PYTHON_INSTANCE_MODULES; start() warns about what it lacks.
+    # pulsar-client[functions]: see apache_python.PYTHON_INSTANCE_MODULES; start() warns about what it lacks.
     python: str = sys.executable
     # None: no authentication, as the distribution ships; a TokenAuth: tokens required, authorization on
     auth: TokenAuth | None = None
@@ -213,7 +182,7 @@ class ApacheStandalone:
         pybin = data / "pybin"
         pybin.mkdir(exist_ok=True)
         shim = pybin / "python3"
-        shim.write_text(_python_shim(self.python))
+        shim.write_text(python_shim(self.python))
         shim.chmod(0o755)
         env = dict(
             os.environ,
