@@ -47,6 +47,7 @@ DEFAULT_MEM = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=1g"
 DEFAULT_GC = "-XX:+UseG1GC -XX:ParallelGCThreads=2 -XX:ConcGCThreads=1 -XX:+PerfDisableSharedMem"
 BOOKIE_CACHE_MB = 32
 LEADER_READY_LOG = "FunctionMetaDataManager done becoming leader"
+LEADER_LOG_GRACE_S = 20.0
 # Started again over the data of a standalone killed with -9, the bookie can take over the registration the killed
 # one left in the metadata store, whose expiry then deletes it: the bookie shuts down and the whole standalone
 # exits during startup (seen once in a test run that kills and restarts one). A second start finds it gone.
@@ -56,9 +57,6 @@ STARTS_AFTER_REGISTRATION_LOST = 2
 
 class _RegistrationLost(BrokerError):
     """The standalone exited during startup because its bookie's registration was deleted under it."""
-
-
-LEADER_LOG_GRACE_S = 20.0
 
 
 def _set_properties(path: Path, values: dict[str, object]) -> None:
@@ -102,7 +100,7 @@ class ApacheStandalone:
     # the /metrics gauges refresh this often, like pulsar-lite's gauges (about 5 s)
     stats_interval_s: int = 5
     # The interpreter the process runtime launches for Python functions: Pulsar runs `python3` from PATH, so the
-    # JVM's PATH starts with a directory whose `python3` execs this one (_python_shim). It needs
+    # JVM's PATH starts with a directory whose `python3` execs this one (apache_python.python_shim). It needs
     # pulsar-client[functions]: see apache_python.PYTHON_INSTANCE_MODULES; start() warns about what it lacks.
     python: str = sys.executable
     # None: no authentication, as the distribution ships; a TokenAuth: tokens required, authorization on
