@@ -1,6 +1,7 @@
 """The state fault matrix: {keyedState, not} x {ATLEAST_ONCE, EFFECTIVELY_ONCE} x {thread, process} x {kill -9 of the
-worker assigned instance 0 and its restart, SIGTERM and restart, SIGSTOP for 15 s}, on 3 workers, 40 keys x 50
-messages, a scale 2 -> 3 before the fault and 3 -> 2 after it (tests/support/state_matrix.py).
+worker assigned instance 0 and its restart, SIGTERM and restart, SIGSTOP for 15 s}, on 3 workers, 40 keys, up to
+50 messages each, a scale 2 -> 3 before the fault and 3 -> 2 after it, all while the load flows
+(tests/support/state_matrix.py).
 
 Checks: EFFECTIVELY_ONCE counts exact through every worker's querystate; ATLEAST_ONCE counts at least exact and the
 same on every worker (one copy, every message counted) and no output lost (at least 50 distinct outputs per key);
@@ -12,7 +13,7 @@ comes (docs/state.md, "Guarantees"; the same on one worker and with keyedState).
 By default a slice runs:
   plain-alo-thread-kill9, plain-eo-thread-kill9, plain-eo-process-sigstop, keyed-eo-process-sigterm,
   keyed-alo-thread-sigstop
-("plain": without keyedState). The full matrix (all 24 cells, the slice's included; 20-25 min on 2 cores):
+("plain": without keyedState). The full matrix (all 24 cells, the slice's included; 10-11 min on 2 cores):
   pytest -s -m state_matrix tests/system/keyed/test_fault_matrix.py
 Its table is in docs/reliability.md, "State fault matrix".
 """
