@@ -96,8 +96,8 @@ class ApacheStandalone:
     jvm_mem: str = DEFAULT_MEM
     jvm_gc: str = DEFAULT_GC
     log_level: str = "info"
-    # statsUpdateFrequencyInSecs and its initial delay (Pulsar's default: 60 s): topic rates (msgRateIn/Out) and
-    # the /metrics gauges refresh this often, like pulsar-lite's gauges (about 5 s)
+    # statsUpdateFrequencyInSecs, its initial delay and managedLedgerStatsPeriodSeconds (Pulsar's defaults: 60 s):
+    # topic rates (msgRateIn/Out), the /metrics gauges and entry sizes refresh this often, like pulsar-lite's (5 s)
     stats_interval_s: int = 5
     # The interpreter the process runtime launches for Python functions: Pulsar runs `python3` from PATH, so the
     # JVM's PATH starts with a directory whose `python3` execs this one (apache_python.python_shim). It needs
@@ -270,6 +270,7 @@ class ApacheStandalone:
                 "brokerShutdownTimeoutMs": 5000,
                 "statsUpdateFrequencyInSecs": self.stats_interval_s,
                 "statsUpdateInitialDelayInSecs": self.stats_interval_s,
+                "managedLedgerStatsPeriodSeconds": self.stats_interval_s,  # the entry-size figures, too
                 # the functions worker's package store (the file system provider in RocksDB-metadata mode); its
                 # default is the relative "packages-storage", i.e. inside the cache tree
                 "STORAGE_PATH": data / "packages-storage",

@@ -17,6 +17,9 @@ from tests.support.cluster_harness import WorkerCluster, log_tails
 from tests.support.commands import worker_command
 from tests.support.scenario import KEYED_COUNT, keyed_count, keyed_settled, start_keyed_load, wait_until
 
+# Subscales of 1 group, each followed by a pause 3x as long as it took (a duty of 25%): a migration of 42 groups goes
+# on for 15 s and more, long enough for a test to act in its middle, short enough not to hold the test after that
+PACED = '{"keyedMigration": {"subscaleSize": 1, "duty": 0.25}}'
 LOAD_KEYS, LOAD_RECORDS, LOAD_RATE = 30, 3000, 100.0  # keyed_load: up to 100 rounds of 30 keys, 100 records/s
 PER_KEY_KEYS = 12  # send_per_key: over 128 groups, every instance of 2 or 3 owns some of them
 
@@ -187,13 +190,13 @@ def mid_migration(cluster: WorkerCluster, name: str, instance: str, at_least: in
 
 
 def create_paced(cluster: WorkerCluster, name: str, src: str, parallelism: int) -> dict[int, str]:
-    """The keyed count with subscales of 1 group paced to a duty of 10%: a migration goes on for many seconds."""
+    """The keyed count with PACED migrations: a migration goes on for many seconds."""
     FunctionsAdmin(cluster.live()[0].url).create(
         keyed_count(
             name,
             src,
             parallelism=parallelism,
-            customRuntimeOptions='{"keyedMigration": {"subscaleSize": 1, "duty": 0.1}}',
+            customRuntimeOptions=PACED,
         ),
         str(KEYED_COUNT),
     )

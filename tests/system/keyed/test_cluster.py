@@ -129,8 +129,8 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
 
 def _scale_in_to_2_under_way(cluster: WorkerCluster, name: str) -> None:
     FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 2)
-    # Paced at a duty of 10%, each 1-group subscale is followed by a pause 9x as long as it took, so on a loaded
-    # machine five groups can take half a minute; the migration of 43 lasts far longer.
+    # Paced (keyed.PACED), each 1-group subscale is followed by a pause 3x as long as it took, so on a loaded
+    # machine five groups can take many seconds; the migration of 43 lasts far longer.
     wait_until(
         lambda: mid_migration(cluster, name, "2", -38),
         150,
