@@ -46,13 +46,13 @@ from pulsar import Function
 
 
 class CrashOnce(Function):
-    """keyed_count.KeyedCount, but the process exits in the middle of k7's 50th record, once."""
+    """keyed_count.KeyedCount, but the process exits in the middle of k7's 10th record, once."""
 
     def process(self, input, context):
         key = context.get_message_key() or ""
         count = context.incr_counter(key, 1)
         flag = context.get_user_config_value("flag")
-        if key == "k7" and count == 50 and not os.path.exists(flag):
+        if key == "k7" and count == 10 and not os.path.exists(flag):
             open(flag, "w").close()
             os._exit(3)
         return f"{key}:{count}:{context.get_instance_id()}"
@@ -80,7 +80,7 @@ def test_an_instance_process_that_dies_mid_record_costs_neither_the_worker_nor_a
         userConfig={"flag": str(flag)},
         **PROCESS,
     ) as (admin, name, _, producer):
-        wait_until(flag.exists, 60, "the instance that owns k7 to reach its 50th record")
+        wait_until(flag.exists, 60, "the instance that owns k7 to reach its 10th record")
         assert_exact(admin, name, producer.finish(90))
         restarts = {s["instanceId"]: s["status"]["numRestarts"] for s in admin.status("public", "default", name)["instances"]}
         assert sorted(restarts.values()) == [0, 1], f"one instance restarted once: {restarts}"
