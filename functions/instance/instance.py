@@ -33,6 +33,7 @@ SUBSCRIPTION_TYPES = {
 }
 RECEIVE_TIMEOUT_MS = 100
 DRAIN_TIMEOUT_S = 30.0
+BATCH_REST_TIMEOUT_MS = 10  # a drain's wait for the rest of a batch, already in the receiver queue
 # A failed message comes back after this long; with maxMessageRetries it goes to the dead-letter topic
 # after that many redeliveries (the Pulsar client's DeadLetterPolicy counts them).
 NACK_REDELIVERY_DELAY_MS = 1000
@@ -122,6 +123,29 @@ def create_output_producer(client: pulsar.Client, cfg: FunctionConfig) -> pulsar
     return client.create_producer(
         cfg.output, block_if_queue_full=True, batching_enabled=True, batching_max_publish_delay_ms=1, **kwargs
     )
+
+
+def _batch_entry(msg) -> tuple[str, int, int, int] | None:
+    """The broker entry of a message that came in a batch; None for one that came alone."""
+    mid = msg.message_id()
+    return (msg.topic_name(), mid.partition(), mid.ledger_id(), mid.entry_id()) if mid.batch_index() >= 0 else None
+
+
+def _rest_of_batch(consumer: pulsar.Consumer, last) -> Any:
+    """A drain's next message while it is the rest of the batch `last` came in, else None.
+
+    The broker acknowledges a batch as a whole, so a drain that stopped in the middle of one would have the
+    batch's processed messages redelivered with the rest: duplicates on every scale-in. The rest is already in
+    the receiver queue (a batch arrives as one entry). A message of the next entry is left unprocessed and
+    unacknowledged: the input closes after the loop, and the broker redelivers it to the instances that stay."""
+    entry = _batch_entry(last) if last is not None else None
+    if entry is None:
+        return None
+    try:
+        msg = consumer.receive(timeout_millis=BATCH_REST_TIMEOUT_MS)
+    except pulsar.Timeout:
+        return None
+    return msg if _batch_entry(msg) == entry else None
 
 
 INPUT_TOPIC_PROPERTY = "__pfn_input_topic__"
@@ -296,12 +320,22 @@ class Instance:
         output_serde = load_serde(cfg.outputSerdeClassName, self._code_path)
         input_serdes = {t: load_serde(c, self._code_path) for t, c in cfg.customSerdeInputs.items()}
         stats = self.stats
-        while not self._stop.is_set():
-            try:
-                msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
-            except pulsar.Timeout:
-                stats.connected = is_connected(consumer)
-                continue
+        # Only the instance's own consumer (or a fence's wrapper of one) closes with the loop, so only there may a
+        # drain take a message it leaves unprocessed (the broker redelivers it); a mailbox or a pipe would strand it.
+        finishes_batches = isinstance(consumer, pulsar.Consumer) or getattr(consumer, "is_consumer", False)
+        last = None
+        while True:
+            if self._stop.is_set():
+                msg = _rest_of_batch(consumer, last) if finishes_batches else None
+                if msg is None:
+                    break
+            else:
+                try:
+                    msg = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
+                except pulsar.Timeout:
+                    stats.connected = is_connected(consumer)
+                    continue
+            last = msg
             if not stats.connected:  # only while it was seen down: no broker call on the hot path
                 stats.connected = is_connected(consumer)
             stats.on_received(msg.publish_timestamp())

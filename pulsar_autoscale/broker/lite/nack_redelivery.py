@@ -45,6 +45,8 @@ class NackRedelivery:
     DeadLetterPolicy does with the broker's redelivery count (docs/dev/pulsar-lite-defects.md B13). The message never
     leaves this consumer's unacked set meanwhile, so a consumer that closes leaves it to the broker."""
 
+    is_consumer = True  # stands for one consumer of its own: closing it redelivers what it handed out unacked
+
     def __init__(self, consumer, cfg, client: pulsar.Client, redelivery_delay_s: float, dead_letter_topic: str | None = None):
         self._consumer = consumer
         self._client = client

@@ -109,6 +109,8 @@ class StalledInputWatch:
     It reopens only when the broker holds no unacked message on the subscription, so no message this
     consumer handed out is left to ack on the consumer it replaces."""
 
+    is_consumer = True  # stands for one consumer of its own: closing it redelivers what it handed out unacked
+
     def __init__(
         self, fence: StallFence, open_consumer: Callable[[], pulsar.Consumer], topics: tuple[str, ...], subscription: str
     ):

@@ -29,5 +29,6 @@ def test_scaling_without_restarts_loses_nothing(broker, worker, runtime):
     assert result.instance0_restarts == 0, "instance 0 restarted during scaling"
     assert not result.instance0_start_changed, "instance 0 start time changed: it was restarted"
     assert set(result.scale_out_latency_ms) == {4, 8}
-    # duplicates are allowed under ATLEAST_ONCE (redelivered on drain) but must stay a small share
-    assert result.duplicates <= result.messages * 0.05, f"{result.duplicates} duplicates"
+    # ATLEAST_ONCE allows duplicates, but a drain finishes the batch in hand (the producer batches), so that the
+    # broker does not redeliver its processed messages with the rest: a scale-in sends none
+    assert result.duplicates == 0, f"{result.duplicates} duplicates"
