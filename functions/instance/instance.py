@@ -143,7 +143,7 @@ def _rest_of_batch(consumer: pulsar.Consumer, last) -> Any:
         return None
     try:
         msg = consumer.receive(timeout_millis=BATCH_REST_TIMEOUT_MS)
-    except pulsar.Timeout:
+    except pulsar.PulsarException:  # none came, or the input was closed under the loop (an abandoned drain)
         return None
     return msg if _batch_entry(msg) == entry else None
 
