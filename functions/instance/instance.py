@@ -131,7 +131,7 @@ def _batch_entry(msg) -> tuple[str, int, int, int] | None:
     return (msg.topic_name(), mid.partition(), mid.ledger_id(), mid.entry_id()) if mid.batch_index() >= 0 else None
 
 
-def _rest_of_batch(consumer: pulsar.Consumer, last) -> Any:
+def _rest_of_batch(consumer: InstanceInput, last) -> Any:
     """A drain's next message while it is the rest of the batch `last` came in, else None.
 
     The broker acknowledges a batch as a whole, so a drain that stopped in the middle of one would have the
