@@ -20,6 +20,14 @@ import pytest
 from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 
+# Every Apache Pulsar standalone the tests start (and the commands they run start) compiles with C1 only: a start
+# costs about 10 s of CPU instead of 18, on 2 cores that two test processes share (9 Apache tests of faults and
+# keyed process instances: 123 s instead of 133). The other two options are conf/pulsar_env.sh's defaults, which
+# a set PULSAR_EXTRA_OPTS replaces. Benchmarks start theirs without it.
+os.environ.setdefault(
+    "PULSAR_EXTRA_OPTS",
+    "-Dpulsar.allocator.exit_on_oom=true -Dio.netty.recycler.maxCapacityPerThread=4096 -XX:TieredStopAtLevel=1",
+)
 TIERS = ("unit", "integration", "system")
 BROKERS = ("lite", "apache")
 # What runs against Apache Pulsar with --broker apache (paths under tests/, test modules, or one test as
@@ -101,6 +109,16 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (make test): the longest modules first (tests/support/scheduling.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.support.scheduling import LongestFirst
+
+    return LongestFirst(config, log)
 
 
 @pytest.fixture(scope="session")

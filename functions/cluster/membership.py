@@ -32,6 +32,9 @@ from pulsar_autoscale.functions.cluster.topics import ClusterTopics
 
 log = logging.getLogger(__name__)
 BUSY_SMOOTHING = 0.5
+# A heartbeat's send gives up after this many heartbeat timeouts (the client's default is 30 s): one that lands
+# later than the timeout no longer keeps the lease, and a stop with the broker gone ends this soon.
+SEND_TIMEOUTS = 2
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,12 @@ class MembershipManager:
         self._members: dict[str, Member] = {}
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
-        self._producer = client.create_producer(topics.membership, block_if_queue_full=True, batching_enabled=False)
+        self._producer = client.create_producer(
+            topics.membership,
+            block_if_queue_full=True,
+            batching_enabled=False,
+            send_timeout_millis=max(int(SEND_TIMEOUTS * heartbeat_timeout_s * 1000), 1000),
+        )
         self._closing = threading.Event()
         self._lease_from: float | None = None  # when the last heartbeat that went through began to be sent
         self._tailer = TopicTailer(client, topics.membership, self._apply, f"membership-{worker_id}", self._producer)

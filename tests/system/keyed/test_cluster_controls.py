@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from typing import Callable
 
 import pulsar
 import pytest
@@ -51,39 +52,45 @@ def _consumers(broker, topic: str, subscription: str) -> float | None:
     return metric(scrape(broker.metrics_url), "pulsar_subscription_consumers_count", topic, subscription)
 
 
+def _restarted(admin: FunctionsAdmin, name: str, change: Callable[[], None], ids: set[int]) -> None:
+    """Make `change` (a restart, an update) and wait until the instances `ids` run again, started after it."""
+    before = _started(admin, name)
+    change()
+    wait_until(
+        lambda: (now := _started(admin, name)).keys() >= ids and all(now[i] > before[i] for i in ids),
+        60,
+        lambda: f"instances {sorted(ids)} started again: started {before}, now {_started(admin, name)}",
+    )
+
+
 @pytest.mark.parametrize("cluster", [False, True], ids=["one-worker", "cluster"])
 def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluster):
     with keyed_count_under_load(broker, tmp_path, cluster, "kr") as (admin, name, _, producer):
-        admin.action("public", "default", name, "restart", 1)
-        time.sleep(3)
-        admin.action("public", "default", name, "restart", 0)  # on a cluster the front's instance
-        time.sleep(3)
+        everyone = {0, 1, 2}
+        _restarted(admin, name, lambda: admin.action("public", "default", name, "restart", 1), {1})
+        # on a cluster the front's instance
+        _restarted(admin, name, lambda: admin.action("public", "default", name, "restart", 0), {0})
         admin.action("public", "default", name, "stop", 2)
         wait_running(admin, name, {0, 1}, "instance 2 stopped")
         before = state_counts(admin, name, LOAD_KEYS)
-        time.sleep(3)
-        after = state_counts(admin, name, LOAD_KEYS)
         waiting = {k for k in before if key_group(k, 128) >= 86}  # instance 2's groups of 3 (uniform)
+        wait_until(
+            lambda: all(v > before[k] for k, v in state_counts(admin, name, LOAD_KEYS).items() if k not in waiting),
+            30,
+            lambda: f"the keys of instances 0 and 1 counted on: from {before} to {state_counts(admin, name, LOAD_KEYS)}",
+        )
+        after = state_counts(admin, name, LOAD_KEYS)
         if cluster:  # the stopped instance's store went with it (it may start on another worker)
             with pytest.raises(AdminError, match="404.*instances \\[2\\] are stopped"):
                 admin.get_state("public", "default", name, min(waiting))
         else:  # its store stays on the worker
             assert waiting and all(after[k] == before[k] for k in waiting), (before, after)
-        assert all(after[k] > before[k] for k in set(before) - waiting), (before, after)
         admin.action("public", "default", name, "start", 2)
-        wait_running(admin, name, {0, 1, 2}, "instance 2 started again")
-        time.sleep(2)
-        admin.action("public", "default", name, "restart")  # every instance
-        time.sleep(3)
-        admin.update(
-            {
-                "tenant": "public",
-                "namespace": "default",
-                "name": name,  # restarts them all too
-                "userConfig": {"version": 2},
-            }
-        )
-        time.sleep(3)
+        wait_running(admin, name, everyone, "instance 2 started again")
+        _restarted(admin, name, lambda: admin.action("public", "default", name, "restart"), everyone)
+        # an update restarts them all too
+        update = {"tenant": "public", "namespace": "default", "name": name, "userConfig": {"version": 2}}
+        _restarted(admin, name, lambda: admin.update(update), everyone)
         admin.action("public", "default", name, "stop")
         wait_running(admin, name, set(), "every instance stopped")
         admin.action("public", "default", name, "start")
@@ -158,16 +165,11 @@ def test_an_update_of_the_retries_reaches_the_keyed_input(broker, client, tmp_pa
             str(EXAMPLES / "poison.py"),
         )
         wait_running(admin, name, {0, 1}, "created")
-        before = _started(admin, name)
-        admin.update({"tenant": "public", "namespace": "default", "name": name, "maxMessageRetries": 1, "deadLetterTopic": dlq})
+        update = {"tenant": "public", "namespace": "default", "name": name, "maxMessageRetries": 1, "deadLetterTopic": dlq}
         # The update restarts the instances after it returns, as Pulsar's does. A record sent meanwhile can
         # reach the old input and go back to the broker with the restart (a redelivery, counted against the
         # retries): the test's record goes once both instances run again.
-        wait_until(
-            lambda: (now := _started(admin, name)).keys() == {0, 1} and all(now[i] > before[i] for i in now),
-            60,
-            lambda: f"instances restarted by the update: started {before}, now {_started(admin, name)}",
-        )
+        _restarted(admin, name, lambda: admin.update(update), {0, 1})
         dead = client.subscribe(dlq, "test", initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(src)
         producer.send(b"poison", partition_key="p")
@@ -232,8 +234,8 @@ def test_an_update_and_a_restart_in_the_middle_of_a_migration(broker, tmp_path, 
     ):
         admin.set_parallelism("public", "default", name, 3)
         wait_until(lambda: _keyed(admin, name).get("migrating"), 30, lambda: f"a 2 -> 3 under way: {_keyed(admin, name)}")
-        admin.update({"tenant": "public", "namespace": "default", "name": name, "userConfig": {"version": 2}})
-        time.sleep(2)
+        update = {"tenant": "public", "namespace": "default", "name": name, "userConfig": {"version": 2}}
+        _restarted(admin, name, lambda: admin.update(update), {0, 1})
         admin.action("public", "default", name, "restart", 1)
         sent = producer.finish(90)
         assert_exact(admin, name, sent)
