@@ -113,12 +113,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` (make test): the longest modules first (tests/support/scheduling.py)."""
+    """`--dist loadfile` (make test): the Spark modules in one process (tests/support/scheduling.py)."""
     if config.getvalue("dist") != "loadfile":
         return None
-    from tests.support.scheduling import LongestFirst
+    from tests.support.scheduling import SparkTogether
 
-    return LongestFirst(config, log)
+    return SparkTogether(config, log)
 
 
 @pytest.fixture(scope="session")

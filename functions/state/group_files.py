@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ DEDUPE_WINDOW = 10_000
 _WAL_PAGES = 1000
 _WAL_BYTES = 512 * 1024
 _CACHE_KIB = 512  # SQLite's page cache per group connection (the OS caches the files too)
+_OPEN_TIMEOUT_S = 30.0  # how long an open waits for another connection's lock
 
 
 @dataclass
@@ -69,10 +71,25 @@ def discard(f: GroupFile) -> None:
         f.conn.close()
 
 
+def _wal(conn: sqlite3.Connection) -> None:
+    """WAL mode. A new file's switch to it needs the file to itself, and SQLite answers "database is locked" at
+    once, without waiting, while another process opens the same file (an instance process and a warm standby of
+    one function): tried again until the open's timeout."""
+    deadline = time.monotonic() + _OPEN_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    conn = sqlite3.connect(path, timeout=_OPEN_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    _wal(conn)
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
     conn.execute(f"PRAGMA journal_size_limit={_WAL_BYTES}")
@@ -80,7 +97,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     # One transaction: a new group file costs one commit. applied's rowid is the order ids were applied;
     # meta: the changelog position the file covers, and clean: nothing after it here (a release wrote it).
     conn.executescript(
-        "BEGIN; CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "
+        "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "
         "ver INTEGER NOT NULL, dead INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (kind, key)) WITHOUT ROWID; "
         "CREATE TABLE IF NOT EXISTS applied (mid TEXT NOT NULL UNIQUE); "
         "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), position BLOB, "

@@ -24,6 +24,17 @@ def _counts(cluster: WorkerCluster, name: str) -> dict[str, int]:
     return key_counts(cluster, name, LOAD_KEYS)
 
 
+def _counting_on(cluster: WorkerCluster, name: str) -> None:
+    """Wait until every key has counted more records than now: the load flows through every instance before the
+    test's next change."""
+    first = _counts(cluster, name)
+    wait_until(
+        lambda: all(v > first[k] for k, v in _counts(cluster, name).items()),
+        60,
+        lambda: f"every key counted on from {first}: {_counts(cluster, name)}",
+    )
+
+
 def _serving_again(cluster: WorkerCluster, name: str, ids: set[int], victim: str) -> dict[int, str] | None:
     placed = cluster.placement(name)
     return placed if all(placed.get(i) not in (None, victim) for i in ids) else None
@@ -53,7 +64,7 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
         placed = _create(cluster, a.url, name, src)
         timings = {}
         with keyed_load(broker, src) as producer:
-            time.sleep(2)
+            _counting_on(cluster, name)
             FunctionsAdmin(a.url).set_parallelism("public", "default", name, 2)
             t0 = time.monotonic()
             wait_until(
@@ -73,7 +84,7 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
             t0 = time.monotonic()
             placed = wait_until(lambda: cluster.spread(name, 3), 60, "3 instances on 3 workers again")
             timings["scale 2->3 (instance 2 running)"] = time.monotonic() - t0
-            time.sleep(2)
+            _counting_on(cluster, name)
             victim = next(w for w in cluster.live() if w.worker_id != placed[0])  # not the front
             lost = {i for i, w in placed.items() if w == victim.worker_id}
             cluster.kill(victim)
@@ -84,7 +95,7 @@ def test_spread_instances_migrate_between_workers_and_survive_kills(broker, tmp_
                 f"instances {lost} of killed {victim.worker_id} serving on a survivor",
             )
             timings["kill -9 non-front: groups serve again"] = time.monotonic() - t0
-            time.sleep(2)
+            _counting_on(cluster, name)
             front = cluster.by_id(placed[0])
             lost = {i for i, w in placed.items() if w == front.worker_id}
             cluster.kill(front)
@@ -111,7 +122,7 @@ def test_sigterm_of_a_worker_and_of_the_front_hands_instances_over_with_exact_co
         timings = {}
         with keyed_load(broker, src) as producer:
             for instance in (1, 0):  # a worker without the front, then the front's
-                time.sleep(3)
+                _counting_on(cluster, name)
                 leaving = cluster.by_id(placed[instance])
                 moving = {i for i, w in placed.items() if w == leaving.worker_id}
                 t0 = time.monotonic()
@@ -157,7 +168,7 @@ def test_kill9_in_the_middle_of_live_migrations_loses_and_doubles_nothing(broker
         cluster.wait_ready()
         create_paced(cluster, name, src, 2)
         with keyed_load(broker, src) as producer:
-            time.sleep(2)
+            _counting_on(cluster, name)
             FunctionsAdmin(cluster.live()[0].url).set_parallelism("public", "default", name, 3)
             view = wait_until(  # paced as the scale-in below: 2 of 42 groups on a loaded machine can take a minute
                 lambda: mid_migration(cluster, name, "2", 2),
@@ -184,7 +195,7 @@ def test_sigterm_of_the_surplus_instances_worker_in_the_middle_of_a_scale_in(bro
         cluster.wait_ready()
         placed = create_paced(cluster, name, src, 3)
         with keyed_load(broker, src) as producer:
-            time.sleep(2)
+            _counting_on(cluster, name)
             _scale_in_to_2_under_way(cluster, name)
             cluster.terminate(cluster.by_id(placed[2]))
             _finished(cluster, name, {"0": 64, "1": 64}, "the 3 -> 2 finished without instance 2's worker")
