@@ -21,9 +21,9 @@ from pulsar_autoscale.admin.client import FunctionsAdmin
 from pulsar_autoscale.broker.embedded import EmbeddedBroker
 
 # Every Apache Pulsar standalone the tests start (and the commands they run start) compiles with C1 only: a start
-# costs about 10 s of CPU instead of 18, on 2 cores that two test processes share (9 Apache tests of faults and
-# keyed process instances: 123 s instead of 133). The other two options are conf/pulsar_env.sh's defaults, which
-# a set PULSAR_EXTRA_OPTS replaces. Benchmarks start theirs without it.
+# costs about half the CPU, on 2 cores that two test processes share (docs/dev/benchmark-log.md). The other two
+# options are conf/pulsar_env.sh's defaults, which a set PULSAR_EXTRA_OPTS replaces. Benchmarks start theirs
+# without it.
 os.environ.setdefault(
     "PULSAR_EXTRA_OPTS",
     "-Dpulsar.allocator.exit_on_oom=true -Dio.netty.recycler.maxCapacityPerThread=4096 -XX:TieredStopAtLevel=1",

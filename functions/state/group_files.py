@@ -94,7 +94,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
     conn.execute(f"PRAGMA journal_size_limit={_WAL_BYTES}")
     conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-    # One transaction: a new group file costs one commit. applied's rowid is the order ids were applied;
+    # One transaction: a new group file costs one commit. IMMEDIATE takes the write lock first, waiting for it with
+    # the busy timeout: a deferred one that reads and then writes is refused at once when another process opening
+    # the same file wrote in between. applied's rowid is the order ids were applied;
     # meta: the changelog position the file covers, and clean: nothing after it here (a release wrote it).
     conn.executescript(
         "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, key TEXT NOT NULL, ival INTEGER, bval BLOB, "

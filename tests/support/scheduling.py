@@ -2,9 +2,8 @@
 the Spark modules that share the session's Spark (tests/system/spark/conftest.py) go to one process as one unit
 of work: each process that runs one of them pays a Spark start (13-40 s of a busy machine's time each).
 
-The order stays xdist's (the units with the most tests first). Handing out the longest modules first made the
-lite pass no faster: the system modules then ran side by side, each slower for the other (the fault matrix's
-process SIGSTOP cell 45 s -> 101 s).
+The order stays xdist's (the units with the most tests first): handing out the longest modules first put the
+system modules side by side, each slower for the other (docs/dev/benchmark-log.md).
 """
 
 from __future__ import annotations

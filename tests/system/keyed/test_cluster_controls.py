@@ -74,12 +74,16 @@ def test_restart_stop_and_start_of_instances_under_load(broker, tmp_path, cluste
         wait_running(admin, name, {0, 1}, "instance 2 stopped")
         before = state_counts(admin, name, LOAD_KEYS)
         waiting = {k for k in before if key_group(k, 128) >= 86}  # instance 2's groups of 3 (uniform)
-        wait_until(
-            lambda: all(v > before[k] for k, v in state_counts(admin, name, LOAD_KEYS).items() if k not in waiting),
+
+        def others_counted_on() -> dict[str, int] | None:
+            now = state_counts(admin, name, LOAD_KEYS)
+            return now if all(v > before[k] for k, v in now.items() if k not in waiting) else None
+
+        after = wait_until(
+            others_counted_on,
             30,
             lambda: f"the keys of instances 0 and 1 counted on: from {before} to {state_counts(admin, name, LOAD_KEYS)}",
         )
-        after = state_counts(admin, name, LOAD_KEYS)
         if cluster:  # the stopped instance's store went with it (it may start on another worker)
             with pytest.raises(AdminError, match="404.*instances \\[2\\] are stopped"):
                 admin.get_state("public", "default", name, min(waiting))
